@@ -1,0 +1,412 @@
+"""RLlink codec, sans-IO: bytes in, typed messages out (and back). Shared by server and client.
+
+Frame layout (exactly as the RLlink seed specifies)::
+
+    offset 0          8                          8+N
+           +----------+--------------------------+
+           | 00000016 | {"type": "PING"}         |
+           +----------+--------------------------+
+           header: N as 8 ASCII decimal digits, zero-padded
+           body:   N bytes of UTF-8 JSON, an object with a string "type"
+
+``HEADER`` is the one struct constant for it. A header announcing more than
+``max_message_bytes`` is refused by ``parse_header`` before any body byte is read.
+
+Messages are frozen dataclasses keyed by ``MessageType``; the core never passes
+bare dicts. Extensions only ever *add* keys to the seed's messages (SET_CONFIG:
+``observation_space``, ``action_space``, ``protocol_version``; SET_STATE:
+``onnx_sha256``; PING: ``token``) or add new message types that a plain client
+never receives unless it sends them first, so a client written from the seed
+alone works unchanged.
+"""
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar
+
+import numpy as np
+import orjson
+
+HEADER = struct.Struct("8s")
+HEADER_BYTES = HEADER.size
+MAX_ENCODABLE_BYTES = 99_999_999  # eight decimal digits
+PROTOCOL_VERSION = 1
+_NUMERIC_KINDS = frozenset("biuf")
+
+
+class ProtocolError(ValueError):
+    """The peer sent something that is not valid RLlink. The message says what."""
+
+
+class BadHeader(ProtocolError):
+    """The 8-byte length header is not eight ASCII digits."""
+
+
+class FrameTooLarge(ProtocolError):
+    """The header announces a body larger than the configured maximum."""
+
+
+class BadMessage(ProtocolError):
+    """The body is not a JSON object with a known type and well-formed fields."""
+
+
+class MessageType(str, enum.Enum):
+    """RLlink message types; the last group are rlinkd extensions."""
+
+    PING = "PING"
+    PONG = "PONG"
+    GET_CONFIG = "GET_CONFIG"
+    SET_CONFIG = "SET_CONFIG"
+    GET_STATE = "GET_STATE"
+    SET_STATE = "SET_STATE"
+    EPISODES = "EPISODES"
+    EPISODES_AND_GET_STATE = "EPISODES_AND_GET_STATE"
+    ERROR = "ERROR"
+    # rlinkd extensions
+    STATUS = "STATUS"
+    STATUS_REPORT = "STATUS_REPORT"
+    ATTACH = "ATTACH"
+    ATTACHED = "ATTACHED"
+    SAMPLE_READY = "SAMPLE_READY"
+
+
+# ---------------------------------------------------------------- messages
+class Message:
+    """Base of typed messages: ``to_body()`` gives the JSON object to send."""
+
+    TYPE: ClassVar[MessageType]
+
+    def to_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"type": self.TYPE.value}
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if value is not None:
+                body[f.name] = value
+        return body
+
+
+@dataclass(frozen=True)
+class Ping(Message):
+    TYPE: ClassVar = MessageType.PING
+    token: str | None = None
+
+
+@dataclass(frozen=True)
+class Pong(Message):
+    TYPE: ClassVar = MessageType.PONG
+
+
+@dataclass(frozen=True)
+class GetConfig(Message):
+    TYPE: ClassVar = MessageType.GET_CONFIG
+
+
+@dataclass(frozen=True)
+class SetConfig(Message):
+    TYPE: ClassVar = MessageType.SET_CONFIG
+    env_steps_per_sample: int
+    force_on_policy: bool
+    observation_space: dict | None = None
+    action_space: dict | None = None
+    protocol_version: int | None = None
+
+
+@dataclass(frozen=True)
+class GetState(Message):
+    TYPE: ClassVar = MessageType.GET_STATE
+
+
+@dataclass(frozen=True)
+class SetState(Message):
+    TYPE: ClassVar = MessageType.SET_STATE
+    weights_seq_no: int
+    onnx_file: str
+    onnx_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class EpisodeFragment:
+    """One episode (or a piece of one): obs has one more row than actions/rewards.
+
+    A fragment that is neither terminated nor truncated is continued by the same
+    connection's next fragment, whose first observation repeats this one's last.
+    """
+
+    obs: np.ndarray            # [T+1, *obs_shape] float64 as parsed
+    actions: np.ndarray        # [T] or [T, *action_shape]
+    rewards: np.ndarray        # [T] float64
+    is_terminated: bool
+    is_truncated: bool
+    action_logp: np.ndarray | None = None         # [T]
+    action_dist_inputs: np.ndarray | None = None  # [T, D]
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.rewards)
+
+    def to_json(self) -> dict[str, Any]:
+        d = {"obs": self.obs, "actions": self.actions, "rewards": self.rewards,
+             "is_terminated": self.is_terminated, "is_truncated": self.is_truncated}
+        if self.action_logp is not None:
+            d["action_logp"] = self.action_logp
+        if self.action_dist_inputs is not None:
+            d["action_dist_inputs"] = self.action_dist_inputs
+        return d
+
+
+@dataclass(frozen=True)
+class Episodes(Message):
+    TYPE: ClassVar = MessageType.EPISODES
+    episodes: tuple[EpisodeFragment, ...]
+    env_steps: int | None = None
+    weights_seq_no: int | None = None
+
+    def to_body(self) -> dict[str, Any]:
+        body = {"type": self.TYPE.value, "episodes": [e.to_json() for e in self.episodes],
+                "env_steps": sum(e.num_steps for e in self.episodes)}
+        if self.weights_seq_no is not None:
+            body["weights_seq_no"] = self.weights_seq_no
+        return body
+
+    @property
+    def num_steps(self) -> int:
+        return sum(e.num_steps for e in self.episodes)
+
+
+@dataclass(frozen=True)
+class EpisodesAndGetState(Episodes):
+    TYPE: ClassVar = MessageType.EPISODES_AND_GET_STATE
+
+
+@dataclass(frozen=True)
+class Error(Message):
+    TYPE: ClassVar = MessageType.ERROR
+    message: str
+
+
+@dataclass(frozen=True)
+class Status(Message):
+    TYPE: ClassVar = MessageType.STATUS
+    token: str | None = None
+
+
+@dataclass(frozen=True)
+class StatusReport(Message):
+    TYPE: ClassVar = MessageType.STATUS_REPORT
+    status: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Attach(Message):
+    """shm extension: a co-located client asks for a ring (see client_lib.shm_client)."""
+
+    TYPE: ClassVar = MessageType.ATTACH
+    pid: int
+    capacity_records: int | None = None
+    token: str | None = None
+
+
+@dataclass(frozen=True)
+class Attached(Message):
+    """shm extension reply: where the ring and the weights board are, and their layout."""
+
+    TYPE: ClassVar = MessageType.ATTACHED
+    ring_path: str
+    board_path: str
+    layout: dict
+    policy_spec: dict
+    env_steps_per_sample: int
+    force_on_policy: bool
+
+
+@dataclass(frozen=True)
+class SampleReady(Message):
+    """shm extension: the client's ring holds a complete sample; reply SET_STATE-like."""
+
+    TYPE: ClassVar = MessageType.SAMPLE_READY
+    env_steps: int
+    get_state: bool = True
+
+
+# ---------------------------------------------------------------- encoding
+def encode(msg: Message) -> bytes:
+    """Header + body as ONE bytes object (so a sender makes a single write)."""
+    return encode_body(msg.to_body())
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    if len(data) > MAX_ENCODABLE_BYTES:
+        raise ProtocolError(f"message of {len(data)} bytes does not fit an 8-digit header")
+    return b"%08d" % len(data) + data
+
+
+def parse_header(header: bytes, max_message_bytes: int) -> int:
+    """Body length announced by an 8-byte header; refuses oversize before any body read."""
+    if len(header) != HEADER_BYTES or not header.isdigit():
+        raise BadHeader(f"bad frame header {bytes(header)[:8]!r}: expected 8 ASCII digits")
+    n = int(header)
+    if n > max_message_bytes:
+        raise FrameTooLarge(f"frame of {n} bytes exceeds max_message_bytes={max_message_bytes}")
+    return n
+
+
+class FrameDecoder:
+    """Incremental splitter: feed bytes, take complete frame bodies.
+
+    Used where bytes arrive in arbitrary chunks (the Unix-socket server, tests, the
+    fuzzers). Raises ``ProtocolError`` as soon as a header is bad or too large.
+    """
+
+    def __init__(self, max_message_bytes: int) -> None:
+        self.max_message_bytes = max_message_bytes
+        self._buf = bytearray()
+        self._need: int | None = None
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def next_body(self) -> bytes | None:
+        if self._need is None:
+            if len(self._buf) < HEADER_BYTES:
+                return None
+            self._need = parse_header(bytes(self._buf[:HEADER_BYTES]), self.max_message_bytes)
+            del self._buf[:HEADER_BYTES]
+        if len(self._buf) < self._need:
+            return None
+        body = bytes(self._buf[:self._need])
+        del self._buf[:self._need]
+        self._need = None
+        return body
+
+    def next_message(self) -> Message | None:
+        body = self.next_body()
+        return None if body is None else decode_body(body)
+
+
+# ---------------------------------------------------------------- decoding
+def decode_body(body: bytes) -> Message:
+    """Parse and type-check one frame body; raises BadMessage naming the problem."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadMessage(f"body is not valid UTF-8 JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise BadMessage(f"body must be a JSON object, got {type(obj).__name__}")
+    kind = obj.get("type")
+    try:
+        mtype = MessageType(kind)
+    except ValueError:
+        raise BadMessage(f"unknown message type {str(kind)[:64]!r}") from None
+    return _DECODERS[mtype](obj)
+
+
+def _get(obj: dict, key: str, kinds: tuple[type, ...], *, required: bool = True,
+         default: Any = None) -> Any:
+    if key not in obj or obj[key] is None:
+        if required:
+            raise BadMessage(f"{obj.get('type')}: missing field {key!r}")
+        return default
+    value = obj[key]
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = "/".join(k.__name__ for k in kinds)
+        raise BadMessage(f"{obj.get('type')}: field {key!r} must be {names}")
+    return value
+
+
+def _numeric_array(value: Any, what: str) -> np.ndarray:
+    """A JSON list → numpy float64 array; refuses ragged, nested-object or string data."""
+    if not isinstance(value, list):
+        raise BadMessage(f"{what} must be a list")
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError):
+        raise BadMessage(f"{what} is ragged (rows of different lengths)") from None
+    if arr.dtype.kind not in _NUMERIC_KINDS:
+        raise BadMessage(f"{what} must hold only numbers")
+    return arr.astype(np.float64, copy=False)
+
+
+def decode_fragment(obj: Any, index: int) -> EpisodeFragment:
+    """One element of ``episodes``; structural checks only (spaces are the collector's)."""
+    where = f"episodes[{index}]"
+    if not isinstance(obj, dict):
+        raise BadMessage(f"{where} must be an object")
+    obs = _numeric_array(_get(obj, "obs", (list,)), f"{where}.obs")
+    actions = _numeric_array(_get(obj, "actions", (list,)), f"{where}.actions")
+    rewards = _numeric_array(_get(obj, "rewards", (list,)), f"{where}.rewards")
+    frag = EpisodeFragment(
+        obs=obs, actions=actions, rewards=rewards,
+        is_terminated=_get(obj, "is_terminated", (bool,)),
+        is_truncated=_get(obj, "is_truncated", (bool,)),
+        action_logp=_optional_array(obj, "action_logp", where),
+        action_dist_inputs=_optional_array(obj, "action_dist_inputs", where))
+    _check_lengths(frag, where)
+    return frag
+
+
+def _optional_array(obj: dict, key: str, where: str) -> np.ndarray | None:
+    value = obj.get(key)
+    return None if value is None else _numeric_array(value, f"{where}.{key}")
+
+
+def _check_lengths(f: EpisodeFragment, where: str) -> None:
+    t = len(f.rewards)
+    if f.rewards.ndim != 1:
+        raise BadMessage(f"{where}.rewards must be a flat list of numbers")
+    if len(f.obs) != t + 1:
+        raise BadMessage(f"{where}: obs has {len(f.obs)} entries, expected len(rewards)+1 = {t + 1}")
+    if len(f.actions) != t:
+        raise BadMessage(f"{where}: actions has {len(f.actions)} entries, rewards {t}")
+    for name in ("action_logp", "action_dist_inputs"):
+        arr = getattr(f, name)
+        if arr is not None and len(arr) != t:
+            raise BadMessage(f"{where}: {name} has {len(arr)} entries, rewards {t}")
+    if f.is_terminated and f.is_truncated:
+        raise BadMessage(f"{where}: an episode cannot be both terminated and truncated")
+
+
+def _decode_episodes(obj: dict, cls: type) -> Episodes:
+    raw = _get(obj, "episodes", (list,))
+    frags = tuple(decode_fragment(e, i) for i, e in enumerate(raw))
+    count = obj.get("env_steps", obj.get("timesteps"))
+    total = sum(f.num_steps for f in frags)
+    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count != total):
+        raise BadMessage(f"{obj['type']}: env_steps/timesteps says {count!r} but the episodes "
+                         f"hold {total} steps")
+    seq = _get(obj, "weights_seq_no", (int,), required=False)
+    return cls(episodes=frags, env_steps=total, weights_seq_no=seq)
+
+
+def _decode_simple(cls: type) -> Any:
+    """Decoder for a message whose fields are scalars/objects listed in _FIELD_KINDS."""
+    def decode(obj: dict) -> Message:
+        kwargs = {}
+        for f in fields(cls):
+            required = f.default is MISSING and f.default_factory is MISSING
+            default = f.default_factory() if f.default_factory is not MISSING else (
+                None if f.default is MISSING else f.default)
+            kwargs[f.name] = _get(obj, f.name, _FIELD_KINDS.get(f.name, (str,)),
+                                  required=required, default=default)
+        return cls(**kwargs)
+    return decode
+
+
+_FIELD_KINDS: dict[str, tuple[type, ...]] = {
+    "token": (str,), "env_steps_per_sample": (int,), "force_on_policy": (bool,),
+    "observation_space": (dict,), "action_space": (dict,), "protocol_version": (int,),
+    "weights_seq_no": (int,), "onnx_file": (str,), "onnx_sha256": (str,), "message": (str,),
+    "status": (dict,), "pid": (int,), "capacity_records": (int,), "ring_path": (str,),
+    "board_path": (str,), "layout": (dict,), "policy_spec": (dict,), "env_steps": (int,),
+    "get_state": (bool,),
+}
+
+_DECODERS: dict[MessageType, Any] = {
+    MessageType.EPISODES: lambda o: _decode_episodes(o, Episodes),
+    MessageType.EPISODES_AND_GET_STATE: lambda o: _decode_episodes(o, EpisodesAndGetState),
+}
+for _cls in (Ping, Pong, GetConfig, SetConfig, GetState, SetState, Error, Status, StatusReport,
+             Attach, Attached, SampleReady):
+    _DECODERS[_cls.TYPE] = _decode_simple(_cls)

@@ -1,0 +1,177 @@
+"""Observation/action space descriptions: JSON form, gymnasium conversion, validation.
+
+``SpaceSpec`` is what the daemon declares (from a gymnasium id or the TOML config)
+and what SET_CONFIG may carry as the ``observation_space``/``action_space`` extension
+keys. JSON form (infinite bounds are ``null`` because JSON has no infinity)::
+
+    {"type": "Box", "shape": [4], "low": [-4.8, null, ...], "high": [...]}
+    {"type": "Discrete", "n": 2}
+
+Validation functions are vectorised (one numpy pass per array, no per-step Python)
+and return an error string or None; the collector turns a string into an ERROR reply.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+BOUND_TOLERANCE = 1e-4
+
+
+class SpaceError(ValueError):
+    """A space description is malformed or unsupported."""
+
+
+def _bounds(value: Any, size: int, default: float, name: str) -> tuple[float, ...]:
+    if value is None:
+        return (default,) * size
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (float(value),) * size
+    if isinstance(value, (list, tuple)):
+        flat = np.asarray([default if v is None else v for v in _flatten(value)], np.float64)
+        if flat.size != size:
+            raise SpaceError(f"{name} has {flat.size} values, shape needs {size}")
+        return tuple(float(v) for v in flat)
+    raise SpaceError(f"{name} must be a number, null or a list")
+
+
+def _flatten(value: Any) -> list:
+    out: list = []
+    for v in value:
+        out.extend(_flatten(v) if isinstance(v, (list, tuple)) else [v])
+    return out
+
+
+@dataclass(frozen=True)
+class SpaceSpec:
+    """A Box (float) or Discrete space. Build with ``box``, ``discrete``, ``from_json``
+    or ``from_gym``; bounds are stored flattened (one per element)."""
+
+    kind: str
+    shape: tuple[int, ...] = ()
+    low: tuple[float, ...] = ()
+    high: tuple[float, ...] = ()
+    n: int = 0
+
+    @classmethod
+    def discrete(cls, n: int) -> "SpaceSpec":
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise SpaceError(f"Discrete n must be a positive integer, got {n!r}")
+        return cls(kind="discrete", n=n)
+
+    @classmethod
+    def box(cls, shape: tuple[int, ...] | list[int], low: Any = None, high: Any = None) -> "SpaceSpec":
+        shape = tuple(int(d) for d in shape)
+        if not shape or min(shape) < 1:
+            raise SpaceError(f"Box shape must be non-empty positive sizes, got {shape}")
+        size = math.prod(shape)
+        lo = _bounds(low, size, -math.inf, "low")
+        hi = _bounds(high, size, math.inf, "high")
+        if any(a > b for a, b in zip(lo, hi)):
+            raise SpaceError("Box low must not exceed high")
+        return cls(kind="box", shape=shape, low=lo, high=hi)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "SpaceSpec":
+        if not isinstance(d, dict):
+            raise SpaceError("a space must be a table/object")
+        kind = str(d.get("type", "")).lower()
+        if kind == "discrete":
+            return cls.discrete(d.get("n"))
+        if kind == "box":
+            if "shape" not in d:
+                raise SpaceError("Box needs a shape")
+            return cls.box(d["shape"], d.get("low"), d.get("high"))
+        raise SpaceError(f"unsupported space type {d.get('type')!r} (Box and Discrete are)")
+
+    @classmethod
+    def from_gym(cls, space: Any) -> "SpaceSpec":
+        name = type(space).__name__
+        if name == "Discrete":
+            if int(getattr(space, "start", 0)) != 0:
+                raise SpaceError("Discrete spaces with start != 0 are not supported")
+            return cls.discrete(int(space.n))
+        if name == "Box":
+            return cls.box(space.shape, space.low.ravel().tolist(), space.high.ravel().tolist())
+        raise SpaceError(f"unsupported gymnasium space {name} (Box and Discrete are)")
+
+    def to_json(self) -> dict[str, Any]:
+        if self.kind == "discrete":
+            return {"type": "Discrete", "n": self.n}
+        fin = lambda v: v if math.isfinite(v) else None  # noqa: E731 - JSON has no inf
+        return {"type": "Box", "shape": list(self.shape),
+                "low": [fin(v) for v in self.low], "high": [fin(v) for v in self.high]}
+
+    def to_gym(self) -> Any:
+        import gymnasium as gym
+        if self.kind == "discrete":
+            return gym.spaces.Discrete(self.n)
+        low = np.asarray(self.low, np.float32).reshape(self.shape)
+        high = np.asarray(self.high, np.float32).reshape(self.shape)
+        return gym.spaces.Box(low, high, dtype=np.float32)
+
+    @property
+    def is_discrete(self) -> bool:
+        return self.kind == "discrete"
+
+    @property
+    def flat_size(self) -> int:
+        """Numbers per element when flattened (a Discrete space counts 1: its index)."""
+        return 1 if self.is_discrete else math.prod(self.shape)
+
+    @property
+    def feature_size(self) -> int:
+        """Network input width for this space as an observation (Discrete: one-hot n)."""
+        return self.n if self.is_discrete else math.prod(self.shape)
+
+    def low_array(self) -> np.ndarray:
+        return np.asarray(self.low, np.float32)
+
+    def high_array(self) -> np.ndarray:
+        return np.asarray(self.high, np.float32)
+
+
+# ---------------------------------------------------------------- validation
+def check_discrete(values: np.ndarray, n: int, what: str) -> str | None:
+    """``values`` [T] must be whole numbers in [0, n)."""
+    if values.ndim != 1:
+        return f"{what}: expected a flat list of integers, got shape {list(values.shape)}"
+    if values.size and not np.all(np.isfinite(values)):
+        return f"{what}: contains NaN or Inf"
+    if values.size and (np.any(values != np.floor(values)) or values.min() < 0 or values.max() >= n):
+        return f"{what}: values must be integers in [0, {n})"
+    return None
+
+
+def check_box(values: np.ndarray, space: SpaceSpec, what: str) -> str | None:
+    """``values`` [T, *shape] must be finite and inside the bounds (small tolerance)."""
+    if values.shape[1:] != space.shape:
+        return f"{what}: expected shape [T, {', '.join(map(str, space.shape))}], got {list(values.shape)}"
+    flat = values.reshape(len(values), -1)
+    if flat.size and not np.all(np.isfinite(flat)):
+        return f"{what}: contains NaN or Inf"
+    low, high = space.low_array(), space.high_array()
+    tol = BOUND_TOLERANCE * (1.0 + np.abs(np.where(np.isfinite(high), high, 0.0)))
+    if flat.size and (np.any(flat < low - tol) or np.any(flat > high + tol)):
+        return f"{what}: values outside the declared Box bounds"
+    return None
+
+
+def check_values(values: np.ndarray, space: SpaceSpec, what: str) -> str | None:
+    """Validate a time-major array of observations or actions against ``space``."""
+    if space.is_discrete:
+        return check_discrete(values.reshape(len(values)) if values.ndim == 2 and values.shape[1] == 1
+                              else values, space.n, what)
+    return check_box(values, space, what)
+
+
+def to_features(values: np.ndarray, space: SpaceSpec) -> np.ndarray:
+    """Turn validated observations [T, ...] into network inputs [T, feature_size] float32."""
+    if space.is_discrete:
+        out = np.zeros((len(values), space.n), np.float32)
+        out[np.arange(len(values)), values.reshape(-1).astype(np.int64)] = 1.0
+        return out
+    return np.ascontiguousarray(values.reshape(len(values), -1), dtype=np.float32)

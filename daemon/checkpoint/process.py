@@ -1,0 +1,127 @@
+"""Checkpointer process: turns checkpoint requests into verified directories on disk.
+
+Flow for one request (from the supervisor: timer, SIGUSR1, shutdown):
+``CheckpointRequest`` → ask the learner for a ``SnapshotRequest`` → the learner
+serialises its state into the shared-memory snapshot area → ``SnapshotReady`` →
+this process writes the checkpoint atomically (``store.write_checkpoint``), prunes
+old ones, and reports ``CheckpointDone``. The learner never waits on disk I/O.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from importlib import metadata
+
+import numpy as np
+import structlog
+
+from client_lib.policy_spec import OnnxWeightWriter
+from daemon import messages as m
+from daemon.checkpoint import store
+from daemon.config import to_toml
+from daemon.errors import CheckpointError, ExitCode
+from daemon.roles import RoleContext
+from daemon.wiring import Topology
+from shm.blob import BlobArea
+from shm.board import WeightsBoard
+
+log = structlog.get_logger("checkpointer")
+SNAPSHOT_TIMEOUT_S = 60.0
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("rlinkd")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass
+class Pending:
+    request: m.CheckpointRequest
+    asked_at: float
+
+
+class Checkpointer:
+    """Pending requests and the write path."""
+
+    def __init__(self, topo: Topology, ctx: RoleContext) -> None:
+        self.topo, self.ctx = topo, ctx
+        self.root = store.checkpoints_dir(topo.cfg.daemon.state_dir)
+        self.keep = topo.cfg.checkpoint.keep_checkpoints
+        self.snapshot = BlobArea.attach(topo.snapshot_path)
+        self.board = WeightsBoard.attach(topo.board_path)
+        self.onnx = OnnxWeightWriter(topo.policy_spec)
+        self.pending: dict[int, Pending] = {}
+
+    def on_request(self, req: m.CheckpointRequest) -> None:
+        self.pending[req.request_id] = Pending(req, time.monotonic())
+        self.ctx.send("learner", m.SnapshotRequest(req.request_id))
+
+    def on_snapshot(self, snap: m.SnapshotReady) -> None:
+        pending = self.pending.pop(snap.request_id, None)
+        if pending is None:
+            return
+        req = pending.request
+        try:
+            if not snap.ok:
+                raise CheckpointError(f"learner could not snapshot: {snap.error}")
+            ckpt = self._write(req, snap)
+        except (CheckpointError, OSError, ValueError) as exc:
+            log.error("checkpoint_failed", reason=req.reason, error=str(exc))
+            self.ctx.send("supervisor", m.CheckpointDone(req.request_id, req.reason, False, "",
+                                                         snap.seq_no, str(exc)))
+            return
+        log.info("checkpoint_written", path=str(ckpt.path), reason=req.reason,
+                 weights_seq_no=snap.seq_no)
+        self.ctx.send("supervisor", m.CheckpointDone(req.request_id, req.reason, True,
+                                                     str(ckpt.path), snap.seq_no, ""))
+
+    def _write(self, req: m.CheckpointRequest, snap: m.SnapshotReady) -> store.Checkpoint:
+        generation, payload = self.snapshot.read()
+        if generation != snap.generation:
+            raise CheckpointError("snapshot area was overwritten before it could be saved")
+        config_text = to_toml(self.topo.cfg).encode()
+        files = {"learner.pt": payload, "config.toml": config_text}
+        seq, flat = self.board.read(np.empty(self.topo.policy_spec.n_params(), np.float32))
+        if seq == snap.seq_no:
+            files["policy.onnx"] = self.onnx.encode(flat)
+        meta = {"package_version": package_version(), "reason": req.reason,
+                "config_sha256": hashlib.sha256(config_text).hexdigest(),
+                "counters": req.counters, "weights_seq_no": snap.seq_no}
+        ckpt = store.write_checkpoint(self.root, files, meta)
+        store.prune(self.root, self.keep)
+        return ckpt
+
+    def expire(self) -> None:
+        """Requests the learner never answered (e.g. it was killed) fail after a timeout."""
+        now = time.monotonic()
+        for rid, pending in list(self.pending.items()):
+            if now - pending.asked_at > SNAPSHOT_TIMEOUT_S:
+                del self.pending[rid]
+                req = pending.request
+                self.ctx.send("supervisor", m.CheckpointDone(rid, req.reason, False, "", -1,
+                                                             "learner did not answer in time"))
+
+    def handle(self, msg) -> None:
+        if isinstance(msg, m.CheckpointRequest):
+            self.on_request(msg)
+        elif isinstance(msg, m.SnapshotReady):
+            self.on_snapshot(msg)
+        elif isinstance(msg, m.Reload):
+            self.keep = msg.changes.get("checkpoint.keep_checkpoints", self.keep)
+        elif isinstance(msg, m.Stop):
+            self.ctx.stop.set()
+
+
+def run(topo: Topology, ctx: RoleContext) -> ExitCode:
+    """The checkpointer's process loop."""
+    cp = Checkpointer(topo, ctx)
+    while not ctx.stop.is_set():
+        ctx.heartbeat()
+        msg = ctx.inbox.recv(0.25)
+        if msg is not None:
+            cp.handle(msg)
+        cp.expire()
+    return ExitCode.OK

@@ -1,0 +1,166 @@
+"""Checkpoints on disk: atomic directories with a manifest written last.
+
+Layout under ``<state_dir>/checkpoints/``::
+
+    ckpt-000042/            one directory per checkpoint, index strictly increasing
+        learner.pt          torch.save of plain tensors/containers (weights_only loadable)
+        policy.onnx         the current policy, for deployment without rlinkd
+        config.toml         the effective config
+        manifest.json       written last: format, versions, config hash, counters,
+                            weights_seq_no, sha256 + size of every other file
+    .staging-*/             a checkpoint being written (removed at start if left over)
+
+Writing: files go into a staging directory on the same filesystem, each fsynced,
+then the manifest (fsynced), the staging directory fsynced, renamed into place, and
+the parent fsynced. A crash at any moment leaves either no new checkpoint or a
+complete one. Loading verifies every sha256 and falls back to older checkpoints.
+Nothing here unpickles: the learner reads ``learner.pt`` with weights_only=True.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from daemon.errors import CheckpointError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+NAME_RE = re.compile(r"^ckpt-(\d{6,})$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    index: int
+    manifest: dict
+
+    @property
+    def weights_seq_no(self) -> int:
+        return int(self.manifest.get("weights_seq_no", -1))
+
+    @property
+    def counters(self) -> dict:
+        return dict(self.manifest.get("counters", {}))
+
+
+def checkpoints_dir(state_dir: str | os.PathLike) -> Path:
+    return Path(state_dir) / "checkpoints"
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _index_of(path: Path) -> int | None:
+    match = NAME_RE.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Checkpoint directories, newest (highest index) first."""
+    if not root.is_dir():
+        return []
+    found = [(i, p) for p in root.iterdir() if (i := _index_of(p)) is not None and p.is_dir()]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def write_checkpoint(root: Path, files: dict[str, bytes], meta: dict) -> Checkpoint:
+    """Write ``files`` + a manifest atomically as the next ``ckpt-NNNNNN``; returns it."""
+    root.mkdir(parents=True, exist_ok=True)
+    existing = list_checkpoints(root)
+    index = (_index_of(existing[0]) + 1) if existing else 1
+    staging = root / f".staging-{index:06d}-{secrets.token_hex(4)}"
+    staging.mkdir()
+    try:
+        digests = {}
+        for name, data in files.items():
+            _write_file(staging / name, data)
+            digests[name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        manifest = dict(meta, format_version=FORMAT_VERSION, index=index, files=digests,
+                        created_at=time.time())
+        _write_file(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+        _fsync_path(staging)
+        final = root / f"ckpt-{index:06d}"
+        os.rename(staging, final)
+        _fsync_path(root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return Checkpoint(final, index, manifest)
+
+
+def verify(path: Path) -> Checkpoint:
+    """Check the manifest and every file's size and sha256; CheckpointError if anything is off."""
+    index = _index_of(path)
+    try:
+        manifest = json.loads((path / MANIFEST).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable manifest ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: unknown checkpoint format")
+    for name, info in manifest.get("files", {}).items():
+        try:
+            data = (path / name).read_bytes()
+        except OSError as exc:
+            raise CheckpointError(f"{path}: missing {name} ({exc.strerror})") from None
+        if len(data) != info.get("bytes") or hashlib.sha256(data).hexdigest() != info.get("sha256"):
+            raise CheckpointError(f"{path}: {name} does not match its manifest (corrupt)")
+    return Checkpoint(path, index or 0, manifest)
+
+
+def latest_valid(root: Path, warn=None) -> Checkpoint | None:
+    """The newest checkpoint that verifies; corrupt/partial ones are reported and skipped."""
+    for path in list_checkpoints(root):
+        try:
+            return verify(path)
+        except CheckpointError as exc:
+            if warn:
+                warn(str(exc))
+    return None
+
+
+def read_checkpoint_file(path: str | os.PathLike, name: str) -> bytes:
+    """One file of a checkpoint, re-verified against the manifest."""
+    ckpt = verify(Path(path))
+    if name not in ckpt.manifest.get("files", {}):
+        raise CheckpointError(f"{path}: has no {name}")
+    return (Path(path) / name).read_bytes()
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints; returns the removed paths."""
+    removed = []
+    for path in list_checkpoints(root)[keep:]:
+        trash = root / f".trash-{path.name}-{secrets.token_hex(4)}"
+        os.rename(path, trash)  # a half-deleted directory must never look like a checkpoint
+        shutil.rmtree(trash, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def remove_staging(root: Path) -> list[Path]:
+    """Remove leftover staging directories of checkpoints that never completed."""
+    if not root.is_dir():
+        return []
+    leftovers = [p for p in root.iterdir() if p.name.startswith((".staging-", ".trash-"))]
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
+    return leftovers

@@ -1,0 +1,210 @@
+"""``rlinkd`` command line: serve, client, status, demo, checkpoint, reload, config.
+
+The serve flags are shorthands for config keys (``--port`` = ``server.port``);
+``--set section.key=value`` reaches every other key, so the TOML file, the CLI and
+the docs share one declaration (``daemon.config``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from daemon.errors import ConfigError, ExitCode
+
+SERVE_SHORTHANDS = {"host": "server.host", "port": "server.port", "env": "env.id",
+                    "state_dir": "daemon.state_dir", "runtime_dir": "daemon.runtime_dir",
+                    "log_level": "daemon.log_level"}
+
+
+def _add_state_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", help="the daemon's state directory (default: as `serve`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlinkd", description="RL training daemon for "
+                                     "external simulators (RLlink over TCP, shared memory).")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    serve = sub.add_parser("serve", help="run the daemon in the foreground")
+    serve.add_argument("--config", help="TOML config file")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--env", help="gymnasium id whose spaces to train for")
+    serve.add_argument("--state-dir")
+    serve.add_argument("--runtime-dir")
+    serve.add_argument("--log-level")
+    serve.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    serve.add_argument("--fresh", action="store_true", help="ignore existing checkpoints")
+
+    client = sub.add_parser("client", help="run a gymnasium env as an RLlink client")
+    client.add_argument("--env", default="CartPole-v1")
+    client.add_argument("--connect", default="tcp://127.0.0.1:5555",
+                        help="tcp://HOST:PORT, unix:///PATH, shm or auto")
+    client.add_argument("--steps", type=int)
+    client.add_argument("--episodes", type=int)
+    client.add_argument("--token")
+    client.add_argument("--seed", type=int)
+    client.add_argument("--greedy", action="store_true", help="no exploration")
+    client.add_argument("--report-every-s", type=float, default=5.0)
+    _add_state_dir(client)
+
+    status = sub.add_parser("status", help="show the running daemon's status")
+    status.add_argument("--json", action="store_true")
+    _add_state_dir(status)
+
+    demo = sub.add_parser("demo", help="daemon + local CartPole clients until solved")
+    demo.add_argument("--clients", type=int, default=2)
+    demo.add_argument("--transport", choices=("tcp", "shm", "mixed"), default="tcp")
+    demo.add_argument("--target", type=float, default=450.0)
+    demo.add_argument("--timeout-s", type=float, default=900.0)
+    demo.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    demo.add_argument("--state-dir", help="keep the demo's state here (default: a temp dir)")
+
+    for verb, text in (("checkpoint", "checkpoint now (SIGUSR1) and wait for it"),
+                       ("reload", "re-read the config file (SIGHUP) and wait for the result")):
+        p = sub.add_parser(verb, help=text)
+        p.add_argument("--timeout-s", type=float, default=120.0)
+        _add_state_dir(p)
+
+    config = sub.add_parser("config", help="print the effective config or the key reference")
+    config.add_argument("--config")
+    config.add_argument("--docs", action="store_true", help="markdown table of every key")
+    return parser
+
+
+def serve_overrides(args: argparse.Namespace) -> list:
+    from daemon.config import parse_override
+    overrides = [parse_override(text) for text in args.set]
+    for attr, dotted in SERVE_SHORTHANDS.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            section, key = dotted.split(".")
+            overrides.append((section, key, value))
+    return overrides
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from daemon import log as logsetup
+    from daemon.config import load_config
+    from daemon.supervisor import Supervisor
+    overrides = serve_overrides(args)
+    cfg = load_config(args.config, overrides)
+    logsetup.configure(cfg.daemon.log_level, "supervisor")
+    return Supervisor(cfg, overrides, fresh=args.fresh).run()
+
+
+def state_dir_of(args: argparse.Namespace) -> Path:
+    from daemon.config import default_state_dir
+    return Path(args.state_dir).expanduser().resolve() if args.state_dir else default_state_dir()
+
+
+def running_daemon(args: argparse.Namespace) -> dict:
+    from daemon.runfiles import read_daemon_file
+    info = read_daemon_file(state_dir_of(args))
+    if info is None:
+        raise SystemExit(_fail(f"no running rlinkd found for state dir {state_dir_of(args)}",
+                               ExitCode.NOT_RUNNING))
+    return info
+
+
+def query_status(info: dict, timeout_s: float = 10.0) -> dict:
+    from client_lib.transport import RLlinkClient
+    with RLlinkClient(f"unix://{info['unix_socket']}", timeout_s=timeout_s) as client:
+        return client.status(os.environ.get("RLINKD_TOKEN"))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = query_status(running_daemon(args))
+    if args.json:
+        print(json.dumps(status, indent=1, sort_keys=True))
+    else:
+        print(format_status(status))
+    return 0
+
+
+def format_status(s: dict) -> str:
+    ckpt = s.get("last_checkpoint") or {}
+    lines = [f"rlinkd pid {s.get('daemon_pid')}  {s.get('state', '?')}  up {s.get('uptime_s')} s  "
+             f"tcp {s.get('host')}:{s.get('port')}",
+             f"env_steps {s.get('env_steps')}  ({s.get('env_steps_per_s')}/s)  episodes "
+             f"{s.get('episodes')}  return mean {s.get('episode_return_mean')}",
+             f"weights_seq_no {s.get('weights_seq_no')}  clients {s.get('clients')}  dropped "
+             f"{s.get('dropped_episodes')}  protocol_errors {s.get('protocol_errors')}",
+             f"last checkpoint {ckpt.get('path', '-')} (age {ckpt.get('age_s', '-')} s)"]
+    for role, c in (s.get("children") or {}).items():
+        lines.append(f"  {role:<12} pid {c.get('pid')}  restarts {c.get('restarts')}")
+    return "\n".join(lines)
+
+
+def _signal_and_wait(args: argparse.Namespace, sig: int, key: str, describe) -> int:
+    """Send ``sig`` to the daemon and wait until status ``key`` changes; print the outcome."""
+    info = running_daemon(args)
+    before = query_status(info).get(key)
+    os.kill(int(info["pid"]), sig)
+    deadline = time.monotonic() + args.timeout_s
+    while time.monotonic() < deadline:
+        status = query_status(info)
+        if status.get(key) != before:
+            return describe(status)
+        time.sleep(0.1)
+    return _fail(f"timed out after {args.timeout_s:g} s waiting for the daemon", ExitCode.TIMEOUT)
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    def describe(status: dict) -> int:
+        print(status.get("last_checkpoint", {}).get("path"))
+        return 0
+    return _signal_and_wait(args, signal.SIGUSR1, "checkpoints_written", describe)
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    def describe(status: dict) -> int:
+        result = status.get("last_reload", {})
+        print(json.dumps(result, sort_keys=True))
+        return 0 if result.get("ok") else int(ExitCode.CONFIG)
+    return _signal_and_wait(args, signal.SIGHUP, "reload_generation", describe)
+
+
+def cmd_client(args: argparse.Namespace) -> int:
+    from daemon.client_cmd import run_client
+    return run_client(args)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from daemon.demo import run_demo
+    return run_demo(args)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from daemon.config import docs_markdown, load_config, to_toml
+    print(docs_markdown() if args.docs else to_toml(load_config(args.config)), end="")
+    return 0
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"rlinkd: {message}", file=sys.stderr)
+    return int(code)
+
+
+VERBS = {"serve": cmd_serve, "client": cmd_client, "status": cmd_status, "demo": cmd_demo,
+         "checkpoint": cmd_checkpoint, "reload": cmd_reload, "config": cmd_config}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return VERBS[args.verb](args)
+    except ConfigError as exc:
+        return _fail(f"config error: {exc}", ExitCode.CONFIG)
+    except (ConnectionError, FileNotFoundError) as exc:
+        return _fail(str(exc), ExitCode.NOT_RUNNING)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""The collector's protocol core: what each RLlink message does, without any I/O.
+
+``CollectorCore.handle(session, msg)`` returns a ``Plan`` (records to ingest, a
+reply to send now, whether to wait for weights); the asyncio shell in
+``daemon.collector.server`` carries it out. On-policy bookkeeping (who waits for
+which ingest id, when to force a smaller batch) lives in ``WaitBook``.
+"""
+from __future__ import annotations
+
+import hmac
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from client_lib import codec
+from client_lib.codec import BadMessage, Message
+from client_lib.spaces import SpaceSpec
+from daemon.collector.ingest import (EpisodeStats, EpisodeTracker, Limits, fragment_records,
+                                     validate_fragment)
+from daemon.config import Config
+from shm.records import StepLayout
+
+
+def concat_records(parts: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """Concatenate record arrays keeping the exact (padded) record dtype.
+
+    ``np.concatenate`` would canonicalise a structured dtype and drop its padding.
+    """
+    out = np.empty(sum(len(p) for p in parts), dtype)
+    start = 0
+    for part in parts:
+        out[start:start + len(part)] = part
+        start += len(part)
+    return out
+
+
+class Unauthenticated(BadMessage):
+    """A message arrived before a PING with the right token."""
+
+
+@dataclass
+class Session:
+    """One client connection's state (TCP or Unix socket)."""
+
+    id: int
+    stream_id: int
+    peer: str
+    transport: str
+    authenticated: bool
+    opened_at: float = field(default_factory=time.monotonic)
+    is_sampler: bool = False
+    last_sent_seq: int = -1
+    waiting_cutoff: int | None = None
+    waiting_since: float = 0.0
+    env_steps: int = 0
+    tracker: EpisodeTracker = field(default_factory=EpisodeTracker)
+
+
+@dataclass
+class Plan:
+    """What the shell must do for one message, in this order."""
+
+    records: np.ndarray | None = None    # ingest into the episode ring
+    reply: bytes | None = None           # send now
+    newest_state: bool = False           # send SET_STATE with the newest weights
+    wait_for_training: bool = False      # send SET_STATE once trained on the records
+    status: bool = False                 # send a STATUS_REPORT
+
+
+class WaitBook:
+    """On-policy clients waiting for weights trained on their records.
+
+    ``cutoff`` is the last ingest id a client's records got; weights published with
+    ``cutoff_ingest_id >= cutoff`` satisfy it. ``should_flush`` says when every
+    on-policy sampler is waiting (or one has waited too long): the shell then asks
+    the connector to build a batch from whatever has arrived.
+    """
+
+    def __init__(self, max_wait_s: float) -> None:
+        self.max_wait_s = max_wait_s
+        self.last_flush_cutoff = -1
+
+    def start_wait(self, session: Session, cutoff: int, now: float) -> None:
+        session.waiting_cutoff, session.waiting_since = cutoff, now
+
+    def released(self, sessions: list[Session], cutoff: int) -> list[Session]:
+        done = [s for s in sessions if s.waiting_cutoff is not None and s.waiting_cutoff <= cutoff]
+        for s in done:
+            s.waiting_cutoff = None
+        return done
+
+    def should_flush(self, samplers: list[Session], last_ingest_id: int, now: float) -> bool:
+        waiting = [s for s in samplers if s.waiting_cutoff is not None]
+        if not waiting or last_ingest_id <= self.last_flush_cutoff:
+            return False
+        all_waiting = len(waiting) == len(samplers)
+        overdue = any(now - s.waiting_since > self.max_wait_s for s in waiting)
+        return all_waiting or overdue
+
+
+class CollectorCore:
+    """Protocol semantics and counters. Called only from the collector's event loop."""
+
+    def __init__(self, cfg: Config, obs_space: SpaceSpec, act_space: SpaceSpec,
+                 layout: StepLayout, dist_size: int, counters: dict | None = None) -> None:
+        self.cfg = cfg
+        self.obs_space, self.act_space = obs_space, act_space
+        self.layout, self.dist_size = layout, dist_size
+        self.limits = Limits(cfg.server.max_episode_steps, cfg.server.max_obs_floats)
+        self.sessions: dict[int, Session] = {}
+        self.waits = WaitBook(cfg.sampling.max_wait_for_batch_s)
+        self.stats = EpisodeStats()
+        self._ids = itertools.count(1)
+        counters = counters or {}
+        self.env_steps = int(counters.get("env_steps", 0))
+        self.stats.episodes = int(counters.get("episodes", 0))
+        self.protocol_errors = 0
+        self.messages = 0
+
+    # ------------------------------------------------------------ sessions
+    def open_session(self, peer: str, transport: str) -> Session:
+        sid = next(self._ids)
+        session = Session(id=sid, stream_id=sid, peer=peer, transport=transport,
+                          authenticated=not self.cfg.server.token)
+        self.sessions[sid] = session
+        return session
+
+    def close_session(self, session: Session) -> None:
+        self.sessions.pop(session.id, None)
+
+    def samplers(self) -> list[Session]:
+        return [s for s in self.sessions.values() if s.is_sampler]
+
+    def count_protocol_error(self) -> None:
+        self.protocol_errors += 1
+
+    # ------------------------------------------------------------ messages
+    def handle(self, session: Session, msg: Message) -> Plan:
+        """Decide what one decoded message does. Raises BadMessage for bad input."""
+        self.messages += 1
+        if not session.authenticated:
+            return self._authenticate(session, msg)
+        handler = self._HANDLERS.get(type(msg))
+        if handler is None:
+            raise BadMessage(f"{msg.TYPE.value} is not a request this server accepts")
+        return handler(self, session, msg)
+
+    def _authenticate(self, session: Session, msg: Message) -> Plan:
+        token = getattr(msg, "token", None)
+        if not isinstance(msg, (codec.Ping, codec.Status)) or token is None:
+            raise Unauthenticated("authentication required: send PING with the token first")
+        if not hmac.compare_digest(token.encode(), self.cfg.server.token.encode()):
+            raise Unauthenticated("wrong token")
+        session.authenticated = True
+        return self.handle(session, msg)
+
+    def _ping(self, session: Session, msg: codec.Ping) -> Plan:
+        return Plan(reply=codec.encode(codec.Pong()))
+
+    def _get_config(self, session: Session, msg: codec.GetConfig) -> Plan:
+        s = self.cfg.sampling
+        reply = codec.SetConfig(env_steps_per_sample=s.env_steps_per_sample,
+                                force_on_policy=s.force_on_policy,
+                                observation_space=self.obs_space.to_json(),
+                                action_space=self.act_space.to_json(),
+                                protocol_version=codec.PROTOCOL_VERSION)
+        return Plan(reply=codec.encode(reply))
+
+    def _get_state(self, session: Session, msg: codec.GetState) -> Plan:
+        return Plan(newest_state=True)
+
+    def _status(self, session: Session, msg: codec.Status) -> Plan:
+        return Plan(status=True)
+
+    def _episodes(self, session: Session, msg: codec.Episodes) -> Plan:
+        records = self.ingest(session, msg)
+        wants_state = isinstance(msg, codec.EpisodesAndGetState)
+        on_policy = wants_state and self.cfg.sampling.force_on_policy
+        return Plan(records=records, newest_state=wants_state and not on_policy,
+                    wait_for_training=on_policy)
+
+    _HANDLERS = {codec.Ping: _ping, codec.GetConfig: _get_config, codec.GetState: _get_state,
+                 codec.Status: _status, codec.Episodes: _episodes,
+                 codec.EpisodesAndGetState: _episodes}
+
+    # ------------------------------------------------------------ ingestion
+    def ingest(self, session: Session, msg: codec.Episodes) -> np.ndarray:
+        """Validate every fragment first (all or nothing), then convert and count."""
+        frags = [validate_fragment(f, self.obs_space, self.act_space, self.dist_size,
+                                   self.limits, f"episodes[{i}]")
+                 for i, f in enumerate(msg.episodes)]
+        seq = msg.weights_seq_no if msg.weights_seq_no is not None else session.last_sent_seq
+        parts = [fragment_records(f, self.layout, session.stream_id, seq) for f in frags]
+        session.is_sampler = True
+        for frag in frags:
+            for ret, length in session.tracker.add(frag):
+                self.stats.record(ret, length)
+        steps = sum(f.num_steps for f in frags)
+        session.env_steps += steps
+        self.env_steps += steps
+        return concat_records(parts, self.layout.dtype)
+
+    def counters(self) -> dict:
+        """Counters a checkpoint keeps so a restarted daemon continues them."""
+        return {"env_steps": self.env_steps, "episodes": self.stats.episodes}

@@ -1,0 +1,146 @@
+"""Episode fragments → validated step records (pure; no sockets, no processes).
+
+Called by the collector once per received fragment. A fragment of T steps becomes
+T step records plus one FINAL_OBS record holding the fragment's last observation
+(the bootstrap observation, flagged TERMINATED/TRUNCATED when the episode ended
+there), so TCP and shared-memory clients feed the connector one record format
+(``shm.records``). Everything is vectorised: one numpy pass per column.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from client_lib.codec import BadMessage, EpisodeFragment
+from client_lib.spaces import SpaceSpec, check_values
+from shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED, StepLayout
+
+
+class InvalidEpisode(BadMessage):
+    """A fragment is well-formed JSON but does not fit the declared spaces or limits."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_episode_steps: int
+    max_obs_floats: int
+
+
+def _shape_time_major(values: np.ndarray, space: SpaceSpec) -> np.ndarray:
+    """Accept [T] for single-element Box spaces; Discrete values stay [T]."""
+    if not space.is_discrete and values.ndim == 1 and space.flat_size == 1:
+        return values.reshape(len(values), *space.shape)
+    return values
+
+
+def validate_fragment(frag: EpisodeFragment, obs_space: SpaceSpec, act_space: SpaceSpec,
+                      dist_size: int, limits: Limits, where: str) -> EpisodeFragment:
+    """Check a fragment against spaces and limits; returns it with normalised shapes.
+
+    Raises InvalidEpisode (an ERROR reply for that client only).
+    """
+    if frag.num_steps > limits.max_episode_steps:
+        raise InvalidEpisode(f"{where}: {frag.num_steps} steps exceed max_episode_steps="
+                             f"{limits.max_episode_steps}")
+    if obs_space.flat_size > limits.max_obs_floats:
+        raise InvalidEpisode(f"{where}: observations exceed max_obs_floats")
+    obs = _shape_time_major(frag.obs, obs_space)
+    actions = _shape_time_major(frag.actions, act_space)
+    errors = (check_values(obs, obs_space, f"{where}.obs"),
+              check_values(actions, act_space, f"{where}.actions"),
+              _check_finite(frag.rewards, f"{where}.rewards"),
+              _check_optional(frag.action_logp, (frag.num_steps,), f"{where}.action_logp"),
+              _check_optional(frag.action_dist_inputs, (frag.num_steps, dist_size),
+                              f"{where}.action_dist_inputs"))
+    error = next((e for e in errors if e), None)
+    if error:
+        raise InvalidEpisode(error)
+    return EpisodeFragment(obs, actions, frag.rewards, frag.is_terminated, frag.is_truncated,
+                           frag.action_logp, frag.action_dist_inputs)
+
+
+def _check_finite(values: np.ndarray, what: str) -> str | None:
+    if values.size and not np.all(np.isfinite(values)):
+        return f"{what}: contains NaN or Inf"
+    return None
+
+
+def _check_optional(values: np.ndarray | None, shape: tuple[int, ...], what: str) -> str | None:
+    if values is None:
+        return None
+    if values.shape != shape:
+        return f"{what}: expected shape {list(shape)}, got {list(values.shape)}"
+    return _check_finite(values, what)
+
+
+def fragment_records(frag: EpisodeFragment, layout: StepLayout, stream_id: int,
+                     weights_seq_no: int) -> np.ndarray:
+    """T step records + 1 FINAL_OBS record for a validated fragment (ingest ids unset)."""
+    t = frag.num_steps
+    rec = np.zeros(t + 1, dtype=layout.dtype)
+    rec["obs"] = frag.obs.reshape(t + 1, -1)
+    rec["stream_id"] = stream_id
+    rec["weights_seq_no"] = weights_seq_no
+    rec["reward"][:t] = frag.rewards
+    rec["action"][:t] = frag.actions.reshape(t, -1)
+    step_flags = 0
+    if frag.action_logp is not None:
+        rec["logp"][:t] = frag.action_logp
+        step_flags |= HAS_LOGP
+    if frag.action_dist_inputs is not None:
+        rec["dist"][:t] = frag.action_dist_inputs
+        step_flags |= HAS_DIST
+    rec["flags"][:t] = step_flags
+    end_flags = (TERMINATED if frag.is_terminated else 0) | (TRUNCATED if frag.is_truncated else 0)
+    rec["flags"][t] = FINAL_OBS | end_flags
+    return rec
+
+
+@dataclass
+class EpisodeTracker:
+    """Per-connection episode statistics across fragments (RLlink continuation).
+
+    ``add`` returns the (return, length) of every episode the fragment completes.
+    A fragment continues the previous one when that one was cut (neither terminated
+    nor truncated) and its first observation repeats the previous last observation.
+    """
+
+    open_return: float = 0.0
+    open_length: int = 0
+    last_obs: np.ndarray | None = None
+
+    def add(self, frag: EpisodeFragment) -> list[tuple[float, int]]:
+        continues = self.last_obs is not None and np.array_equal(frag.obs[0], self.last_obs)
+        if not continues:
+            self.open_return, self.open_length = 0.0, 0
+        self.open_return += float(frag.rewards.sum())
+        self.open_length += frag.num_steps
+        if frag.is_terminated or frag.is_truncated:
+            done = [(self.open_return, self.open_length)]
+            self.open_return, self.open_length, self.last_obs = 0.0, 0, None
+            return done
+        self.last_obs = frag.obs[-1].copy()
+        return []
+
+
+@dataclass
+class EpisodeStats:
+    """Counters of completed episodes, for status (last 100 and last 20 returns)."""
+
+    episodes: int = 0
+    returns: deque = field(default_factory=lambda: deque(maxlen=100))
+    lengths: deque = field(default_factory=lambda: deque(maxlen=100))
+
+    def record(self, episode_return: float, length: int) -> None:
+        self.episodes += 1
+        self.returns.append(episode_return)
+        self.lengths.append(length)
+
+    def mean_return(self, last: int = 100) -> float | None:
+        values = list(self.returns)[-last:]
+        return float(np.mean(values)) if values else None
+
+    def mean_length(self) -> float | None:
+        return float(np.mean(self.lengths)) if self.lengths else None

@@ -1,0 +1,121 @@
+"""Collector process shell: build the core, run the event loop, talk to the other roles.
+
+``run(topo, ctx)`` attaches the episode ring (as its only producer) and the weights
+board, starts the listeners, reports ``Listening`` to the supervisor, then loops
+until ``Drain``/``Stop`` or SIGTERM: inbox messages are handled on the event loop,
+a periodic tick heart-beats, forces overdue on-policy batches and reports status.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+
+from daemon import messages as m
+from daemon.collector.core import CollectorCore
+from daemon.collector.server import CollectorServer
+from daemon.collector.status import StatusBuilder
+from daemon.collector.weights import WeightsCache
+from daemon.errors import ExitCode
+from daemon.ipc import Inbox
+from daemon.roles import RoleContext
+from daemon.tls import server_context
+from daemon.wiring import Topology
+from shm.board import WeightsBoard
+from shm.doorbell import Doorbell
+from shm.ring import StepRing
+
+log = structlog.get_logger("collector")
+TICK_S = 0.05
+
+
+class CollectorProcess:
+    """Glue between the server, the inbox and the periodic tick."""
+
+    def __init__(self, topo: Topology, ctx: RoleContext) -> None:
+        self.topo, self.ctx = topo, ctx
+        self.ring = StepRing.attach(topo.episode_ring_path, expected_layout=topo.layout,
+                                    doorbell=Doorbell.from_fd(topo.episode_doorbell.fd))
+        self.board = WeightsBoard.attach(topo.board_path)
+        core = CollectorCore(topo.cfg, topo.obs_space, topo.act_space, topo.layout,
+                             topo.policy_spec.dist_size, topo.resume_counters)
+        self.status = StatusBuilder(topo, core)
+        self.server = CollectorServer(core, self.ring, WeightsCache(self.board, topo.policy_spec),
+                                      self.status.build, server_context(topo.cfg.server))
+        self.status.server = self.server
+        self.done = asyncio.Event()
+
+    async def main(self) -> None:
+        await self.server.start()
+        self.ctx.send("supervisor", m.Listening(self.topo.cfg.server.host, self.server.port,
+                                                str(self.topo.cfg.socket_path)))
+        log.info("listening", host=self.topo.cfg.server.host, port=self.server.port,
+                 unix_socket=str(self.topo.cfg.socket_path))
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self.ctx.inbox.fileno(), self._on_inbox)
+        self.server.on_weights_published(m.WeightsPublished(-1, -1, False, {}))
+        tick = asyncio.ensure_future(self._tick())
+        await self.done.wait()
+        loop.remove_reader(self.ctx.inbox.fileno())
+        tick.cancel()
+
+    def _on_inbox(self) -> None:
+        for msg in self.ctx.inbox.drain():
+            handler = self._handlers().get(type(msg))
+            if handler is not None:
+                handler(msg)
+
+    def _handlers(self) -> dict:
+        return {m.WeightsPublished: self._on_weights, m.ConnectorStats: self.status.on_connector,
+                m.DaemonInfo: self.status.on_daemon_info, m.Drain: self._on_drain,
+                m.Stop: self._on_drain, m.Reload: self._on_reload}
+
+    def _on_weights(self, msg: m.WeightsPublished) -> None:
+        self.status.on_learner(msg)
+        self.server.on_weights_published(msg)
+
+    def _on_drain(self, msg) -> None:
+        log.info("draining", reason=msg.reason)
+        asyncio.ensure_future(self._drain_then_finish(msg.reason))
+
+    async def _drain_then_finish(self, reason: str) -> None:
+        await self.server.drain(reason)
+        self._report_status()
+        self.done.set()
+
+    def _on_reload(self, msg: m.Reload) -> None:
+        from daemon import log as logsetup
+        if "daemon.log_level" in msg.changes:
+            logsetup.configure(msg.changes["daemon.log_level"], "collector")
+
+    async def _tick(self) -> None:
+        next_status = 0.0
+        while True:
+            self.ctx.heartbeat()
+            if self.ctx.stop.is_set():
+                self._on_drain(m.Drain("SIGTERM"))
+                return
+            self.server.maybe_flush()
+            if self.server.weights.refresh():
+                self.server.first_weights.set()
+            now = time.monotonic()
+            if now >= next_status:
+                self._report_status()
+                next_status = now + self.topo.cfg.daemon.status_interval_s
+            await asyncio.sleep(TICK_S)
+
+    def _report_status(self) -> None:
+        self.ctx.try_send("supervisor", m.CollectorStatus(self.status.build()))
+
+
+def run(topo: Topology, ctx: RoleContext) -> ExitCode:
+    """The collector's process loop; returns when drained or stopped."""
+    proc = CollectorProcess(topo, ctx)
+    asyncio.run(proc.main())
+    proc.ring.close()
+    proc.board.close()
+    return ExitCode.OK
+
+
+__all__ = ["run", "CollectorProcess", "Inbox"]

@@ -1,0 +1,224 @@
+"""The collector's asyncio shell: listeners, connections, the episode ring, the inbox.
+
+One event loop serves every TCP and Unix-socket connection (>= 64 at once), writes
+validated records into the collector→connector ring (in ingest-id order, under one
+FIFO lock, awaiting space when the ring is full so a slow learner slows clients
+down instead of growing memory), answers SET_STATE from ``WeightsCache``, and
+releases on-policy waiters when the learner says which ingest ids it trained on.
+A bad frame costs only its own connection: ERROR reply, close, count, log.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import ssl
+import time
+from typing import Any, Callable
+
+import numpy as np
+import structlog
+
+from client_lib import codec
+from client_lib.codec import ProtocolError
+from daemon import messages as m
+from daemon.collector.core import CollectorCore, Plan, Session
+from daemon.collector.weights import WeightsCache
+from shm.records import FLUSH
+from shm.ring import StepRing
+
+log = structlog.get_logger("collector")
+RING_POLL_S = 0.0005
+
+
+class CollectorServer:
+    """Owns the event-loop side of the collector. Built and run by ``collector.process``."""
+
+    def __init__(self, core: CollectorCore, ring: StepRing, weights: WeightsCache,
+                 status_fn: Callable[[], dict], ssl_ctx: ssl.SSLContext | None = None) -> None:
+        self.core, self.ring, self.weights = core, ring, weights
+        self.cfg = core.cfg
+        self.status_fn = status_fn
+        self.ssl_ctx = ssl_ctx
+        self.ring_lock = asyncio.Lock()
+        self.next_ingest_id = 1
+        self.waiters: dict[int, asyncio.Future] = {}
+        self.first_weights = asyncio.Event()
+        self.writers: dict[int, asyncio.StreamWriter] = {}
+        self.servers: list[asyncio.AbstractServer] = []
+        self.draining = False
+        self.port = 0
+
+    # ------------------------------------------------------------ listeners
+    async def start(self) -> None:
+        srv = self.cfg.server
+        tcp = await asyncio.start_server(lambda r, w: self._serve(r, w, "tcp"), srv.host,
+                                         srv.port, ssl=self.ssl_ctx, reuse_address=True,
+                                         limit=1 << 20)
+        self.port = tcp.sockets[0].getsockname()[1]
+        path = str(self.cfg.socket_path)
+        if os.path.exists(path):
+            os.unlink(path)
+        old_umask = os.umask(0o177)
+        try:
+            unix = await asyncio.start_unix_server(lambda r, w: self._serve(r, w, "unix"), path)
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+        self.servers = [tcp, unix]
+
+    async def stop_accepting(self) -> None:
+        for server in self.servers:
+            server.close()
+        self.servers = []
+
+    # ------------------------------------------------------------ one connection
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     transport: str) -> None:
+        peer = str(writer.get_extra_info("peername") or transport)
+        _set_nodelay(writer)
+        if self.draining or len(self.core.sessions) >= self.cfg.server.max_connections:
+            reason = "daemon shutting down" if self.draining else "too many connections"
+            await self._refuse(writer, reason)
+            return
+        session = self.core.open_session(peer, transport)
+        self.writers[session.id] = writer
+        try:
+            await self._message_loop(session, reader, writer)
+        except ProtocolError as exc:
+            await self._protocol_error(session, writer, exc)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError, ssl.SSLError):
+            pass
+        finally:
+            self._forget(session)
+            writer.close()
+
+    async def _message_loop(self, session: Session, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> None:
+        while True:
+            body = await self._read_frame(reader)
+            plan = self.core.handle(session, codec.decode_body(body))
+            await self._carry_out(session, plan, writer)
+
+    async def _read_frame(self, reader: asyncio.StreamReader) -> bytes:
+        """First byte within idle_timeout_s; the rest of the frame within read_timeout_s."""
+        srv = self.cfg.server
+        first = await asyncio.wait_for(reader.readexactly(1), srv.idle_timeout_s or None)
+        rest = await asyncio.wait_for(reader.readexactly(codec.HEADER_BYTES - 1), srv.read_timeout_s)
+        size = codec.parse_header(first + rest, srv.max_message_bytes)
+        return await asyncio.wait_for(reader.readexactly(size), srv.read_timeout_s)
+
+    async def _carry_out(self, session: Session, plan: Plan, writer: asyncio.StreamWriter) -> None:
+        last_id = await self.ingest(plan.records) if plan.records is not None else None
+        if plan.reply is not None:
+            await self._send(writer, plan.reply)
+        if plan.status:
+            await self._send(writer, codec.encode(codec.StatusReport(status=self.status_fn())))
+        if plan.newest_state:
+            await self._send_state(session, writer)
+        if plan.wait_for_training:
+            await self._wait_for_training(session, last_id)
+            await self._send_state(session, writer)
+
+    async def _send(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
+        writer.write(frame)  # one write per message
+        await asyncio.wait_for(writer.drain(), self.cfg.server.read_timeout_s)
+
+    async def _send_state(self, session: Session, writer: asyncio.StreamWriter) -> None:
+        await self.first_weights.wait()
+        self.weights.refresh()
+        session.last_sent_seq = self.weights.seq_no
+        await self._send(writer, self.weights.frame)
+
+    async def _protocol_error(self, session: Session, writer: asyncio.StreamWriter,
+                              exc: ProtocolError) -> None:
+        self.core.count_protocol_error()
+        log.warning("protocol_error", peer=session.peer, error=str(exc)[:300])
+        try:
+            await self._send(writer, codec.encode(codec.Error(message=str(exc)[:1000])))
+        except (ConnectionError, asyncio.TimeoutError, RuntimeError):
+            pass
+
+    async def _refuse(self, writer: asyncio.StreamWriter, reason: str) -> None:
+        try:
+            await self._send(writer, codec.encode(codec.Error(message=reason)))
+        except (ConnectionError, asyncio.TimeoutError):
+            pass
+        writer.close()
+
+    def _forget(self, session: Session) -> None:
+        self.core.close_session(session)
+        self.writers.pop(session.id, None)
+        fut = self.waiters.pop(session.id, None)
+        if fut is not None and not fut.done():
+            fut.cancel()
+        self.maybe_flush()
+
+    # ------------------------------------------------------------ episode ring
+    async def ingest(self, records: np.ndarray) -> int:
+        """Assign ingest ids and write records in order; waits (FIFO) while the ring is full."""
+        async with self.ring_lock:
+            n = len(records)
+            records["ingest_id"] = np.arange(self.next_ingest_id, self.next_ingest_id + n)
+            self.next_ingest_id += n
+            done = 0
+            while done < n:
+                done += self.ring.write_batch(records[done:])
+                if done < n:
+                    await asyncio.sleep(RING_POLL_S)
+            return self.next_ingest_id - 1
+
+    async def _write_flush_marker(self) -> None:
+        marker = np.zeros(1, self.ring.layout.dtype)
+        marker["flags"] = FLUSH
+        async with self.ring_lock:
+            marker["ingest_id"] = self.next_ingest_id - 1
+            while self.ring.write_batch(marker) == 0:
+                await asyncio.sleep(RING_POLL_S)
+
+    # ------------------------------------------------------------ on-policy waits
+    async def _wait_for_training(self, session: Session, last_id: int) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters[session.id] = fut
+        self.core.waits.start_wait(session, last_id, time.monotonic())
+        self.maybe_flush()
+        await fut
+
+    def maybe_flush(self) -> None:
+        """Ask the connector for a batch now when every on-policy sampler is waiting."""
+        last_id = self.next_ingest_id - 1
+        if self.core.waits.should_flush(self.core.samplers(), last_id, time.monotonic()):
+            self.core.waits.last_flush_cutoff = last_id
+            asyncio.ensure_future(self._write_flush_marker())
+
+    def on_weights_published(self, msg: m.WeightsPublished) -> None:
+        """Learner trained on ingest ids <= cutoff: refresh the frame, release waiters."""
+        self.weights.refresh()
+        if self.weights.ready:
+            self.first_weights.set()
+        for session in self.core.waits.released(self.core.samplers(), msg.cutoff_ingest_id):
+            fut = self.waiters.pop(session.id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    # ------------------------------------------------------------ shutdown
+    async def drain(self, reason: str) -> None:
+        """Stop accepting; every client gets ERROR with the reason and is disconnected."""
+        self.draining = True
+        await self.stop_accepting()
+        frame = codec.encode(codec.Error(message=f"daemon shutting down: {reason}"))
+        for writer in list(self.writers.values()):
+            try:
+                writer.write(frame)
+                await asyncio.wait_for(writer.drain(), 1.0)
+            except (ConnectionError, asyncio.TimeoutError, RuntimeError):
+                pass
+            writer.close()
+        for fut in self.waiters.values():
+            fut.cancel()
+
+
+def _set_nodelay(writer: asyncio.StreamWriter) -> None:
+    sock: Any = writer.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

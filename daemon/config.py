@@ -1,0 +1,479 @@
+"""Configuration: one declaration drives the TOML file, the CLI and the docs.
+
+Every setting is a field of a frozen dataclass, declared with ``setting(default,
+doc, ...)``: the doc string becomes the README's config table (``rlinkd config
+--docs``), ``reloadable=True`` marks what SIGHUP may change, and the TOML file
+uses the same section and key names (``[ppo] lr = 3e-4``). ``load_config`` is
+the only way a ``Config`` is built from outside; it validates everything once and
+raises ``ConfigError`` naming the offending key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from client_lib.spaces import SpaceSpec, SpaceError
+from daemon.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+MiB = 1024 * 1024
+
+
+def setting(default: Any, doc: str, *, reloadable: bool = False, minimum: float | None = None,
+            maximum: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
+    """Declare one config field: its default, its documentation and its limits."""
+    meta = {"doc": doc, "reloadable": reloadable, "min": minimum, "max": maximum,
+            "choices": choices}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """[server]: the RLlink listeners (TCP and the Unix socket)."""
+
+    host: str = setting("127.0.0.1", "Address the RLlink TCP listener binds. A non-loopback "
+                        "address requires TLS or `insecure_remote = true`.")
+    port: int = setting(5555, "TCP port of the RLlink listener (0 = pick a free port; the "
+                        "chosen port is in `rlinkd status`).", minimum=0, maximum=65535)
+    max_message_bytes: int = setting(64 * MiB, "Largest RLlink frame body accepted; a header "
+                                     "announcing more is refused before the body is read.",
+                                     minimum=1024)
+    max_connections: int = setting(256, "Connections served at once (TCP and Unix socket); an "
+                                   "excess connection gets ERROR and is closed.", minimum=1)
+    read_timeout_s: float = setting(30.0, "Once a frame has started, its remaining bytes must "
+                                    "arrive within this time or the connection is closed.",
+                                    minimum=0.1)
+    idle_timeout_s: float = setting(600.0, "A connection that sends nothing for this long is "
+                                    "closed (0 = never).", minimum=0.0)
+    max_episode_steps: int = setting(100_000, "Longest episode fragment accepted in one "
+                                     "message, in env steps.", minimum=1)
+    max_obs_floats: int = setting(1_000_000, "Largest flattened observation accepted, in "
+                                  "numbers.", minimum=1)
+    token: str = setting("", "Shared secret; when set, a client must send it as `token` in "
+                         "PING before anything else is accepted.")
+    insecure_remote: bool = setting(False, "Allow a non-loopback bind without TLS.")
+    tls_cert_file: str = setting("", "PEM server certificate; enables TLS on the TCP listener.")
+    tls_key_file: str = setting("", "PEM private key for `tls_cert_file`.")
+    tls_client_ca_file: str = setting("", "PEM CA bundle; when set, clients must present a "
+                                      "certificate signed by it.")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """[env]: where the observation and action spaces come from."""
+
+    id: str = setting("CartPole-v1", "gymnasium id whose spaces the daemon trains for "
+                      "(ignored when both spaces are given explicitly).")
+    observation_space: SpaceSpec | None = setting(None, "Explicit observation space, e.g. "
+                                                  "`{type = \"Box\", low = -1.0, high = 1.0, "
+                                                  "shape = [4]}`.")
+    action_space: SpaceSpec | None = setting(None, "Explicit action space, e.g. "
+                                             "`{type = \"Discrete\", n = 2}`.")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """[sampling]: what clients are told and how episodes become train batches."""
+
+    env_steps_per_sample: int = setting(512, "Env steps a client collects per "
+                                        "EPISODES_AND_GET_STATE (sent in SET_CONFIG).",
+                                        minimum=1)
+    force_on_policy: bool = setting(True, "Reply to EPISODES_AND_GET_STATE only with weights "
+                                    "trained on a batch containing that client's episodes.")
+    train_batch_size: int = setting(1024, "Env steps per train batch (fewer when every "
+                                    "on-policy client is waiting).", minimum=1)
+    max_policy_lag: int = setting(4, "Episodes collected with weights more than this many "
+                                  "versions old are dropped and counted.", minimum=0)
+    max_wait_for_batch_s: float = setting(5.0, "An on-policy client waiting longer than this "
+                                          "forces a (smaller) batch.", minimum=0.01)
+    episode_ring_records: int = setting(1 << 17, "Capacity (steps) of the collector→connector "
+                                        "shared-memory ring; when full, clients are slowed "
+                                        "down.", minimum=1024)
+    batch_slots: int = setting(2, "Train-batch slots in shared memory between connector and "
+                               "learner.", minimum=1, maximum=8)
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """[ppo]: the learner's algorithm and network."""
+
+    lr: float = setting(1e-3, "Adam learning rate.", reloadable=True, minimum=0.0)
+    gamma: float = setting(0.99, "Discount factor.", minimum=0.0, maximum=1.0)
+    gae_lambda: float = setting(0.95, "GAE λ.", minimum=0.0, maximum=1.0)
+    clip_coef: float = setting(0.2, "PPO surrogate clip ε.", minimum=0.0)
+    vf_coef: float = setting(0.5, "Value-loss coefficient.", minimum=0.0)
+    ent_coef: float = setting(0.0, "Entropy-bonus coefficient.", reloadable=True,
+                              minimum=0.0)
+    num_epochs: int = setting(10, "SGD epochs per train batch.", minimum=1)
+    minibatch_size: int = setting(256, "Rows per SGD minibatch.", minimum=1)
+    max_grad_norm: float = setting(0.5, "Global gradient-norm clip.", minimum=0.0)
+    clip_vloss: bool = setting(True, "Clip the value loss like the surrogate.")
+    target_kl: float = setting(0.0, "Stop the epochs early when the approximate KL exceeds "
+                               "this (0 = never).", minimum=0.0)
+    normalize_advantages: bool = setting(True, "Normalise advantages per train batch.")
+    normalize_observations: bool = setting(False, "Keep running observation statistics and "
+                                           "normalise inputs (inside the ONNX model too).")
+    hidden_sizes: tuple[int, ...] = setting((64, 64), "Hidden layer widths of the actor and "
+                                            "the critic MLPs.")
+    activation: str = setting("tanh", "Hidden activation.", choices=("tanh", "relu"))
+    log_std_init: float = setting(0.0, "Initial log-std of Gaussian (Box) policies.")
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """[learner]: the learner process."""
+
+    device: str = setting("auto", "`auto` = CUDA when available, else CPU; or `cpu`, "
+                          "`cuda`, `cuda:1`.")
+    torch_threads: int = setting(1, "torch intra-op threads in the learner.", minimum=1)
+    seed: int = setting(0, "Seed of the learner's RNGs.")
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    """[connector]: the learner pipeline turning episodes into train batches."""
+
+    pipeline: tuple[str, ...] = setting(
+        ("observations", "columns", "old_logp", "values", "gae", "normalize_advantages"),
+        "Pieces in order: built-in names or `module:Class` import paths of your own pieces.")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """[checkpoint]: periodic and on-demand checkpoints."""
+
+    checkpoint_interval_s: float = setting(300.0, "Seconds between periodic checkpoints "
+                                           "(0 = only on request and at shutdown).",
+                                           reloadable=True, minimum=0.0)
+    keep_checkpoints: int = setting(5, "Newest checkpoints kept on disk.", reloadable=True,
+                                    minimum=1)
+    snapshot_bytes: int = setting(64 * MiB, "Shared-memory area for one learner snapshot.",
+                                  minimum=MiB)
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """[daemon]: the supervisor, directories and logging."""
+
+    state_dir: str = setting("", "Checkpoints, TensorBoard files and `daemon.json` (default: "
+                             "$STATE_DIRECTORY, else $XDG_STATE_HOME/rlinkd, else "
+                             "~/.local/state/rlinkd).")
+    runtime_dir: str = setting("", "Unix socket and pid file (default: $RUNTIME_DIRECTORY, "
+                               "else <state_dir>/run).")
+    shm_dir: str = setting("/dev/shm", "Directory (tmpfs) holding shared-memory segments.")
+    log_level: str = setting("info", "Log level.", reloadable=True,
+                             choices=("debug", "info", "warning", "error"))
+    shutdown_timeout_s: float = setting(30.0, "Graceful-stop budget: drain, final checkpoint, "
+                                        "exit.", minimum=1.0)
+    heartbeat_timeout_s: float = setting(30.0, "A child silent this long gets SIGABRT, then "
+                                         "SIGKILL, then a restart.", minimum=1.0)
+    restart_backoff_s: float = setting(0.5, "First restart delay of a crashed child (doubles "
+                                       "per crash, reset after a minute of health).",
+                                       minimum=0.0)
+    restart_backoff_max_s: float = setting(30.0, "Largest restart delay.", minimum=0.0)
+    crash_loop_restarts: int = setting(5, "This many restarts of one child within "
+                                       "`crash_loop_window_s` stop the daemon.", minimum=1)
+    crash_loop_window_s: float = setting(60.0, "Window of the crash-loop rule.", minimum=1.0)
+    status_interval_s: float = setting(1.0, "Period of status updates between processes.",
+                                       minimum=0.05)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration. Build it with ``load_config``."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    connector: ConnectorConfig = field(default_factory=ConnectorConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    source_file: str = field(default="", metadata={"internal": True})
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.daemon.state_dir)
+
+    @property
+    def runtime_dir(self) -> Path:
+        return Path(self.daemon.runtime_dir)
+
+    @property
+    def socket_path(self) -> Path:
+        return self.runtime_dir / "rlinkd.sock"
+
+
+SECTIONS: dict[str, type] = {"server": ServerConfig, "env": EnvConfig, "sampling": SamplingConfig,
+            "ppo": PPOConfig, "learner": LearnerConfig, "connector": ConnectorConfig,
+            "checkpoint": CheckpointConfig, "daemon": DaemonConfig}
+
+
+# ---------------------------------------------------------------- value coercion
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, globalns=vars(sys.modules[__name__]))
+
+
+def _coerce(key: str, hint: Any, value: Any) -> Any:
+    """Convert a TOML/CLI value to the declared type or raise ConfigError."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or value == {}:
+            return None
+        return _coerce(key, next(a for a in args if a is not type(None)), value)
+    if hint is SpaceSpec:
+        return _coerce_space(key, value)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return tuple(_coerce(key, args[0], v) for v in value)
+    return _coerce_scalar(key, hint, value)
+
+
+def _coerce_scalar(key: str, hint: type, value: Any) -> Any:
+    if hint is bool:
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        if isinstance(value, bool):
+            return value
+    elif hint is int and not isinstance(value, bool):
+        try:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        except (TypeError, ValueError):
+            pass
+    elif hint is float and not isinstance(value, bool):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    elif hint is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ConfigError(f"{key}: expected {hint.__name__}, got {value!r}")
+
+
+def _coerce_space(key: str, value: Any) -> SpaceSpec:
+    if isinstance(value, SpaceSpec):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a table such as {{type = \"Discrete\", n = 2}}")
+    try:
+        return SpaceSpec.from_json(value)
+    except SpaceError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+
+
+def _check_limits(key: str, f: dataclasses.Field, value: Any) -> None:
+    meta = f.metadata
+    if meta.get("min") is not None and value < meta["min"]:
+        raise ConfigError(f"{key}: must be >= {meta['min']}, got {value!r}")
+    if meta.get("max") is not None and value > meta["max"]:
+        raise ConfigError(f"{key}: must be <= {meta['max']}, got {value!r}")
+    if meta.get("choices") and value not in meta["choices"]:
+        raise ConfigError(f"{key}: must be one of {', '.join(meta['choices'])}, got {value!r}")
+
+
+def _build_section(name: str, cls: type, values: dict[str, Any]) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"[{name}]: expected a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"{name}.{unknown[0]}: unknown key (known: {', '.join(fields)})")
+    hints = _hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        full = f"{name}.{key}"
+        coerced = _coerce(full, hints[key], value)
+        if coerced is not None and not isinstance(coerced, (tuple, SpaceSpec)):
+            _check_limits(full, fields[key], coerced)
+        kwargs[key] = coerced
+    return cls(**kwargs)
+
+
+# ---------------------------------------------------------------- loading
+def read_toml(path: str | os.PathLike) -> dict[str, Any]:
+    """Parse a TOML file into nested dicts; ConfigError on I/O or syntax errors."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """Parse a CLI override ``section.key=value`` (value as TOML, else a bare string)."""
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    dotted, raw = text.split("=", 1)
+    section, key = dotted.strip().split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return section, key, value
+
+
+def merge(base: dict[str, Any], section: str, key: str, value: Any) -> None:
+    """Set ``base[section][key] = value`` creating the section table when missing."""
+    base.setdefault(section, {})[key] = value
+
+
+def load_config(path: str | os.PathLike | None = None,
+                overrides: list[tuple[str, str, Any]] = (), *,
+                resolve_dirs: bool = True) -> Config:
+    """Build and validate a Config from an optional TOML file plus overrides.
+
+    Called once at start, again on SIGHUP (the caller keeps the old one when this
+    raises), and by tests. ``overrides`` are (section, key, value) triples from the CLI.
+    """
+    raw = read_toml(path) if path else {}
+    for section, key, value in overrides:
+        merge(raw, section, key, value)
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"[{unknown[0]}]: unknown section (known: {', '.join(SECTIONS)})")
+    sections = {name: _build_section(name, cls, raw.get(name, {}))
+                for name, cls in SECTIONS.items()}
+    cfg = Config(**sections, source_file=str(Path(path).resolve()) if path else "")
+    if resolve_dirs:
+        cfg = with_resolved_dirs(cfg)
+    validate(cfg)
+    return cfg
+
+
+def default_state_dir() -> Path:
+    """$STATE_DIRECTORY (systemd), else $XDG_STATE_HOME/rlinkd, else ~/.local/state/rlinkd."""
+    if os.environ.get("STATE_DIRECTORY"):
+        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "rlinkd"
+
+
+def with_resolved_dirs(cfg: Config) -> Config:
+    """Fill in the default state and runtime directories as absolute paths."""
+    state = Path(cfg.daemon.state_dir or default_state_dir()).expanduser().resolve()
+    runtime = cfg.daemon.runtime_dir or os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    runtime_path = Path(runtime).expanduser().resolve() if runtime else state / "run"
+    daemon = dataclasses.replace(cfg.daemon, state_dir=str(state), runtime_dir=str(runtime_path))
+    return dataclasses.replace(cfg, daemon=daemon)
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks that single-field limits cannot express."""
+    s, srv = cfg.sampling, cfg.server
+    if cfg.ppo.minibatch_size > s.train_batch_size:
+        raise ConfigError(f"ppo.minibatch_size ({cfg.ppo.minibatch_size}) must not exceed "
+                          f"sampling.train_batch_size ({s.train_batch_size})")
+    if not cfg.ppo.hidden_sizes or min(cfg.ppo.hidden_sizes) < 1:
+        raise ConfigError("ppo.hidden_sizes: give at least one positive width")
+    if bool(srv.tls_cert_file) != bool(srv.tls_key_file):
+        raise ConfigError("server.tls_cert_file and server.tls_key_file go together")
+    if srv.tls_client_ca_file and not srv.tls_cert_file:
+        raise ConfigError("server.tls_client_ca_file needs server.tls_cert_file")
+    if not is_loopback(srv.host) and not (srv.tls_cert_file or srv.insecure_remote):
+        raise ConfigError(f"server.host = {srv.host!r} is not a loopback address: configure "
+                          "server.tls_cert_file/tls_key_file, or set server.insecure_remote = "
+                          "true to accept unencrypted remote connections")
+    if len(str(cfg.socket_path)) > 100:
+        raise ConfigError(f"daemon.runtime_dir: socket path {cfg.socket_path} is too long for "
+                          "a Unix socket (max ~100 characters)")
+    if cfg.env.observation_space is None or cfg.env.action_space is None:
+        if not cfg.env.id:
+            raise ConfigError("env.id: give a gymnasium id or both explicit spaces")
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost names and 127.0.0.0/8 or ::1 addresses."""
+    import ipaddress
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------------- reload and docs
+def reloadable_changes(old: Config, new: Config) -> tuple[dict[str, Any], list[str]]:
+    """Split the differences between two configs into (applicable, ignored) keys.
+
+    Returns ``{"ppo.lr": 0.001, ...}`` for reloadable keys that changed and the
+    names of changed keys that need a restart (logged, not applied).
+    """
+    applied, ignored = {}, []
+    for name in SECTIONS:
+        a, b = getattr(old, name), getattr(new, name)
+        for f in dataclasses.fields(a):
+            if getattr(a, f.name) != getattr(b, f.name):
+                key = f"{name}.{f.name}"
+                if f.metadata.get("reloadable"):
+                    applied[key] = getattr(b, f.name)
+                else:
+                    ignored.append(key)
+    return applied, ignored
+
+
+def apply_changes(cfg: Config, changes: dict[str, Any]) -> Config:
+    """Return ``cfg`` with the dotted-key ``changes`` applied (used after a reload)."""
+    for dotted, value in changes.items():
+        section, key = dotted.split(".", 1)
+        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(
+            getattr(cfg, section), **{key: value})})
+    return cfg
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, SpaceSpec):
+        return "{ " + ", ".join(f"{k} = {_toml_value(tuple(v) if isinstance(v, list) else v)}"
+                                for k, v in value.to_json().items()) + " }"
+    return repr(value)
+
+
+def to_toml(cfg: Config) -> str:
+    """Render a config as TOML that ``load_config`` reads back to an equal Config."""
+    lines = []
+    for name in SECTIONS:
+        lines.append(f"[{name}]")
+        section = getattr(cfg, name)
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if value is not None:
+                lines.append(f"{f.name} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def docs_markdown() -> str:
+    """The README's config table, generated from the declarations above."""
+    rows = ["| key | default | reloadable | meaning |", "| --- | --- | --- | --- |"]
+    for name, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = "(none)" if f.default is None else _toml_value(f.default)
+            default = default.replace("|", "\\|") or '""'
+            reload_mark = "yes" if f.metadata["reloadable"] else ""
+            doc = f.metadata["doc"].replace("|", "\\|")
+            rows.append(f"| `{name}.{f.name}` | `{default}` | {reload_mark} | {doc} |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,86 @@
+"""When to build a train batch and from which segments (the connector's pure core).
+
+Contract with the collector and learner: a batch carries ``ingest_cutoff`` such
+that every complete segment whose records have ingest ids <= cutoff is either in
+this batch, in an earlier one, or was dropped for policy lag. The learner passes
+the cutoff back with the weights it trains, and the collector releases on-policy
+clients whose records are all <= cutoff.
+
+Batches are built as late as possible: when ``train_batch_size`` steps are
+buffered (or a flush was requested because every on-policy client is waiting)
+*and* the learner is idle, so values and recomputed log-probs use the newest
+weights. If the learner is busy, data keeps accumulating (up to the slot
+capacity), which adapts the batch size to the learner's speed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from daemon.connector.segments import Segment, split_segment
+
+
+@dataclass
+class BuildPlan:
+    segments: list[Segment]
+    cutoff: int
+    dropped_episodes: int
+
+
+@dataclass
+class BatchBuilder:
+    train_batch_size: int
+    capacity_rows: int
+    max_policy_lag: int
+    buffered: list[Segment] = field(default_factory=list)
+    buffered_steps: int = 0
+    dropped_episodes: int = 0
+    dropped_steps: int = 0
+    batches: int = 0
+    trained_steps: int = 0
+    last_cutoff: int = 0
+
+    def add(self, segments: list[Segment]) -> None:
+        for seg in segments:
+            if seg.num_steps:
+                self.buffered.append(seg)
+                self.buffered_steps += seg.num_steps
+
+    def should_build(self, flush_requested: bool, learner_idle: bool, consumed_id: int) -> bool:
+        """Full batch and idle learner; or a flush; or the buffer is about to overflow a slot."""
+        if self.buffered_steps >= self.capacity_rows // 2:
+            return True
+        if not learner_idle:
+            return False
+        if self.buffered_steps >= self.train_batch_size:
+            return True
+        return flush_requested and (self.buffered_steps > 0 or consumed_id > self.last_cutoff)
+
+    def take(self, current_seq: int, consumed_id: int) -> BuildPlan:
+        """Remove up to ``capacity_rows`` steps of fresh-enough segments from the buffer."""
+        fresh, dropped = self._drop_stale(current_seq)
+        if fresh and fresh[0].num_steps > self.capacity_rows:
+            fresh[0:1] = split_segment(fresh[0], self.capacity_rows)
+        chosen, rows = [], 0
+        while fresh and rows + fresh[0].num_steps <= self.capacity_rows:
+            seg = fresh.pop(0)
+            chosen.append(seg)
+            rows += seg.num_steps
+        self.buffered = fresh
+        self.buffered_steps = sum(s.num_steps for s in fresh)
+        cutoff = min(s.first_ingest_id for s in fresh) - 1 if fresh else consumed_id
+        self.last_cutoff = max(self.last_cutoff, cutoff)
+        self.batches += 1
+        self.trained_steps += rows
+        return BuildPlan(chosen, self.last_cutoff, dropped)
+
+    def _drop_stale(self, current_seq: int) -> tuple[list[Segment], int]:
+        fresh, dropped = [], 0
+        for seg in self.buffered:
+            lag = current_seq - seg.behaviour_seq_no
+            if seg.behaviour_seq_no >= 0 and lag > self.max_policy_lag:
+                dropped += 1
+                self.dropped_steps += seg.num_steps
+            else:
+                fresh.append(seg)
+        self.dropped_episodes += dropped
+        return fresh, dropped

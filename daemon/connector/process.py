@@ -1,0 +1,114 @@
+"""Connector process shell: episode ring → segments → pipeline → batch slot → learner.
+
+Loop (until Stop or SIGTERM): wait up to 50 ms for records (doorbell-free polling
+of its one ring with a short sleep), assemble segments, and when ``BatchBuilder``
+says so, run the pipeline with the newest board weights, copy the columns into a
+free shared-memory slot, mark it READY and ring the learner's doorbell. A full set
+of slots stops the loop from reading the ring, which fills the ring, which slows the
+collector's clients: backpressure end to end.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import structlog
+
+from daemon import messages as m
+from daemon.connector.builder import BatchBuilder
+from daemon.connector.pipeline import LearnerPipeline, PipelineContext
+from daemon.connector.segments import SegmentAssembler
+from daemon.errors import ExitCode
+from daemon.roles import RoleContext
+from daemon.wiring import Topology
+from shm.board import WeightsBoard
+from shm.doorbell import Doorbell
+from shm.ring import StepRing
+from shm.slots import READY, TRAINING, BatchSlots
+
+log = structlog.get_logger("connector")
+READ_CHUNK = 1 << 15
+WAIT_S = 0.05
+SLOT_COLUMNS = ("obs", "actions", "logp", "advantages", "value_targets", "values")
+
+
+class Connector:
+    """The connector's state between loop iterations."""
+
+    def __init__(self, topo: Topology, ctx: RoleContext) -> None:
+        self.topo, self.ctx, cfg = topo, ctx, topo.cfg
+        self.ring = StepRing.attach(topo.episode_ring_path, expected_layout=topo.layout,
+                                    doorbell=Doorbell.from_fd(topo.episode_doorbell.fd),
+                                    role="consumer")
+        self.board = WeightsBoard.attach(topo.board_path)
+        self.slots = BatchSlots.attach(topo.slots_path)
+        self.slots.reset_filling()
+        self.assembler = SegmentAssembler()
+        self.builder = BatchBuilder(cfg.sampling.train_batch_size, self.slots.capacity_rows,
+                                    cfg.sampling.max_policy_lag)
+        self.pipeline = LearnerPipeline(cfg.connector.pipeline)
+        self.weights = np.empty(topo.policy_spec.n_params(), np.float32)
+        self.next_stats = 0.0
+
+    def step(self) -> None:
+        """One loop iteration: read, maybe build, maybe report."""
+        if self.ring.wait_readable(WAIT_S):
+            self.builder.add(self.assembler.add(self.ring.read_batch(READ_CHUNK)))
+        self._maybe_build()
+        self._maybe_report()
+
+    def _learner_idle(self) -> bool:
+        busy = (READY, TRAINING)
+        return not any(self.slots.state(i) in busy for i in range(self.slots.n_slots))
+
+    def _maybe_build(self) -> None:
+        if not self.builder.should_build(self.assembler.flush_requested, self._learner_idle(),
+                                         self.assembler.max_ingest_id):
+            return
+        slot = self.slots.acquire_free()
+        if slot is None:
+            return
+        self.assembler.flush_requested = False
+        seq, _ = self.board.read(self.weights)
+        plan = self.builder.take(seq, self.assembler.max_ingest_id)
+        rows = self._fill(slot, plan.segments, seq) if plan.segments else 0
+        self.slots.mark_ready(slot, rows, {"ingest_cutoff": plan.cutoff,
+                                           "episodes": len(plan.segments),
+                                           "dropped_episodes": plan.dropped_episodes,
+                                           "values_seq_no": seq})
+        self.ctx.send("learner", m.BatchReady(slot))
+
+    def _fill(self, slot: int, segments, seq: int) -> int:
+        cfg = self.topo.cfg
+        pctx = PipelineContext(self.topo.obs_space, self.topo.act_space, self.topo.policy_spec,
+                               self.weights, seq, cfg.ppo.gamma, cfg.ppo.gae_lambda,
+                               cfg.ppo.normalize_advantages)
+        batch = self.pipeline(segments, pctx)
+        rows = len(batch["advantages"])
+        columns = self.slots.columns(slot)
+        for name in SLOT_COLUMNS:
+            columns[name][:rows] = batch[name].reshape(columns[name][:rows].shape)
+        return rows
+
+    def _maybe_report(self) -> None:
+        now = time.monotonic()
+        if now < self.next_stats:
+            return
+        self.next_stats = now + self.topo.cfg.daemon.status_interval_s
+        b = self.builder
+        self.ctx.try_send("collector", m.ConnectorStats(
+            b.dropped_episodes, b.dropped_steps, b.batches,
+            b.buffered_steps + self.assembler.open_steps(), b.trained_steps))
+
+
+def run(topo: Topology, ctx: RoleContext) -> ExitCode:
+    """The connector's process loop."""
+    conn = Connector(topo, ctx)
+    log.info("connector_ready", pipeline=list(topo.cfg.connector.pipeline))
+    while not ctx.stop.is_set():
+        ctx.heartbeat()
+        conn.step()
+        for msg in ctx.inbox.drain():
+            if isinstance(msg, m.Stop):
+                ctx.stop.set()
+    return ExitCode.OK

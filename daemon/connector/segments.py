@@ -1,0 +1,107 @@
+"""Step records → segments: per-stream runs of steps ending in a FINAL_OBS record.
+
+``SegmentAssembler.add(records)`` is called by the connector for every batch read
+from the episode ring (records of many streams interleaved, each stream in order).
+A segment is one fragment of one episode: T steps plus the observation after the
+last step. It ended ``terminated`` (no bootstrap), ``truncated`` or was cut between
+two RLlink fragments (bootstrap from V(final obs) either way).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from shm.records import FINAL_OBS, FLUSH, HAS_LOGP, TERMINATED, TRUNCATED
+
+
+@dataclass
+class Segment:
+    """One episode fragment, as arrays."""
+
+    stream_id: int
+    obs: np.ndarray          # [T+1, O] raw flattened observations
+    actions: np.ndarray      # [T, A]
+    rewards: np.ndarray      # [T]
+    logp: np.ndarray         # [T] (meaningful where has_logp)
+    has_logp: np.ndarray     # [T] bool
+    terminated: bool
+    truncated: bool
+    behaviour_seq_no: int    # oldest policy version that acted in it (-1 unknown)
+    ingest_ids: np.ndarray   # [T+1] collector-assigned ids of its records
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.rewards)
+
+    @property
+    def first_ingest_id(self) -> int:
+        return int(self.ingest_ids[0])
+
+
+def segment_from_records(rec: np.ndarray) -> Segment:
+    """Build a Segment from one stream's records, the last being its FINAL_OBS record."""
+    steps, final = rec[:-1], rec[-1]
+    seqs = steps["weights_seq_no"]
+    known = seqs[seqs >= 0]
+    return Segment(
+        stream_id=int(final["stream_id"]), obs=rec["obs"].copy(),
+        actions=steps["action"].copy(), rewards=steps["reward"].astype(np.float32),
+        logp=steps["logp"].copy(), has_logp=(steps["flags"] & HAS_LOGP) != 0,
+        terminated=bool(final["flags"] & TERMINATED), truncated=bool(final["flags"] & TRUNCATED),
+        behaviour_seq_no=int(known.min()) if known.size else -1,
+        ingest_ids=rec["ingest_id"].copy())
+
+
+def split_segment(seg: Segment, steps: int) -> list[Segment]:
+    """Cut a segment after ``steps`` steps (the head bootstraps from obs[steps])."""
+    head = replace(seg, obs=seg.obs[:steps + 1], actions=seg.actions[:steps],
+                   rewards=seg.rewards[:steps], logp=seg.logp[:steps],
+                   has_logp=seg.has_logp[:steps], terminated=False, truncated=False,
+                   ingest_ids=seg.ingest_ids[:steps + 1])
+    tail = replace(seg, obs=seg.obs[steps:], actions=seg.actions[steps:],
+                   rewards=seg.rewards[steps:], logp=seg.logp[steps:],
+                   has_logp=seg.has_logp[steps:], ingest_ids=seg.ingest_ids[steps:])
+    return [head, tail]
+
+
+class SegmentAssembler:
+    """Groups interleaved records into complete segments; remembers flush requests."""
+
+    def __init__(self) -> None:
+        self.open: dict[int, list[np.ndarray]] = {}
+        self.max_ingest_id = 0
+        self.flush_requested = False
+
+    def add(self, records: np.ndarray) -> list[Segment]:
+        """Consume records (any streams, ring order); return the segments they complete."""
+        if not len(records):
+            return []
+        self.max_ingest_id = max(self.max_ingest_id, int(records["ingest_id"].max()))
+        is_flush = (records["flags"] & FLUSH) != 0
+        if is_flush.any():
+            self.flush_requested = True
+            records = records[~is_flush]
+        done: list[Segment] = []
+        for stream in np.unique(records["stream_id"]):
+            done.extend(self._add_stream(int(stream), records[records["stream_id"] == stream]))
+        done.sort(key=lambda s: s.first_ingest_id)
+        return done
+
+    def _add_stream(self, stream: int, rec: np.ndarray) -> list[Segment]:
+        ends = np.flatnonzero(rec["flags"] & FINAL_OBS)
+        out, start = [], 0
+        for end in ends:
+            parts = self.open.pop(stream, []) + [rec[start:end + 1]]
+            out.append(segment_from_records(np.concatenate(parts)))
+            start = end + 1
+        if start < len(rec):
+            self.open.setdefault(stream, []).append(rec[start:])
+        return out
+
+    def drop_stream(self, stream: int) -> int:
+        """Forget a stream's open steps (its client went away); returns how many."""
+        return sum(len(p) for p in self.open.pop(stream, []))
+
+    def open_steps(self) -> int:
+        return sum(len(p) for parts in self.open.values() for p in parts)

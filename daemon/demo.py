@@ -1,0 +1,116 @@
+"""``rlinkd demo``: a daemon plus N local CartPole clients, with a progress line, until solved.
+
+Starts ``rlinkd serve`` (its logs go to ``<state_dir>/rlinkd.log``) and N ``rlinkd
+client`` processes, polls the daemon's status once a second, prints steps, steps/s,
+mean return of the last 20 episodes and weights_seq_no, and exits 0 once that mean
+reaches the target (default 450); everything it started is stopped by pid.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from daemon.errors import ExitCode
+from daemon.runfiles import read_daemon_file
+
+POLL_S = 1.0
+
+
+def _rlinkd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "daemon.cli", *args]
+
+
+def start_daemon(state_dir: Path, overrides: list[str]) -> subprocess.Popen:
+    log = open(state_dir / "rlinkd.log", "ab")
+    cmd = _rlinkd("serve", "--state-dir", str(state_dir), "--port", "0", "--fresh",
+                  *[arg for o in overrides for arg in ("--set", o)])
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def wait_for_daemon(state_dir: Path, proc: subprocess.Popen, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited with {proc.returncode}; see {state_dir}/rlinkd.log")
+        info = read_daemon_file(state_dir)
+        if info:
+            return info
+        time.sleep(0.05)
+    raise RuntimeError(f"daemon not ready after {timeout_s:g} s; see {state_dir}/rlinkd.log")
+
+
+def client_address(i: int, transport: str, info: dict, state_dir: Path) -> str:
+    use_shm = transport == "shm" or (transport == "mixed" and i % 2 == 1)
+    return f"shm:{state_dir}" if use_shm else f"tcp://127.0.0.1:{info['port']}"
+
+
+def start_clients(n: int, transport: str, info: dict, state_dir: Path) -> list[subprocess.Popen]:
+    out = open(state_dir / "clients.log", "ab")
+    return [subprocess.Popen(_rlinkd("client", "--env", "CartPole-v1", "--seed", str(1000 + i),
+                                     "--connect", client_address(i, transport, info, state_dir)),
+                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            for i in range(n)]
+
+
+def progress_line(t: float, s: dict) -> str:
+    ret = s.get("episode_return_mean_20")
+    return (f"[{t:6.1f}s] steps {s.get('env_steps', 0):>8,}  {s.get('env_steps_per_s', 0):>8,.0f} steps/s"
+            f"  mean return (last 20) {'-' if ret is None else f'{ret:6.1f}'}"
+            f"  seq_no {s.get('weights_seq_no', -1):>4}  clients {s.get('clients', 0)}")
+
+
+def stop_all(procs: list[subprocess.Popen], timeout_s: float = 30.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def watch(args: argparse.Namespace, info: dict, t0: float) -> tuple[bool, dict]:
+    from daemon.cli import query_status
+    status: dict = {}
+    while time.monotonic() - t0 < args.timeout_s:
+        time.sleep(POLL_S)
+        status = query_status(info)
+        print(progress_line(time.monotonic() - t0, status), flush=True)
+        ret = status.get("episode_return_mean_20")
+        if ret is not None and status.get("episodes", 0) >= 20 and ret >= args.target:
+            return True, status
+    return False, status
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="rlinkd-demo-")).resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    print(f"rlinkd demo: {args.clients} {args.transport} client(s) on CartPole-v1; state and "
+          f"logs in {state_dir}", flush=True)
+    t0 = time.monotonic()
+    daemon = start_daemon(state_dir, args.set)
+    clients: list[subprocess.Popen] = []
+    try:
+        info = wait_for_daemon(state_dir, daemon, 120.0)
+        clients = start_clients(args.clients, args.transport, info, state_dir)
+        solved, status = watch(args, info, t0)
+    finally:
+        stop_all(clients)
+        stop_all([daemon])
+    wall = time.monotonic() - t0
+    summary = {"solved": solved, "wall_s": round(wall, 1), "env_steps": status.get("env_steps"),
+               "episodes": status.get("episodes"), "weights_seq_no": status.get("weights_seq_no"),
+               "return_mean_20": status.get("episode_return_mean_20"),
+               "daemon_exit": daemon.returncode}
+    print(("SOLVED " if solved else "NOT SOLVED ") + json.dumps(summary), flush=True)
+    return 0 if solved and daemon.returncode == 0 else int(ExitCode.CRASH)

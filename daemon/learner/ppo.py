@@ -1,0 +1,40 @@
+"""The PPO clipped-surrogate loss (Schulman et al. 2017), as one pure function."""
+
+from __future__ import annotations
+
+import torch
+
+
+def ppo_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+             new_values: torch.Tensor, value_targets: torch.Tensor, entropy: torch.Tensor, *,
+             clip_coef: float, vf_coef: float, ent_coef: float,
+             old_values: torch.Tensor | None = None, vf_clip: float | None = None
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Scalar loss to minimise, plus detached diagnostics as python floats: loss, pg_loss,
+    vf_loss, entropy (mean), approx_kl (mean of (r - 1) - log r), clip_frac.
+
+    All inputs are [B]. The value loss is 0.5 * MSE, clipped around `old_values` by `vf_clip`
+    when both are given. Called by the learner once per minibatch; costs one device sync.
+
+        L = -E[min(r A, clip(r, 1-eps, 1+eps) A)] + vf_coef * L_V - ent_coef * E[H]
+    """
+    log_ratio = new_logp - old_logp                                       # [B]
+    ratio = torch.exp(log_ratio)                                          # [B]
+    pg_loss = torch.max(-advantages * ratio,
+                        -advantages * torch.clamp(ratio, 1.0 - clip_coef, 1.0 + clip_coef)).mean()
+
+    vf_err = (new_values - value_targets).square()                        # [B]
+    if vf_clip is not None and old_values is not None:
+        clipped = old_values + torch.clamp(new_values - old_values, -vf_clip, vf_clip)
+        vf_err = torch.max(vf_err, (clipped - value_targets).square())
+    vf_loss = 0.5 * vf_err.mean()
+
+    entropy_mean = entropy.mean()
+    loss = pg_loss + vf_coef * vf_loss - ent_coef * entropy_mean
+
+    with torch.no_grad():
+        approx_kl = ((ratio - 1.0) - log_ratio).mean()
+        clip_frac = ((ratio - 1.0).abs() > clip_coef).float().mean()
+        values = torch.stack([loss, pg_loss, vf_loss, entropy_mean, approx_kl, clip_frac])
+    names = ("loss", "pg_loss", "vf_loss", "entropy", "approx_kl", "clip_frac")
+    return loss, dict(zip(names, values.tolist()))

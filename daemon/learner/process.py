@@ -1,0 +1,155 @@
+"""Learner process shell: slots in, weights out, snapshots on request.
+
+On start it loads the newest verified checkpoint (if the supervisor found one),
+continues ``weights_seq_no`` from max(checkpoint, weights board) so clients see a
+monotonic sequence even across learner restarts, publishes its weights, redoes
+any batch a killed predecessor left in TRAINING, and then loops: the inbox is a
+doorbell (BatchReady) and a control channel (SnapshotRequest, Reload, Stop);
+the slot states in shared memory are the truth about pending batches.
+"""
+from __future__ import annotations
+
+import io
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import structlog
+
+from daemon import messages as m
+from daemon.checkpoint.store import read_checkpoint_file
+from daemon.config import Config
+from daemon.errors import ExitCode
+from daemon.roles import BootError, RoleContext
+from daemon.wiring import Topology
+from shm.blob import BlobArea
+from shm.board import WeightsBoard
+from shm.slots import BatchSlots
+
+log = structlog.get_logger("learner")
+IDLE_WAIT_S = 0.25
+BATCH_COLUMNS = ("obs", "actions", "logp", "advantages", "value_targets", "values")
+
+
+def hparams(cfg: Config) -> SimpleNamespace:
+    """The Learner's hyperparameters from [ppo] and [learner]."""
+    p = cfg.ppo
+    return SimpleNamespace(
+        lr=p.lr, gamma=p.gamma, gae_lambda=p.gae_lambda, clip_coef=p.clip_coef,
+        vf_coef=p.vf_coef, ent_coef=p.ent_coef, num_epochs=p.num_epochs,
+        minibatch_size=p.minibatch_size, max_grad_norm=p.max_grad_norm,
+        clip_vloss=p.clip_vloss, target_kl=p.target_kl or None,
+        normalize_observations=p.normalize_observations,
+        torch_threads=cfg.learner.torch_threads)
+
+
+class LearnerShell:
+    """Owns the Learner core and the shared-memory endpoints."""
+
+    def __init__(self, topo: Topology, ctx: RoleContext) -> None:
+        from daemon.learner.learner import Learner  # torch is imported here, and only here
+        self.topo, self.ctx, cfg = topo, ctx, topo.cfg
+        try:
+            self.learner = Learner(topo.policy_spec, hparams(cfg), device=cfg.learner.device,
+                                   seed=cfg.learner.seed)
+        except RuntimeError as exc:
+            raise BootError(f"cannot create the learner on device {cfg.learner.device!r}: {exc}")
+        self.board = WeightsBoard.attach(topo.board_path)
+        self.slots = BatchSlots.attach(topo.slots_path)
+        self.snapshot = BlobArea.attach(topo.snapshot_path)
+        self.seq_no = 0
+        self.resumed_from = ""
+
+    # ------------------------------------------------------------ start
+    def boot(self) -> None:
+        """Resume, publish the first weights, redo orphaned batches, tell the supervisor."""
+        if self.topo.resume_checkpoint:
+            self._resume(self.topo.resume_checkpoint)
+        self.seq_no = max(self.seq_no, self.board.latest_seq_no())
+        self.board.publish(self.seq_no, self.learner.flat_weights())
+        self.ctx.send("collector", m.WeightsPublished(self.seq_no, -1, False, {}))
+        self.ctx.send("supervisor", m.LearnerReady(self.seq_no, self.resumed_from))
+        log.info("learner_ready", seq_no=self.seq_no, device=str(self.learner.device),
+                 resumed_from=self.resumed_from or None)
+        for slot in self.slots.in_training():
+            log.warning("redoing_orphaned_batch", slot=slot)
+            self.train_slot(slot)
+
+    def _resume(self, path: str) -> None:
+        import torch
+        payload = read_checkpoint_file(path, "learner.pt")
+        state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+        self.learner.load_state_dict(state["learner"])
+        self.seq_no = int(state["weights_seq_no"])
+        self.resumed_from = path
+
+    # ------------------------------------------------------------ training
+    def train_ready(self) -> None:
+        while not self.ctx.stop.is_set() and (slot := self.slots.take_ready()) is not None:
+            self.train_slot(slot)
+
+    def train_slot(self, slot: int) -> None:
+        """Train on one slot (or answer an empty flush), publish, release, notify."""
+        rows, meta = self.slots.rows(slot), self.slots.meta(slot)
+        trained, stats = rows > 0, {}
+        if trained:
+            stats = self._update(slot, rows)
+            self.seq_no += 1
+            self.board.publish(self.seq_no, self.learner.flat_weights())
+        self.slots.release(slot)
+        stats.update(updates=self.learner.updates, trained_steps=self.learner.trained_steps,
+                     policy_lag_max=self.seq_no - 1 - meta["values_seq_no"] if trained else 0)
+        self.ctx.send("collector", m.WeightsPublished(self.seq_no, meta["ingest_cutoff"],
+                                                      trained, stats))
+        self.ctx.heartbeat()
+
+    def _update(self, slot: int, rows: int) -> dict:
+        cols = self.slots.columns(slot)
+        batch = {name: np.array(cols[name][:rows]) for name in BATCH_COLUMNS}
+        stats = self.learner.update(batch)
+        if self.topo.cfg.ppo.normalize_observations:
+            self.learner.update_obs_normalizer(batch["obs"])
+        return {k: float(v) for k, v in stats.items()}
+
+    # ------------------------------------------------------------ control
+    def on_snapshot_request(self, msg: m.SnapshotRequest) -> None:
+        import torch
+        buf = io.BytesIO()
+        try:
+            torch.save({"learner": self.learner.state_dict(), "weights_seq_no": self.seq_no}, buf)
+            generation = self.snapshot.write(buf.getvalue())
+            reply = m.SnapshotReady(msg.request_id, generation, self.seq_no, True, "")
+        except (ValueError, OSError) as exc:
+            reply = m.SnapshotReady(msg.request_id, -1, self.seq_no, False, str(exc))
+        self.ctx.send("checkpointer", reply)
+
+    def on_reload(self, msg: m.Reload) -> None:
+        lr, ent = msg.changes.get("ppo.lr"), msg.changes.get("ppo.ent_coef")
+        if lr is not None or ent is not None:
+            self.learner.set_hparams(lr=lr, ent_coef=ent)
+            log.info("hparams_reloaded", lr=lr, ent_coef=ent)
+
+    def handle(self, msg) -> None:
+        if isinstance(msg, m.SnapshotRequest):
+            self.on_snapshot_request(msg)
+        elif isinstance(msg, m.Reload):
+            self.on_reload(msg)
+        elif isinstance(msg, m.Stop):
+            self.ctx.stop.set()
+
+
+def run(topo: Topology, ctx: RoleContext) -> ExitCode:
+    """The learner's process loop."""
+    shell = LearnerShell(topo, ctx)
+    shell.boot()
+    while not ctx.stop.is_set():
+        ctx.heartbeat()
+        msg = ctx.inbox.recv(IDLE_WAIT_S)
+        while msg is not None:
+            shell.handle(msg)
+            msg = ctx.inbox.recv(0)
+        shell.train_ready()
+    for msg in ctx.inbox.drain():  # a snapshot asked for during shutdown still gets served
+        shell.handle(msg)
+    log.info("learner_stopped", seq_no=shell.seq_no, at=time.time())
+    return ExitCode.OK

@@ -1,0 +1,106 @@
+"""Process shell shared by every role: signals, logging, exit codes.
+
+Each role module exposes ``run(topo, ctx) -> ExitCode``: a loop around a pure core
+that knows nothing of signals. ``child_main`` is the ``spawn`` target: it sets up
+logging and signals, imports only that role's module (so the collector and the
+connector never import torch), and turns whatever escapes ``run`` into an exit code
+— the one place an unexpected exception is caught, logged with its traceback and
+translated (``CRASH``: the supervisor restarts the child).
+"""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import importlib
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from daemon import log as logsetup
+from daemon.errors import ConfigError, ExitCode
+from daemon.wiring import Topology
+
+ROLE_MODULES = {"collector": "daemon.collector.process", "connector": "daemon.connector.process",
+                "learner": "daemon.learner.process", "checkpointer": "daemon.checkpoint.process"}
+
+
+PR_SET_PDEATHSIG = 1
+
+
+class BootError(Exception):
+    """A role cannot start and restarting will not help (bad device, unusable segment)."""
+
+
+@dataclass
+class RoleContext:
+    """What a role's shell gets besides the topology: its name and its stop flag."""
+
+    role: str
+    topo: Topology
+    stop: threading.Event = field(default_factory=threading.Event)
+    in_process: bool = False
+
+    @property
+    def inbox(self):
+        return self.topo.inboxes[self.role]
+
+    def heartbeat(self) -> None:
+        self.topo.heartbeat(self.role)
+
+    def send(self, target: str, msg: Any, timeout_s: float | None = 5.0) -> None:
+        self.topo.inboxes[target].send(msg, timeout_s)
+
+    def try_send(self, target: str, msg: Any) -> bool:
+        return self.topo.inboxes[target].try_send(msg)
+
+
+def _install_child_signals() -> None:
+    """Children obey the supervisor (Stop messages), not signals sent to the group.
+
+    Ctrl-C and ``timeout``/``kill -- -PGID`` signal the whole process group; the
+    supervisor alone decides what happens (drain, final checkpoint, then Stop).
+    SIGABRT keeps its default action so a hung child can be aborted (faulthandler
+    prints every thread's stack first). If the supervisor dies, the kernel kills us.
+    """
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    faulthandler.enable()
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG(SIGKILL): no orphaned role outlives a killed supervisor."""
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return  # not Linux-like: the heartbeat timeout still catches an orphan
+    if os.getppid() != parent:  # the supervisor died before prctl took effect
+        os._exit(int(ExitCode.CRASH))
+
+
+def run_role(role: str, topo: Topology, ctx: RoleContext) -> int:
+    """Import the role and run it, translating exceptions to exit codes."""
+    log = structlog.get_logger(role)
+    try:
+        module = importlib.import_module(ROLE_MODULES[role])
+        return int(module.run(topo, ctx))
+    except (BootError, ConfigError) as exc:
+        log.error("boot_error", error=str(exc))
+        return int(ExitCode.BOOT_ERROR)
+    except Exception:  # noqa: BLE001 - the process boundary: log it, exit CRASH, get restarted
+        log.exception("role_crashed")
+        return int(ExitCode.CRASH)
+
+
+def child_main(role: str, topo: Topology) -> None:
+    """Entry point of a spawned role process."""
+    logsetup.configure(topo.cfg.daemon.log_level, role)
+    ctx = RoleContext(role=role, topo=topo)
+    _install_child_signals()
+    ctx.heartbeat()
+    sys.exit(run_role(role, topo, ctx))

@@ -1,0 +1,62 @@
+"""Files a running daemon keeps in its state directory.
+
+- ``rlinkd.lock``: flock'ed for the daemon's lifetime; a second daemon on the same
+  state directory refuses to start.
+- ``daemon.json``: pid, Unix socket, TCP address; how ``rlinkd status``, ``client
+  --connect shm``, ``checkpoint`` and ``reload`` find the running daemon. Written
+  atomically once listening, removed at exit.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+from daemon.errors import ConfigError
+
+DAEMON_FILE = "daemon.json"
+LOCK_FILE = "rlinkd.lock"
+
+
+class StateDirLock:
+    """Exclusive lock on a state directory (released by the kernel if we die)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.path = state_dir / LOCK_FILE
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            other = read_daemon_file(state_dir) or {}
+            raise ConfigError(f"another rlinkd (pid {other.get('pid', '?')}) is running with "
+                              f"state_dir {state_dir}") from None
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, f"{os.getpid()}\n".encode())
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def write_daemon_file(state_dir: Path, info: dict) -> None:
+    tmp = state_dir / f".{DAEMON_FILE}.tmp"
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, state_dir / DAEMON_FILE)
+
+
+def read_daemon_file(state_dir: Path) -> dict | None:
+    """The running daemon's info, or None when absent/unreadable or its pid is gone."""
+    try:
+        info = json.loads((Path(state_dir) / DAEMON_FILE).read_text())
+        os.kill(int(info["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return info
+
+
+def remove_daemon_file(state_dir: Path) -> None:
+    (state_dir / DAEMON_FILE).unlink(missing_ok=True)

@@ -1,0 +1,169 @@
+"""The daemon's topology, made in one place: every inbox and shared-memory segment.
+
+Roles never create their own IPC; they receive a ``Topology`` (picklable into
+``spawn``ed children: inbox fds are passed, segments are attached by path).
+
+    clients ──TCP/Unix──▶ collector ──episode ring (shm)──▶ connector
+                             ▲                                  │
+                             │ WeightsPublished        batch slots (shm) + BatchReady
+                             │                                  ▼
+       weights board (shm) ◀─┴──────────────────────────── learner ──snapshot area (shm)──▶ checkpointer
+                                                                                              │
+    supervisor ◀── Listening / CollectorStatus / LearnerReady / CheckpointDone ───────────────┘
+
+``run_in_process`` runs all four roles as threads of one process on the same
+topology, for debugging and for the in-process tests.
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from client_lib.policy_spec import PolicySpec
+from client_lib.spaces import SpaceSpec
+from daemon.config import Config
+from daemon.ipc import Inbox, SharedFd
+from shm.doorbell import Doorbell
+from shm.board import WeightsBoard
+from shm.blob import BlobArea
+from shm.records import StepLayout
+from shm.ring import StepRing
+from shm.segment import sweep_stale
+from shm.slots import BatchSlots
+
+ROLES = ("collector", "connector", "learner", "checkpointer")
+SHM_PREFIX = "rlinkd"
+BATCH_META = ("ingest_cutoff", "episodes", "dropped_episodes", "values_seq_no")
+
+
+@dataclass
+class Topology:
+    """Everything the roles share. Made by ``build_topology``, owned by the supervisor."""
+
+    cfg: Config
+    obs_space: SpaceSpec
+    act_space: SpaceSpec
+    policy_spec: PolicySpec
+    layout_sizes: tuple[int, int, int]  # StepLayout(obs, action, dist) sizes
+    inboxes: dict[str, Inbox]
+    episode_ring_path: str
+    board_path: str
+    slots_path: str
+    snapshot_path: str
+    heartbeats: object  # multiprocessing.Array('d'), one monotonic timestamp per role
+    episode_doorbell: SharedFd  # eventfd: collector rings it when the connector sleeps
+    shm_prefix: str
+    started_at: float = field(default_factory=time.time)
+    resume_checkpoint: str = ""
+    resume_counters: dict = field(default_factory=dict)
+
+    @property
+    def layout(self) -> StepLayout:
+        """The step-record layout (rebuilt per process: it holds a compiled struct)."""
+        return StepLayout(*self.layout_sizes)
+
+    def heartbeat(self, role: str) -> None:
+        """Called by each role's loop at least every second or so."""
+        self.heartbeats[ROLES.index(role)] = time.monotonic()
+
+    def last_heartbeat(self, role: str) -> float:
+        return self.heartbeats[ROLES.index(role)]
+
+    def segment_paths(self) -> list[str]:
+        return [self.episode_ring_path, self.board_path, self.slots_path, self.snapshot_path]
+
+
+def resolve_spaces(cfg: Config) -> tuple[SpaceSpec, SpaceSpec]:
+    """Spaces from the config's explicit descriptions, else from the gymnasium id."""
+    obs, act = cfg.env.observation_space, cfg.env.action_space
+    if obs is None or act is None:
+        import gymnasium as gym
+        env = gym.make(cfg.env.id)
+        try:
+            obs = obs or SpaceSpec.from_gym(env.observation_space)
+            act = act or SpaceSpec.from_gym(env.action_space)
+        finally:
+            env.close()
+    return obs, act
+
+
+def make_policy_spec(cfg: Config, obs: SpaceSpec, act: SpaceSpec) -> PolicySpec:
+    """The network every process agrees on (flat weight layout, ONNX graph)."""
+    return PolicySpec(
+        obs_size=obs.feature_size, obs_shape=(obs.n,) if obs.is_discrete else obs.shape,
+        action_kind="discrete" if act.is_discrete else "box",
+        action_size=act.n if act.is_discrete else act.flat_size,
+        action_low=None if act.is_discrete else act.low,
+        action_high=None if act.is_discrete else act.high,
+        hidden_sizes=cfg.ppo.hidden_sizes, activation=cfg.ppo.activation,
+        log_std_init=cfg.ppo.log_std_init)
+
+
+def train_batch_columns(spec: PolicySpec, obs: SpaceSpec, act: SpaceSpec) -> dict:
+    """Columns of a train-batch slot (connector writes, learner reads)."""
+    return {"obs": ((spec.obs_size,), "float32"), "actions": ((act.flat_size,), "float32"),
+            "logp": ((), "float32"), "advantages": ((), "float32"),
+            "value_targets": ((), "float32"), "values": ((), "float32")}
+
+
+def build_topology(cfg: Config) -> Topology:
+    """Create every inbox and segment of one daemon instance (called once, by the supervisor)."""
+    obs, act = resolve_spaces(cfg)
+    spec = make_policy_spec(cfg, obs, act)
+    layout = StepLayout(obs.flat_size, act.flat_size, spec.dist_size)
+    shm_dir = Path(cfg.daemon.shm_dir)
+    sweep_stale(shm_dir, SHM_PREFIX)
+    prefix = f"{SHM_PREFIX}.{os.getpid()}.{secrets.token_hex(4)}"
+    path = lambda name: str(shm_dir / f"{prefix}.{name}")  # noqa: E731
+    # collector → connector: every validated step, in ingest order (bounded: backpressure)
+    ring = StepRing.create(path("episodes"), layout, _pow2(cfg.sampling.episode_ring_records))
+    ring.close()
+    # learner → collector (SET_STATE), connector (values), shm clients (inference)
+    WeightsBoard.create(path("board"), spec.n_params(), _spec_json(spec)).close()
+    # connector → learner: train batches; the learner inbox only carries slot doorbells
+    rows = 2 * cfg.sampling.train_batch_size + cfg.sampling.env_steps_per_sample + 1024
+    BatchSlots.create(path("slots"), train_batch_columns(spec, obs, act), rows,
+                      cfg.sampling.batch_slots, meta_fields=BATCH_META).close()
+    # learner → checkpointer: one serialised snapshot (model, optimizer, RNG, counters)
+    BlobArea.create(path("snapshot"), cfg.checkpoint.snapshot_bytes).close()
+    inboxes = {name: Inbox(name) for name in (*ROLES, "supervisor")}
+    heartbeats = mp.get_context("spawn").Array("d", len(ROLES), lock=False)
+    doorbell = SharedFd(Doorbell.create().fileno())
+    return Topology(cfg=cfg, obs_space=obs, act_space=act, policy_spec=spec, layout_sizes=layout.sizes(),
+                    inboxes=inboxes, episode_ring_path=path("episodes"),
+                    board_path=path("board"), slots_path=path("slots"),
+                    snapshot_path=path("snapshot"), heartbeats=heartbeats,
+                    episode_doorbell=doorbell, shm_prefix=prefix)
+
+
+def destroy_topology(topo: Topology) -> None:
+    """Unlink every segment this topology created (idempotent); close the inboxes."""
+    for p in topo.segment_paths():
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+    for extra in Path(topo.cfg.daemon.shm_dir).glob(f"{topo.shm_prefix}.*"):
+        extra.unlink(missing_ok=True)
+    for inbox in topo.inboxes.values():
+        inbox.close()
+    topo.episode_doorbell.close()
+
+
+def with_config(topo: Topology, cfg: Config) -> Topology:
+    """The same topology with a reloaded config (for children restarted after SIGHUP)."""
+    return dataclasses.replace(topo, cfg=cfg)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _spec_json(spec: PolicySpec) -> bytes:
+    import orjson
+    return orjson.dumps(spec.to_json())

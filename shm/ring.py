@@ -1,0 +1,339 @@
+"""StepRing: a single-producer / single-consumer ring of step records.
+
+The daemon creates every ring (``StepRing.create``) and consumes it; one
+client process attaches (``StepRing.attach``) and produces.  Unread data is
+never overwritten: a full ring makes the producer fail (``RingFull``) or
+wait, never the consumer lose records.
+
+Segment layout: ``RING_HEADER`` followed by ``capacity`` records of
+``record_bytes`` (see ``shm.records``)::
+
+    offset  size  field            type  written by
+    0       8     magic            8s    creator   b"RLKRING1"
+    8       4     layout_version   u32   creator   RING_LAYOUT_VERSION (header + record format)
+    12      4     record_bytes     u32   creator
+    16      8     capacity         u64   creator   records, a power of two
+    24      4     writer_pid       u32   producer  (creator's pid until a producer attaches)
+    28      4     reader_pid       u32   consumer  (creator's pid until a consumer attaches)
+    32      4     obs_size         u32   creator
+    36      4     action_size      u32   creator
+    40      4     dist_size        u32   creator
+    44      20    (pad to cache line)
+    64      8     tail             u64   producer  records ever written
+    72      56    (pad: tail owns its cache line)
+    128     8     head             u64   consumer  records ever consumed
+    136     56    (pad)
+    192     4     reader_sleeping  u32   consumer sets before sleeping; whoever wakes it clears
+    196     60    (pad)
+    256     4     closed           u32   producer  1 = no more data will come
+    260     60    (pad)
+    320           records[capacity]      record i lives at slot i & (capacity - 1)
+
+``tail - head`` is the number of unread records: 0 = empty, capacity = full.
+The u64 counters never wrap in practice (584 years at 1e9 records/s).
+See ``shm._sync`` for the memory-ordering argument.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+
+import numpy as np
+
+from shm._stepwriter import compile_step_writer
+from shm._sync import backoff_until, spin_until, store_load_fence
+from shm.doorbell import Doorbell
+from shm.errors import LayoutError, RingFull, ShmError
+from shm.records import StepLayout
+from shm.segment import Segment, check_field, check_magic, check_writer_pid
+
+RING_MAGIC = b"RLKRING1"
+RING_LAYOUT_VERSION = 1
+RING_HEADER = struct.Struct("<8sIIQIIIII20xQ56xQ56xI60xI60x")
+TAIL_OFFSET, HEAD_OFFSET, SLEEPING_OFFSET, CLOSED_OFFSET = 64, 128, 192, 256
+RECORDS_OFFSET = RING_HEADER.size
+assert RECORDS_OFFSET == 320
+
+MAX_SLEEP_SLICE_S = 0.1
+"""Longest single doorbell wait: bounds a lost wake-up even with timeout None."""
+
+
+def _closed_ring(*args, **kwargs):
+    raise ShmError("StepRing is closed")
+
+
+class StepRing:
+    """One SPSC ring.  Producer and consumer methods may live in different processes.
+
+    Not thread-safe: one thread produces, one (possibly other) thread consumes.
+    """
+
+    def __init__(self, segment: Segment, layout: StepLayout, doorbell: Doorbell | None) -> None:
+        self.segment = segment
+        self.path = segment.path
+        self.layout = layout
+        self.capacity = (segment.size - RECORDS_OFFSET) // layout.record_bytes
+        self.doorbell = doorbell
+        self.consumer_spin_s = 0.0
+        """Busy-poll this long in ``wait_readable`` before sleeping (0 = never)."""
+        self.max_sleep_slice_s = MAX_SLEEP_SLICE_S
+        """Longest single doorbell wait in ``wait_readable`` (bounds a lost wake-up)."""
+        buf = segment.buf
+        self._tail = buf[TAIL_OFFSET:TAIL_OFFSET + 8].cast("Q")
+        self._head = buf[HEAD_OFFSET:HEAD_OFFSET + 8].cast("Q")
+        self._sleeping = buf[SLEEPING_OFFSET:SLEEPING_OFFSET + 4].cast("I")
+        self._closed = buf[CLOSED_OFFSET:CLOSED_OFFSET + 4].cast("I")
+        records_area = np.frombuffer(buf, np.uint8, self.capacity * layout.record_bytes, RECORDS_OFFSET)
+        self._raw = records_area.reshape(self.capacity, layout.record_bytes)
+        self._records = self._raw.view(layout.dtype).reshape(self.capacity)
+        self._no_records = np.empty(0, layout.dtype)
+        bind = compile_step_writer(layout)
+        self.write_step = bind(layout.struct.pack_into, segment.mapping, RECORDS_OFFSET, layout.record_bytes,
+                               self.capacity, self._tail, self._head, self._sleeping, self._wake_reader,
+                               self.__repr__)
+
+    # ------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def create(cls, path: str, layout: StepLayout, capacity_records: int, doorbell: Doorbell | None = None,
+               mode: int = 0o600) -> "StepRing":
+        """Create an empty ring (daemon side).  ``capacity_records`` must be a power of two."""
+        if capacity_records < 1 or capacity_records & (capacity_records - 1):
+            raise ValueError(f"ring capacity must be a power of two, got {capacity_records}")
+        segment = Segment.create(path, RECORDS_OFFSET + capacity_records * layout.record_bytes, mode)
+        pid = os.getpid()
+        RING_HEADER.pack_into(segment.buf, 0, b"\0" * 8, RING_LAYOUT_VERSION, layout.record_bytes,
+                              capacity_records, pid, pid, *layout.sizes(), 0, 0, 0, 0)
+        segment.buf[0:8] = RING_MAGIC  # last: a half-made header never looks valid
+        return cls(segment, layout, doorbell)
+
+    @classmethod
+    def attach(cls, path: str, expected_layout: StepLayout | None = None, doorbell: Doorbell | None = None,
+               role: str = "producer") -> "StepRing":
+        """Map an existing ring after checking every header field (``LayoutError``).
+
+        ``role`` ("producer", "consumer" or "observer") decides whether our pid
+        is recorded as writer_pid / reader_pid (informational only).
+        """
+        segment = Segment.attach(path)
+        try:
+            layout = _check_header(segment, expected_layout)
+            ring = cls(segment, layout, doorbell)
+        except BaseException:
+            segment.close()
+            raise
+        ring._record_role(role)
+        return ring
+
+    def _record_role(self, role: str) -> None:
+        offsets = {"producer": 24, "consumer": 28, "observer": None}
+        if role not in offsets:
+            raise ValueError(f"role must be producer, consumer or observer, got {role!r}")
+        if offsets[role] is not None:
+            self.segment.buf[offsets[role]:offsets[role] + 4] = os.getpid().to_bytes(4, "little")
+
+    def close(self) -> None:
+        """Drop this process's mapping (idempotent).  Views from ``peek`` keep it alive until collected."""
+        self.write_step = _closed_ring
+        self._tail = self._head = self._sleeping = self._closed = self._raw = self._records = None
+        self.segment.close()
+
+    def unlink(self) -> None:
+        """Remove the file name (idempotent); mapped peers are unaffected."""
+        self.segment.unlink()
+
+    def header(self) -> dict:
+        """Decoded header fields (diagnostics)."""
+        fields = RING_HEADER.unpack_from(self.segment.buf, 0)
+        names = ("magic", "layout_version", "record_bytes", "capacity", "writer_pid", "reader_pid",
+                 "obs_size", "action_size", "dist_size", "tail", "head", "reader_sleeping", "closed")
+        return dict(zip(names, fields))
+
+    def __repr__(self) -> str:
+        return f"StepRing({self.path!r}, capacity={self.capacity}, {self.layout})"
+
+    # ------------------------------------------------------------ producer
+
+    def free_records(self) -> int:
+        """Records the producer can write right now."""
+        return self.capacity - (self._tail[0] - self._head[0])
+
+    def write_batch(self, records: np.ndarray, timeout_s: float | None = None) -> int:
+        """Append ``records`` (an array of ``layout.dtype``); returns how many were written.
+
+        ``timeout_s`` None: write what fits now (possibly 0) and return the
+        count.  Otherwise all-or-nothing: wait (short spin, then sleeps backing
+        off to 1 ms) until the whole batch fits, raising ``RingFull`` at the
+        deadline.  One or two slice copies, one tail publication.
+        """
+        raw = self._raw_rows(records)
+        count = len(raw)
+        if timeout_s is not None and count > self.capacity:
+            raise ValueError(f"batch of {count} records can never fit in {self!r}")
+        if timeout_s is not None and not self.wait_writable(count, timeout_s):
+            raise RingFull(f"{self!r}: {count} records did not fit within {timeout_s}s "
+                           f"({self.free_records()} free)")
+        tail = self._tail[0]
+        count = min(count, self.capacity + 1 - (tail - self._head[0]))
+        if count > 0:
+            self._copy_in(raw[:count], tail)
+            self._publish_tail(tail + count)
+        return count
+
+    def wait_writable(self, n_records: int = 1, timeout_s: float | None = None) -> bool:
+        """Wait (spin, then backoff sleeps) until ``n_records`` fit; False at the deadline."""
+        return backoff_until(lambda: self.free_records() >= n_records, timeout_s)
+
+    def mark_closed(self) -> None:
+        """Producer: no more records will follow; wakes a sleeping consumer."""
+        self._closed[0] = 1
+        store_load_fence()
+        if self._sleeping[0]:
+            self._wake_reader()
+
+    def _raw_rows(self, records: np.ndarray) -> np.ndarray:
+        if not isinstance(records, np.ndarray) or records.dtype != self.layout.dtype or records.ndim != 1:
+            raise TypeError(f"write_batch needs a 1-D array of {self.layout} dtype, got "
+                            f"{getattr(records, 'dtype', type(records))!r}")
+        return np.ascontiguousarray(records).view(np.uint8).reshape(len(records), self.layout.record_bytes)
+
+    def _copy_in(self, raw: np.ndarray, tail: int) -> None:
+        start = tail & (self.capacity - 1)
+        first = min(len(raw), self.capacity - start)
+        self._raw[start:start + first] = raw[:first]
+        if first < len(raw):
+            self._raw[:len(raw) - first] = raw[first:]
+
+    def _publish_tail(self, new_tail: int) -> None:
+        self._tail[0] = new_tail
+        store_load_fence()
+        if self._sleeping[0]:
+            self._wake_reader()
+
+    def _wake_reader(self) -> None:
+        """Producer side, only when the consumer announced it is sleeping."""
+        if self.doorbell is not None:
+            self._sleeping[0] = 0
+            self.doorbell.ring()
+
+    # ------------------------------------------------------------ consumer
+
+    def readable_records(self) -> int:
+        """Records the consumer can read right now."""
+        return self._tail[0] - self._head[0]
+
+    def is_closed(self) -> bool:
+        """True once the producer called ``mark_closed`` (records may still be unread)."""
+        return self._closed[0] != 0
+
+    def read_batch(self, max_records: int) -> np.ndarray:
+        """Copy out up to ``max_records`` records (contiguous array, possibly empty) and consume them."""
+        head = self._head[0]
+        count = max(0, min(max_records, self._tail[0] - head))
+        if count == 0:
+            return self._no_records
+        out = np.empty(count, self.layout.dtype)
+        start = head & (self.capacity - 1)
+        first = min(count, self.capacity - start)
+        out_raw = out.view(np.uint8).reshape(count, self.layout.record_bytes)
+        out_raw[:first] = self._raw[start:start + first]
+        if first < count:
+            out_raw[first:] = self._raw[:count - first]
+        self._head[0] = head + count
+        return out
+
+    def peek(self, max_records: int) -> tuple:
+        """Zero-copy views of up to ``max_records`` unread records (1 or 2 arrays, in order).
+
+        The views stay valid only until ``consume`` frees their slots.
+        """
+        head = self._head[0]
+        count = max(0, min(max_records, self._tail[0] - head))
+        start = head & (self.capacity - 1)
+        first = min(count, self.capacity - start)
+        if first == count:
+            return (self._records[start:start + count],)
+        return (self._records[start:start + first], self._records[:count - first])
+
+    def consume(self, n_records: int) -> None:
+        """Release ``n_records`` peeked records back to the producer."""
+        head = self._head[0]
+        if not 0 <= n_records <= self._tail[0] - head:
+            raise ValueError(f"cannot consume {n_records} records, {self._tail[0] - head} readable")
+        self._head[0] = head + n_records
+
+    def _has_news(self) -> bool:
+        return self._tail[0] != self._head[0] or self._closed[0] != 0
+
+    def wait_readable(self, timeout_s: float | None) -> bool:
+        """Block until records are readable or the ring is closed; False at the deadline.
+
+        Protocol: optional spin (``consumer_spin_s``), then set
+        ``reader_sleeping``, full fence, re-check (lost-wake-up guard), sleep
+        on the doorbell.  Each sleep lasts at most ``max_sleep_slice_s`` so a
+        missed ring (see ``shm._sync``) or a producer without the doorbell
+        costs latency, never a hang.  Without a doorbell this polls.
+        """
+        if self._has_news():
+            return True
+        if self.doorbell is None:
+            return backoff_until(self._has_news, timeout_s)
+        if spin_until(self._has_news, self.consumer_spin_s):
+            return True
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            remaining = self.max_sleep_slice_s if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._sleeping[0] = 1
+            store_load_fence()
+            if not self._has_news():
+                self.doorbell.wait(min(remaining, self.max_sleep_slice_s))
+            self._sleeping[0] = 0
+            if self._has_news():
+                return True
+
+
+def arm_sleep(rings) -> bool:
+    """One consumer, many rings sharing one doorbell: announce sleep on all of them.
+
+    Sets ``reader_sleeping`` on every ring, fences, and returns True if any
+    ring became readable (or closed) meanwhile -- then do not sleep.  After
+    waking (the collector awaits the doorbell fd in its event loop), call
+    ``disarm_sleep`` so producers stop ringing.
+    """
+    for ring in rings:
+        ring._sleeping[0] = 1
+    store_load_fence()
+    return any(ring._has_news() for ring in rings)
+
+
+def disarm_sleep(rings) -> None:
+    """Clear ``reader_sleeping`` on every ring (consumer, after waking)."""
+    for ring in rings:
+        ring._sleeping[0] = 0
+
+
+def _check_header(segment: Segment, expected: StepLayout | None) -> StepLayout:
+    """Validate every creator-written header field; returns the ring's layout."""
+    path, size = segment.path, segment.size
+    if size < RECORDS_OFFSET:
+        raise LayoutError(f"{path} is {size} bytes, smaller than a ring header ({RECORDS_OFFSET})")
+    (magic, version, record_bytes, capacity, writer_pid, _reader_pid, obs_size, action_size,
+     dist_size) = RING_HEADER.unpack_from(segment.buf, 0)[:9]
+    check_magic(path, magic, RING_MAGIC, "step ring")
+    check_field(path, "layout_version", version, RING_LAYOUT_VERSION)
+    check_writer_pid(path, writer_pid)
+    if capacity < 1 or capacity & (capacity - 1):
+        raise LayoutError(f"capacity {capacity} in {path} is not a power of two")
+    try:
+        layout = StepLayout(obs_size, action_size, dist_size)
+    except ValueError as exc:
+        raise LayoutError(f"bad step sizes in {path}: {exc}") from exc
+    check_field(path, "record_bytes", record_bytes, layout.record_bytes)
+    check_field(path, "file size (header + capacity * record_bytes)", size, RECORDS_OFFSET + capacity * record_bytes)
+    if expected is not None:
+        check_field(path, "step layout (obs, action, dist sizes)", layout.sizes(), expected.sizes())
+    return layout

@@ -1,0 +1,235 @@
+"""Shared-memory segments as files in a tmpfs directory.
+
+A ``Segment`` is a file (by default under ``/dev/shm``, but callers may pass
+any directory, e.g. a systemd ``RuntimeDirectory`` on tmpfs) mapped
+``MAP_SHARED`` into every process that opens it.  We do not use
+``multiprocessing.shared_memory``: its resource tracker unlinks segments it
+did not create and warns spuriously on Python 3.11.
+
+Naming convention: segment file names embed the creating process id as
+``<prefix>.<pid>.<anything>`` (see ``segment_name``) so that ``sweep_stale``
+can remove what a crashed process left behind.
+
+Every segment type of this package starts its header with the same four
+fields, checked by ``check_magic``/``check_field`` on attach::
+
+    offset  size  field
+    0       8     magic           bytes, names the segment type (b"RLKRING1", ...)
+    8       4     layout_version  u32, bumped on any incompatible layout change
+    ...           capacity        type-specific unit (records, params, bytes)
+    ...           writer_pid      u32, pid of the process that writes the data
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import stat
+
+from shm.errors import LayoutError, SegmentOwnerError, ShmError
+
+DEFAULT_DIRECTORY = "/dev/shm"
+
+_CREATE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+_ATTACH_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def segment_name(prefix: str, role: str, pid: int | None = None) -> str:
+    """File name ``<prefix>.<pid>.<role>`` understood by ``sweep_stale``."""
+    if not prefix or "/" in prefix or "." in prefix or "/" in role:
+        raise ValueError(f"bad segment prefix {prefix!r} or role {role!r}: no '/' anywhere, no '.' in prefix")
+    return f"{prefix}.{os.getpid() if pid is None else pid}.{role}"
+
+
+class Segment:
+    """One mapped shared-memory file.
+
+    Created once by the owning process (``create``), opened by peers with
+    ``attach``.  ``buf`` is a writable memoryview over the whole file.  The file
+    descriptor is closed right after mapping (the mapping keeps the memory).
+    """
+
+    def __init__(self, path: str, mapping: mmap.mmap, created: bool) -> None:
+        self.path = path
+        self.size = len(mapping)
+        self.created = created
+        self._mapping: mmap.mmap | None = mapping
+        self.buf: memoryview | None = memoryview(mapping)
+        self._unlinked = False
+
+    @classmethod
+    def create(cls, path: str, size_bytes: int, mode: int = 0o600) -> "Segment":
+        """Create a new zero-filled segment of ``size_bytes`` at ``path``.
+
+        Fails with ``FileExistsError`` if the path exists (never reuses a stale
+        file), and with ``ShmError`` if tmpfs has no room (memory is reserved
+        with ``posix_fallocate`` so that exhaustion shows here, not as SIGBUS
+        on a later write).  On any failure the half-made file is removed.
+        """
+        if size_bytes <= 0:
+            raise ValueError(f"segment size must be positive, got {size_bytes}")
+        fd = os.open(path, _CREATE_FLAGS, mode)
+        try:
+            os.fchmod(fd, mode)  # umask-proof
+            os.ftruncate(fd, size_bytes)
+            _reserve(fd, path, size_bytes)
+            mapping = mmap.mmap(fd, size_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        return cls(path, mapping, created=True)
+
+    @classmethod
+    def attach(cls, path: str) -> "Segment":
+        """Map an existing segment read-write.
+
+        Refuses (``SegmentOwnerError``) symlinks, non-regular files and files
+        owned by another uid; refuses (``LayoutError``) empty files.
+        """
+        try:
+            fd = os.open(path, _ATTACH_FLAGS)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise SegmentOwnerError(f"{path} is a symlink; refusing to attach") from exc
+            raise
+        try:
+            info = os.fstat(fd)
+            _check_ownership(path, info)
+            mapping = mmap.mmap(fd, info.st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        return cls(path, mapping, created=False)
+
+    def close(self) -> None:
+        """Drop this object's mapping; idempotent.
+
+        If numpy arrays or memoryviews derived from ``buf`` are still alive the
+        mapping cannot be unmapped yet (``BufferError``); we then just drop our
+        references and the mapping goes away when the last view is collected.
+        """
+        buf, mapping = self.buf, self._mapping
+        self.buf = self._mapping = None
+        if buf is not None:
+            try:
+                buf.release()
+            except BufferError:
+                pass  # views derived from buf are alive: GC unmaps later
+        if mapping is not None:
+            try:
+                mapping.close()
+            except BufferError:
+                pass  # exported views are alive: GC unmaps later
+
+    def unlink(self) -> None:
+        """Remove the file name (peers keep their mappings); idempotent."""
+        if self._unlinked:
+            return
+        self._unlinked = True
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    @property
+    def mapping(self) -> mmap.mmap:
+        """The underlying mmap (for ``struct.pack_into`` fast paths)."""
+        if self._mapping is None:
+            raise ShmError(f"segment {self.path} is closed")
+        return self._mapping
+
+    @property
+    def closed(self) -> bool:
+        return self._mapping is None
+
+    def __enter__(self) -> "Segment":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Segment({self.path!r}, size={self.size}, closed={self.closed})"
+
+
+def _reserve(fd: int, path: str, size_bytes: int) -> None:
+    """Allocate tmpfs pages now so that a full tmpfs fails here, not via SIGBUS."""
+    try:
+        os.posix_fallocate(fd, 0, size_bytes)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM):
+            raise ShmError(f"no room for {size_bytes} bytes in {os.path.dirname(path) or '.'}: {exc}") from exc
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+
+
+def _check_ownership(path: str, info: os.stat_result) -> None:
+    mode = stat.S_IMODE(info.st_mode)
+    if not stat.S_ISREG(info.st_mode):
+        raise SegmentOwnerError(f"{path} is not a regular file (mode {info.st_mode:o})")
+    if info.st_uid != os.getuid():
+        raise SegmentOwnerError(
+            f"{path} is owned by uid {info.st_uid} (mode {mode:04o}), not by us (uid {os.getuid()}); refusing to attach"
+        )
+    if info.st_size == 0:
+        raise LayoutError(f"{path} is empty (mode {mode:04o}): not an rlinkd segment")
+
+
+def check_magic(path: str, found: bytes, expected: bytes, kind: str) -> None:
+    """Raise ``LayoutError`` unless a header's magic is ``expected``."""
+    if found != expected:
+        raise LayoutError(f"bad magic {found!r} in {path}: not an rlinkd {kind} (expected {expected!r})")
+
+
+def check_field(path: str, field: str, found: object, expected: object) -> None:
+    """Raise ``LayoutError`` naming ``field`` unless ``found == expected``."""
+    if found != expected:
+        raise LayoutError(f"{field} mismatch in {path}: header has {found!r}, expected {expected!r}")
+
+
+def check_writer_pid(path: str, writer_pid: int) -> None:
+    """A zero writer pid means the header was never completed.
+
+    Liveness is deliberately not checked here: a checkpointer must still read
+    a blob whose learner died, and readers keep the last weights across a
+    learner restart.
+    """
+    if writer_pid <= 0:
+        raise LayoutError(f"writer_pid {writer_pid} in {path}: header was never completed")
+
+
+def pid_alive(pid: int) -> bool:
+    """True unless ``pid`` certainly does not exist (other users' pids count as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(directory: str, prefix: str) -> list[str]:
+    """Remove ``<prefix>.<pid>.*`` files of ours whose creator pid is dead.
+
+    Called by the daemon at start-up (and by tests).  Files of other users,
+    names that do not parse and live (or reused) pids are kept.  Returns the
+    removed paths.
+    """
+    removed = []
+    for entry in os.scandir(directory):
+        parts = entry.name.split(".", 2)
+        if len(parts) < 3 or parts[0] != prefix or not parts[1].isdigit():
+            continue
+        if pid_alive(int(parts[1])):
+            continue
+        if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+            continue
+        try:
+            os.unlink(entry.path)
+        except FileNotFoundError:
+            continue  # a concurrent sweeper got it first
+        removed.append(entry.path)
+    return removed

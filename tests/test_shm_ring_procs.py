@@ -1,0 +1,195 @@
+"""StepRing across processes: random producer/consumer interleavings and doorbell wake-ups."""
+
+import itertools
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+from multiprocessing import reduction
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shm.doorbell import Doorbell
+from shm.errors import RingFull
+from shm.records import StepLayout
+from shm.ring import StepRing
+
+LAYOUT = StepLayout(4, 1, 2)
+SPAWN = mp.get_context("spawn")
+EXAMPLE_DEADLINE_S = 30.0
+
+
+def numbered(start, count):
+    records = LAYOUT.empty(count)
+    numbers = np.arange(start, start + count)
+    records["weights_seq_no"] = numbers
+    records["obs"][:, 0] = numbers
+    records["reward"] = numbers * 0.5
+    return records
+
+
+def check_numbered(chunk, start):
+    numbers = np.arange(start, start + len(chunk))
+    if not (np.array_equal(chunk["weights_seq_no"], numbers)
+            and np.array_equal(chunk["obs"][:, 0], numbers.astype(np.float32))
+            and np.array_equal(chunk["reward"], (numbers * 0.5).astype(np.float32))):
+        raise AssertionError(f"expected records {start}..{start + len(chunk) - 1}, got "
+                             f"{chunk['weights_seq_no'][:8].tolist()}...")
+
+
+# ---------------------------------------------------------------- consumer worker process
+
+def consume_example(ring, total, sizes, use_peek):
+    """Read ``total`` numbered records with the given batch sizes; then expect close and nothing more."""
+    deadline = time.monotonic() + EXAMPLE_DEADLINE_S
+    next_number = 0
+    for turn in itertools.count():
+        if next_number == total:
+            break
+        if not ring.wait_readable(deadline - time.monotonic()):
+            raise AssertionError(f"consumer stalled at record {next_number} of {total}")
+        size = sizes[turn % len(sizes)]
+        if use_peek[turn % len(use_peek)]:
+            chunk = np.concatenate(ring.peek(size))
+            ring.consume(len(chunk))
+        else:
+            chunk = ring.read_batch(size)
+        check_numbered(chunk, next_number)
+        next_number += len(chunk)
+    while not ring.is_closed():
+        if not ring.wait_readable(deadline - time.monotonic()):
+            raise AssertionError("producer never closed the ring")
+    if ring.readable_records():
+        raise AssertionError(f"{ring.readable_records()} records beyond the {total} sent (duplicates?)")
+    return next_number
+
+
+def consumer_worker(conn):
+    """Child process: sends its doorbell fd (SCM_RIGHTS), then consumes one example per message."""
+    bell = Doorbell.create()
+    reduction.send_handle(conn, bell.fileno(), os.getppid())
+    while (message := conn.recv()) is not None:
+        path, total, sizes, use_peek = message
+        ring = StepRing.attach(path, LAYOUT, doorbell=bell, role="consumer")
+        try:
+            conn.send(("ok", consume_example(ring, total, sizes, use_peek)))
+        except AssertionError as failure:
+            conn.send(("failed", str(failure)))
+        finally:
+            ring.close()
+
+
+@pytest.fixture(scope="module")
+def shm_dir():
+    directory = tempfile.mkdtemp(prefix="rlkt-procs-", dir="/dev/shm")
+    yield directory
+    shutil.rmtree(directory)
+
+
+@pytest.fixture(scope="module")
+def consumer():
+    """(connection, doorbell) of one long-lived consumer process shared by all examples."""
+    parent_end, child_end = SPAWN.Pipe()
+    process = SPAWN.Process(target=consumer_worker, args=(child_end,), daemon=True)
+    process.start()
+    if not parent_end.poll(60):
+        raise AssertionError("consumer worker did not start within 60 s")
+    bell = Doorbell.from_fd(reduction.recv_handle(parent_end))
+    yield parent_end, bell
+    parent_end.send(None)
+    process.join(10)
+    bell.close()
+    assert process.exitcode == 0
+
+
+# ---------------------------------------------------------------- producer side (this process)
+
+def produce(ring, total, sizes):
+    """Write ``total`` numbered records; size 1 uses write_step, larger ones write_batch."""
+    next_number, turn = 0, 0
+    while next_number < total:
+        size = min(sizes[turn % len(sizes)], total - next_number)
+        turn += 1
+        if size == 1:
+            next_number += write_one_step(ring, next_number)
+        elif size <= ring.capacity:
+            next_number += ring.write_batch(numbered(next_number, size), timeout_s=EXAMPLE_DEADLINE_S)
+        else:  # larger than the ring: partial writes, waiting for room in between
+            batch = numbered(next_number, size)
+            while len(batch):
+                assert ring.wait_writable(1, EXAMPLE_DEADLINE_S), "producer stalled"
+                written = ring.write_batch(batch)
+                next_number, batch = next_number + written, batch[written:]
+    ring.mark_closed()
+
+
+def write_one_step(ring, number):
+    while True:
+        try:
+            ring.write_step(0, [number, 0.25, 0.5, 0.75], number % 3, number * 0.5, weights_seq_no=number)
+            return 1
+        except RingFull:
+            assert ring.wait_writable(1, EXAMPLE_DEADLINE_S), "producer stalled"
+
+
+batch_sizes = st.lists(st.integers(1, 40) | st.integers(1, 300), min_size=1, max_size=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(capacity=st.sampled_from([8, 16, 64, 256]), total=st.integers(1, 2500),
+       producer_sizes=batch_sizes, consumer_sizes=batch_sizes,
+       use_peek=st.lists(st.booleans(), min_size=1, max_size=4))
+def test_random_interleavings_lose_duplicate_and_reorder_nothing(
+        shm_dir, consumer, capacity, total, producer_sizes, consumer_sizes, use_peek):
+    connection, bell = consumer
+    path = os.path.join(shm_dir, f"ring-{time.monotonic_ns()}")
+    ring = StepRing.create(path, LAYOUT, capacity, doorbell=bell)
+    try:
+        connection.send((path, total, consumer_sizes, use_peek))
+        produce(ring, total, producer_sizes)
+        assert connection.poll(EXAMPLE_DEADLINE_S), "consumer did not report"
+        assert connection.recv() == ("ok", total)
+    finally:
+        ring.close()
+        ring.unlink()
+
+
+# ---------------------------------------------------------------- doorbell wake-up across processes
+
+WAKEUPS = 30
+
+
+def stamping_producer(path, conn):
+    """Child: each time the consumer is asleep, write one record stamped with perf_counter_ns."""
+    bell = Doorbell.from_fd(reduction.recv_handle(conn))
+    ring = StepRing.attach(path, LAYOUT, doorbell=bell, role="producer")
+    for _ in range(WAKEUPS):
+        deadline = time.monotonic() + 20
+        while ring.header()["reader_sleeping"] != 1:
+            if time.monotonic() > deadline:
+                raise SystemExit("consumer never went to sleep")
+        ring.write_step(0, [0, 0, 0, 0], 0, 0.0, weights_seq_no=time.perf_counter_ns())
+    ring.close()
+
+
+def test_sleeping_consumer_wakes_when_another_process_writes(shm_dir):
+    parent_end, child_end = SPAWN.Pipe()
+    with Doorbell.create() as bell:
+        ring = StepRing.create(os.path.join(shm_dir, "wake"), LAYOUT, 64, doorbell=bell)
+        ring.max_sleep_slice_s = 120.0  # only the doorbell can end a sleep before the deadline
+        producer = SPAWN.Process(target=stamping_producer, args=(ring.path, child_end))
+        producer.start()
+        reduction.send_handle(parent_end, bell.fileno(), producer.pid)
+        latencies_us = []
+        for _ in range(WAKEUPS):
+            assert ring.wait_readable(timeout_s=30.0), "wake-up lost"
+            latencies_us.append((time.perf_counter_ns() - ring.read_batch(1)["weights_seq_no"][0]) / 1e3)
+        producer.join(30)
+        assert producer.exitcode == 0
+        ring.close()
+        ring.unlink()
+    assert max(latencies_us) < 10e6  # every wake-up well before the 30 s deadline
