@@ -147,13 +147,19 @@ class EpisodeFragment:
         return len(self.rewards)
 
     def to_json(self) -> dict[str, Any]:
-        d = {"obs": self.obs, "actions": self.actions, "rewards": self.rewards,
+        d = {"obs": _json_array(self.obs), "actions": _json_array(self.actions),
+             "rewards": _json_array(self.rewards),
              "is_terminated": self.is_terminated, "is_truncated": self.is_truncated}
         if self.action_logp is not None:
-            d["action_logp"] = self.action_logp
+            d["action_logp"] = _json_array(self.action_logp)
         if self.action_dist_inputs is not None:
-            d["action_dist_inputs"] = self.action_dist_inputs
+            d["action_dist_inputs"] = _json_array(self.action_dist_inputs)
         return d
+
+
+def _json_array(value: Any) -> Any:
+    """orjson serialises only C-contiguous arrays; views (slices, transposes) get a copy."""
+    return np.ascontiguousarray(value) if isinstance(value, np.ndarray) else value
 
 
 @dataclass(frozen=True)
@@ -304,15 +310,17 @@ def decode_body(body: bytes) -> Message:
 
 
 def _get(obj: dict, key: str, kinds: tuple[type, ...], *, required: bool = True,
-         default: Any = None) -> Any:
+         default: Any = None, where: str | None = None) -> Any:
+    """``obj[key]`` checked against ``kinds``; errors name ``where`` (default: the type)."""
+    where = where or str(obj.get("type"))
     if key not in obj or obj[key] is None:
         if required:
-            raise BadMessage(f"{obj.get('type')}: missing field {key!r}")
+            raise BadMessage(f"{where}: missing field {key!r}")
         return default
     value = obj[key]
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         names = "/".join(k.__name__ for k in kinds)
-        raise BadMessage(f"{obj.get('type')}: field {key!r} must be {names}")
+        raise BadMessage(f"{where}: field {key!r} must be {names}")
     return value
 
 
@@ -334,13 +342,13 @@ def decode_fragment(obj: Any, index: int) -> EpisodeFragment:
     where = f"episodes[{index}]"
     if not isinstance(obj, dict):
         raise BadMessage(f"{where} must be an object")
-    obs = _numeric_array(_get(obj, "obs", (list,)), f"{where}.obs")
-    actions = _numeric_array(_get(obj, "actions", (list,)), f"{where}.actions")
-    rewards = _numeric_array(_get(obj, "rewards", (list,)), f"{where}.rewards")
+    obs = _numeric_array(_get(obj, "obs", (list,), where=where), f"{where}.obs")
+    actions = _numeric_array(_get(obj, "actions", (list,), where=where), f"{where}.actions")
+    rewards = _numeric_array(_get(obj, "rewards", (list,), where=where), f"{where}.rewards")
     frag = EpisodeFragment(
         obs=obs, actions=actions, rewards=rewards,
-        is_terminated=_get(obj, "is_terminated", (bool,)),
-        is_truncated=_get(obj, "is_truncated", (bool,)),
+        is_terminated=_get(obj, "is_terminated", (bool,), where=where),
+        is_truncated=_get(obj, "is_truncated", (bool,), where=where),
         action_logp=_optional_array(obj, "action_logp", where),
         action_dist_inputs=_optional_array(obj, "action_dist_inputs", where))
     _check_lengths(frag, where)

@@ -25,17 +25,36 @@ class SpaceError(ValueError):
     """A space description is malformed or unsupported."""
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
 def _bounds(value: Any, size: int, default: float, name: str) -> tuple[float, ...]:
     if value is None:
-        return (default,) * size
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (float(value),) * size
-    if isinstance(value, (list, tuple)):
-        flat = np.asarray([default if v is None else v for v in _flatten(value)], np.float64)
-        if flat.size != size:
-            raise SpaceError(f"{name} has {flat.size} values, shape needs {size}")
-        return tuple(float(v) for v in flat)
-    raise SpaceError(f"{name} must be a number, null or a list")
+        bounds = (default,) * size
+    elif _is_number(value):
+        bounds = (float(value),) * size
+    elif isinstance(value, (list, tuple)):
+        flat = _flatten(value)
+        if not all(v is None or _is_number(v) for v in flat):
+            raise SpaceError(f"{name} must hold only numbers and nulls")
+        if len(flat) != size:
+            raise SpaceError(f"{name} has {len(flat)} values, shape needs {size}")
+        bounds = tuple(default if v is None else float(v) for v in flat)
+    else:
+        raise SpaceError(f"{name} must be a number, null or a list")
+    if any(math.isnan(v) for v in bounds):
+        raise SpaceError(f"{name} must not be NaN")
+    return bounds
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    """A Box shape: a non-empty list of positive integers."""
+    if (not isinstance(value, (list, tuple)) or not value
+            or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1
+                       for d in value)):
+        raise SpaceError(f"Box shape must be a non-empty list of positive integers, got {value!r}")
+    return tuple(int(d) for d in value)
 
 
 def _flatten(value: Any) -> list:
@@ -64,9 +83,7 @@ class SpaceSpec:
 
     @classmethod
     def box(cls, shape: tuple[int, ...] | list[int], low: Any = None, high: Any = None) -> "SpaceSpec":
-        shape = tuple(int(d) for d in shape)
-        if not shape or min(shape) < 1:
-            raise SpaceError(f"Box shape must be non-empty positive sizes, got {shape}")
+        shape = _shape(shape)
         size = math.prod(shape)
         lo = _bounds(low, size, -math.inf, "low")
         hi = _bounds(high, size, math.inf, "high")
@@ -150,14 +167,19 @@ def check_box(values: np.ndarray, space: SpaceSpec, what: str) -> str | None:
     """``values`` [T, *shape] must be finite and inside the bounds (small tolerance)."""
     if values.shape[1:] != space.shape:
         return f"{what}: expected shape [T, {', '.join(map(str, space.shape))}], got {list(values.shape)}"
-    flat = values.reshape(len(values), -1)
+    flat = values.reshape(len(values), space.flat_size)
     if flat.size and not np.all(np.isfinite(flat)):
         return f"{what}: contains NaN or Inf"
-    low, high = space.low_array(), space.high_array()
-    tol = BOUND_TOLERANCE * (1.0 + np.abs(np.where(np.isfinite(high), high, 0.0)))
-    if flat.size and (np.any(flat < low - tol) or np.any(flat > high + tol)):
+    # float64 bounds, each with its own slack: float32 bounds can round past a valid value
+    low, high = np.asarray(space.low, np.float64), np.asarray(space.high, np.float64)
+    if flat.size and (np.any(flat < low - _tolerance(low)) or np.any(flat > high + _tolerance(high))):
         return f"{what}: values outside the declared Box bounds"
     return None
+
+
+def _tolerance(bound: np.ndarray) -> np.ndarray:
+    """Slack of each bound: BOUND_TOLERANCE relative to its magnitude (absolute near zero)."""
+    return BOUND_TOLERANCE * (1.0 + np.abs(np.where(np.isfinite(bound), bound, 0.0)))
 
 
 def check_values(values: np.ndarray, space: SpaceSpec, what: str) -> str | None:
@@ -174,4 +196,5 @@ def to_features(values: np.ndarray, space: SpaceSpec) -> np.ndarray:
         out = np.zeros((len(values), space.n), np.float32)
         out[np.arange(len(values)), values.reshape(-1).astype(np.int64)] = 1.0
         return out
-    return np.ascontiguousarray(values.reshape(len(values), -1), dtype=np.float32)
+    return np.ascontiguousarray(values.reshape(len(values), space.feature_size),
+                                dtype=np.float32)

@@ -258,9 +258,12 @@ def _coerce_scalar(key: str, hint: type, value: Any) -> Any:
             pass
     elif hint is float and not isinstance(value, bool):
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             pass
+        else:
+            if number == number:  # NaN would pass every min/max check
+                return number
     elif hint is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return str(value)
     raise ConfigError(f"{key}: expected {hint.__name__}, got {value!r}")
@@ -332,7 +335,10 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 
 def merge(base: dict[str, Any], section: str, key: str, value: Any) -> None:
     """Set ``base[section][key] = value`` creating the section table when missing."""
-    base.setdefault(section, {})[key] = value
+    table = base.setdefault(section, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{section}]: expected a table, cannot set {section}.{key}")
+    table[key] = value
 
 
 def load_config(path: str | os.PathLike | None = None,
@@ -439,16 +445,30 @@ def apply_changes(cfg: Config, changes: dict[str, Any]) -> Config:
     return cfg
 
 
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n",
+                 "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_string(value: str) -> str:
+    """A TOML basic string: quotes, backslashes and control characters escaped."""
+    out = (_TOML_ESCAPES.get(ch) or (f"\\u{ord(ch):04x}" if ord(ch) < 0x20 or ord(ch) == 0x7F
+                                     else ch) for ch in value)
+    return '"' + "".join(out) + '"'
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return _toml_string(value)
     if isinstance(value, tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, SpaceSpec):
+        table = value.to_json()
+        if not value.is_discrete:  # TOML has inf (JSON's null for it is not TOML)
+            table.update(low=value.low, high=value.high)
         return "{ " + ", ".join(f"{k} = {_toml_value(tuple(v) if isinstance(v, list) else v)}"
-                                for k, v in value.to_json().items()) + " }"
+                                for k, v in table.items()) + " }"
     return repr(value)
 
 

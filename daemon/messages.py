@@ -82,7 +82,6 @@ class CheckpointRequest:
 
     request_id: int
     reason: str
-    counters: dict
 
 
 @message

@@ -93,7 +93,7 @@ class Supervisor:
         self.topo = build_topology(self.cfg)
         if resume is not None:
             self.topo.resume_checkpoint = str(resume.path)
-            self.topo.resume_counters = resume.counters
+            self.topo.write_counters(resume.counters)
             self.last_checkpoint = _ckpt_info(resume.path, resume.weights_seq_no,
                                               resume.manifest.get("created_at", time.time()))
             log.info("resuming", checkpoint=str(resume.path), weights_seq_no=resume.weights_seq_no)
@@ -214,9 +214,7 @@ class Supervisor:
     # ------------------------------------------------------------ checkpoints
     def request_checkpoint(self, reason: str) -> int:
         rid, self.next_request_id = self.next_request_id, self.next_request_id + 1
-        counters = {k: self.collector_status.get(k, self.topo.resume_counters.get(k, 0))
-                    for k in ("env_steps", "episodes")}
-        self.topo.inboxes["checkpointer"].send(m.CheckpointRequest(rid, reason, counters))
+        self.topo.inboxes["checkpointer"].send(m.CheckpointRequest(rid, reason))
         log.info("checkpoint_requested", reason=reason, request_id=rid)
         return rid
 
@@ -297,9 +295,6 @@ class Supervisor:
         for role, child in self.children.items():
             if child.process is None and child.restart_at is not None and now >= child.restart_at:
                 child.restarts += 1
-                if role == "collector":
-                    self.topo.resume_counters = {k: self.collector_status.get(k, 0)
-                                                 for k in ("env_steps", "episodes")}
                 self._start(role)
 
     def _check_heartbeats(self) -> None:

@@ -37,6 +37,7 @@ from shm.segment import sweep_stale
 from shm.slots import BatchSlots
 
 ROLES = ("collector", "connector", "learner", "checkpointer")
+COUNTERS = ("env_steps", "episodes")  # kept by the collector, saved in every checkpoint
 SHM_PREFIX = "rlinkd"
 BATCH_META = ("ingest_cutoff", "episodes", "dropped_episodes", "values_seq_no")
 
@@ -57,10 +58,10 @@ class Topology:
     snapshot_path: str
     heartbeats: object  # multiprocessing.Array('d'), one monotonic timestamp per role
     episode_doorbell: SharedFd  # eventfd: collector rings it when the connector sleeps
+    counters: object  # multiprocessing.Array('q'): COUNTERS, written only by the collector
     shm_prefix: str
     started_at: float = field(default_factory=time.time)
     resume_checkpoint: str = ""
-    resume_counters: dict = field(default_factory=dict)
 
     @property
     def layout(self) -> StepLayout:
@@ -73,6 +74,15 @@ class Topology:
 
     def last_heartbeat(self, role: str) -> float:
         return self.heartbeats[ROLES.index(role)]
+
+    def read_counters(self) -> dict:
+        """The collector's counters as of now (checkpointer, supervisor)."""
+        return {name: int(self.counters[i]) for i, name in enumerate(COUNTERS)}
+
+    def write_counters(self, values: dict) -> None:
+        """Collector only: publish its counters (cheap; called after every ingest)."""
+        for i, name in enumerate(COUNTERS):
+            self.counters[i] = int(values.get(name, 0))
 
     def segment_paths(self) -> list[str]:
         return [self.episode_ring_path, self.board_path, self.slots_path, self.snapshot_path]
@@ -134,11 +144,13 @@ def build_topology(cfg: Config) -> Topology:
     inboxes = {name: Inbox(name) for name in (*ROLES, "supervisor")}
     heartbeats = mp.get_context("spawn").Array("d", len(ROLES), lock=False)
     doorbell = SharedFd(Doorbell.create().fileno())
+    # collector → checkpointer/supervisor: env_steps, episodes (survives collector restarts)
+    counters = mp.get_context("spawn").Array("q", len(COUNTERS), lock=False)
     return Topology(cfg=cfg, obs_space=obs, act_space=act, policy_spec=spec, layout_sizes=layout.sizes(),
                     inboxes=inboxes, episode_ring_path=path("episodes"),
                     board_path=path("board"), slots_path=path("slots"),
                     snapshot_path=path("snapshot"), heartbeats=heartbeats,
-                    episode_doorbell=doorbell, shm_prefix=prefix)
+                    episode_doorbell=doorbell, counters=counters, shm_prefix=prefix)
 
 
 def destroy_topology(topo: Topology) -> None:

@@ -176,7 +176,7 @@ class StepRing:
             raise RingFull(f"{self!r}: {count} records did not fit within {timeout_s}s "
                            f"({self.free_records()} free)")
         tail = self._tail[0]
-        count = min(count, self.capacity + 1 - (tail - self._head[0]))
+        count = min(count, self.capacity - (tail - self._head[0]))
         if count > 0:
             self._copy_in(raw[:count], tail)
             self._publish_tail(tail + count)
@@ -240,7 +240,7 @@ class StepRing:
         out_raw = out.view(np.uint8).reshape(count, self.layout.record_bytes)
         out_raw[:first] = self._raw[start:start + first]
         if first < count:
-            out_raw[first:] = self._raw[:count - first]
+            out_raw[first:] = self._raw[1:count - first + 1]
         self._head[0] = head + count
         return out
 

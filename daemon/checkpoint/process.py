@@ -89,7 +89,7 @@ class Checkpointer:
             files["policy.onnx"] = self.onnx.encode(flat)
         meta = {"package_version": package_version(), "reason": req.reason,
                 "config_sha256": hashlib.sha256(config_text).hexdigest(),
-                "counters": req.counters, "weights_seq_no": snap.seq_no}
+                "counters": self.topo.read_counters(), "weights_seq_no": snap.seq_no}
         ckpt = store.write_checkpoint(self.root, files, meta)
         store.prune(self.root, self.keep)
         return ckpt

@@ -29,8 +29,9 @@ class Limits:
 
 
 def _shape_time_major(values: np.ndarray, space: SpaceSpec) -> np.ndarray:
-    """Accept [T] for single-element Box spaces; Discrete values stay [T]."""
-    if not space.is_discrete and values.ndim == 1 and space.flat_size == 1:
+    """Accept [T] for single-element Box spaces (and an empty [0] list for any Box);
+    Discrete values stay [T]."""
+    if not space.is_discrete and values.ndim == 1 and (space.flat_size == 1 or not values.size):
         return values.reshape(len(values), *space.shape)
     return values
 
@@ -80,11 +81,11 @@ def fragment_records(frag: EpisodeFragment, layout: StepLayout, stream_id: int,
     """T step records + 1 FINAL_OBS record for a validated fragment (ingest ids unset)."""
     t = frag.num_steps
     rec = np.zeros(t + 1, dtype=layout.dtype)
-    rec["obs"] = frag.obs.reshape(t + 1, -1)
+    rec["obs"] = frag.obs.reshape(t + 1, layout.obs_size)
     rec["stream_id"] = stream_id
     rec["weights_seq_no"] = weights_seq_no
     rec["reward"][:t] = frag.rewards
-    rec["action"][:t] = frag.actions.reshape(t, -1)
+    rec["action"][:t] = frag.actions.reshape(t, layout.action_size)  # no -1: t may be 0
     step_flags = 0
     if frag.action_logp is not None:
         rec["logp"][:t] = frag.action_logp

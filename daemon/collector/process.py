@@ -39,10 +39,11 @@ class CollectorProcess:
                                     doorbell=Doorbell.from_fd(topo.episode_doorbell.fd))
         self.board = WeightsBoard.attach(topo.board_path)
         core = CollectorCore(topo.cfg, topo.obs_space, topo.act_space, topo.layout,
-                             topo.policy_spec.dist_size, topo.resume_counters)
+                             topo.policy_spec.dist_size, topo.read_counters())
         self.status = StatusBuilder(topo, core)
         self.server = CollectorServer(core, self.ring, WeightsCache(self.board, topo.policy_spec),
-                                      self.status.build, server_context(topo.cfg.server))
+                                      self.status.build, server_context(topo.cfg.server),
+                                      on_ingest=lambda: topo.write_counters(core.counters()))
         self.status.server = self.server
         self.done = asyncio.Event()
 

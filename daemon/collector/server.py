@@ -35,10 +35,12 @@ class CollectorServer:
     """Owns the event-loop side of the collector. Built and run by ``collector.process``."""
 
     def __init__(self, core: CollectorCore, ring: StepRing, weights: WeightsCache,
-                 status_fn: Callable[[], dict], ssl_ctx: ssl.SSLContext | None = None) -> None:
+                 status_fn: Callable[[], dict], ssl_ctx: ssl.SSLContext | None = None,
+                 on_ingest: Callable[[], None] = lambda: None) -> None:
         self.core, self.ring, self.weights = core, ring, weights
         self.cfg = core.cfg
         self.status_fn = status_fn
+        self.on_ingest = on_ingest
         self.ssl_ctx = ssl_ctx
         self.ring_lock = asyncio.Lock()
         self.next_ingest_id = 1
@@ -109,7 +111,10 @@ class CollectorServer:
         return await asyncio.wait_for(reader.readexactly(size), srv.read_timeout_s)
 
     async def _carry_out(self, session: Session, plan: Plan, writer: asyncio.StreamWriter) -> None:
-        last_id = await self.ingest(plan.records) if plan.records is not None else None
+        last_id = None
+        if plan.records is not None:
+            last_id = await self.ingest(plan.records)
+            self.on_ingest()
         if plan.reply is not None:
             await self._send(writer, plan.reply)
         if plan.status:
@@ -149,9 +154,7 @@ class CollectorServer:
     def _forget(self, session: Session) -> None:
         self.core.close_session(session)
         self.writers.pop(session.id, None)
-        fut = self.waiters.pop(session.id, None)
-        if fut is not None and not fut.done():
-            fut.cancel()
+        self.waiters.pop(session.id, None)
         self.maybe_flush()
 
     # ------------------------------------------------------------ episode ring
@@ -183,6 +186,8 @@ class CollectorServer:
         self.core.waits.start_wait(session, last_id, time.monotonic())
         self.maybe_flush()
         await fut
+        if self.draining:
+            raise ConnectionAbortedError("draining")
 
     def maybe_flush(self) -> None:
         """Ask the connector for a batch now when every on-policy sampler is waiting."""
@@ -215,7 +220,8 @@ class CollectorServer:
                 pass
             writer.close()
         for fut in self.waiters.values():
-            fut.cancel()
+            if not fut.done():
+                fut.set_result(None)
 
 
 def _set_nodelay(writer: asyncio.StreamWriter) -> None:

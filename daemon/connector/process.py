@@ -62,6 +62,8 @@ class Connector:
         return not any(self.slots.state(i) in busy for i in range(self.slots.n_slots))
 
     def _maybe_build(self) -> None:
+        if self.board.latest_seq_no() < 0:
+            return  # the learner has not published weights yet: values would be garbage
         if not self.builder.should_build(self.assembler.flush_requested, self._learner_idle(),
                                          self.assembler.max_ingest_id):
             return

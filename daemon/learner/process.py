@@ -59,6 +59,7 @@ class LearnerShell:
         self.snapshot = BlobArea.attach(topo.snapshot_path)
         self.seq_no = 0
         self.resumed_from = ""
+        self.rejected_batches = 0
 
     # ------------------------------------------------------------ start
     def boot(self) -> None:
@@ -93,11 +94,18 @@ class LearnerShell:
         rows, meta = self.slots.rows(slot), self.slots.meta(slot)
         trained, stats = rows > 0, {}
         if trained:
-            stats = self._update(slot, rows)
+            try:
+                stats = self._update(slot, rows)
+            except ValueError as exc:  # a batch the learner refuses (NaN, shapes): skip it
+                log.error("batch_rejected", slot=slot, rows=rows, error=str(exc))
+                self.rejected_batches += 1
+                trained = False
+        if trained:
             self.seq_no += 1
             self.board.publish(self.seq_no, self.learner.flat_weights())
         self.slots.release(slot)
         stats.update(updates=self.learner.updates, trained_steps=self.learner.trained_steps,
+                     rejected_batches=self.rejected_batches,
                      policy_lag_max=self.seq_no - 1 - meta["values_seq_no"] if trained else 0)
         self.ctx.send("collector", m.WeightsPublished(self.seq_no, meta["ingest_cutoff"],
                                                       trained, stats))

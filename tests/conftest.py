@@ -1,0 +1,53 @@
+"""Shared fixtures. Every daemon started here is checked at teardown: it stopped
+with exit 0 and left no child process and no shared-memory segment behind."""
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import DaemonProcess
+
+
+class DaemonPool:
+    """Starts daemons; ``close`` stops them all and reports what went wrong."""
+
+    def __init__(self, base) -> None:
+        self.base, self.started = base, []
+
+    def start(self, *args: str, name: str = "state", check_clean_exit: bool = True) -> DaemonProcess:
+        d = DaemonProcess(self.base / name, list(args))
+        d.check_clean_exit = check_clean_exit
+        self.started.append(d)
+        return d.start()
+
+    def close(self) -> None:
+        problems = []
+        for d in self.started:
+            code = d.stop()
+            leftovers, segments = d.leftover_children(), d.leftover_segments()
+            d.kill_leftovers()
+            if d.check_clean_exit and code != 0:
+                problems.append(f"daemon exit code {code}\n{d.log()[-4000:]}")
+            if leftovers or segments:
+                problems.append(f"left behind: processes {leftovers}, segments {segments}")
+        assert not problems, "\n".join(problems)
+
+
+@pytest.fixture
+def daemon_factory(tmp_path):
+    pool = DaemonPool(tmp_path)
+    yield pool.start
+    pool.close()
+
+
+@pytest.fixture
+def daemon(daemon_factory):
+    """One daemon with default settings on an ephemeral port (per test)."""
+    return daemon_factory()
+
+
+@pytest.fixture(scope="module")
+def shared_daemon(tmp_path_factory):
+    """One daemon shared by a module's tests (for tests that do not change its state)."""
+    pool = DaemonPool(tmp_path_factory.mktemp("shared"))
+    yield pool.start()
+    pool.close()

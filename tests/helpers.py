@@ -1,0 +1,182 @@
+"""Test helpers: deadline-based waiting, a daemon started as a real process, raw RLlink I/O.
+
+The raw RLlink functions use only ``socket`` and ``json`` (never client_lib), so the
+tests that use them check what a client written from the seed text alone sees.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal as signals
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_for(condition, timeout_s: float, interval_s: float = 0.02, what: str = "condition"):
+    """Poll ``condition()`` until it returns a truthy value; fail loudly at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+# ---------------------------------------------------------------- raw RLlink (seed only)
+def raw_send(sock: socket.socket, obj: dict) -> None:
+    body = json.dumps(obj).encode("utf-8")
+    sock.sendall(str(len(body)).zfill(8).encode("utf-8") + body)
+
+
+def raw_recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("peer closed")
+        data += chunk
+    return data
+
+
+def raw_recv(sock: socket.socket) -> dict:
+    header = raw_recv_exactly(sock, 8)
+    return json.loads(raw_recv_exactly(sock, int(header.decode("utf-8"))).decode("utf-8"))
+
+
+def raw_connect(port: int, timeout_s: float = 30.0) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+    return sock
+
+
+def peer_closed(sock: socket.socket, timeout_s: float = 5.0) -> bool:
+    """True when the server closed the connection (EOF) within the timeout."""
+    sock.settimeout(timeout_s)
+    try:
+        while True:
+            if sock.recv(65536) == b"":
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+# ---------------------------------------------------------------- a real daemon
+@dataclass
+class DaemonProcess:
+    """``rlinkd serve`` as a subprocess with its own state directory."""
+
+    state_dir: Path
+    args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
+    info: dict = field(default_factory=dict)
+    seen_children: set = field(default_factory=set)
+
+    def start(self, timeout_s: float = 60.0) -> "DaemonProcess":
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.state_dir / "daemon.log", "ab")
+        cmd = [sys.executable, "-m", "daemon.cli", "serve", "--state-dir", str(self.state_dir),
+               "--port", "0", *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, cwd=REPO)
+        self.info = wait_for(self._ready, timeout_s, 0.05, "daemon.json")
+        self.remember_children()
+        return self
+
+    def _ready(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"daemon exited early with {self.proc.returncode}:\n{self.log()}")
+        path = self.state_dir / "daemon.json"
+        if not path.exists():
+            return None
+        info = json.loads(path.read_text())
+        return info if info.get("pid") == self.proc.pid else None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def port(self) -> int:
+        return int(self.info["port"])
+
+    @property
+    def unix_socket(self) -> str:
+        return self.info["unix_socket"]
+
+    def log(self) -> str:
+        path = self.state_dir / "daemon.log"
+        return path.read_text(errors="replace")[-20000:] if path.exists() else ""
+
+    def remember_children(self) -> set:
+        """Record the pids of the daemon's current children (to check none survive)."""
+        try:
+            kids = psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return set()
+        self.seen_children |= {k.pid for k in kids}
+        return {k.pid for k in kids}
+
+    def status(self) -> dict:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(10)
+        sock.connect(self.unix_socket)
+        try:
+            raw_send(sock, {"type": "STATUS"})
+            return raw_recv(sock)["status"]
+        finally:
+            sock.close()
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def stop(self, timeout_s: float = 60.0, sig: int = signals.SIGTERM) -> int:
+        """Stop the daemon, return its exit code, and kill leftovers (failing the check)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.remember_children()
+        self.signal(sig)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"daemon did not stop within {timeout_s} s:\n{self.log()}")
+
+    def leftover_children(self, grace_s: float = 5.0) -> list[int]:
+        """Children still running (zombies count as gone) after a short grace period."""
+        def running() -> list[int]:
+            alive = []
+            for pid in self.seen_children:
+                try:
+                    if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                        alive.append(pid)
+                except psutil.NoSuchProcess:
+                    pass
+            return alive
+        deadline = time.monotonic() + grace_s
+        while (alive := running()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return alive
+
+    def leftover_segments(self, shm_dir: str = "/dev/shm") -> list[str]:
+        return [p for p in os.listdir(shm_dir) if p.startswith(f"rlinkd.{self.pid}.")]
+
+    def kill_leftovers(self) -> None:
+        for pid in self.leftover_children():
+            try:
+                os.kill(pid, signals.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for name in self.leftover_segments():
+            Path("/dev/shm", name).unlink(missing_ok=True)
