@@ -116,14 +116,23 @@ def verify(path: Path) -> Checkpoint:
         raise CheckpointError(f"{path}: unreadable manifest ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: unknown checkpoint format")
-    for name, info in manifest.get("files", {}).items():
-        try:
-            data = (path / name).read_bytes()
-        except OSError as exc:
-            raise CheckpointError(f"{path}: missing {name} ({exc.strerror})") from None
-        if len(data) != info.get("bytes") or hashlib.sha256(data).hexdigest() != info.get("sha256"):
-            raise CheckpointError(f"{path}: {name} does not match its manifest (corrupt)")
+    files = manifest.get("files", {})
+    if not isinstance(files, dict) or not all(isinstance(i, dict) for i in files.values()):
+        raise CheckpointError(f"{path}: malformed manifest (files)")
+    for name in files:
+        _verified_bytes(path, name, files[name])
     return Checkpoint(path, index or 0, manifest)
+
+
+def _verified_bytes(path: Path, name: str, info: dict) -> bytes:
+    """One file's bytes, checked against its manifest entry (size and sha256)."""
+    try:
+        data = (path / name).read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: missing {name} ({exc.strerror})") from None
+    if len(data) != info.get("bytes") or hashlib.sha256(data).hexdigest() != info.get("sha256"):
+        raise CheckpointError(f"{path}: {name} does not match its manifest (corrupt)")
+    return data
 
 
 def latest_valid(root: Path, warn=None) -> Checkpoint | None:
@@ -138,11 +147,12 @@ def latest_valid(root: Path, warn=None) -> Checkpoint | None:
 
 
 def read_checkpoint_file(path: str | os.PathLike, name: str) -> bytes:
-    """One file of a checkpoint, re-verified against the manifest."""
-    ckpt = verify(Path(path))
-    if name not in ckpt.manifest.get("files", {}):
+    """One file of a checkpoint, re-verified against the manifest (the bytes returned are
+    the bytes checked, not a second read)."""
+    files = verify(Path(path)).manifest.get("files", {})
+    if name not in files:
         raise CheckpointError(f"{path}: has no {name}")
-    return (Path(path) / name).read_bytes()
+    return _verified_bytes(Path(path), name, files[name])
 
 
 def prune(root: Path, keep: int) -> list[Path]:

@@ -1,0 +1,76 @@
+"""Time-to-solve benchmark: `rlinkd demo` (daemon + N CartPole clients) until mean return 450.
+
+    python -m bench.solve [--runs 3] [--clients 2] [--transport tcp]
+
+Measures from outside, per run: wall time from launch to SOLVED, env steps to solve (from
+the daemon), peak summed RSS of the whole process tree (daemon, its children, clients), and
+CPU-seconds. Prints medians (min–max) and writes bench/results/solve.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.proctree import TreeSampler
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def one_run(clients: int, transport: str, extra: list[str]) -> dict:
+    state = tempfile.mkdtemp(prefix="rlinkd-bench-")
+    cmd = [sys.executable, "-m", "daemon.cli", "demo", "--clients", str(clients),
+           "--transport", transport, "--state-dir", state, *extra]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sampler = TreeSampler(proc.pid).start()
+    out, _ = proc.communicate(timeout=900)
+    sampler.stop()
+    last = out.strip().splitlines()[-1]
+    summary = json.loads(last.split(" ", 1)[1])
+    return {"solved": summary["solved"] and proc.returncode == 0,
+            "wall_s": round(time.monotonic() - t0, 2), "demo_wall_s": summary["wall_s"],
+            "env_steps": summary["env_steps"], "peak_rss_mb": round(sampler.peak_rss_bytes / 2**20, 1),
+            "cpu_s": round(sampler.cpu_s, 1)}
+
+
+def median_range(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarize(runs: list[dict]) -> dict:
+    keys = ("wall_s", "env_steps", "peak_rss_mb", "cpu_s")
+    return {k: median_range([r[k] for r in runs]) for k in keys} | {
+        "solved_runs": sum(r["solved"] for r in runs), "runs": len(runs)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--transport", default="tcp")
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--out", default=str(RESULTS / "solve.json"))
+    args = ap.parse_args()
+    extra = [a for s in args.set for a in ("--set", s)]
+    runs = []
+    for i in range(args.runs):
+        runs.append(one_run(args.clients, args.transport, extra))
+        print(json.dumps({"run": i + 1, **runs[-1]}), flush=True)
+    result = {"command": " ".join(["python -m bench.solve", *sys.argv[1:]]),
+              "cpu_count": os.cpu_count(), "clients": args.clients, "transport": args.transport,
+              "runs": runs, "summary": summarize(runs), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    RESULTS.mkdir(exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result["summary"], indent=1))
+    return 0 if all(r["solved"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
