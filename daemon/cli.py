@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level")
     serve.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     serve.add_argument("--fresh", action="store_true", help="ignore existing checkpoints")
+    serve.add_argument("--in-process", action="store_true",
+                       help="debugging: every role as a thread of one process (no restarts)")
 
     client = sub.add_parser("client", help="run a gymnasium env as an RLlink client")
     client.add_argument("--env", default="CartPole-v1")
@@ -94,7 +96,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     overrides = serve_overrides(args)
     cfg = load_config(args.config, overrides)
     logsetup.configure(cfg.daemon.log_level, "supervisor")
+    if args.in_process:
+        return serve_in_process(cfg)
     return Supervisor(cfg, overrides, fresh=args.fresh).run()
+
+
+def serve_in_process(cfg) -> int:
+    """``serve --in-process``: run until Ctrl-C, then stop every role thread."""
+    from daemon.inprocess import InProcessDaemon
+    daemon = InProcessDaemon(cfg).start()
+    print(f"rlinkd (in-process) listening on {daemon.listening.host}:{daemon.listening.port}; "
+          "Ctrl-C stops", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    codes = daemon.stop()
+    return max(codes.values(), default=0)
 
 
 def state_dir_of(args: argparse.Namespace) -> Path:
