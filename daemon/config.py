@@ -436,6 +436,13 @@ def reloadable_changes(old: Config, new: Config) -> tuple[dict[str, Any], list[s
     return applied, ignored
 
 
+def reloadable_values(cfg: Config) -> dict[str, Any]:
+    """Current values of every reloadable key, by dotted name (shown in status)."""
+    return {f"{name}.{f.name}": getattr(getattr(cfg, name), f.name)
+            for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+            if f.metadata.get("reloadable")}
+
+
 def apply_changes(cfg: Config, changes: dict[str, Any]) -> Config:
     """Return ``cfg`` with the dotted-key ``changes`` applied (used after a reload)."""
     for dotted, value in changes.items():

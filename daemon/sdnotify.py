@@ -71,6 +71,7 @@ def watchdog_interval_s() -> float | None:
     if not usec or (pid and pid != str(os.getpid())):
         return None
     try:
-        return int(usec) / 2e6
+        value = int(usec)
     except ValueError:
         return None
+    return value / 2e6 if value > 0 else None  # like sd_watchdog_enabled: 0 or less is invalid

@@ -28,11 +28,13 @@ import structlog
 from daemon import messages as m
 from daemon.checkpoint import store
 from daemon.children import Child, hang_action, in_crash_loop, is_boot_error, schedule_restart
-from daemon.config import Config, ConfigError, apply_changes, load_config, reloadable_changes
+from daemon.config import (Config, ConfigError, apply_changes, load_config, reloadable_changes,
+                           reloadable_values)
 from daemon.errors import ExitCode
 from daemon import log as logsetup
 from daemon.roles import child_main
 from daemon.runfiles import StateDirLock, remove_daemon_file, write_daemon_file
+from daemon.metrics import TensorBoardMetrics
 from daemon.sdnotify import Notifier, watchdog_interval_s
 from daemon.wiring import ROLES, Topology, build_topology, destroy_topology
 
@@ -68,6 +70,7 @@ class Supervisor:
         self.timers = {"checkpoint": 0.0, "info": 0.0, "systemd": 0.0, "watchdog": 0.0}
         self.watchdog_s = watchdog_interval_s()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.metrics = TensorBoardMetrics(Path(cfg.state_dir) / "tensorboard")
 
     # ------------------------------------------------------------ lifecycle
     def run(self) -> int:
@@ -123,6 +126,7 @@ class Supervisor:
             destroy_topology(self.topo)
         Path(self.cfg.socket_path).unlink(missing_ok=True)
         remove_daemon_file(self.cfg.state_dir)
+        self.metrics.close()
         self.notifier.close()
         os.close(self.wake_r)
         os.close(self.wake_w)
@@ -189,6 +193,7 @@ class Supervisor:
             self._mark_ready("learner")
         elif isinstance(msg, m.CollectorStatus):
             self.collector_status = msg.status
+            self.metrics.record(msg.status)
         elif isinstance(msg, m.CheckpointDone):
             self._on_checkpoint_done(msg)
 
@@ -335,7 +340,7 @@ class Supervisor:
                 "children": children, "last_checkpoint": ckpt,
                 "checkpoints_written": self.checkpoints_written,
                 "reload_generation": self.reload_generation, "last_reload": self.last_reload,
-                "state_dir": str(self.cfg.state_dir)}
+                "state_dir": str(self.cfg.state_dir), "config": reloadable_values(self.cfg)}
 
     def _status_line(self) -> str:
         s = self.collector_status

@@ -14,7 +14,8 @@ Segment layout (``BLOB_HEADER``, then the payload area)::
     24      4         writer_pid      u32  creator, then the process of the latest write
     28      4         (pad)
     32      8         seqlock         u64  odd while a write is in progress;
-                                           generation = seqlock // 2 = completed writes
+                                           generation = seqlock // 2 (+1 per write;
+                                           an interrupted write also uses one up)
     40      8         payload_len     u64
     48      32        payload_sha256  32s
     80      48        (pad)
@@ -75,7 +76,7 @@ class BlobArea:
             raise
 
     def generation(self) -> int:
-        """Completed writes so far (0: nothing written yet)."""
+        """Generation of the latest complete write (0: nothing written yet)."""
         return self._seqlock[0] // 2
 
     def write(self, payload: bytes | bytearray | memoryview) -> int:

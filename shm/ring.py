@@ -240,7 +240,7 @@ class StepRing:
         out_raw = out.view(np.uint8).reshape(count, self.layout.record_bytes)
         out_raw[:first] = self._raw[start:start + first]
         if first < count:
-            out_raw[first:] = self._raw[1:count - first + 1]
+            out_raw[first:] = self._raw[:count - first]
         self._head[0] = head + count
         return out
 

@@ -13,8 +13,9 @@ class DaemonPool:
     def __init__(self, base) -> None:
         self.base, self.started = base, []
 
-    def start(self, *args: str, name: str = "state", check_clean_exit: bool = True) -> DaemonProcess:
-        d = DaemonProcess(self.base / name, list(args))
+    def start(self, *args: str, name: str = "state", check_clean_exit: bool = True,
+              env: dict | None = None) -> DaemonProcess:
+        d = DaemonProcess(self.base / name, list(args), env=env)
         d.check_clean_exit = check_clean_exit
         self.started.append(d)
         return d.start()

@@ -78,6 +78,7 @@ class DaemonProcess:
 
     state_dir: Path
     args: list[str] = field(default_factory=list)
+    env: dict | None = None
     proc: subprocess.Popen | None = None
     info: dict = field(default_factory=dict)
     seen_children: set = field(default_factory=set)
@@ -87,8 +88,9 @@ class DaemonProcess:
         log = open(self.state_dir / "daemon.log", "ab")
         cmd = [sys.executable, "-m", "daemon.cli", "serve", "--state-dir", str(self.state_dir),
                "--port", "0", *self.args]
+        env = dict(os.environ, **(self.env or {}))
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=REPO)
+                                     stdin=subprocess.DEVNULL, cwd=REPO, env=env)
         self.info = wait_for(self._ready, timeout_s, 0.05, "daemon.json")
         self.remember_children()
         return self
@@ -180,3 +182,44 @@ class DaemonProcess:
                 pass
         for name in self.leftover_segments():
             Path("/dev/shm", name).unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- background clients
+class BackgroundClient:
+    """A CartPole client (client_lib.run_env) in a thread, until ``stop()``."""
+
+    def __init__(self, address: str, seed: int = 0, **connect_kwargs) -> None:
+        import threading
+        self.address, self.seed, self.kwargs = address, seed, connect_kwargs
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.agent = None
+        self.steps = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "BackgroundClient":
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        import gymnasium as gym
+        from client_lib import connect
+        try:
+            env = gym.make("CartPole-v1")
+            self.agent = connect(self.address, **self.kwargs)
+            obs, _ = env.reset(seed=self.seed)
+            while not self.stop_event.is_set():
+                action = self.agent.act(obs)
+                obs, reward, terminated, truncated, _ = env.step(action)
+                self.agent.step(reward, obs, terminated, truncated)
+                self.steps += 1
+                if terminated or truncated:
+                    obs, _ = env.reset()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test through .error
+            self.error = exc
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout_s)
+        if self.agent is not None:
+            self.agent.link.close()

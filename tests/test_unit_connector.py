@@ -18,7 +18,7 @@ from daemon.connector.builder import BatchBuilder
 from daemon.connector.pipeline import LearnerPipeline, PipelineContext, load_piece
 from daemon.connector.segments import Segment, SegmentAssembler, split_segment
 from daemon.errors import ConfigError
-from shm.records import FLUSH, HAS_LOGP, StepLayout
+from shm.records import FLUSH, StepLayout
 
 OBS = SpaceSpec.box([2], -10.0, 10.0)
 ACT = SpaceSpec.discrete(3)
@@ -495,4 +495,3 @@ def test_ps_module_functions_match_the_spec_methods():
     obs = np.random.default_rng(0).uniform(-1, 1, (5, 2))
     np.testing.assert_array_equal(ps.value_forward(SPEC, WEIGHTS, obs),
                                   SPEC.value_forward(WEIGHTS, obs))
-    assert HAS_LOGP == 16

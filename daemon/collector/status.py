@@ -29,6 +29,9 @@ class StatusBuilder:
     def on_learner(self, msg: m.WeightsPublished) -> None:
         if msg.trained:
             self.learner = dict(msg.stats, weights_seq_no=msg.seq_no)
+        for key in ("lr", "ent_coef"):  # also sent after a reload, before any training
+            if key in msg.stats:
+                self.learner[key] = msg.stats[key]
 
     def on_connector(self, msg: m.ConnectorStats) -> None:
         self.connector = {"dropped_episodes": msg.dropped_episodes,

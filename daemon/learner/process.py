@@ -104,7 +104,8 @@ class LearnerShell:
             self.seq_no += 1
             self.board.publish(self.seq_no, self.learner.flat_weights())
         self.slots.release(slot)
-        stats.update(updates=self.learner.updates, trained_steps=self.learner.trained_steps,
+        stats.update(self.hparam_stats(), updates=self.learner.updates,
+                     trained_steps=self.learner.trained_steps,
                      rejected_batches=self.rejected_batches,
                      policy_lag_max=self.seq_no - 1 - meta["values_seq_no"] if trained else 0)
         self.ctx.send("collector", m.WeightsPublished(self.seq_no, meta["ingest_cutoff"],
@@ -118,6 +119,10 @@ class LearnerShell:
         if self.topo.cfg.ppo.normalize_observations:
             self.learner.update_obs_normalizer(batch["obs"])
         return {k: float(v) for k, v in stats.items()}
+
+    def hparam_stats(self) -> dict:
+        return {"lr": self.learner.optimizer.param_groups[0]["lr"],
+                "ent_coef": self.learner.ent_coef}
 
     # ------------------------------------------------------------ control
     def on_snapshot_request(self, msg: m.SnapshotRequest) -> None:
@@ -136,6 +141,8 @@ class LearnerShell:
         if lr is not None or ent is not None:
             self.learner.set_hparams(lr=lr, ent_coef=ent)
             log.info("hparams_reloaded", lr=lr, ent_coef=ent)
+            self.ctx.send("collector", m.WeightsPublished(self.seq_no, -1, False,
+                                                          self.hparam_stats()))
 
     def handle(self, msg) -> None:
         if isinstance(msg, m.SnapshotRequest):
