@@ -93,6 +93,7 @@ def in_crash_loop(child: Child, now: float, max_restarts: int, window_s: float) 
 def hang_action(child: Child, heartbeat_age_s: float, timeout_s: float, now: float) -> int | None:
     """Which signal a silent child should get now: SIGABRT first, SIGKILL after a grace."""
     if not child.alive() or heartbeat_age_s <= timeout_s:
+        child.abort_sent_at = None  # healthy (again): a later hang starts with SIGABRT
         return None
     if child.abort_sent_at is None:
         child.abort_sent_at = now

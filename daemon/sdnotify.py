@@ -34,7 +34,9 @@ class Notifier:
         """Send one notification, e.g. ``send(READY=1, STATUS="listening")``."""
         if self._sock is None:
             return False
-        payload = "\n".join(f"{k}={v}" for k, v in fields.items()).encode()
+        # a newline inside a value would inject extra KEY=VALUE lines
+        payload = "\n".join(f"{k}={str(v).replace(chr(10), ' ')}" for k, v in fields.items())
+        payload = payload.encode()
         try:
             self._sock.sendto(payload, self.address)
             return True

@@ -120,6 +120,8 @@ def verify(path: Path) -> Checkpoint:
     if not isinstance(files, dict) or not all(isinstance(i, dict) for i in files.values()):
         raise CheckpointError(f"{path}: malformed manifest (files)")
     for name in files:
+        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+            raise CheckpointError(f"{path}: manifest names a file outside the checkpoint")
         _verified_bytes(path, name, files[name])
     return Checkpoint(path, index or 0, manifest)
 

@@ -51,6 +51,7 @@ class Session:
     authenticated: bool
     opened_at: float = field(default_factory=time.monotonic)
     is_sampler: bool = False
+    waits_for_state: bool = False  # has sent EPISODES_AND_GET_STATE: an on-policy sampler
     last_sent_seq: int = -1
     waiting_cutoff: int | None = None
     waiting_since: float = 0.0
@@ -133,6 +134,10 @@ class CollectorCore:
     def samplers(self) -> list[Session]:
         return [s for s in self.sessions.values() if s.is_sampler]
 
+    def on_policy_samplers(self) -> list[Session]:
+        """Clients that wait for weights after each sample (the flush rule counts these)."""
+        return [s for s in self.sessions.values() if s.waits_for_state]
+
     def count_protocol_error(self) -> None:
         self.protocol_errors += 1
 
@@ -178,6 +183,7 @@ class CollectorCore:
         records = self.ingest(session, msg)
         wants_state = isinstance(msg, codec.EpisodesAndGetState)
         on_policy = wants_state and self.cfg.sampling.force_on_policy
+        session.waits_for_state = session.waits_for_state or on_policy
         return Plan(records=records, newest_state=wants_state and not on_policy,
                     wait_for_training=on_policy)
 

@@ -192,7 +192,7 @@ class CollectorServer:
     def maybe_flush(self) -> None:
         """Ask the connector for a batch now when every on-policy sampler is waiting."""
         last_id = self.next_ingest_id - 1
-        if self.core.waits.should_flush(self.core.samplers(), last_id, time.monotonic()):
+        if self.core.waits.should_flush(self.core.on_policy_samplers(), last_id, time.monotonic()):
             self.core.waits.last_flush_cutoff = last_id
             asyncio.ensure_future(self._write_flush_marker())
 
@@ -201,7 +201,7 @@ class CollectorServer:
         self.weights.refresh()
         if self.weights.ready:
             self.first_weights.set()
-        for session in self.core.waits.released(self.core.samplers(), msg.cutoff_ingest_id):
+        for session in self.core.waits.released(self.core.on_policy_samplers(), msg.cutoff_ingest_id):
             fut = self.waiters.pop(session.id, None)
             if fut is not None and not fut.done():
                 fut.set_result(None)

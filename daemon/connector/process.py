@@ -43,7 +43,7 @@ class Connector:
         self.board = WeightsBoard.attach(topo.board_path)
         self.slots = BatchSlots.attach(topo.slots_path)
         self.slots.reset_filling()
-        self.assembler = SegmentAssembler()
+        self.assembler = SegmentAssembler(max_open_steps=self.slots.capacity_rows // 2)
         self.builder = BatchBuilder(cfg.sampling.train_batch_size, self.slots.capacity_rows,
                                     cfg.sampling.max_policy_lag)
         self.pipeline = LearnerPipeline(cfg.connector.pipeline)
@@ -51,9 +51,12 @@ class Connector:
         self.next_stats = 0.0
 
     def step(self) -> None:
-        """One loop iteration: read, maybe build, maybe report."""
-        if self.ring.wait_readable(WAIT_S):
-            self.builder.add(self.assembler.add(self.ring.read_batch(READ_CHUNK)))
+        """One loop iteration: read (unless our buffer is full), maybe build, maybe report."""
+        if self.builder.buffered_steps < self.slots.capacity_rows:
+            if self.ring.wait_readable(WAIT_S):
+                self.builder.add(self.assembler.add(self.ring.read_batch(READ_CHUNK)))
+        else:  # backpressure: leave records in the ring until the learner frees a slot
+            time.sleep(WAIT_S / 10)
         self._maybe_build()
         self._maybe_report()
 

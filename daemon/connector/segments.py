@@ -68,7 +68,8 @@ def split_segment(seg: Segment, steps: int) -> list[Segment]:
 class SegmentAssembler:
     """Groups interleaved records into complete segments; remembers flush requests."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_open_steps: int | None = None) -> None:
+        self.max_open_steps = max_open_steps
         self.open: dict[int, list[np.ndarray]] = {}
         self.max_ingest_id = 0
         self.flush_requested = False
@@ -97,7 +98,23 @@ class SegmentAssembler:
             start = end + 1
         if start < len(rec):
             self.open.setdefault(stream, []).append(rec[start:])
+            out.extend(self._cut_if_too_long(stream))
         return out
+
+    def _cut_if_too_long(self, stream: int) -> list[Segment]:
+        """Bound memory: an open run longer than max_open_steps becomes a cut segment.
+
+        The last record stays open (its obs is both the cut's bootstrap observation and
+        the first observation of the continuation), as an RLlink fragment cut would.
+        """
+        parts = self.open[stream]
+        if self.max_open_steps is None or sum(len(p) for p in parts) <= self.max_open_steps:
+            return []
+        rec = np.concatenate(parts)
+        final = rec[-1:].copy()
+        final["flags"] = FINAL_OBS
+        self.open[stream] = [rec[-1:]]
+        return [segment_from_records(np.concatenate([rec[:-1], final]))]
 
     def drop_stream(self, stream: int) -> int:
         """Forget a stream's open steps (its client went away); returns how many."""
