@@ -207,7 +207,7 @@ def connect(address: str = "tcp://127.0.0.1:5555", *, token: str | None = None,
     ``shm`` or ``auto``; see ``client_lib.shm_client`` for the last two)."""
     obs = _as_spec(observation_space)
     act = _as_spec(action_space)
-    if address in ("shm", "auto") or address.startswith("shm:"):
+    if address in ("shm", "auto") or address.startswith(("shm:", "auto:", "unix://")):
         from client_lib.shm_client import open_local_link
         link = open_local_link(address, token=token, reconnect_timeout_s=reconnect_timeout_s,
                                **kwargs)

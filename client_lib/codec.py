@@ -70,6 +70,7 @@ class MessageType(str, enum.Enum):
     ATTACH = "ATTACH"
     ATTACHED = "ATTACHED"
     SAMPLE_READY = "SAMPLE_READY"
+    WEIGHTS_READY = "WEIGHTS_READY"
 
 
 # ---------------------------------------------------------------- messages
@@ -221,6 +222,7 @@ class Attached(Message):
     TYPE: ClassVar = MessageType.ATTACHED
     ring_path: str
     board_path: str
+    doorbell_path: str
     layout: dict
     policy_spec: dict
     env_steps_per_sample: int
@@ -229,11 +231,20 @@ class Attached(Message):
 
 @dataclass(frozen=True)
 class SampleReady(Message):
-    """shm extension: the client's ring holds a complete sample; reply SET_STATE-like."""
+    """shm extension: the client's ring holds a complete sample (EPISODES_AND_GET_STATE
+    for shared memory). Reply: WEIGHTS_READY once the board holds the weights to use."""
 
     TYPE: ClassVar = MessageType.SAMPLE_READY
     env_steps: int
     get_state: bool = True
+
+
+@dataclass(frozen=True)
+class WeightsReady(Message):
+    """shm extension reply: read weights ``weights_seq_no`` (or newer) from the board."""
+
+    TYPE: ClassVar = MessageType.WEIGHTS_READY
+    weights_seq_no: int
 
 
 # ---------------------------------------------------------------- encoding
@@ -303,10 +314,20 @@ def decode_body(body: bytes) -> Message:
         raise BadMessage(f"body must be a JSON object, got {type(obj).__name__}")
     kind = obj.get("type")
     try:
+        if not isinstance(kind, str):  # MessageType(kind) would repr() a nested value
+            raise ValueError
         mtype = MessageType(kind)
     except ValueError:
-        raise BadMessage(f"unknown message type {str(kind)[:64]!r}") from None
+        raise BadMessage(f"unknown message type {_brief(kind)}") from None
     return _DECODERS[mtype](obj)
+
+
+def _brief(value: Any) -> str:
+    """A peer's value for an error message: bounded, and never the repr of a JSON array or
+    object (JSON nests up to 1024 levels; repr() of that overflows the stack)."""
+    if isinstance(value, (list, dict)):
+        return f"<JSON {'array' if isinstance(value, list) else 'object'}>"
+    return repr(value[:64] if isinstance(value, str) else value)[:80]
 
 
 def _get(obj: dict, key: str, kinds: tuple[type, ...], *, required: bool = True,
@@ -382,9 +403,11 @@ def _decode_episodes(obj: dict, cls: type) -> Episodes:
     count = obj.get("env_steps", obj.get("timesteps"))
     total = sum(f.num_steps for f in frags)
     if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count != total):
-        raise BadMessage(f"{obj['type']}: env_steps/timesteps says {count!r} but the episodes "
-                         f"hold {total} steps")
+        raise BadMessage(f"{obj['type']}: env_steps/timesteps says {_brief(count)} but the "
+                         f"episodes hold {total} steps")
     seq = _get(obj, "weights_seq_no", (int,), required=False)
+    if seq is not None and not -2**63 <= seq < 2**63:  # step records store it as int64
+        raise BadMessage(f"{obj['type']}: weights_seq_no {seq} does not fit 64 bits")
     return cls(episodes=frags, env_steps=total, weights_seq_no=seq)
 
 
@@ -407,7 +430,7 @@ _FIELD_KINDS: dict[str, tuple[type, ...]] = {
     "observation_space": (dict,), "action_space": (dict,), "protocol_version": (int,),
     "weights_seq_no": (int,), "onnx_file": (str,), "onnx_sha256": (str,), "message": (str,),
     "status": (dict,), "pid": (int,), "capacity_records": (int,), "ring_path": (str,),
-    "board_path": (str,), "layout": (dict,), "policy_spec": (dict,), "env_steps": (int,),
+    "board_path": (str,), "doorbell_path": (str,), "layout": (dict,), "policy_spec": (dict,), "env_steps": (int,),
     "get_state": (bool,),
 }
 
@@ -416,5 +439,5 @@ _DECODERS: dict[MessageType, Any] = {
     MessageType.EPISODES_AND_GET_STATE: lambda o: _decode_episodes(o, EpisodesAndGetState),
 }
 for _cls in (Ping, Pong, GetConfig, SetConfig, GetState, SetState, Error, Status, StatusReport,
-             Attach, Attached, SampleReady):
+             Attach, Attached, SampleReady, WeightsReady):
     _DECODERS[_cls.TYPE] = _decode_simple(_cls)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from client_lib.discovery import default_state_dir
 from client_lib.spaces import SpaceSpec, SpaceError
 from daemon.errors import ConfigError
 
@@ -362,14 +363,6 @@ def load_config(path: str | os.PathLike | None = None,
         cfg = with_resolved_dirs(cfg)
     validate(cfg)
     return cfg
-
-
-def default_state_dir() -> Path:
-    """$STATE_DIRECTORY (systemd), else $XDG_STATE_HOME/rlinkd, else ~/.local/state/rlinkd."""
-    if os.environ.get("STATE_DIRECTORY"):
-        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "rlinkd"
 
 
 def with_resolved_dirs(cfg: Config) -> Config:

@@ -13,9 +13,9 @@ import json
 import os
 from pathlib import Path
 
+from client_lib.discovery import DAEMON_FILE, read_daemon_file  # noqa: F401 - shared lookup
 from daemon.errors import ConfigError
 
-DAEMON_FILE = "daemon.json"
 LOCK_FILE = "rlinkd.lock"
 
 
@@ -46,16 +46,6 @@ def write_daemon_file(state_dir: Path, info: dict) -> None:
     tmp = state_dir / f".{DAEMON_FILE}.tmp"
     tmp.write_text(json.dumps(info, indent=1))
     os.replace(tmp, state_dir / DAEMON_FILE)
-
-
-def read_daemon_file(state_dir: Path) -> dict | None:
-    """The running daemon's info, or None when absent/unreadable or its pid is gone."""
-    try:
-        info = json.loads((Path(state_dir) / DAEMON_FILE).read_text())
-        os.kill(int(info["pid"]), 0)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return info
 
 
 def remove_daemon_file(state_dir: Path) -> None:

@@ -8,7 +8,7 @@ records).  O, A and D are the obs, action and dist-input float counts::
                                             bit2 FINAL_OBS (only the last obs of a
                                             fragment: ends the fragment),
                                             bit3 FLUSH (marker, no step data),
-                                            bit4 HAS_LOGP, bit5 HAS_DIST
+                                            bit4 HAS_LOGP, bit5 HAS_DIST, bit6 STREAM_END (marker: the stream's client went away)
     1           3      (pad)
     4           4      stream_id       u32  producer writes 0; the daemon fills it
     8           8      weights_seq_no  i64  policy version that chose the action, -1 unknown
@@ -36,6 +36,8 @@ FINAL_OBS = 1 << 2
 FLUSH = 1 << 3
 HAS_LOGP = 1 << 4
 HAS_DIST = 1 << 5
+STREAM_END = 1 << 6
+"""Marker (daemon-internal): the stream's client went away; no step data."""
 
 STEP_HEADER_BYTES = 32
 """Bytes before the obs floats (flags .. action_logp)."""

@@ -16,24 +16,12 @@ import numpy as np
 
 from client_lib import codec
 from client_lib.codec import BadMessage, Message
+from client_lib.records import concat_records
 from client_lib.spaces import SpaceSpec
 from daemon.collector.ingest import (EpisodeStats, EpisodeTracker, Limits, fragment_records,
                                      validate_fragment)
 from daemon.config import Config
 from shm.records import StepLayout
-
-
-def concat_records(parts: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
-    """Concatenate record arrays keeping the exact (padded) record dtype.
-
-    ``np.concatenate`` would canonicalise a structured dtype and drop its padding.
-    """
-    out = np.empty(sum(len(p) for p in parts), dtype)
-    start = 0
-    for part in parts:
-        out[start:start + len(part)] = part
-        start += len(part)
-    return out
 
 
 class Unauthenticated(BadMessage):
@@ -51,6 +39,7 @@ class Session:
     authenticated: bool
     opened_at: float = field(default_factory=time.monotonic)
     is_sampler: bool = False
+    is_shm: bool = False
     waits_for_state: bool = False  # has sent EPISODES_AND_GET_STATE: an on-policy sampler
     last_sent_seq: int = -1
     waiting_cutoff: int | None = None
@@ -68,6 +57,8 @@ class Plan:
     newest_state: bool = False           # send SET_STATE with the newest weights
     wait_for_training: bool = False      # send SET_STATE once trained on the records
     status: bool = False                 # send a STATUS_REPORT
+    attach: int | None = None            # shm: create a ring of this many records (0: default)
+    shm_sample: codec.SampleReady | None = None  # shm: drain the ring, then reply WEIGHTS_READY
 
 
 class WaitBook:
@@ -182,14 +173,32 @@ class CollectorCore:
     def _episodes(self, session: Session, msg: codec.Episodes) -> Plan:
         records = self.ingest(session, msg)
         wants_state = isinstance(msg, codec.EpisodesAndGetState)
-        on_policy = wants_state and self.cfg.sampling.force_on_policy
+        # no records (``episodes: []``): nothing to train on, the newest weights qualify
+        on_policy = wants_state and self.cfg.sampling.force_on_policy and len(records) > 0
         session.waits_for_state = session.waits_for_state or on_policy
         return Plan(records=records, newest_state=wants_state and not on_policy,
                     wait_for_training=on_policy)
 
+    def _attach(self, session: Session, msg: codec.Attach) -> Plan:
+        if session.transport != "unix":
+            raise BadMessage("ATTACH is only accepted on the daemon's Unix socket")
+        if session.is_shm:
+            raise BadMessage("this connection is already attached")
+        session.is_shm = True
+        return Plan(attach=msg.capacity_records or 0)
+
+    def _sample_ready(self, session: Session, msg: codec.SampleReady) -> Plan:
+        if not session.is_shm:
+            raise BadMessage("SAMPLE_READY needs an attached shared-memory ring (ATTACH)")
+        session.is_sampler = True
+        on_policy = msg.get_state and self.cfg.sampling.force_on_policy
+        session.waits_for_state = session.waits_for_state or on_policy
+        return Plan(shm_sample=msg)
+
     _HANDLERS = {codec.Ping: _ping, codec.GetConfig: _get_config, codec.GetState: _get_state,
                  codec.Status: _status, codec.Episodes: _episodes,
-                 codec.EpisodesAndGetState: _episodes}
+                 codec.EpisodesAndGetState: _episodes, codec.Attach: _attach,
+                 codec.SampleReady: _sample_ready}
 
     # ------------------------------------------------------------ ingestion
     def ingest(self, session: Session, msg: codec.Episodes) -> np.ndarray:
@@ -207,6 +216,13 @@ class CollectorCore:
         session.env_steps += steps
         self.env_steps += steps
         return concat_records(parts, self.layout.dtype)
+
+    def count_shm(self, session: Session, steps: int, episodes: list[tuple[float, int]]) -> None:
+        """Account records a shared-memory client wrote (steps and finished episodes)."""
+        session.env_steps += steps
+        self.env_steps += steps
+        for ret, length in episodes:
+            self.stats.record(ret, length)
 
     def counters(self) -> dict:
         """Counters a checkpoint keeps so a restarted daemon continues them."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from client_lib.codec import BadMessage, EpisodeFragment
 from client_lib.spaces import SpaceSpec, check_values
-from shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED, StepLayout
+from client_lib.records import fragment_records  # noqa: F401 - re-exported for the collector
 
 
 class InvalidEpisode(BadMessage):
@@ -74,29 +74,6 @@ def _check_optional(values: np.ndarray | None, shape: tuple[int, ...], what: str
     if values.shape != shape:
         return f"{what}: expected shape {list(shape)}, got {list(values.shape)}"
     return _check_finite(values, what)
-
-
-def fragment_records(frag: EpisodeFragment, layout: StepLayout, stream_id: int,
-                     weights_seq_no: int) -> np.ndarray:
-    """T step records + 1 FINAL_OBS record for a validated fragment (ingest ids unset)."""
-    t = frag.num_steps
-    rec = np.zeros(t + 1, dtype=layout.dtype)
-    rec["obs"] = frag.obs.reshape(t + 1, layout.obs_size)
-    rec["stream_id"] = stream_id
-    rec["weights_seq_no"] = weights_seq_no
-    rec["reward"][:t] = frag.rewards
-    rec["action"][:t] = frag.actions.reshape(t, layout.action_size)  # no -1: t may be 0
-    step_flags = 0
-    if frag.action_logp is not None:
-        rec["logp"][:t] = frag.action_logp
-        step_flags |= HAS_LOGP
-    if frag.action_dist_inputs is not None:
-        rec["dist"][:t] = frag.action_dist_inputs
-        step_flags |= HAS_DIST
-    rec["flags"][:t] = step_flags
-    end_flags = (TERMINATED if frag.is_terminated else 0) | (TRUNCATED if frag.is_truncated else 0)
-    rec["flags"][t] = FINAL_OBS | end_flags
-    return rec
 
 
 @dataclass

@@ -15,6 +15,8 @@ import structlog
 from daemon import messages as m
 from daemon.collector.core import CollectorCore
 from daemon.collector.server import CollectorServer
+from daemon.collector.shm_clients import ShmClients
+from daemon.collector.shm_server import ShmIngestor
 from daemon.collector.status import StatusBuilder
 from daemon.collector.weights import WeightsCache
 from daemon.errors import ExitCode
@@ -45,10 +47,16 @@ class CollectorProcess:
                                       self.status.build, server_context(topo.cfg.server),
                                       on_ingest=lambda: topo.write_counters(core.counters()))
         self.status.server = self.server
+        self.shm_clients = ShmClients(topo.cfg.daemon.shm_dir, topo.shm_prefix, topo.layout,
+                                      topo.obs_space, topo.act_space)
         self.done = asyncio.Event()
 
     async def main(self) -> None:
         await self.server.start()
+        self.server.shm = ShmIngestor(self.server, self.shm_clients,
+                                      self.topo.cfg.runtime_dir / "doorbell.fifo",
+                                      attached_info(self.topo))
+        self.server.shm.start()
         self.ctx.send("supervisor", m.Listening(self.topo.cfg.server.host, self.server.port,
                                                 str(self.topo.cfg.socket_path)))
         log.info("listening", host=self.topo.cfg.server.host, port=self.server.port,
@@ -57,9 +65,14 @@ class CollectorProcess:
         loop.add_reader(self.ctx.inbox.fileno(), self._on_inbox)
         self.server.on_weights_published(m.WeightsPublished(-1, -1, False, {}))
         tick = asyncio.ensure_future(self._tick())
-        await self.done.wait()
+        failed = asyncio.ensure_future(self.server.background.failed.wait())
+        await asyncio.wait([asyncio.ensure_future(self.done.wait()), failed],
+                           return_when=asyncio.FIRST_COMPLETED)
+        if self.server.background.fatal is not None:
+            raise self.server.background.fatal
         loop.remove_reader(self.ctx.inbox.fileno())
         tick.cancel()
+        self.server.shm.stop()
 
     def _on_inbox(self) -> None:
         for msg in self.ctx.inbox.drain():
@@ -78,7 +91,7 @@ class CollectorProcess:
 
     def _on_drain(self, msg) -> None:
         log.info("draining", reason=msg.reason)
-        asyncio.ensure_future(self._drain_then_finish(msg.reason))
+        self.server.background.spawn(self._drain_then_finish(msg.reason))
 
     async def _drain_then_finish(self, reason: str) -> None:
         await self.server.drain(reason)
@@ -98,6 +111,7 @@ class CollectorProcess:
                 self._on_drain(m.Drain("SIGTERM"))
                 return
             self.server.maybe_flush()
+            self.server.shm.on_doorbell()  # safety net for a lost wake-up
             if self.server.weights.refresh():
                 self.server.first_weights.set()
             now = time.monotonic()
@@ -108,6 +122,14 @@ class CollectorProcess:
 
     def _report_status(self) -> None:
         self.ctx.try_send("supervisor", m.CollectorStatus(self.status.build()))
+
+
+def attached_info(topo: Topology) -> dict:
+    """The constant part of every ATTACHED reply."""
+    s = topo.cfg.sampling
+    return {"board_path": topo.board_path, "layout": topo.layout.to_json(),
+            "policy_spec": topo.policy_spec.to_json(),
+            "env_steps_per_sample": s.env_steps_per_sample, "force_on_policy": s.force_on_policy}
 
 
 def run(topo: Topology, ctx: RoleContext) -> ExitCode:

@@ -24,11 +24,33 @@ from client_lib.codec import ProtocolError
 from daemon import messages as m
 from daemon.collector.core import CollectorCore, Plan, Session
 from daemon.collector.weights import WeightsCache
-from shm.records import FLUSH
+from shm.records import FLUSH, STREAM_END
 from shm.ring import StepRing
 
 log = structlog.get_logger("collector")
 RING_POLL_S = 0.0005
+
+
+class Background:
+    """Fire-and-forget tasks whose unexpected failure is not lost: the first one is kept
+    in ``fatal`` and ``failed`` is set, so the process shell stops and exits CRASH."""
+
+    def __init__(self) -> None:
+        self.fatal: BaseException | None = None
+        self.failed = asyncio.Event()
+        self.tasks: set[asyncio.Task] = set()
+
+    def spawn(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self.fatal is None:
+            self.fatal = task.exception()
+            self.failed.set()
 
 
 class CollectorServer:
@@ -50,6 +72,8 @@ class CollectorServer:
         self.servers: list[asyncio.AbstractServer] = []
         self.draining = False
         self.port = 0
+        self.shm = None  # ShmIngestor, set by the process shell when shm is enabled
+        self.background = Background()
 
     # ------------------------------------------------------------ listeners
     async def start(self) -> None:
@@ -106,9 +130,11 @@ class CollectorServer:
         """First byte within idle_timeout_s; the rest of the frame within read_timeout_s."""
         srv = self.cfg.server
         first = await asyncio.wait_for(reader.readexactly(1), srv.idle_timeout_s or None)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + srv.read_timeout_s  # one budget for header and body
         rest = await asyncio.wait_for(reader.readexactly(codec.HEADER_BYTES - 1), srv.read_timeout_s)
         size = codec.parse_header(first + rest, srv.max_message_bytes)
-        return await asyncio.wait_for(reader.readexactly(size), srv.read_timeout_s)
+        return await asyncio.wait_for(reader.readexactly(size), max(0.0, deadline - loop.time()))
 
     async def _carry_out(self, session: Session, plan: Plan, writer: asyncio.StreamWriter) -> None:
         last_id = None
@@ -116,16 +142,20 @@ class CollectorServer:
             last_id = await self.ingest(plan.records)
             self.on_ingest()
         if plan.reply is not None:
-            await self._send(writer, plan.reply)
+            await self.send(writer, plan.reply)
         if plan.status:
-            await self._send(writer, codec.encode(codec.StatusReport(status=self.status_fn())))
+            await self.send(writer, codec.encode(codec.StatusReport(status=self.status_fn())))
+        if plan.attach is not None:
+            await self.send(writer, self.shm.attach_reply(session, plan.attach))
+        if plan.shm_sample is not None:
+            await self.shm.sample_ready(session, plan.shm_sample, writer)
         if plan.newest_state:
             await self._send_state(session, writer)
         if plan.wait_for_training:
-            await self._wait_for_training(session, last_id)
+            await self.wait_for_training(session, last_id)
             await self._send_state(session, writer)
 
-    async def _send(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
+    async def send(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
         writer.write(frame)  # one write per message
         await asyncio.wait_for(writer.drain(), self.cfg.server.read_timeout_s)
 
@@ -133,20 +163,20 @@ class CollectorServer:
         await self.first_weights.wait()
         self.weights.refresh()
         session.last_sent_seq = self.weights.seq_no
-        await self._send(writer, self.weights.frame)
+        await self.send(writer, self.weights.frame)
 
     async def _protocol_error(self, session: Session, writer: asyncio.StreamWriter,
                               exc: ProtocolError) -> None:
         self.core.count_protocol_error()
         log.warning("protocol_error", peer=session.peer, error=str(exc)[:300])
         try:
-            await self._send(writer, codec.encode(codec.Error(message=str(exc)[:1000])))
+            await self.send(writer, codec.encode(codec.Error(message=str(exc)[:1000])))
         except (ConnectionError, asyncio.TimeoutError, RuntimeError):
             pass
 
     async def _refuse(self, writer: asyncio.StreamWriter, reason: str) -> None:
         try:
-            await self._send(writer, codec.encode(codec.Error(message=reason)))
+            await self.send(writer, codec.encode(codec.Error(message=reason)))
         except (ConnectionError, asyncio.TimeoutError):
             pass
         writer.close()
@@ -155,7 +185,24 @@ class CollectorServer:
         self.core.close_session(session)
         self.writers.pop(session.id, None)
         self.waiters.pop(session.id, None)
+        if session.is_sampler:
+            self.background.spawn(self._end_stream(session))
         self.maybe_flush()
+
+    async def _end_stream(self, session: Session) -> None:
+        """Take the rest of a shm client's ring, then tell the connector the stream ended."""
+        if session.is_shm and self.shm is not None:
+            await self.shm.detach(session)
+        marker = np.zeros(1, self.ring.layout.dtype)
+        marker["flags"], marker["stream_id"] = STREAM_END, session.stream_id
+        await self.ingest(marker)
+
+    async def kick(self, session: Session, exc: ProtocolError) -> None:
+        """Bad data from a session outside its own read loop (its shm ring): ERROR + close."""
+        writer = self.writers.get(session.id)
+        if writer is not None:
+            await self._protocol_error(session, writer, exc)
+            writer.close()
 
     # ------------------------------------------------------------ episode ring
     async def ingest(self, records: np.ndarray) -> int:
@@ -180,7 +227,7 @@ class CollectorServer:
                 await asyncio.sleep(RING_POLL_S)
 
     # ------------------------------------------------------------ on-policy waits
-    async def _wait_for_training(self, session: Session, last_id: int) -> None:
+    async def wait_for_training(self, session: Session, last_id: int) -> None:
         fut = asyncio.get_running_loop().create_future()
         self.waiters[session.id] = fut
         self.core.waits.start_wait(session, last_id, time.monotonic())
@@ -194,7 +241,7 @@ class CollectorServer:
         last_id = self.next_ingest_id - 1
         if self.core.waits.should_flush(self.core.on_policy_samplers(), last_id, time.monotonic()):
             self.core.waits.last_flush_cutoff = last_id
-            asyncio.ensure_future(self._write_flush_marker())
+            self.background.spawn(self._write_flush_marker())
 
     def on_weights_published(self, msg: m.WeightsPublished) -> None:
         """Learner trained on ingest ids <= cutoff: refresh the frame, release waiters."""

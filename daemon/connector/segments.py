@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from shm.records import FINAL_OBS, FLUSH, HAS_LOGP, TERMINATED, TRUNCATED
+from shm.records import FINAL_OBS, FLUSH, HAS_LOGP, STREAM_END, TERMINATED, TRUNCATED
 
 
 @dataclass
@@ -79,15 +79,27 @@ class SegmentAssembler:
         if not len(records):
             return []
         self.max_ingest_id = max(self.max_ingest_id, int(records["ingest_id"].max()))
-        is_flush = (records["flags"] & FLUSH) != 0
-        if is_flush.any():
-            self.flush_requested = True
-            records = records[~is_flush]
+        is_marker = (records["flags"] & (FLUSH | STREAM_END)) != 0
+        markers, records = records[is_marker], records[~is_marker]
+        self.flush_requested |= bool(np.any(markers["flags"] & FLUSH))
         done: list[Segment] = []
         for stream in np.unique(records["stream_id"]):
             done.extend(self._add_stream(int(stream), records[records["stream_id"] == stream]))
+        for stream in markers["stream_id"][(markers["flags"] & STREAM_END) != 0]:
+            done.extend(self.end_stream(int(stream)))
         done.sort(key=lambda s: s.first_ingest_id)
         return done
+
+    def end_stream(self, stream: int) -> list[Segment]:
+        """The stream's client left: its open steps become a cut segment (nothing is lost
+        that can be trained on: the last record's obs is the bootstrap observation)."""
+        parts = self.open.pop(stream, [])
+        rec = np.concatenate(parts) if parts else None
+        if rec is None or len(rec) < 2:
+            return []
+        final = rec[-1:].copy()
+        final["flags"] = FINAL_OBS
+        return [segment_from_records(np.concatenate([rec[:-1], final]))]
 
     def _add_stream(self, stream: int, rec: np.ndarray) -> list[Segment]:
         ends = np.flatnonzero(rec["flags"] & FINAL_OBS)

@@ -1,0 +1,144 @@
+"""Shared-memory transport for co-located simulators (no sockets on the data path).
+
+    agent = connect("shm")                  # the daemon of the default state directory
+    agent = connect("shm:/var/lib/rlinkd")  # ... of that state directory
+    agent = connect("unix:///run/rlinkd/rlinkd.sock")
+    agent = connect("auto")                 # shm when a daemon runs here, else TCP
+
+Handshake on the daemon's Unix socket (RLlink framing): PING, GET_CONFIG, ATTACH →
+ATTACHED names the client's own ring (created by the daemon, 0600), the weights board
+and the doorbell FIFO. The client verifies every header before use (``attach``
+refuses a wrong magic/version/layout). Samples are written into the ring as step
+records in one batch; SAMPLE_READY asks for weights; WEIGHTS_READY says which version
+to read from the board (numpy forward pass, no torch, no onnxruntime needed).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from client_lib import codec
+from client_lib.agent import LinkConfig, TcpLink
+from client_lib.discovery import local_socket
+from client_lib.policy import BoardPolicy
+from client_lib.policy_spec import PolicySpec
+from client_lib.records import concat_records, fragment_records
+from client_lib.spaces import SpaceSpec
+from client_lib.transport import Address, RLlinkClient, ServerError, parse_address
+from shm.board import WeightsBoard
+from shm.doorbell import Doorbell
+from shm.records import StepLayout
+from shm.ring import StepRing
+
+DEFAULT_TCP = "tcp://127.0.0.1:5555"
+WRITE_TIMEOUT_S = 300.0
+
+
+class ShmLink:
+    """A ring + board attachment with the same interface as ``TcpLink``."""
+
+    def __init__(self, socket_path: str, token: str | None = None,
+                 reconnect_timeout_s: float = 120.0, capacity_records: int | None = None) -> None:
+        self.socket_path, self.token = socket_path, token
+        self.reconnect_timeout_s, self.capacity_records = reconnect_timeout_s, capacity_records
+        self.client: RLlinkClient | None = None
+        self.ring: StepRing | None = None
+        self.board: WeightsBoard | None = None
+        self.reconnects = 0
+
+    # ------------------------------------------------------------ link interface
+    def open(self) -> tuple[LinkConfig, BoardPolicy]:
+        return self._with_retry(lambda: (self.config, self._policy()))
+
+    def submit(self, fragments, seq_no: int) -> BoardPolicy | None:
+        """Write the sample into the ring, ask for weights, read them from the board."""
+        return self._with_retry(lambda: self._submit(fragments, seq_no, get_state=True))
+
+    def send_only(self, fragments, seq_no: int) -> None:
+        if self.client is not None and fragments:
+            self._submit(fragments, seq_no, get_state=False)
+
+    def close(self) -> None:
+        for part in (self.ring, self.board, self.client):
+            if part is not None:
+                part.close()
+        self.ring = self.board = self.client = None
+
+    # ------------------------------------------------------------ internals
+    def _connect(self) -> None:
+        client = RLlinkClient(Address("unix", path=self.socket_path)).connect()
+        client.ping(self.token)
+        cfg = client.get_config()
+        attached = client.request(codec.Attach(pid=os.getpid(),
+                                               capacity_records=self.capacity_records),
+                                  codec.Attached)
+        layout = StepLayout.from_json(attached.layout)
+        fifo = os.open(attached.doorbell_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self.ring = StepRing.attach(attached.ring_path, expected_layout=layout,
+                                    doorbell=Doorbell.from_fd(fifo), role="producer")
+        self.board = WeightsBoard.attach(attached.board_path)
+        self.spec = PolicySpec.from_json(attached.policy_spec)
+        self.layout = layout
+        self.config = LinkConfig(cfg.env_steps_per_sample, cfg.force_on_policy,
+                                 SpaceSpec.from_json(cfg.observation_space),
+                                 SpaceSpec.from_json(cfg.action_space))
+        self.client = client
+
+    def _policy(self) -> BoardPolicy:
+        deadline = time.monotonic() + self.reconnect_timeout_s
+        while self.board.latest_seq_no() < 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the learner is still starting
+        seq, flat = self.board.read()
+        return BoardPolicy(self.spec, flat, seq)
+
+    def _submit(self, fragments, seq_no: int, get_state: bool) -> BoardPolicy | None:
+        records = concat_records([fragment_records(f, self.layout, 0, seq_no) for f in fragments],
+                                 self.layout.dtype)
+        self.ring.write_batch(records, timeout_s=WRITE_TIMEOUT_S)
+        steps = sum(f.num_steps for f in fragments)
+        self.client.send(codec.SampleReady(env_steps=steps, get_state=get_state))
+        if not get_state:
+            return None
+        reply = self.client.recv()
+        if not isinstance(reply, codec.WeightsReady):
+            raise ConnectionError(f"expected WEIGHTS_READY, got {reply.TYPE.value}")
+        return self._policy() if reply.weights_seq_no != seq_no else None
+
+    def _with_retry(self, action):
+        deadline, backoff = time.monotonic() + self.reconnect_timeout_s, 0.05
+        while True:
+            try:
+                if self.client is None:
+                    self._connect()
+                return action()
+            except (ConnectionError, OSError, ServerError) as exc:
+                if isinstance(exc, ServerError) and not exc.retry:
+                    raise
+                self.close()
+                if time.monotonic() + backoff > deadline:
+                    raise ConnectionError(f"{self.socket_path}: gave up reconnecting: {exc}") from exc
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                self.reconnects += 1
+
+
+def open_local_link(address: str, token: str | None = None, reconnect_timeout_s: float = 120.0,
+                    **kwargs):
+    """``shm``, ``shm:<state_dir>``, ``auto``, ``auto:<state_dir>`` or ``unix:///path`` → a link."""
+    kind, _, where = address.partition(":")
+    if address.startswith("unix://"):
+        return ShmLink(parse_address(address).path, token, reconnect_timeout_s, **kwargs)
+    socket_path = local_socket(where or None)
+    if socket_path is None and kind == "auto":
+        return TcpLink(parse_address(DEFAULT_TCP), token=token,
+                       reconnect_timeout_s=reconnect_timeout_s)
+    deadline = time.monotonic() + reconnect_timeout_s
+    while socket_path is None and time.monotonic() < deadline:  # the daemon may be starting
+        time.sleep(0.1)
+        socket_path = local_socket(where or None)
+    if socket_path is None:
+        raise ConnectionError(f"no running rlinkd found in state dir {where or '(default)'}")
+    return ShmLink(socket_path, token, reconnect_timeout_s, **kwargs)
+
+
+__all__ = ["ShmLink", "open_local_link"]

@@ -1,0 +1,133 @@
+"""Event-loop side of shared-memory clients: ATTACH replies, doorbell-driven draining.
+
+``ShmIngestor`` belongs to the ``CollectorServer``. The doorbell FIFO (in the runtime
+directory, 0600) is registered with the event loop; producers write to it only when
+the collector has armed the rings' ``reader_sleeping`` flags, so an idle daemon with
+silent clients costs nothing, and a write wakes the loop within tens of
+microseconds. A slow safety tick also drains, bounding the cost of a lost wake-up.
+One drain per client ring at a time (per-session lock): the ring is single-consumer.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import structlog
+
+from client_lib import codec
+from daemon.collector.core import Session
+from daemon.collector.ingest import InvalidEpisode
+from daemon.collector.shm_clients import ShmClients
+from shm.doorbell import Doorbell
+from shm.records import FINAL_OBS
+
+if TYPE_CHECKING:
+    from daemon.collector.server import CollectorServer
+
+log = structlog.get_logger("collector")
+DRAIN_CHUNK = 1 << 14
+
+
+def make_doorbell_fifo(path: Path) -> Doorbell:
+    """A FIFO every client can open for writing; we keep it open read-write (no EOF)."""
+    path.unlink(missing_ok=True)
+    os.mkfifo(path, 0o600)
+    os.chmod(path, 0o600)
+    return Doorbell(os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC))
+
+
+class ShmIngestor:
+    """Attach/drain/detach of shared-memory clients for one CollectorServer."""
+
+    def __init__(self, server: "CollectorServer", clients: ShmClients, doorbell_path: Path,
+                 attached_info: dict) -> None:
+        self.server, self.clients = server, clients
+        self.doorbell_path = doorbell_path
+        self.doorbell = make_doorbell_fifo(doorbell_path)
+        self.attached_info = attached_info
+        self.locks: dict[int, asyncio.Lock] = {}
+        self.draining = False
+
+    def start(self) -> None:
+        asyncio.get_running_loop().add_reader(self.doorbell.fileno(), self.on_doorbell)
+
+    def stop(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.doorbell.fileno())
+        self.clients.close()
+        self.doorbell.close()
+        self.doorbell_path.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------ attach / detach
+    def attach_reply(self, session: Session, capacity: int) -> bytes:
+        ring = self.clients.attach(session.id, capacity)
+        self.locks[session.id] = asyncio.Lock()
+        log.info("shm_client_attached", session=session.id, ring=ring.path,
+                 capacity_records=ring.capacity)
+        return codec.encode(codec.Attached(ring_path=ring.path, doorbell_path=str(self.doorbell_path),
+                                           **self.attached_info))
+
+    async def detach(self, session: Session) -> None:
+        """The client went away: take what it wrote, then unlink its ring."""
+        if session.id not in self.clients.sessions:
+            return
+        try:
+            await self.drain_session(session)
+        except InvalidEpisode:
+            pass
+        self.clients.detach(session.id)
+        self.locks.pop(session.id, None)
+
+    # ------------------------------------------------------------ draining
+    def on_doorbell(self) -> None:
+        """Event-loop reader callback (and the safety tick): drain every ring."""
+        self.doorbell.drain()
+        if not self.draining:
+            self.draining = True
+            self.server.background.spawn(self._drain_all())
+
+    async def _drain_all(self) -> None:
+        try:
+            while True:
+                for sid in self.clients.readable():
+                    session = self.server.core.sessions.get(sid)
+                    if session is not None:
+                        await self._drain_or_kick(session)
+                if not self.clients.readable() and not self.clients.arm():
+                    return
+        finally:
+            self.draining = False
+
+    async def _drain_or_kick(self, session: Session) -> None:
+        try:
+            await self.drain_session(session)
+        except InvalidEpisode as exc:
+            await self.server.kick(session, exc)
+
+    async def drain_session(self, session: Session) -> int:
+        """Ingest everything readable now from one client's ring; its last ingest id."""
+        shm = self.clients.sessions.get(session.id)
+        if shm is None:
+            return 0
+        async with self.locks[session.id]:
+            while len(rec := self.clients.read(session.id, DRAIN_CHUNK)):
+                rec["stream_id"] = session.stream_id
+                steps = int(np.count_nonzero((rec["flags"] & FINAL_OBS) == 0))
+                shm.last_ingest_id = await self.server.ingest(rec)
+                self.server.core.count_shm(session, steps, shm.done_episodes)
+                shm.done_episodes = []
+                self.server.on_ingest()
+        return shm.last_ingest_id
+
+    async def sample_ready(self, session: Session, msg: codec.SampleReady, writer) -> None:
+        """Drain the client's ring, wait for training if on-policy, reply WEIGHTS_READY."""
+        last_id = await self.drain_session(session)
+        if msg.get_state and self.server.cfg.sampling.force_on_policy:
+            await self.server.wait_for_training(session, last_id)
+        await self.server.first_weights.wait()
+        self.server.weights.refresh()
+        seq = self.server.weights.board.latest_seq_no()
+        session.last_sent_seq = seq
+        await self.server.send(writer, codec.encode(codec.WeightsReady(seq)))

@@ -1,0 +1,75 @@
+"""Shared-memory clients against a real daemon: training, cleanup, mixed transports."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import gymnasium as gym
+import pytest
+
+from client_lib import connect, run_env
+from tests.helpers import REPO, wait_for
+
+pytestmark = pytest.mark.process
+
+
+def shm_segments(daemon) -> list[str]:
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"rlinkd.{daemon.pid}."))
+
+
+def test_shm_client_trains_and_its_ring_is_reclaimed(daemon):
+    addr = f"shm:{daemon.state_dir}"
+    agent = connect(addr)
+    assert type(agent.link).__name__ == "ShmLink"
+    rings = [n for n in shm_segments(daemon) if ".client-" in n]
+    assert len(rings) == 1
+    assert oct(os.stat(f"/dev/shm/{rings[0]}").st_mode & 0o777) == "0o600"
+    stats = run_env(gym.make("CartPole-v1"), agent, steps=2 * agent.env_steps_per_sample, seed=0)
+    assert stats.steps == 2 * agent.env_steps_per_sample
+    assert agent.weights_seq_no >= 2  # on-policy: each sample trained before continuing
+    agent.close()
+    wait_for(lambda: not any(".client-" in n for n in shm_segments(daemon)), 10,
+             what="ring unlinked after close")
+    assert daemon.status()["env_steps"] == 2 * agent.env_steps_per_sample
+
+
+def test_sigkilled_shm_client_segments_are_reclaimed(daemon):
+    code = ("import gymnasium as gym, sys; from client_lib import run_env; "
+            f"run_env(gym.make('CartPole-v1'), 'shm:{daemon.state_dir}', steps=10**9)")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
+    wait_for(lambda: daemon.status()["env_steps"] >= 1024, 60, what="shm client training")
+    assert any(".client-" in n for n in shm_segments(daemon))
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    wait_for(lambda: not any(".client-" in n for n in shm_segments(daemon)), 10,
+             what="ring reclaimed after SIGKILL")
+    steps = daemon.status()["env_steps"]
+    time.sleep(0.2)
+    assert daemon.status()["env_steps"] == steps and daemon.proc.poll() is None
+
+
+def test_auto_prefers_shm_locally_and_tcp_and_shm_mix(daemon):
+    agent = connect(f"auto:{daemon.state_dir}")
+    assert type(agent.link).__name__ == "ShmLink"
+    tcp = connect(f"tcp://127.0.0.1:{daemon.port}")
+    env_a, env_b = gym.make("CartPole-v1"), gym.make("CartPole-v1")
+    run_env(env_a, agent, steps=agent.env_steps_per_sample)
+    run_env(env_b, tcp, steps=tcp.env_steps_per_sample)
+    status = wait_for(lambda: (s := daemon.status())["env_steps"] >= 2 * agent.env_steps_per_sample
+                      and s, 10, what="both transports ingested")
+    assert status["env_steps"] == 2 * agent.env_steps_per_sample
+    agent.close()
+    tcp.close()
+
+
+@pytest.mark.slow
+def test_demo_with_shm_transport_solves_cartpole(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "daemon.cli", "demo", "--clients", "2", "--transport", "shm",
+         "--timeout-s", "300", "--state-dir", str(tmp_path / "demo")],
+        capture_output=True, text=True, timeout=400, cwd=REPO, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1].startswith("SOLVED ")
