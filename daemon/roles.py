@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,8 @@ ROLE_MODULES = {"collector": "daemon.collector.process", "connector": "daemon.co
 
 
 PR_SET_PDEATHSIG = 1
+BOOT_TIMEOUT_S = 120.0   # a role still booting after this long stops heart-beating (hung)
+BOOT_BEAT_S = 0.5
 
 
 class BootError(Exception):
@@ -43,6 +46,7 @@ class RoleContext:
     role: str
     topo: Topology
     stop: threading.Event = field(default_factory=threading.Event)
+    booted: threading.Event = field(default_factory=threading.Event)
     in_process: bool = False
 
     @property
@@ -50,7 +54,19 @@ class RoleContext:
         return self.topo.inboxes[self.role]
 
     def heartbeat(self) -> None:
+        """Called by the role's loop; the first call also ends the boot heartbeat."""
+        self.booted.set()
         self.topo.heartbeat(self.role)
+
+    def start_boot_heartbeat(self, timeout_s: float = BOOT_TIMEOUT_S) -> None:
+        """Heart-beat from a thread while the role boots (imports torch, loads a
+        checkpoint), for at most ``timeout_s``: a role stuck in boot still looks hung."""
+        def beat() -> None:
+            deadline = time.monotonic() + timeout_s
+            while not self.booted.wait(BOOT_BEAT_S) and time.monotonic() < deadline:
+                self.topo.heartbeat(self.role)
+        self.topo.heartbeat(self.role)
+        threading.Thread(target=beat, name="boot-heartbeat", daemon=True).start()
 
     def send(self, target: str, msg: Any, timeout_s: float | None = 5.0) -> None:
         self.topo.inboxes[target].send(msg, timeout_s)
@@ -102,5 +118,5 @@ def child_main(role: str, topo: Topology) -> None:
     logsetup.configure(topo.cfg.daemon.log_level, role)
     ctx = RoleContext(role=role, topo=topo)
     _install_child_signals()
-    ctx.heartbeat()
+    ctx.start_boot_heartbeat()
     sys.exit(run_role(role, topo, ctx))

@@ -78,13 +78,13 @@ def test_attach_refuses_bad_headers(board, index, value, message):
 # ---------------------------------------------------------------- torn reads
 
 N_PARAMS = 1 << 17  # 512 KiB per buffer: a copy takes long enough to overlap publishes
-PUBLISHES = 3000
+PUBLISHES = 2000
 
 
 def uniform_writer(path, reader_progress):
     """Child: publish buffers filled entirely with k, as weights_seq_no k, for k = 1..PUBLISHES.
 
-    Stays at most three publishes ahead of the reader so that reads and writes
+    Stays at most two publishes ahead of the reader so that reads and writes
     keep overlapping (an unpaced writer would starve the reader, which only
     retries, until the writer stops).
     """
@@ -94,7 +94,7 @@ def uniform_writer(path, reader_progress):
     for k in range(1, PUBLISHES + 1):
         flat.fill(k)
         board.publish(k, flat)
-        while reader_progress.value < k - 3:
+        while reader_progress.value < k - 2:
             if time.monotonic() > deadline:
                 raise SystemExit(f"reader stuck at {reader_progress.value}")
     board.close()

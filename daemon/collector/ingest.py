@@ -18,6 +18,9 @@ from client_lib.spaces import SpaceSpec, check_values
 from client_lib.records import fragment_records  # noqa: F401 - re-exported for the collector
 
 
+F32_MAX = float(np.finfo(np.float32).max)
+
+
 class InvalidEpisode(BadMessage):
     """A fragment is well-formed JSON but does not fit the declared spaces or limits."""
 
@@ -51,6 +54,8 @@ def validate_fragment(frag: EpisodeFragment, obs_space: SpaceSpec, act_space: Sp
     actions = _shape_time_major(frag.actions, act_space)
     errors = (check_values(obs, obs_space, f"{where}.obs"),
               check_values(actions, act_space, f"{where}.actions"),
+              _check_finite(obs, f"{where}.obs"),  # unbounded Box dims: float32 range
+              _check_finite(actions, f"{where}.actions"),
               _check_finite(frag.rewards, f"{where}.rewards"),
               _check_optional(frag.action_logp, (frag.num_steps,), f"{where}.action_logp"),
               _check_optional(frag.action_dist_inputs, (frag.num_steps, dist_size),
@@ -63,8 +68,11 @@ def validate_fragment(frag: EpisodeFragment, obs_space: SpaceSpec, act_space: Sp
 
 
 def _check_finite(values: np.ndarray, what: str) -> str | None:
+    """Finite, and finite as float32: step records are float32 (1e308 would become inf)."""
     if values.size and not np.all(np.isfinite(values)):
         return f"{what}: contains NaN or Inf"
+    if values.size and np.abs(values).max() > F32_MAX:
+        return f"{what}: values beyond the float32 range"
     return None
 
 

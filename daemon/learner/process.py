@@ -66,7 +66,7 @@ class LearnerShell:
         """Resume, publish the first weights, redo orphaned batches, tell the supervisor."""
         if self.topo.resume_checkpoint:
             self._resume(self.topo.resume_checkpoint)
-        self.seq_no = max(self.seq_no, self.board.latest_seq_no())
+        self._adopt_newer_board_weights()
         self.board.publish(self.seq_no, self.learner.flat_weights())
         self.ctx.send("collector", m.WeightsPublished(self.seq_no, -1, False, {}))
         self.ctx.send("supervisor", m.LearnerReady(self.seq_no, self.resumed_from))
@@ -75,6 +75,16 @@ class LearnerShell:
         for slot in self.slots.in_training():
             log.warning("redoing_orphaned_batch", slot=slot)
             self.train_slot(slot)
+
+    def _adopt_newer_board_weights(self) -> None:
+        """A restarted learner continues from the newest published weights, not the
+        (older) checkpoint's: optimizer state and RNG come from the checkpoint."""
+        board_seq = self.board.latest_seq_no()
+        if board_seq > self.seq_no:
+            _, flat = self.board.read()
+            self.learner.model.load_flat(flat)
+            log.info("adopted_board_weights", board_seq_no=board_seq, checkpoint_seq_no=self.seq_no)
+            self.seq_no = board_seq
 
     def _resume(self, path: str) -> None:
         import torch
