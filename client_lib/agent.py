@@ -61,6 +61,10 @@ class TcpLink:
         if self.client is not None and fragments:
             self.client.episodes(fragments, seq_no)
 
+    def session_key(self) -> str:
+        """How the daemon's status names this connection (its ``peer``)."""
+        return str(self.client.sock.getsockname()) if self.client else ""
+
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
@@ -138,6 +142,7 @@ class Agent:
         self.pending: tuple | None = None
         self.steps_since_send = 0
         self.total_steps = 0
+        self.steps_synced = 0  # steps in samples the server acknowledged (reply received)
 
     @property
     def weights_seq_no(self) -> int:
@@ -181,6 +186,7 @@ class Agent:
         policy = self.link.submit(fragments, self.policy.weights_seq_no)
         if policy is not None:
             self.policy = policy
+        self.steps_synced += sum(f.num_steps for f in fragments)
         self.steps_since_send = 0
 
     def _take_fragments(self) -> list[EpisodeFragment]:

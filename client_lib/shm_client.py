@@ -58,6 +58,11 @@ class ShmLink:
         if self.client is not None and fragments:
             self._submit(fragments, seq_no, get_state=False)
 
+    def session_key(self) -> str:
+        """The daemon's session id for this client (from its ring's name)."""
+        name = os.path.basename(self.ring.path) if self.ring else ""
+        return name.split(".client-")[-1].split("-")[0] if ".client-" in name else ""
+
     def close(self) -> None:
         for part in (self.ring, self.board, self.client):
             if part is not None:

@@ -188,6 +188,7 @@ class Supervisor:
     def _on_message(self, msg) -> None:
         if isinstance(msg, m.Listening):
             self.listening = msg
+            self._pin_port(msg.port)
             self._mark_ready("listening")
         elif isinstance(msg, m.LearnerReady):
             self._mark_ready("learner")
@@ -196,6 +197,14 @@ class Supervisor:
             self.metrics.record(msg.status)
         elif isinstance(msg, m.CheckpointDone):
             self._on_checkpoint_done(msg)
+
+    def _pin_port(self, port: int) -> None:
+        """With ``port = 0`` the first collector picked a port; a restarted one must reuse
+        it, or reconnecting clients would knock on a closed door."""
+        if self.cfg.server.port == 0:
+            self.cfg = dataclasses.replace(self.cfg, server=dataclasses.replace(
+                self.cfg.server, port=port))
+            self.topo = dataclasses.replace(self.topo, cfg=self.cfg)
 
     def _mark_ready(self, part: str) -> None:
         if part in self.ready_parts and part != "listening":

@@ -130,7 +130,7 @@ class WeightsBoard:
             active = self._active[0]
             np.copyto(out, self._buffers[active])
             seq_no = self._buffer_seq[active]
-            if True:
+            if self._seqlock[0] <= (before & ~1) + 2:
                 return seq_no, out
             attempts += 1
             if attempts % READ_RETRIES_BEFORE_YIELD == 0:

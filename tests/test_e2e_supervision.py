@@ -80,3 +80,25 @@ def test_tensorboard_events_and_box_actions(daemon_factory):
     assert {"episode/return_mean", "learner/policy_loss", "learner/entropy",
             "throughput/env_steps_per_s", "clients/connected"} <= tags
     assert max(e.get("step", 0) for e in events) == 1200
+
+
+def test_collector_restart_keeps_the_port_and_clients_reconnect(daemon):
+    client = BackgroundClient(f"tcp://127.0.0.1:{daemon.port}", reconnect_timeout_s=60).start()
+    wait_for(lambda: daemon.status()["weights_seq_no"] >= 2, 60, what="training")
+    pid = daemon.status()["children"]["collector"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+
+    def back() -> dict | None:
+        try:
+            s = daemon.status()
+        except (OSError, KeyError, ValueError):
+            return None
+        return s if s["children"]["collector"]["pid"] != pid and s["clients"] == 1 else None
+
+    status = wait_for(back, 60, what="collector restarted and client back")
+    assert status["port"] == daemon.port  # port 0 was resolved once and kept
+    steps = status["env_steps"]
+    wait_for(lambda: daemon.status()["env_steps"] > steps, 30, what="training resumes")
+    assert client.error is None and client.agent.link.reconnects >= 1
+    client.stop()
+    daemon.remember_children()

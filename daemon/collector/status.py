@@ -71,6 +71,8 @@ class StatusBuilder:
             "host": self.topo.cfg.server.host,
             "port": self.server.port if self.server else 0,
             "unix_socket": str(self.topo.cfg.socket_path),
+            "sessions": [{"id": s.id, "transport": s.transport, "peer": s.peer, "shm": s.is_shm,
+                          "env_steps": s.env_steps} for s in core.samplers()],
             "learner": self.learner,
             "connector": self.connector,
             **self.daemon,

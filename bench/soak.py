@@ -1,0 +1,222 @@
+"""Soak: 64 TCP + 8 shared-memory CartPole clients against one daemon for a long time.
+
+    python -m bench.soak [--duration-s 600] [--tcp-clients 64] [--shm-clients 8]
+
+Clients run as threads in a few worker processes (each worker: 8 TCP + 1 shm agent by
+default). At the end the driver pauses every agent right after an acknowledged sample,
+then compares per client: env steps the client had acknowledged ("sent") with the env
+steps the daemon ingested for that connection (status ``sessions``); they must be equal.
+Episodes dropped for policy lag are counted by the daemon (``dropped_episodes``) and
+reported beside. The daemon tree's summed RSS is sampled every second; growth after the
+warm-up (first 20% of the run) must stay within 10%. The daemon log must hold no
+error-level lines. Writes bench/results/soak.json; exit status 0 when all checks pass.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.proctree import TreeSampler
+
+RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------- worker process
+def run_worker(args: argparse.Namespace) -> int:
+    """Worker mode: ``--worker OUT --tcp N --shm M``; runs agents until OUT.pause exists."""
+    import gymnasium as gym
+    from client_lib import connect
+    out, pause = Path(args.worker), Path(args.worker + ".pause")
+    agents, threads = [], []
+    addresses = [args.tcp_address] * args.tcp + [f"shm:{args.state_dir}"] * args.shm
+    for i, address in enumerate(addresses):
+        agent = connect(address, reconnect_timeout_s=30, seed=args.seed * 100 + i)
+        agents.append(agent)
+        threads.append(threading.Thread(target=_agent_loop, args=(agent, gym.make("CartPole-v1"),
+                                                                  pause), daemon=True))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    report = [{"key": a.link.session_key(), "transport": type(a.link).__name__,
+               "steps_sent": a.steps_synced, "error": getattr(a, "soak_error", None)}
+              for a in agents]
+    out.write_text(json.dumps(report))
+    signal.pause()  # keep the connections open until the driver has read the status
+    return 0
+
+
+def _agent_loop(agent, env, pause: Path) -> None:
+    obs, _ = env.reset()
+    try:
+        while True:
+            action = agent.act(obs)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            before = agent.steps_since_send
+            agent.step(reward, obs, terminated, truncated)
+            if terminated or truncated:
+                obs, _ = env.reset()
+            synced = agent.steps_since_send < before + 1
+            if synced and pause.exists():
+                return
+    except (ConnectionError, OSError) as exc:
+        agent.soak_error = repr(exc)
+
+
+# ---------------------------------------------------------------- driver
+def start_daemon(state: Path, extra: list[str]) -> subprocess.Popen:
+    log = open(state / "daemon.log", "ab")
+    cmd = [sys.executable, "-m", "daemon.cli", "serve", "--state-dir", str(state), "--port", "0",
+           *extra]
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def wait_daemon(state: Path, proc: subprocess.Popen, timeout_s: float = 120) -> dict:
+    from client_lib.discovery import read_daemon_file
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited with {proc.returncode}")
+        if (info := read_daemon_file(state)) and info["pid"] == proc.pid:
+            return info
+        time.sleep(0.05)
+    raise RuntimeError("daemon did not become ready")
+
+
+def status(info: dict) -> dict:
+    from daemon.cli import query_status
+    return query_status(info, timeout_s=30)
+
+
+def start_workers(args, info: dict, state: Path, tmp: Path) -> list[tuple[subprocess.Popen, Path]]:
+    workers = []
+    n = max(1, args.workers)
+    for w in range(n):
+        tcp = args.tcp_clients // n + (w < args.tcp_clients % n)
+        shm = args.shm_clients // n + (w < args.shm_clients % n)
+        out = tmp / f"worker-{w}.json"
+        cmd = [sys.executable, "-m", "bench.soak", "--worker", str(out), "--tcp", str(tcp),
+               "--shm", str(shm), "--seed", str(w), "--state-dir", str(state),
+               "--tcp-address", f"tcp://127.0.0.1:{info['port']}"]
+        workers.append((subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL), out))
+    return workers
+
+
+def collect_reports(workers, timeout_s: float = 300) -> list[dict]:
+    for _, out in workers:
+        Path(str(out) + ".pause").touch()
+    deadline = time.monotonic() + timeout_s
+    reports = []
+    for proc, out in workers:
+        while not out.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        reports.extend(json.loads(out.read_text()) if out.exists() else [])
+    return reports
+
+
+def compare(reports: list[dict], sessions: list[dict]) -> list[dict]:
+    """Per client: steps it had acknowledged vs steps the daemon ingested for it."""
+    by_key = {}
+    for s in sessions:
+        by_key[s["peer"]] = s
+        by_key[str(s["id"])] = s
+    rows = []
+    for r in reports:
+        s = by_key.get(r["key"])
+        rows.append({"client": r["key"], "transport": r["transport"], "steps_sent": r["steps_sent"],
+                     "steps_ingested": s["env_steps"] if s else None, "error": r["error"]})
+    return rows
+
+
+def rss_growth(samples: list[tuple[float, int]], duration_s: float) -> float:
+    """Relative growth of the summed RSS from the end of warm-up to the end of the run."""
+    warm = [rss for t, rss in samples if duration_s * 0.2 <= t <= duration_s * 0.3]
+    tail = [rss for t, rss in samples if t >= duration_s * 0.9]
+    if not warm or not tail:
+        return 0.0
+    return statistics.median(tail) / statistics.median(warm) - 1.0
+
+
+def error_lines(log: Path) -> list[str]:
+    lines = log.read_text(errors="replace").splitlines()
+    return [line for line in lines if '"level": "error"' in line or "Traceback" in line]
+
+
+def drive(args: argparse.Namespace) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="rlinkd-soak-"))
+    state = tmp / "state"
+    state.mkdir()
+    daemon = start_daemon(state, [a for s in args.set for a in ("--set", s)])
+    workers = []
+    try:
+        info = wait_daemon(state, daemon)
+        sampler = TreeSampler(daemon.pid, interval_s=1.0).start()
+        workers = start_workers(args, info, state, tmp)
+        time.sleep(args.duration_s)
+        reports = collect_reports(workers)
+        final = status(info)
+        sampler.stop()
+    finally:
+        for proc, _ in workers:
+            proc.terminate()
+            proc.wait(30)
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(120)
+    rows = compare(reports, final["sessions"])
+    return {"duration_s": args.duration_s, "tcp_clients": args.tcp_clients,
+            "shm_clients": args.shm_clients, "clients": rows,
+            "steps_sent": sum(r["steps_sent"] for r in rows),
+            "steps_ingested": sum(r["steps_ingested"] or 0 for r in rows),
+            "mismatched_clients": [r for r in rows if r["steps_sent"] != r["steps_ingested"]],
+            "client_errors": [r for r in rows if r["error"]],
+            "dropped_episodes": final.get("dropped_episodes"), "protocol_errors": final["protocol_errors"],
+            "rss_growth": round(rss_growth(sampler.samples, args.duration_s), 4),
+            "rss_mb_start_end": [round(sampler.samples[0][1] / 2**20), round(sampler.samples[-1][1] / 2**20)],
+            "error_log_lines": error_lines(state / "daemon.log")[:20],
+            "daemon_exit": daemon.returncode, "state_dir": str(state)}
+
+
+def passed(result: dict) -> bool:
+    return (not result["mismatched_clients"] and not result["client_errors"]
+            and result["rss_growth"] <= 0.10 and not result["error_log_lines"]
+            and result["daemon_exit"] == 0 and result["steps_sent"] > 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration-s", type=float, default=600.0)
+    ap.add_argument("--tcp-clients", type=int, default=64)
+    ap.add_argument("--shm-clients", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--out", default=str(RESULTS / "soak.json"))
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--tcp", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--shm", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--state-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--tcp-address", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return run_worker(args)
+    result = drive(args)
+    result["passed"] = passed(result)
+    RESULTS.mkdir(exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    summary = {k: v for k, v in result.items() if k != "clients"}
+    print(json.dumps(summary, indent=1))
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

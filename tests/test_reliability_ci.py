@@ -1,0 +1,34 @@
+"""CI versions of the soak (60 s, 64 TCP + 8 shm clients) and chaos (6 kills) runs."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+pytestmark = [pytest.mark.process, pytest.mark.slow]
+
+
+def run_bench(module: str, *args: str, timeout_s: float) -> dict:
+    out = REPO / "bench" / "results" / f"{module}-ci.json"
+    result = subprocess.run([sys.executable, "-m", f"bench.{module}", *args, "--out", str(out)],
+                            cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def test_soak_60s_sent_equals_ingested_rss_flat_no_errors():
+    r = run_bench("soak", "--duration-s", "60", timeout_s=600)
+    assert r["passed"] and r["steps_sent"] == r["steps_ingested"] > 0
+    assert len(r["clients"]) == 72 and not r["mismatched_clients"]
+    assert r["rss_growth"] <= 0.10 and r["error_log_lines"] == []
+
+
+def test_chaos_short_run_recovers_every_time():
+    r = run_bench("chaos", "--kills", "6", timeout_s=900)["summary"]
+    assert r["passed"] and r["survived"] == r["kills"] == 6
+    assert r["shm_leaks"] == [] and r["corrupt_checkpoints"] == [] and r["newest_loads"]
