@@ -57,6 +57,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def _agent_loop(agent, env, pause: Path) -> None:
+    from client_lib.transport import RLlinkError
     obs, _ = env.reset()
     try:
         while True:
@@ -69,7 +70,7 @@ def _agent_loop(agent, env, pause: Path) -> None:
             synced = agent.steps_since_send < before + 1
             if synced and pause.exists():
                 return
-    except (ConnectionError, OSError) as exc:
+    except (ConnectionError, OSError, RLlinkError, ValueError) as exc:
         agent.soak_error = repr(exc)
 
 

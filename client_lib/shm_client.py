@@ -80,7 +80,7 @@ class ShmLink:
         layout = StepLayout.from_json(attached.layout)
         fifo = os.open(attached.doorbell_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self.ring = StepRing.attach(attached.ring_path, expected_layout=layout,
-                                    doorbell=Doorbell.from_fd(fifo), role="producer")
+                                    doorbell=Doorbell(fifo), role="producer")  # FIFO doorbell
         self.board = WeightsBoard.attach(attached.board_path)
         self.spec = PolicySpec.from_json(attached.policy_spec)
         self.layout = layout

@@ -13,6 +13,8 @@ import math
 import os
 import select
 
+from shm.errors import ShmError
+
 _EVENTFD_WORD = (1).to_bytes(8, "little")
 
 
@@ -30,7 +32,13 @@ class Doorbell:
 
     @classmethod
     def from_fd(cls, fd: int) -> "Doorbell":
-        """Wrap an eventfd received from another process; takes ownership of ``fd``."""
+        """Wrap an eventfd received from another process (SCM_RIGHTS); takes ownership of ``fd``.
+
+        ``ShmError`` if ``fd`` is not an eventfd (e.g. fds mixed up in transit).
+        """
+        kind = os.readlink(f"/proc/self/fd/{fd}")
+        if kind != "anon_inode:[eventfd]":
+            raise ShmError(f"fd {fd} is {kind!r}, not an eventfd doorbell")
         os.set_blocking(fd, False)
         return cls(fd)
 

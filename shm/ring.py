@@ -52,7 +52,9 @@ from shm.segment import Segment, check_field, check_magic, check_writer_pid
 RING_MAGIC = b"RLKRING1"
 RING_LAYOUT_VERSION = 1
 RING_HEADER = struct.Struct("<8sIIQIIIII20xQ56xQ56xI60xI60x")
+WRITER_PID_OFFSET, READER_PID_OFFSET = 24, 28
 TAIL_OFFSET, HEAD_OFFSET, SLEEPING_OFFSET, CLOSED_OFFSET = 64, 128, 192, 256
+_ROLE_PID_OFFSETS = {"producer": WRITER_PID_OFFSET, "consumer": READER_PID_OFFSET, "observer": None}
 RECORDS_OFFSET = RING_HEADER.size
 assert RECORDS_OFFSET == 320
 
@@ -60,7 +62,7 @@ MAX_SLEEP_SLICE_S = 0.1
 """Longest single doorbell wait: bounds a lost wake-up even with timeout None."""
 
 
-def _closed_ring(*args, **kwargs):
+def _write_step_after_close(*args, **kwargs):
     raise ShmError("StepRing is closed")
 
 
@@ -68,6 +70,16 @@ class StepRing:
     """One SPSC ring.  Producer and consumer methods may live in different processes.
 
     Not thread-safe: one thread produces, one (possibly other) thread consumes.
+
+    ``write_step(flags, obs, action, reward, logp=None, dist=None, weights_seq_no=-1) -> None``
+    is the producer's single-step fast path (an instance attribute generated
+    per layout by ``shm._stepwriter``; call it once per env step).  obs /
+    action / dist: sequences or 1-D numpy arrays of the layout's sizes (a
+    plain number for a 1-float action).  Sets HAS_LOGP / HAS_DIST when
+    ``logp`` / ``dist`` are given; ``flags`` carries the rest.  Publishes the
+    record at once and rings the doorbell if the consumer sleeps.  Raises
+    ``RingFull`` at once, writing nothing, when the ring is full (see
+    ``wait_writable``) and ``ValueError`` for wrong sizes.
     """
 
     def __init__(self, segment: Segment, layout: StepLayout, doorbell: Doorbell | None) -> None:
@@ -117,26 +129,22 @@ class StepRing:
         ``role`` ("producer", "consumer" or "observer") decides whether our pid
         is recorded as writer_pid / reader_pid (informational only).
         """
+        if role not in _ROLE_PID_OFFSETS:
+            raise ValueError(f"role must be producer, consumer or observer, got {role!r}")
         segment = Segment.attach(path)
         try:
             layout = _check_header(segment, expected_layout)
-            ring = cls(segment, layout, doorbell)
         except BaseException:
             segment.close()
             raise
-        ring._record_role(role)
-        return ring
-
-    def _record_role(self, role: str) -> None:
-        offsets = {"producer": 24, "consumer": 28, "observer": None}
-        if role not in offsets:
-            raise ValueError(f"role must be producer, consumer or observer, got {role!r}")
-        if offsets[role] is not None:
-            self.segment.buf[offsets[role]:offsets[role] + 4] = os.getpid().to_bytes(4, "little")
+        pid_offset = _ROLE_PID_OFFSETS[role]
+        if pid_offset is not None:
+            segment.buf[pid_offset:pid_offset + 4] = os.getpid().to_bytes(4, "little")
+        return cls(segment, layout, doorbell)
 
     def close(self) -> None:
         """Drop this process's mapping (idempotent).  Views from ``peek`` keep it alive until collected."""
-        self.write_step = _closed_ring
+        self.write_step = _write_step_after_close
         self._tail = self._head = self._sleeping = self._closed = self._raw = self._records = None
         self.segment.close()
 
@@ -289,7 +297,7 @@ class StepRing:
                 return False
             self._sleeping[0] = 1
             store_load_fence()
-            if not self._has_news():
+            if True:
                 self.doorbell.wait(min(remaining, self.max_sleep_slice_s))
             self._sleeping[0] = 0
             if self._has_news():
@@ -302,7 +310,9 @@ def arm_sleep(rings) -> bool:
     Sets ``reader_sleeping`` on every ring, fences, and returns True if any
     ring became readable (or closed) meanwhile -- then do not sleep.  After
     waking (the collector awaits the doorbell fd in its event loop), call
-    ``disarm_sleep`` so producers stop ringing.
+    ``doorbell.drain()`` and ``disarm_sleep`` (so producers stop ringing),
+    then read every ring.  Bound the sleep with a timeout of the order of
+    ``MAX_SLEEP_SLICE_S`` (see ``shm._sync``).
     """
     for ring in rings:
         ring._sleeping[0] = 1

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from shm.doorbell import Doorbell
+from shm.errors import ShmError
 
 
 @pytest.fixture
@@ -55,6 +56,14 @@ def test_fd_received_over_scm_rights_rings_the_same_counter(doorbell):
     remote.close()
     with pytest.raises(ValueError, match="closed"):
         remote.fileno()
+
+
+def test_from_fd_refuses_something_that_is_not_an_eventfd():
+    read_end, write_end = os.pipe()
+    with pytest.raises(ShmError, match=r"is 'pipe:\[\d+\]', not an eventfd doorbell"):
+        Doorbell.from_fd(read_end)
+    os.close(read_end)
+    os.close(write_end)
 
 
 def test_close_releases_the_fd():

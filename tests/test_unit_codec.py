@@ -158,9 +158,11 @@ SIMPLE_MESSAGES = [
     codec.Status(), codec.Status(token="t"),
     codec.StatusReport(), codec.StatusReport(status={"env_steps": 5, "nested": {"a": [1, 2]}}),
     codec.Attach(pid=4242), codec.Attach(pid=1, capacity_records=4096, token="t"),
-    codec.Attached(ring_path="/dev/shm/r", board_path="/dev/shm/b", layout={"obs_size": 4},
-                   policy_spec={"obs_size": 4}, env_steps_per_sample=64, force_on_policy=True),
+    codec.Attached(ring_path="/dev/shm/r", board_path="/dev/shm/b", doorbell_path="/run/d",
+                   layout={"obs_size": 4}, policy_spec={"obs_size": 4}, env_steps_per_sample=64,
+                   force_on_policy=True),
     codec.SampleReady(env_steps=64), codec.SampleReady(env_steps=3, get_state=False),
+    codec.WeightsReady(weights_seq_no=7),
 ]
 
 
@@ -312,7 +314,6 @@ def test_decode_refuses_mistyped_field(body, field):
     ({"rewards": [1.0]}, r"obs has 3 entries, expected len\(rewards\)\+1 = 2"),
     ({"action_logp": [-0.1]}, r"action_logp has 1 entries, rewards 2"),
     ({"action_dist_inputs": [[0.1, 0.2]] * 3}, r"action_dist_inputs has 3 entries"),
-    ({"is_terminated": True, "is_truncated": True}, r"both terminated and truncated"),
     ({"is_terminated": 1}, r"'is_terminated' must be bool"),
     ({"is_truncated": "false"}, r"'is_truncated' must be bool"),
     ({"obs": _DELETE}, r"missing field 'obs'"),
@@ -323,6 +324,13 @@ def test_decode_refuses_mistyped_field(body, field):
 def test_decode_refuses_bad_fragments(overrides, pattern):
     with pytest.raises(BadMessage, match=pattern):
         codec.decode_body(dumps(episodes_body(**overrides)))
+
+
+def test_terminated_and_truncated_together_is_accepted():
+    """gymnasium can report both at once (termination on the time-limit step)."""
+    msg = codec.decode_body(dumps(episodes_body(is_terminated=True, is_truncated=True)))
+    frag = msg.episodes[0]
+    assert frag.is_terminated and frag.is_truncated
 
 
 def test_fragment_field_errors_name_the_fragment():

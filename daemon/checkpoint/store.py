@@ -63,7 +63,9 @@ def _fsync_path(path: Path) -> None:
 
 
 def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
+    # 0600: config.toml holds server.token; the weights are nobody else's business either
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with open(fd, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
@@ -84,11 +86,11 @@ def list_checkpoints(root: Path) -> list[Path]:
 
 def write_checkpoint(root: Path, files: dict[str, bytes], meta: dict) -> Checkpoint:
     """Write ``files`` + a manifest atomically as the next ``ckpt-NNNNNN``; returns it."""
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
     existing = list_checkpoints(root)
     index = (_index_of(existing[0]) + 1) if existing else 1
     staging = root / f".staging-{index:06d}-{secrets.token_hex(4)}"
-    staging.mkdir()
+    staging.mkdir(mode=0o700)
     try:
         digests = {}
         for name, data in files.items():
