@@ -42,6 +42,7 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -208,7 +209,7 @@ def weights_publication(n: int) -> dict:
     from daemon.config import load_config
     from daemon.wiring import make_policy_spec, resolve_spaces
     from shm.board import WeightsBoard
-    cfg = load_config(None, [("daemon", "state_dir", tempfile.mkdtemp(prefix="rlinkd-bench-"))])
+    cfg = load_config(None, [("daemon", "state_dir", "/nonexistent/rlinkd-bench")])  # nothing is written
     spec = make_policy_spec(cfg, *resolve_spaces(cfg))
     path = f"/dev/shm/rlinkdbench{os.getpid()}.board"
     board = WeightsBoard.create(path, spec.n_params(), orjson.dumps(spec.to_json()))
@@ -355,6 +356,7 @@ def startup_once(timeout_s: float = 120.0) -> float:
                 proc.kill()
                 proc.wait()
             log.close()
+            shutil.rmtree(tmp, ignore_errors=True)
     return elapsed
 
 

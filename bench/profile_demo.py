@@ -30,7 +30,8 @@ from pathlib import Path
 from bench.common import REPO, print_table, rlinkd_cmd, status_over_unix, write_result
 
 PYSPY = Path(sys.executable).parent / "py-spy"
-PROCESS_FRAME = re.compile(r'^process (\d+):"(.*)"$')
+PROCESS_FRAME = re.compile(r'process (\d+):"([^"]*)";?')
+"""py-spy's process frames; a spawned child's command line itself contains ';'."""
 TOP_N = 10
 
 
@@ -65,14 +66,15 @@ def parse_raw(path: Path) -> dict[int, dict]:
     procs: dict[int, dict] = defaultdict(lambda: {"cmdline": "", "samples": 0, "stacks": Counter()})
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        frames = stack.split(";")
-        idx = max((i for i, f in enumerate(frames) if PROCESS_FRAME.match(f)), default=None)
-        if idx is None:
+        pos, last = 0, None
+        while (m := PROCESS_FRAME.match(stack, pos)) is not None:
+            pos, last = m.end(), m
+        if last is None:
             continue
-        pid_s, cmdline = PROCESS_FRAME.match(frames[idx]).groups()
+        pid_s, cmdline = last.groups()
         proc = procs[int(pid_s)]
         proc["cmdline"], proc["samples"] = cmdline, proc["samples"] + int(count)
-        proc["stacks"][tuple(frames[idx + 1:])] += int(count)
+        proc["stacks"][tuple(stack[pos:].split(";")) if stack[pos:] else ()] += int(count)
     return dict(procs)
 
 

@@ -1,6 +1,7 @@
 """rlinkd time-to-solve CartPole-v1 under the same two definitions as the RLlib baseline.
 
-    .venv/bin/python -m bench.rlinkd_solve [--runs 3] [--quick] [--skip-rllib-client]
+    .venv/bin/python -m bench.rlinkd_solve [--runs 3] [--timeout-s 600] [--quick]
+                                           [--skip-rllib-client] [--rllib-client-seconds S]
 
 Configurations: TCP and shared-memory clients, 1 and 2 of them, default daemon config.
 
@@ -17,7 +18,8 @@ Configurations: TCP and shared-memory clients, 1 and 2 of them, default daemon c
 (iii) ``rllib_client`` - RLlib 2.48's own dummy client (``rllib_client.py`` from the anchors,
     run by the 2.48 venv's python, JSON + ONNX flavour) against ``rlinkd serve`` (default,
     on-policy config), started once the daemon is ready; time and steps from its own
-    ``reached`` line (its clock starts before it imports ray).
+    ``reached`` line (its clock starts before it imports ray). ``--quick`` caps it at 60 s
+    (a check that it connects and trains, not necessarily to 450).
 
 For every run: env steps/s = env steps / wall; peak summed RSS of every process involved
 (daemon tree + clients), sampled every 0.2 s from outside; CPU seconds of all of them
@@ -227,10 +229,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--timeout-s", type=float, default=600.0, help="per run")
-    ap.add_argument("--quick", action="store_true", help="1 run of tcp×1 and shm×1 per definition")
+    ap.add_argument("--quick", action="store_true",
+                    help="1 run of tcp×1 and shm×1 per definition; RLlib's client for at most 60 s")
     ap.add_argument("--skip-rllib-client", action="store_true")
+    ap.add_argument("--rllib-client-seconds", type=float, default=None,
+                    help="limit of each RLlib-client run (default: --timeout-s; --quick: 60)")
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
+    rllib_limit = args.rllib_client_seconds or (60.0 if args.quick else args.timeout_s)
     configs = [("tcp", 1), ("shm", 1)] if args.quick else CONFIGS
     res: dict = {"quick": args.quick, "target": TARGET, "own": {}, "client": {}}
     for transport, n in configs:
@@ -247,7 +253,7 @@ def main() -> int:
         print(f"(iii) skipped: {res['rllib_client']['skipped']}", flush=True)
     else:
         print("(iii) RLlib 2.48 dummy client against rlinkd serve", flush=True)
-        res["rllib_client"] = run_mode("rllib-2.48-client", lambda: rllib_client_run(args.timeout_s), runs)
+        res["rllib_client"] = run_mode("rllib-2.48-client", lambda: rllib_client_run(rllib_limit), runs)
     res["table_markdown"] = table(res)
     path = write_result("solve_compare", res, module="bench.rlinkd_solve")
     print(f"wrote {path}")

@@ -232,7 +232,7 @@ def main() -> int:
                       f"rss={r.get('peak_rss_mb')} MiB {r.get('error') or ''}", flush=True)
             res["versions"][version]["modes"][mode] = {"runs": runs, "summary": summarize(runs)}
     res["table_markdown"] = table(res)
-    path = write_result("rllib", res)
+    path = write_result("rllib", res, module="bench.rllib_baseline")
     print(f"wrote {path}")
     return 0
 

@@ -53,6 +53,7 @@ import os
 import pstats
 import random
 import secrets
+import shutil
 import socket
 import sys
 import tempfile
@@ -203,7 +204,7 @@ def shm_producer(conn, ring_path: str, fifo_path: str, mode: str, n_steps: int,
     from shm.ring import StepRing
     layout = StepLayout(4, 1, 2)
     fifo = os.open(fifo_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    ring = StepRing.attach(ring_path, expected_layout=layout, doorbell=Doorbell.from_fd(fifo))
+    ring = StepRing.attach(ring_path, expected_layout=layout, doorbell=Doorbell(fifo))  # FIFO doorbell, as ShmLink
     if mode == "single":
         rng = np.random.default_rng(0)
         obs_pool = [tuple(row) for row in rng.uniform(-0.2, 0.2, (EPISODE_STEPS + 1, 4)).tolist()]
@@ -245,9 +246,9 @@ def shm_throughput_run(mode: str, n_steps: int, profile: bool = False) -> dict:
         producer.join(30)
         consumer.join(30)
     finally:
-        for p in (consumer,):
-            if p.is_alive():
-                p.kill()
+        if consumer.is_alive():
+            consumer.kill()
+        shutil.rmtree(os.path.dirname(fifo_path), ignore_errors=True)
     if cons["steps"] != prod["steps"]:
         raise RuntimeError(f"consumer ingested {cons['steps']} of {prod['steps']} steps")
     wall_ns = cons["t_end_ns"] - prod["t_start_ns"]
@@ -385,7 +386,7 @@ def wakeup_latency(kind: str, n: int) -> dict:
     if kind == "fifo":
         fifo_path = Path(tmp) / "doorbell.fifo"
         ring.doorbell = make_doorbell_fifo(fifo_path)
-        make_bell = lambda: Doorbell.from_fd(os.open(fifo_path, os.O_WRONLY | os.O_NONBLOCK))  # noqa: E731
+        make_bell = lambda: Doorbell(os.open(fifo_path, os.O_WRONLY | os.O_NONBLOCK))  # noqa: E731
     else:
         ring.doorbell = Doorbell.create()
         make_bell = lambda: ring.doorbell  # noqa: E731  (inherited eventfd)
@@ -406,6 +407,7 @@ def wakeup_latency(kind: str, n: int) -> dict:
         ring.doorbell.close()
         ring.close()
         ring.unlink()
+        shutil.rmtree(tmp, ignore_errors=True)
     return percentiles(latencies_us)
 
 
@@ -422,7 +424,7 @@ def _attach_shm_client(unix_socket: str):
     att = client.request(codec.Attach(pid=os.getpid()), codec.Attached)
     layout = StepLayout.from_json(att.layout)
     fifo = os.open(att.doorbell_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    ring = StepRing.attach(att.ring_path, expected_layout=layout, doorbell=Doorbell.from_fd(fifo))
+    ring = StepRing.attach(att.ring_path, expected_layout=layout, doorbell=Doorbell(fifo))  # FIFO doorbell, as ShmLink
     return client, ring, layout
 
 

@@ -8,7 +8,7 @@ from shm.blob import BlobArea
 from shm.board import WeightsBoard
 from shm.doorbell import Doorbell
 from shm.errors import ChecksumError, LayoutError, PayloadTooLarge, RingFull, SegmentOwnerError, ShmError
-from shm.records import FINAL_OBS, FLUSH, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED, StepLayout
+from shm.records import FINAL_OBS, FLUSH, HAS_DIST, HAS_LOGP, STREAM_END, TERMINATED, TRUNCATED, StepLayout
 from shm.ring import StepRing, arm_sleep, disarm_sleep
 from shm.segment import DEFAULT_DIRECTORY, Segment, segment_name, sweep_stale
 from shm.slots import FILLING, FREE, READY, TRAINING, BatchSlots
@@ -16,6 +16,6 @@ from shm.slots import FILLING, FREE, READY, TRAINING, BatchSlots
 __all__ = [
     "BatchSlots", "BlobArea", "ChecksumError", "DEFAULT_DIRECTORY", "Doorbell", "FILLING", "FINAL_OBS",
     "FLUSH", "FREE", "HAS_DIST", "HAS_LOGP", "LayoutError", "PayloadTooLarge", "READY", "RingFull",
-    "Segment", "SegmentOwnerError", "ShmError", "StepLayout", "StepRing", "TERMINATED", "TRAINING",
+    "STREAM_END", "Segment", "SegmentOwnerError", "ShmError", "StepLayout", "StepRing", "TERMINATED", "TRAINING",
     "TRUNCATED", "WeightsBoard", "arm_sleep", "disarm_sleep", "segment_name", "sweep_stale",
 ]

@@ -1,7 +1,7 @@
 """Code generation of ``StepRing.write_step``, the single-step fast path.
 
 Why generated code: for a CartPole-sized record the whole call budget is
-about 1 us on our CI machine.  Measured on it, ``pack_into(..., *obs,
+about 1 us on the 2-core dev machine.  Measured there, ``pack_into(..., *obs,
 *action, *dist)`` costs ~120 ns more than passing the floats as separate
 arguments (building and converting the star-args tuple), and iterating a
 numpy array costs ~4x ``ndarray.tolist()``.  Unpacking into fixed names

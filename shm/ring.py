@@ -192,6 +192,8 @@ class StepRing:
 
     def wait_writable(self, n_records: int = 1, timeout_s: float | None = None) -> bool:
         """Wait (spin, then backoff sleeps) until ``n_records`` fit; False at the deadline."""
+        if n_records > self.capacity:
+            raise ValueError(f"{n_records} records can never fit in {self!r}")
         return backoff_until(lambda: self.free_records() >= n_records, timeout_s)
 
     def mark_closed(self) -> None:
@@ -297,7 +299,7 @@ class StepRing:
                 return False
             self._sleeping[0] = 1
             store_load_fence()
-            if True:
+            if not self._has_news():
                 self.doorbell.wait(min(remaining, self.max_sleep_slice_s))
             self._sleeping[0] = 0
             if self._has_news():

@@ -37,7 +37,7 @@ from daemon.collector.core import CollectorCore
 from daemon.config import load_config
 from daemon.wiring import make_policy_spec, resolve_spaces
 from shm.records import StepLayout
-from tests.helpers import DaemonProcess, wait_for
+from tests.helpers import DaemonProcess, raw_connect, raw_recv, raw_send, wait_for
 
 pytestmark = pytest.mark.process
 
@@ -254,11 +254,22 @@ class Tally:
 TALLY = Tally()
 
 
+def count_cases(family: str, n: int) -> None:
+    TALLY.cases += n
+    TALLY.families[family] = TALLY.families.get(family, 0) + n
+
+
 @dataclass
 class FuzzTarget:
+    """A daemon under fuzz, its oracle, and what was seen before fuzzing started."""
+
     daemon: DaemonProcess
     oracle: Oracle
-    expected_errors: int = 0
+    expected_errors: int = 0          # ERROR replies the oracle predicted so far
+    clients: list = field(default_factory=list)
+    errors_before: int = 0
+    rss_before: dict = field(default_factory=dict)
+    pids_before: dict = field(default_factory=dict)
 
     def run(self, family: str, payloads: list[bytes], transports: list[str] | None = None,
             timeout_s: float = 60.0) -> list[list[tuple[str, str]]]:
@@ -276,8 +287,7 @@ class FuzzTarget:
                 assert whole, f"{context}: reply ends in a partial frame: {bytes(conn.data)[-200:]!r}"
                 assert got == want, f"{context}: got {got}, expected {want}"
         self.expected_errors += sum(1 for w in expected if w and w[-1][0] == "ERROR")
-        TALLY.cases += len(payloads)
-        TALLY.families[family] = TALLY.families.get(family, 0) + len(payloads)
+        count_cases(family, len(payloads))
         return expected
 
 
@@ -290,12 +300,11 @@ def target(shared_daemon):
         client.start()
     wait_for(lambda: all(c.rounds >= 2 or c.error for c in clients), 120, 0.05,
              "valid clients' first round trips")
-    t = FuzzTarget(shared_daemon, Oracle())
-    t.clients = clients
-    t.errors_before = shared_daemon.status()["protocol_errors"]
-    t.rss_before = process_rss(shared_daemon)
-    t.pids_before = {r: c["pid"] for r, c in shared_daemon.status()["children"].items()}
-    yield t
+    status = shared_daemon.status()
+    yield FuzzTarget(shared_daemon, Oracle(), clients=clients,
+                     errors_before=status["protocol_errors"],
+                     rss_before=process_rss(shared_daemon),
+                     pids_before={r: c["pid"] for r, c in status["children"].items()})
     for client in clients:
         client.stop_event.set()
     for client in clients:
@@ -582,7 +591,7 @@ def test_truncated_frames_then_close(target, seed, prefix, last):
     expected = target.run("truncated_frames",
                           [head + cut[:rng.randrange(len(cut))] for _ in range(CASES)])
     # whatever came before, a frame cut short is never answered: the server just closes
-    assert all(w[-1:] != [("ERROR", w[-1][1] if w else "")] for w in expected), expected
+    assert not any(w and w[-1][0] == "ERROR" for w in expected), expected
 
 
 @fuzz_settings(75)
@@ -612,11 +621,74 @@ def test_random_nesting_depths(target, payloads):
     target.run("nesting_and_headers", payloads)
 
 
+def _episodes(kind: str = "EPISODES", **changes) -> dict:
+    episode = {"obs": [[0.0, 0.0, 0.0, 0.0], [0.01, 0.0, 0.0, 0.0]], "actions": [1],
+               "rewards": [1.0], "is_terminated": True, "is_truncated": False}
+    return {"type": kind, "episodes": [dict(episode, **changes)]}
+
+
+# Bugs these fuzzers found, replayed deterministically: (payload, the exact replies).
+REGRESSIONS = {
+    # repr() of a deeply nested "type" overflowed the stack: no ERROR, an unhandled
+    # exception in the connection task, not counted
+    "nested type": (frame('{"type": ' + nested(1000) + "}"),
+                    [("ERROR", "unknown message type <JSON array>")]),
+    "nested env_steps": (
+        frame('{"type": "EPISODES", "episodes": [], "env_steps": ' + nested(1000) + "}"),
+        [("ERROR", "EPISODES: env_steps/timesteps says <JSON array> but the episodes hold "
+                   "0 steps")]),
+    # weights_seq_no >= 2**63 overflowed the int64 record field (OverflowError, no ERROR)
+    "weights_seq_no 2**63": (frame(dict(_episodes(), weights_seq_no=2**63)),
+                             [("ERROR", "EPISODES: weights_seq_no 9223372036854775808 does "
+                                        "not fit 64 bits")]),
+    # finite in float64 but inf as float32 (CartPole's velocity dims are unbounded): the
+    # learner rejected the batch, and its on-policy clients waited for nothing
+    "obs beyond float32": (frame(_episodes(obs=[[0.0, 1e39, 0.0, 0.0], [0.0] * 4])),
+                           [("ERROR", "episodes[0].obs: values beyond the float32 range")]),
+    "reward beyond float32": (frame(_episodes(rewards=[-1e39])),
+                              [("ERROR", "episodes[0].rewards: values beyond the float32 "
+                                         "range")]),
+    "logp beyond float32": (frame(_episodes(action_logp=[1e300])),
+                            [("ERROR", "episodes[0].action_logp: values beyond the float32 "
+                                       "range")]),
+    # on-policy EPISODES_AND_GET_STATE with no episodes waited forever (nothing to train)
+    "empty sample": (frame({"type": "EPISODES_AND_GET_STATE", "episodes": []}),
+                     [("SET_STATE", "")]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REGRESSIONS))
+def test_regressions_found_by_fuzzing(target, name):
+    payload, replies = REGRESSIONS[name]
+    assert target.oracle.replies(payload, "tcp") == replies
+    target.run("regressions", [payload, payload], timeout_s=20)  # TCP and Unix socket
+
+
 
 # ---------------------------------------------------------------- dedicated daemons
-def count_cases(family: str, n: int) -> None:
-    TALLY.cases += n
-    TALLY.families[family] = TALLY.families.get(family, 0) + n
+def weights_are_finite(state: dict) -> bool:
+    """Every initializer of the ONNX model a SET_STATE carries (base64 of gzip) is finite."""
+    import base64
+    import gzip
+
+    import onnx
+    from onnx import numpy_helper
+    model = onnx.load_from_string(gzip.decompress(base64.b64decode(state["onnx_file"])))
+    return all(np.isfinite(numpy_helper.to_array(t)).all() for t in model.graph.initializer)
+
+
+@pytest.mark.xfail(strict=True, reason="KNOWN BUG (learner, outside the collector): finite but "
+                   "extreme client data (action_logp=-1e4, reward=3e38) makes a PPO update "
+                   "non-finite and the learner publishes NaN weights to every client; remove "
+                   "this marker with the fix (strict: an unexpected pass fails)")
+def test_extreme_finite_values_do_not_poison_the_weights(daemon_factory):
+    daemon = daemon_factory()
+    sock = raw_connect(daemon.port)
+    for poison in (dict(action_logp=[-1e4]), dict(rewards=[3e38]), {}):
+        raw_send(sock, _episodes("EPISODES_AND_GET_STATE", **poison))
+        state = raw_recv(sock)
+        assert state["type"] == "SET_STATE" and weights_are_finite(state), (poison, state["weights_seq_no"])
+    sock.close()
 
 
 def dribble(daemon: DaemonProcess, transport: str, payload: bytes, burst: int,
@@ -681,7 +753,8 @@ def test_slow_clients_are_dropped_after_read_timeout(daemon_factory):
     assert all(c.rounds > r + 5 for c, r in zip(others, rounds_before)), [c.rounds for c in others]
     for client in others:
         client.finish()
-        assert client.max_round_s < 1.0, client.max_round_s
+        # never held up by a slow client (that would take a whole read timeout)
+        assert client.max_round_s < read_timeout_s, client.max_round_s
     # every connection is gone but the STATUS query's own; a timeout is no protocol error
     wait_for(lambda: daemon.status()["connections"] == 1, 10, what="connections to close")
     assert daemon.status()["protocol_errors"] == 0
@@ -779,7 +852,9 @@ def test_zz_daemon_is_healthy_after_fuzzing(target):
     for client in target.clients:
         client.finish()
         assert client.rounds >= 10, client.rounds
-    log = daemon.log()
+    # batch_rejected is the learner's own defence against non-finite batches (see
+    # test_extreme_finite_values_do_not_poison_the_weights); any other error is a failure
+    log = "\n".join(line for line in daemon.log().splitlines() if "batch_rejected" not in line)
     for bad in ("Traceback", "Unhandled exception", '"level": "error"', '"level": "critical"'):
         assert bad not in log, f"daemon log has {bad!r}:\n{log[log.index(bad) - 2000:][:6000]}"
     elapsed = time.monotonic() - TALLY.started

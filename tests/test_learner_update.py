@@ -217,8 +217,8 @@ def test_state_dict_is_a_snapshot():
     batch = make_batch(CARTPOLE, learner)
     learner.update(batch)
     state = learner.state_dict()
-    saved = state["optimizer"]["state"][0]["exp_avg"].clone()
+    saved = state["optimizer"]["exp_avg"][0].clone()
     learner.update(batch)
-    torch.testing.assert_close(state["optimizer"]["state"][0]["exp_avg"], saved, rtol=0, atol=0)
+    torch.testing.assert_close(state["optimizer"]["exp_avg"][0], saved, rtol=0, atol=0)
     with pytest.raises(ValueError):
         learner.load_state_dict({**state, "format_version": 999})

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shm.records import FINAL_OBS, FLUSH, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED, StepLayout
+from shm.records import FINAL_OBS, FLUSH, HAS_DIST, HAS_LOGP, STREAM_END, TERMINATED, TRUNCATED, StepLayout
 
 sizes = st.tuples(st.integers(1, 40), st.integers(1, 6), st.integers(0, 12))
 
@@ -19,7 +19,7 @@ def test_cartpole_layout_matches_the_documented_diagram():
     assert offsets == {"flags": 0, "stream_id": 4, "weights_seq_no": 8, "ingest_id": 16, "reward": 24,
                        "logp": 28, "obs": 32, "action": 48, "dist": 52}
     assert layout.dtype["obs"].shape == (4,) and layout.dtype["action"].shape == (1,)
-    assert [TERMINATED, TRUNCATED, FINAL_OBS, FLUSH, HAS_LOGP, HAS_DIST] == [1, 2, 4, 8, 16, 32]
+    assert [TERMINATED, TRUNCATED, FINAL_OBS, FLUSH, HAS_LOGP, HAS_DIST, STREAM_END] == [1, 2, 4, 8, 16, 32, 64]
 
 
 @settings(max_examples=60, deadline=None)

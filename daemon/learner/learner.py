@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from client_lib.policy_spec import PolicySpec
+from daemon.learner.adam import Adam
 from daemon.learner.model import ActorCritic, ObsNormalizer
 from daemon.learner.ppo import ppo_loss
 
@@ -40,13 +41,9 @@ def explained_variance(predicted: np.ndarray, targets: np.ndarray) -> float:
     return 1.0 - float(np.var(targets - predicted)) / var_targets
 
 
-def _make_adam(model: torch.nn.Module, lr: float) -> torch.optim.Adam:
-    """Adam (eps 1e-5), fused when this torch build supports it for the model's device
-    (CPU fused Adam arrived in torch 2.4; it made a CartPole update ~15% faster)."""
-    try:
-        return torch.optim.Adam(model.parameters(), lr=lr, eps=1e-5, fused=True)
-    except (RuntimeError, TypeError, ValueError):  # torch < 2.4 on CPU: no fused kernel
-        return torch.optim.Adam(model.parameters(), lr=lr, eps=1e-5)
+def _make_adam(model: torch.nn.Module, lr: float) -> Adam:
+    """Adam with eps 1e-5 (see ``daemon.learner.adam`` for why it is not torch.optim's)."""
+    return Adam(model.parameters(), lr=lr, eps=1e-5)
 
 
 def _cpu_clone(obj: Any) -> Any:
