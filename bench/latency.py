@@ -45,7 +45,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,7 +55,7 @@ import numpy as np
 import orjson
 
 from bench.collector_harness import IsolatedCollector
-from bench.common import (LOOPBACK, REPO, STEPS_PER_MESSAGE, Daemon, episodes_frame, fmt_mr,
+from bench.common import (LOOPBACK, REPO, STEPS_PER_MESSAGE, Daemon, episodes_frame, fmt_mr, fmt_num,
                           handshake, median_range, percentiles, print_table, recv_frame,
                           rlinkd_cmd, write_result)
 
@@ -328,7 +327,7 @@ def scaling_daemon(counts: list[int], window_s: float) -> list[dict]:
 
 
 def _print_point(label: str, p: dict) -> None:
-    print(f"  {label}: {p['clients']:>3} clients {p['steps_per_s']:>9,} steps/s  "
+    print(f"  {label}: {p['clients']:>3} clients {fmt_num(p['steps_per_s']):>9} steps/s  "
           f"p50 {p['reply_ms']['p50']} ms  p99 {p['reply_ms']['p99']} ms", flush=True)
 
 

@@ -151,7 +151,7 @@ def main() -> int:
            **run_profiled(args.clients, args.transport, args.rate, 20.0 if args.quick else args.timeout_s,
                           state_dir)}
     res["summary_markdown"] = markdown(res)
-    path = write_result("profile", res)
+    path = write_result("profile", res, module="bench.profile_demo")
     print(f"wrote {path}")
     return 0
 

@@ -7,14 +7,15 @@ Configurations: TCP and shared-memory clients, 1 and 2 of them, default daemon c
 
 (i) ``own`` - the daemon's own criterion: ``rlinkd demo --clients N --transport T`` until the
     daemon's mean return of the last 20 episodes is >= 450 (what ``make demo`` does). Wall
-    time from launching the demo (daemon start-up included) to SOLVED, env steps from the
-    daemon's status.
+    time from launching the demo (daemon start-up included) to the progress line showing
+    450 (shutdown excluded), env steps from the daemon's status.
 (ii) ``client`` - the client-side criterion of RLlib's external mode: ``rlinkd serve`` and N
     ``bench.solve_client`` processes are launched at the same moment (as run_anchor.sh
     launches RLlib's server and client); the clients' complete episodes are pooled in time
     order and the run is solved when the mean of the last 100 is >= 450 (with at least 10
     episodes, exactly the rule of rllib_client.py). Wall time from the clients' launch, env
-    steps counted by the clients.
+    steps counted by the clients (each client reports its count at the end of each of its
+    episodes, so with 2 clients the other one's episode in progress is not counted).
 (iii) ``rllib_client`` - RLlib 2.48's own dummy client (``rllib_client.py`` from the anchors,
     run by the 2.48 venv's python, JSON + ONNX flavour) against ``rlinkd serve`` (default,
     on-policy config), started once the daemon is ready; time and steps from its own
@@ -64,22 +65,29 @@ def measures(wall_s: float | None, env_steps: int | None, sampler: TreeSampler, 
 
 # ---------------------------------------------------------------- (i) own criterion
 def own_run(transport: str, clients: int, timeout_s: float) -> dict:
-    """``rlinkd demo``: SOLVED when the daemon's last-20 mean return reaches 450."""
+    """``rlinkd demo``: SOLVED when the daemon's last-20 mean return reaches 450.
+
+    Wall time = arrival (read live from its stdout) of the progress line that showed the
+    mean at 450, minus the launch: the demo's shutdown afterwards is not counted.
+    """
     state = tempfile.mkdtemp(prefix="rlinkd-bench-")
     cmd = rlinkd_cmd("demo", "--clients", str(clients), "--transport", transport, "--state-dir", state,
                      "--timeout-s", str(timeout_s))
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     sampler = TreeSampler(proc.pid).start()
-    out, _ = proc.communicate(timeout=timeout_s + 120)
-    wall = time.monotonic() - t0
+    lines = [(time.monotonic() - t0, line) for line in proc.stdout]  # ends when the demo exits
+    proc.wait(60)
     sampler.stop()
-    summary = _demo_summary(out)
+    progress = [(t, line) for t, line in lines if line.startswith("[")]
+    summary = _demo_summary("".join(line for _, line in lines))
     solved = bool(summary.get("solved")) and proc.returncode == 0
     if solved:
         shutil.rmtree(state, ignore_errors=True)  # kept for a look when it failed
-    return measures(wall if solved else None, summary.get("env_steps"), sampler, solved) | {
-        "demo_wall_s": summary.get("wall_s"), **({} if solved else {"state_dir": state})}
+    wall = progress[-1][0] if solved and progress else None
+    return measures(wall, summary.get("env_steps"), sampler, solved) | {
+        "demo_wall_s": summary.get("wall_s"), "return_mean": summary.get("return_mean_20"),
+        **({} if solved else {"state_dir": state})}
 
 
 def _demo_summary(out: str) -> dict:
@@ -146,9 +154,10 @@ def client_run(transport: str, n_clients: int, timeout_s: float) -> dict:
         exit_code = daemon.stop()
     solved = pool.solved_at is not None
     wall = pool.solved_at - t0 if solved else None
+    mean = round(sum(pool.returns) / len(pool.returns), 1) if pool.returns else None
     return measures(wall, pool.steps_at_solve if solved else sum(pool.steps_by_client), sampler, solved,
                     cpu_steps=sum(pool.steps_by_client)) | {
-        "daemon_ready_s": ready_s, "daemon_exit": exit_code}
+        "daemon_ready_s": ready_s, "daemon_exit": exit_code, "return_mean": mean}
 
 
 def _time_to_ready(daemon: Daemon, t0: float) -> float | None:
@@ -183,7 +192,7 @@ def rllib_client_run(timeout_s: float) -> dict:
     solved = last.get("event") == "reached"
     return measures(last.get("t_s") if solved else None, last.get("env_steps"), sampler, solved) | {
         "exit_code": code, "last_event": last.get("event"), "since_connect_s": last.get("since_connect_s"),
-        "return_mean_100": last.get("return_mean_100"), "client": (events[0] if events else {}).get("client"),
+        "return_mean": last.get("return_mean_100"), "client": (events[0] if events else {}).get("client"),
         "ray": (events[0] if events else {}).get("ray"), "daemon_weights_seq_no": status.get("weights_seq_no"),
         "daemon_env_steps": status.get("env_steps"), "error": last.get("error")}
 
@@ -194,7 +203,13 @@ def summarize(runs: list[dict]) -> dict:
     solved = [r for r in runs if r.get("solved")]
     keys = ("wall_s", "env_steps", "steps_per_s", "peak_rss_mb", "cpu_s_per_100k_steps")
     return {k: median_range([r[k] for r in solved], 2) for k in keys} | {
-        "solved_runs": len(solved), "runs": len(runs)}
+        "solved_runs": len(solved), "runs": len(runs), "unsolved": unsolved_notes(runs)}
+
+
+def unsolved_notes(runs: list[dict]) -> list[str]:
+    """'mean 244 after 48,000 steps' for every run that did not reach the target."""
+    return [f"mean {r.get('return_mean')} after {r.get('env_steps') or 0:,} steps"
+            for r in runs if not r.get("solved")]
 
 
 def run_mode(label: str, fn, runs: int) -> dict:
@@ -212,7 +227,7 @@ def table(res: dict) -> str:
     for crit, name in (("own", "daemon last-20 ≥ 450 (`rlinkd demo`)"),
                        ("client", "client-side last-100 ≥ 450, from client start")):
         for key, s in res[crit].items():
-            rows.append(_row(f"{name}, {key}", s["summary"]))
+            rows.append(_row(f"{name}, {key.replace('x', ' × ')}", s["summary"]))
     if "summary" in res.get("rllib_client", {}):
         rows.append(_row("RLlib 2.48 dummy client → rlinkd serve (client-side)", res["rllib_client"]["summary"]))
     return print_table("rlinkd time to solve CartPole-v1 (median (min – max))",
@@ -221,7 +236,8 @@ def table(res: dict) -> str:
 
 
 def _row(label: str, s: dict) -> tuple:
-    return (label, f"{s['solved_runs']}/{s['runs']}", fmt_mr(s["wall_s"], 1), fmt_mr(s["env_steps"]),
+    note = f" (unsolved: {'; '.join(s['unsolved'])})" if s.get("unsolved") else ""
+    return (label, f"{s['solved_runs']}/{s['runs']}{note}", fmt_mr(s["wall_s"], 1), fmt_mr(s["env_steps"]),
             fmt_mr(s["steps_per_s"]), fmt_mr(s["peak_rss_mb"]), fmt_mr(s["cpu_s_per_100k_steps"], 1))
 
 

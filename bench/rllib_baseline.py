@@ -132,6 +132,7 @@ def parse_example(outd: Path, started: float) -> dict:
     cpu = monitor.get("cpu_s_total_tree")
     return _figures(solved, wall, steps, monitor.get("peak_rss_sum_MiB"), cpu, summ.get("last_env_steps")) | {
         "iterations": summ.get("iterations"), "best_return_mean": summ.get("best_return_mean"),
+        "return_mean": summ.get("best_return_mean"),
         "rllib_trainable_steps_per_s": summ.get("env_steps_per_s_overall(trainable)"),
         "monitor_wall_s": monitor.get("wall_s"), "timed_out": monitor.get("timed_out"), "trial_dir": str(trial)}
 
@@ -147,7 +148,7 @@ def parse_external(outd: Path, started: float) -> dict:
     iters = [json.loads(line) for line in _lines(outd / "server" / "stdout.log") if line.startswith('{"event": "iter"')]
     return _figures(reached is not None, last.get("t_s") if reached else None, last.get("env_steps"), rss, cpu,
                     last.get("env_steps")) | {
-        "last_event": last.get("event"), "return_mean_100": last.get("return_mean_100"),
+        "last_event": last.get("event"), "return_mean": last.get("return_mean_100"),
         "since_connect_s": last.get("since_connect_s"), "server_iterations": len(iters),
         "error": last.get("error"), "client_wall_s": client.get("wall_s")}
 
@@ -183,7 +184,9 @@ def summarize(runs: list[dict]) -> dict:
     solved = [r for r in runs if r.get("solved")]
     keys = ("wall_s", "env_steps", "steps_per_s", "peak_rss_mb", "cpu_s_per_100k_steps")
     return {k: median_range([r.get(k) for r in solved], 2) for k in keys} | {
-        "solved_runs": len(solved), "runs": len(runs)}
+        "solved_runs": len(solved), "runs": len(runs),
+        "unsolved": [f"mean {r.get('return_mean')} after {r.get('env_steps') or 0:,} steps"
+                     + (f" ({r['error'][:80]})" if r.get("error") else "") for r in runs if not r.get("solved")]}
 
 
 def table(res: dict) -> str:
@@ -194,7 +197,8 @@ def table(res: dict) -> str:
             continue
         for mode, m in v["modes"].items():
             s = m["summary"]
-            rows.append((f"ray {version}, {mode}", f"{s['solved_runs']}/{s['runs']}", fmt_mr(s["wall_s"], 1),
+            note = f" (unsolved: {'; '.join(s['unsolved'])})" if s.get("unsolved") else ""
+            rows.append((f"ray {version}, {mode}", f"{s['solved_runs']}/{s['runs']}{note}", fmt_mr(s["wall_s"], 1),
                          fmt_mr(s["env_steps"]), fmt_mr(s["steps_per_s"]), fmt_mr(s["peak_rss_mb"]),
                          fmt_mr(s["cpu_s_per_100k_steps"], 1)))
     return print_table("RLlib RLlink example, CartPole-v1 to 450 (median (min – max))",

@@ -98,7 +98,7 @@ def provenance(results: dict, ran: dict) -> list[str]:
         if doc is None:
             lines.append(f"- {name}: no results ({SCRIPTS[name][1]} missing)")
             continue
-        fresh = "this run" if name in ran and ran[name]["exit"] == 0 else "an EARLIER run"
+        fresh = "this invocation" if name in ran and ran[name]["exit"] == 0 else "an earlier invocation"
         quick = " — **quick smoke run, not for publication**" if doc.get("quick") else ""
         lines.append(f"- `{doc['command']}` — {doc['measured_at']}, from {fresh}, load average "
                      f"{doc.get('load_avg_1m_at_end')} at the end{quick}")

@@ -226,6 +226,13 @@ def shm_producer(conn, ring_path: str, fifo_path: str, mode: str, n_steps: int,
     ring.close()
 
 
+def _recv(conn, timeout_s: float, what: str):
+    """A message from a benchmark process, or RuntimeError when it sends none in time."""
+    if not conn.poll(timeout_s):
+        raise RuntimeError(f"no {what} within {timeout_s:g} s (did the process crash?)")
+    return conn.recv()
+
+
 def shm_throughput_run(mode: str, n_steps: int, profile: bool = False) -> dict:
     """One producer/consumer pair; returns steps/s ingested and the producer's own rate."""
     ctx = mp.get_context("spawn")
@@ -234,20 +241,26 @@ def shm_throughput_run(mode: str, n_steps: int, profile: bool = False) -> dict:
     c_parent, c_child = ctx.Pipe()
     p_parent, p_child = ctx.Pipe()
     consumer = ctx.Process(target=shm_consumer, args=(c_child, prefix, fifo_path, profile))
+    producer = None
     consumer.start()
     try:
-        info = c_parent.recv()
+        info = _recv(c_parent, 60, "ring from the consumer")
         producer = ctx.Process(target=shm_producer, args=(p_child, info["ring_path"], fifo_path,
                                                           mode, n_steps, profile))
         producer.start()
-        assert p_parent.recv() == "ready"
+        _recv(p_parent, 60, "ready from the producer")
         p_parent.send("go")
-        prod, cons = p_parent.recv(), c_parent.recv()
+        prod = _recv(p_parent, 600, "result from the producer")
+        cons = _recv(c_parent, 60, "result from the consumer")
         producer.join(30)
         consumer.join(30)
     finally:
-        if consumer.is_alive():
-            consumer.kill()
+        for p in (producer, consumer):
+            if p is not None and p.is_alive():
+                p.kill()
+                p.join(5)
+        for path in Path(SHM_DIR).glob(f"{prefix}.*"):  # left behind only by a killed consumer
+            path.unlink(missing_ok=True)
         shutil.rmtree(os.path.dirname(fifo_path), ignore_errors=True)
     if cons["steps"] != prod["steps"]:
         raise RuntimeError(f"consumer ingested {cons['steps']} of {prod['steps']} steps")
@@ -262,8 +275,8 @@ def shm_throughput_run(mode: str, n_steps: int, profile: bool = False) -> dict:
 def shm_throughput(mode: str, n_steps: int, runs: int, profile: bool) -> dict:
     results = [shm_throughput_run(mode, n_steps, profile and i == 0) for i in range(runs)]
     for r in results:
-        print(f"  shm {mode}: {r['steps_per_s']:,} steps/s ingested "
-              f"(producer alone {r['producer_steps_per_s']:,})", flush=True)
+        print(f"  shm {mode}: {fmt_num(r['steps_per_s'])} steps/s ingested "
+              f"(producer alone {fmt_num(r['producer_steps_per_s'])})", flush=True)
     return {"runs": results, "steps_per_s": median_range([r["steps_per_s"] for r in results], 0),
             "producer_steps_per_s": median_range([r["producer_steps_per_s"] for r in results], 0)}
 
@@ -310,11 +323,11 @@ def tcp_run(port: int, unix_socket: str, duration_s: float) -> dict:
     sender = ctx.Process(target=tcp_sender, args=(child, port, episodes_frame("EPISODES"), duration_s))
     sender.start()
     try:
-        assert parent.recv() == "ready"
+        _recv(parent, 60, "ready from the TCP sender")
         t0 = time.monotonic()
         parent.send("go")
         samples = _poll_status(unix_socket, t0 + duration_s)
-        frames = parent.recv()
+        frames = _recv(parent, 120, "frame count from the TCP sender")
         sender.join(30)
     finally:
         if sender.is_alive():
@@ -338,8 +351,9 @@ def tcp_daemon(runs: int, duration_s: float) -> dict:
         with Daemon(["sampling.force_on_policy=false"]) as d:
             results.append(tcp_run(d.tcp_port, d.unix_socket, duration_s))
         r = results[-1]
-        print(f"  tcp daemon: {r['steps_per_s']:,} steps/s (first second {r['burst_steps_per_s_first_1s']:,}, "
-              f"last half {r['steps_per_s_last_half']:,}, learner {r['trained_steps_per_s_last_half']:,})", flush=True)
+        print(f"  tcp daemon: {fmt_num(r['steps_per_s'])} steps/s (first second "
+              f"{fmt_num(r['burst_steps_per_s_first_1s'])}, last half {fmt_num(r['steps_per_s_last_half'])}, "
+              f"learner {fmt_num(r['trained_steps_per_s_last_half'])})", flush=True)
     return _tcp_summary(results)
 
 
@@ -349,7 +363,7 @@ def tcp_collector(runs: int, duration_s: float) -> dict:
     with IsolatedCollector(["sampling.force_on_policy=false"]) as c:
         for _ in range(runs):
             results.append(tcp_run(c.port, c.unix_socket, duration_s))
-            print(f"  tcp collector alone: {results[-1]['steps_per_s']:,} steps/s", flush=True)
+            print(f"  tcp collector alone: {fmt_num(results[-1]['steps_per_s'])} steps/s", flush=True)
     return _tcp_summary(results)
 
 

@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--timeout-s", type=float, default=900.0)
     demo.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     demo.add_argument("--state-dir", help="keep the demo's state here (default: a temp dir)")
+    demo.add_argument("--seed", type=int, default=0,
+                      help="seeds the learner and (offset per client) the clients")
 
     for verb, text in (("checkpoint", "checkpoint now (SIGUSR1) and wait for it"),
                        ("reload", "re-read the config file (SIGHUP) and wait for the result")):

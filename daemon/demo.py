@@ -27,9 +27,10 @@ def _rlinkd(*args: str) -> list[str]:
     return [sys.executable, "-m", "daemon.cli", *args]
 
 
-def start_daemon(state_dir: Path, overrides: list[str]) -> subprocess.Popen:
+def start_daemon(state_dir: Path, overrides: list[str], seed: int = 0) -> subprocess.Popen:
     log = open(state_dir / "rlinkd.log", "ab")
     cmd = _rlinkd("serve", "--state-dir", str(state_dir), "--port", "0", "--fresh",
+                  "--set", f"learner.seed={seed}",
                   *[arg for o in overrides for arg in ("--set", o)])
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -51,9 +52,11 @@ def client_address(i: int, transport: str, info: dict, state_dir: Path) -> str:
     return f"shm:{state_dir}" if use_shm else f"tcp://127.0.0.1:{info['port']}"
 
 
-def start_clients(n: int, transport: str, info: dict, state_dir: Path) -> list[subprocess.Popen]:
+def start_clients(n: int, transport: str, info: dict, state_dir: Path,
+                  seed: int = 0) -> list[subprocess.Popen]:
     out = open(state_dir / "clients.log", "ab")
-    return [subprocess.Popen(_rlinkd("client", "--env", "CartPole-v1", "--seed", str(1000 + i),
+    return [subprocess.Popen(_rlinkd("client", "--env", "CartPole-v1",
+                                     "--seed", str(1000 + 100 * seed + i),
                                      "--connect", client_address(i, transport, info, state_dir)),
                              stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             for i in range(n)]
@@ -98,11 +101,11 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"rlinkd demo: {args.clients} {args.transport} client(s) on CartPole-v1; state and "
           f"logs in {state_dir}", flush=True)
     t0 = time.monotonic()
-    daemon = start_daemon(state_dir, args.set)
+    daemon = start_daemon(state_dir, args.set, args.seed)
     clients: list[subprocess.Popen] = []
     try:
         info = wait_for_daemon(state_dir, daemon, 120.0)
-        clients = start_clients(args.clients, args.transport, info, state_dir)
+        clients = start_clients(args.clients, args.transport, info, state_dir, args.seed)
         solved, status = watch(args, info, t0)
     finally:
         stop_all(clients)

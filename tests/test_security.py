@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import datetime
+import json
 import os
 import re
 import shutil
@@ -289,6 +290,7 @@ def test_token_is_required_before_anything_else(daemon_factory):
                            "--state-dir", str(daemon.state_dir)], capture_output=True,
                           text=True, timeout=60, cwd=REPO, env=env)
     assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["protocol_errors"] == len(bad) + 3 + 1  # + the "guess"
     # of everything since the last count, only connect(token="guess") was an error
     assert token_status(daemon)["protocol_errors"] == len(bad) + 3 + 1
 

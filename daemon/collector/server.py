@@ -31,6 +31,30 @@ log = structlog.get_logger("collector")
 RING_POLL_S = 0.0005
 
 
+class RateLimit:
+    """At most ``per_s`` log lines a second (token bucket); the rest are counted, and the
+    count is reported with the next line that gets through. Hostile clients cannot flood
+    the log; every error is still counted in ``protocol_errors``."""
+
+    def __init__(self, per_s: float) -> None:
+        self.per_s, self.tokens, self.last = per_s, per_s, time.monotonic()
+        self.suppressed = 0
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.per_s, self.tokens + (now - self.last) * self.per_s)
+        self.last = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        self.suppressed += 1
+        return False
+
+    def take_suppressed(self) -> int:
+        n, self.suppressed = self.suppressed, 0
+        return n
+
+
 class Background:
     """Fire-and-forget tasks whose unexpected failure is not lost: the first one is kept
     in ``fatal`` and ``failed`` is set, so the process shell stops and exits CRASH."""
@@ -74,13 +98,14 @@ class CollectorServer:
         self.port = 0
         self.shm = None  # ShmIngestor, set by the process shell when shm is enabled
         self.background = Background()
+        self.error_log = RateLimit(per_s=10.0)
 
     # ------------------------------------------------------------ listeners
     async def start(self) -> None:
         srv = self.cfg.server
+        tls = {"ssl": self.ssl_ctx, "ssl_handshake_timeout": srv.read_timeout_s} if self.ssl_ctx else {}
         tcp = await asyncio.start_server(lambda r, w: self._serve(r, w, "tcp"), srv.host,
-                                         srv.port, ssl=self.ssl_ctx, reuse_address=True,
-                                         limit=1 << 20)
+                                         srv.port, reuse_address=True, limit=1 << 20, **tls)
         self.port = tcp.sockets[0].getsockname()[1]
         path = str(self.cfg.socket_path)
         if os.path.exists(path):
@@ -168,7 +193,9 @@ class CollectorServer:
     async def _protocol_error(self, session: Session, writer: asyncio.StreamWriter,
                               exc: ProtocolError) -> None:
         self.core.count_protocol_error()
-        log.warning("protocol_error", peer=session.peer, error=str(exc)[:300])
+        if self.error_log.allow():
+            log.warning("protocol_error", peer=session.peer, error=str(exc)[:300],
+                        suppressed_before=self.error_log.take_suppressed())
         try:
             await self.send(writer, codec.encode(codec.Error(message=str(exc)[:1000])))
         except (ConnectionError, asyncio.TimeoutError, RuntimeError):

@@ -80,6 +80,7 @@ class Learner:
         self.ent_coef = float(hp.ent_coef)
         self.updates = 0
         self.trained_steps = 0
+        self.skipped_steps = 0  # minibatch steps skipped for a non-finite loss or gradient
         self._rng = np.random.default_rng((seed, 1))  # minibatch shuffling
 
     # ----------------------------------------------------------------- training
@@ -94,6 +95,7 @@ class Learner:
         """
         start = time.perf_counter()
         data = self._to_tensors(batch)
+        backup = self.model.flat_weights()
         n_rows = data["obs"].shape[0]
         per_step, grad_norms, epochs = [], [], 0
         for epochs in range(1, self.hp.num_epochs + 1):
@@ -102,6 +104,9 @@ class Learner:
             per_step += epoch_infos
             if self._kl_exceeded(epoch_infos):
                 break
+        if not np.all(np.isfinite(self.model.flat_weights())):
+            self._restore(backup)
+            raise ValueError("the update produced non-finite weights; batch rejected")
         self.updates += 1
         self.trained_steps += n_rows
         stats = {k: float(np.mean([info[k] for info in per_step])) for k in _STAT_KEYS}
@@ -111,6 +116,12 @@ class Learner:
                      epochs=float(epochs), n_rows=float(n_rows))
         stats["update_time_s"] = time.perf_counter() - start
         return stats
+
+    def _restore(self, flat: np.ndarray) -> None:
+        """Back to the weights before a failed update, with fresh optimizer moments."""
+        self.model.load_flat(flat)
+        for moment in self.optimizer.exp_avg + self.optimizer.exp_avg_sq:
+            moment.zero_()
 
     def _kl_exceeded(self, epoch_infos: list[dict[str, float]]) -> bool:
         target_kl = self.hp.target_kl
@@ -135,7 +146,11 @@ class Learner:
                               vf_clip=hp.clip_coef if hp.clip_vloss else None)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norms.append(torch.nn.utils.clip_grad_norm_(self.model.parameters(), hp.max_grad_norm))
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), hp.max_grad_norm)
+        if not (math.isfinite(info["loss"]) and bool(torch.isfinite(grad_norm))):
+            self.skipped_steps += 1  # extreme data: skip the step rather than poison the model
+            return info
+        grad_norms.append(grad_norm)
         self.optimizer.step()
         return info
 

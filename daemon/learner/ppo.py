@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import torch
 
+MAX_LOG_RATIO = 20.0
+"""|log π_new − log π_old| is clamped here before exp: a client can send any old log-prob,
+and exp(1e4) would turn the loss (and then the weights) into inf/NaN for everyone."""
+
 
 def ppo_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
              new_values: torch.Tensor, value_targets: torch.Tensor, entropy: torch.Tensor, *,
@@ -18,7 +22,7 @@ def ppo_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.T
 
         L = -E[min(r A, clip(r, 1-eps, 1+eps) A)] + vf_coef * L_V - ent_coef * E[H]
     """
-    log_ratio = new_logp - old_logp                                       # [B]
+    log_ratio = (new_logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # [B]
     ratio = torch.exp(log_ratio)                                          # [B]
     pg_loss = torch.max(-advantages * ratio,
                         -advantages * torch.clamp(ratio, 1.0 - clip_coef, 1.0 + clip_coef)).mean()
