@@ -36,9 +36,10 @@ def try_status(info: dict) -> dict | None:
     """Status, or None while the collector (which serves it) is restarting."""
     from daemon.cli import query_status
     try:
-        return query_status(info, timeout_s=5)
+        status = query_status(info, timeout_s=5)
     except (OSError, ValueError):
         return None
+    return status if "children" in status else None
 
 
 def wait_until(predicate, timeout_s: float) -> float | None:

@@ -189,6 +189,7 @@ class Supervisor:
         if isinstance(msg, m.Listening):
             self.listening = msg
             self._pin_port(msg.port)
+            self.topo.inboxes["collector"].try_send(m.DaemonInfo(self.info()))  # status complete
             self._mark_ready("listening")
         elif isinstance(msg, m.LearnerReady):
             self._mark_ready("learner")
