@@ -172,12 +172,12 @@ def check_box(values: np.ndarray, space: SpaceSpec, what: str) -> str | None:
         return f"{what}: contains NaN or Inf"
     # float64 bounds, each with its own slack: float32 bounds can round past a valid value
     low, high = np.asarray(space.low, np.float64), np.asarray(space.high, np.float64)
-    if flat.size and (np.any(flat < low - _tolerance(low)) or np.any(flat > high + _tolerance(high))):
+    if flat.size and (np.any(flat < low - tolerance(low)) or np.any(flat > high + tolerance(high))):
         return f"{what}: values outside the declared Box bounds"
     return None
 
 
-def _tolerance(bound: np.ndarray) -> np.ndarray:
+def tolerance(bound: np.ndarray) -> np.ndarray:
     """Slack of each bound: BOUND_TOLERANCE relative to its magnitude (absolute near zero)."""
     return BOUND_TOLERANCE * (1.0 + np.abs(np.where(np.isfinite(bound), bound, 0.0)))
 

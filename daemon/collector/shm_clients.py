@@ -11,6 +11,7 @@ the client's socket closes (exit, crash, SIGKILL) its ring is unlinked at once.
 """
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -18,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from client_lib.spaces import SpaceSpec, check_values
+from client_lib.spaces import SpaceSpec, tolerance
 from daemon.collector.ingest import InvalidEpisode
-from shm.records import (FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED, StepLayout)
+from shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED, StepLayout
 from shm.ring import StepRing, arm_sleep
 
 CLIENT_FLAGS = FINAL_OBS | TERMINATED | TRUNCATED | HAS_LOGP | HAS_DIST
@@ -101,20 +102,26 @@ class ShmClients:
 
     @staticmethod
     def _episodes(shm: ShmSession, rec: np.ndarray) -> list[tuple[float, int]]:
-        """(return, length) of episodes these records complete; carries partial sums."""
+        """(return, length) of episodes these records complete; carries partial sums.
+
+        Vectorised per fragment: one cumulative sum, then a short loop over fragment ends.
+        """
+        flags = rec["flags"]
+        ends = np.flatnonzero(flags & FINAL_OBS)                         # FINAL_OBS rows
+        cum = np.cumsum(rec["reward"], dtype=np.float64)                 # [N]
+        starts = np.concatenate(([0], ends[:-1] + 1))
+        sums = cum[ends] - np.where(starts > 0, cum[starts - 1], 0.0)    # per fragment
+        done = (flags[ends] & (TERMINATED | TRUNCATED)) != 0
         out = []
-        is_step = (rec["flags"] & FINAL_OBS) == 0
-        start = 0
-        for end in np.flatnonzero(~is_step):
-            steps = rec["reward"][start:end]
-            shm.open_return += float(steps.sum())
-            shm.open_length += end - start
-            if rec["flags"][end] & (TERMINATED | TRUNCATED):
+        for total, length, finished in zip(sums.tolist(), (ends - starts).tolist(), done.tolist()):
+            shm.open_return += total
+            shm.open_length += length
+            if finished:
                 out.append((shm.open_return, shm.open_length))
                 shm.open_return, shm.open_length = 0.0, 0
-            start = end + 1
-        shm.open_return += float(rec["reward"][start:].sum())
-        shm.open_length += len(rec) - start
+        tail = ends[-1] + 1 if len(ends) else 0
+        shm.open_return += float(cum[-1] - (cum[tail - 1] if tail else 0.0))
+        shm.open_length += len(rec) - tail
         return out
 
     def close(self) -> None:
@@ -122,31 +129,73 @@ class ShmClients:
             self.detach(sid)
 
 
+FLOATS_OFFSET = 24  # reward, logp, obs, action, dist: consecutive float32 from here
+
+
 def validate_records(rec: np.ndarray, obs_space: SpaceSpec, act_space: SpaceSpec) -> None:
-    """Every record must carry known flags, finite numbers and values inside the spaces."""
-    flags = rec["flags"]
+    """Every record must carry known flags, finite float32 fields and values in the spaces.
+
+    Contract for producers: every float field of every record is finite (fields that do
+    not apply are written as zeros). Works on one contiguous float32 view of the block —
+    a few vectorised passes, ~20 ns per record — because this runs for every record a
+    shared-memory client writes. Raises InvalidEpisode naming the first problem.
+    """
+    raw = np.ascontiguousarray(rec).view(np.uint8).reshape(len(rec), rec.dtype.itemsize)
+    flags = raw[:, 0]
     if np.any(flags & np.uint8(0xFF ^ CLIENT_FLAGS)):
         raise InvalidEpisode("ring record with unknown or reserved flags")
     if np.any(((flags & (TERMINATED | TRUNCATED)) != 0) & ((flags & FINAL_OBS) == 0)):
         raise InvalidEpisode("TERMINATED/TRUNCATED set on a record that is not FINAL_OBS")
-    obs = rec["obs"].reshape(len(rec), *_shape(obs_space))
-    steps = rec[(flags & FINAL_OBS) == 0]
-    actions = steps["action"].reshape(len(steps), *_shape(act_space))
-    errors = (check_values(obs, obs_space, "ring obs"),
-              check_values(actions, act_space, "ring actions"),
-              _finite(steps["reward"], "ring rewards"),
-              _finite(steps["logp"][(steps["flags"] & HAS_LOGP) != 0], "ring action_logp"),
-              _finite(steps["dist"][(steps["flags"] & HAS_DIST) != 0], "ring dist inputs"))
-    error = next((e for e in errors if e), None)
+    o, a = obs_space.flat_size, act_space.flat_size
+    floats = raw[:, FLOATS_OFFSET:].view(np.float32)[:, :rec.dtype["dist"].shape[0] + 2 + o + a]
+    if not np.isfinite(floats).all():
+        raise InvalidEpisode("ring record contains NaN or Inf (or a value beyond float32)")
+    steps = (flags & FINAL_OBS) == 0
+    error = (_out_of_space(floats[:, 2:2 + o], obs_space, None, "ring obs")
+             or _out_of_space(floats[:, 2 + o:2 + o + a], act_space, steps, "ring actions"))
     if error:
         raise InvalidEpisode(error)
 
 
+def _out_of_space(values: np.ndarray, space: SpaceSpec, rows: np.ndarray | None,
+                  what: str) -> str | None:
+    """values [N, k] (flattened) against a space; ``rows`` masks the records that count."""
+    if space.is_discrete:
+        v = values[:, 0]
+        bad = (v != np.floor(v)) | (v < 0) | (v >= space.n)
+        message = f"{what}: values must be integers in [0, {space.n})"
+        if rows is not None:
+            bad &= rows
+        return message if bad.any() else None
+    if _box_violated(values, space, rows):
+        return f"{what}: values outside the declared Box bounds"
+    return None
+
+
+def _box_violated(values: np.ndarray, space: SpaceSpec, rows: np.ndarray | None) -> bool:
+    """Column by column over the bounded dimensions (1-D strided reductions are ~5x faster
+    than a broadcast 2-D compare); a broadcast compare when there are many of them."""
+    low, high = _bounds(space)
+    cols = np.flatnonzero(np.isfinite(low) | np.isfinite(high))
+    if len(cols) > 32:
+        bad = ((values < low) | (values > high)).any(axis=1)
+        return bool((bad & rows).any() if rows is not None else bad.any())
+    for j in cols:
+        col = values[:, j]
+        if rows is None:
+            if col.min() < low[j] or col.max() > high[j]:
+                return True
+        elif (((col < low[j]) | (col > high[j])) & rows).any():
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=16)
+def _bounds(space: SpaceSpec) -> tuple[np.ndarray, np.ndarray]:
+    """float32 bounds widened by the same tolerance as ``client_lib.spaces``."""
+    low, high = np.asarray(space.low, np.float64), np.asarray(space.high, np.float64)
+    return ((low - tolerance(low)).astype(np.float32), (high + tolerance(high)).astype(np.float32))
+
+
 def _shape(space: SpaceSpec) -> tuple[int, ...]:
     return () if space.is_discrete else space.shape
-
-
-def _finite(values: np.ndarray, what: str) -> str | None:
-    if values.size and not np.all(np.isfinite(values)):
-        return f"{what}: contains NaN or Inf"
-    return None
