@@ -86,12 +86,12 @@ class EnvConfig:
 class SamplingConfig:
     """[sampling]: what clients are told and how episodes become train batches."""
 
-    env_steps_per_sample: int = setting(512, "Env steps a client collects per "
+    env_steps_per_sample: int = setting(256, "Env steps a client collects per "
                                         "EPISODES_AND_GET_STATE (sent in SET_CONFIG).",
                                         minimum=1)
     force_on_policy: bool = setting(True, "Reply to EPISODES_AND_GET_STATE only with weights "
                                     "trained on a batch containing that client's episodes.")
-    train_batch_size: int = setting(1024, "Env steps per train batch (fewer when every "
+    train_batch_size: int = setting(512, "Env steps per train batch (fewer when every "
                                     "on-policy client is waiting).", minimum=1)
     max_policy_lag: int = setting(4, "Episodes collected with weights more than this many "
                                   "versions old are dropped and counted.", minimum=0)
@@ -108,7 +108,7 @@ class SamplingConfig:
 class PPOConfig:
     """[ppo]: the learner's algorithm and network."""
 
-    lr: float = setting(1e-3, "Adam learning rate.", reloadable=True, minimum=0.0)
+    lr: float = setting(2e-3, "Adam learning rate.", reloadable=True, minimum=0.0)
     gamma: float = setting(0.99, "Discount factor.", minimum=0.0, maximum=1.0)
     gae_lambda: float = setting(0.95, "GAE λ.", minimum=0.0, maximum=1.0)
     clip_coef: float = setting(0.2, "PPO surrogate clip ε.", minimum=0.0)
@@ -116,7 +116,7 @@ class PPOConfig:
     ent_coef: float = setting(0.0, "Entropy-bonus coefficient.", reloadable=True,
                               minimum=0.0)
     num_epochs: int = setting(10, "SGD epochs per train batch.", minimum=1)
-    minibatch_size: int = setting(256, "Rows per SGD minibatch.", minimum=1)
+    minibatch_size: int = setting(128, "Rows per SGD minibatch.", minimum=1)
     max_grad_norm: float = setting(0.5, "Global gradient-norm clip.", minimum=0.0)
     clip_vloss: bool = setting(True, "Clip the value loss like the surrogate.")
     target_kl: float = setting(0.0, "Stop the epochs early when the approximate KL exceeds "

@@ -43,6 +43,7 @@ HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
 LOOP_WAIT_S = 0.25
 SYSTEMD_STATUS_EVERY_S = 2.0
 INTERRUPTED = 130
+START_ORDER = ("learner", "collector", "connector", "checkpointer")  # slowest boot first
 
 
 class Supervisor:
@@ -79,7 +80,7 @@ class Supervisor:
         try:
             self._prepare()
             self._install_signals()
-            for role in ROLES:
+            for role in START_ORDER:
                 self._start(role)
             return self._loop()
         finally:
