@@ -38,7 +38,38 @@ class LinkConfig:
     action_space: SpaceSpec | None
 
 
-class TcpLink:
+class ReconnectingLink:
+    """Reconnect-and-retry shared by the TCP and shared-memory links.
+
+    ``_with_retry(action)`` (re)connects when needed and runs ``action``; on a lost
+    connection (or an ERROR saying the daemon is shutting down) it closes, waits with
+    exponential backoff (50 ms doubling to 2 s) and tries again until
+    ``reconnect_timeout_s``, then raises ConnectionError. Any other ERROR is raised at once.
+    Subclasses provide ``client``, ``_connect()``, ``close()`` and ``describe()``.
+    """
+
+    reconnect_timeout_s: float
+    reconnects: int
+
+    def _with_retry(self, action):
+        deadline, backoff = time.monotonic() + self.reconnect_timeout_s, 0.05
+        while True:
+            try:
+                if self.client is None:
+                    self._connect()
+                return action()
+            except (ConnectionError, OSError, ServerError) as exc:
+                if isinstance(exc, ServerError) and not exc.retry:
+                    raise
+                self.close()
+                if time.monotonic() + backoff > deadline:
+                    raise ConnectionError(f"{self.describe()}: gave up reconnecting: {exc}") from exc
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                self.reconnects += 1
+
+
+class TcpLink(ReconnectingLink):
     """RLlink over TCP or a Unix socket, with reconnect-and-resend."""
 
     def __init__(self, address: Address, token: str | None = None, ssl_context=None,
@@ -70,6 +101,9 @@ class TcpLink:
             self.client.close()
             self.client = None
 
+    def describe(self) -> str:
+        return str(self.address)
+
     def _connect(self) -> None:
         client = RLlinkClient(self.address, timeout_s=self.timeout_s, ssl_context=self.ssl_context)
         client.connect()
@@ -80,23 +114,6 @@ class TcpLink:
             SpaceSpec.from_json(cfg.observation_space) if cfg.observation_space else None,
             SpaceSpec.from_json(cfg.action_space) if cfg.action_space else None)
         self.client = client
-
-    def _with_retry(self, action):
-        deadline, backoff = time.monotonic() + self.reconnect_timeout_s, 0.05
-        while True:
-            try:
-                if self.client is None:
-                    self._connect()
-                return action()
-            except (ConnectionError, OSError, ServerError) as exc:
-                if isinstance(exc, ServerError) and not exc.retry:
-                    raise
-                self.close()
-                if time.monotonic() + backoff > deadline:
-                    raise ConnectionError(f"{self.address}: gave up reconnecting: {exc}") from exc
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                self.reconnects += 1
 
     @staticmethod
     def _policy(msg: codec.SetState) -> OnnxPolicy:

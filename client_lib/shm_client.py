@@ -18,13 +18,13 @@ import os
 import time
 
 from client_lib import codec
-from client_lib.agent import LinkConfig, TcpLink
+from client_lib.agent import LinkConfig, ReconnectingLink, TcpLink
 from client_lib.discovery import local_socket
 from client_lib.policy import BoardPolicy
 from client_lib.policy_spec import PolicySpec
 from client_lib.records import concat_records, fragment_records
 from client_lib.spaces import SpaceSpec
-from client_lib.transport import Address, RLlinkClient, ServerError, parse_address
+from client_lib.transport import Address, RLlinkClient, parse_address
 from shm.board import WeightsBoard
 from shm.doorbell import Doorbell
 from shm.records import StepLayout
@@ -34,7 +34,7 @@ DEFAULT_TCP = "tcp://127.0.0.1:5555"
 WRITE_TIMEOUT_S = 300.0
 
 
-class ShmLink:
+class ShmLink(ReconnectingLink):
     """A ring + board attachment with the same interface as ``TcpLink``."""
 
     def __init__(self, socket_path: str, token: str | None = None,
@@ -57,6 +57,9 @@ class ShmLink:
     def send_only(self, fragments, seq_no: int) -> None:
         if self.client is not None and fragments:
             self._submit(fragments, seq_no, get_state=False)
+
+    def describe(self) -> str:
+        return self.socket_path
 
     def session_key(self) -> str:
         """The daemon's session id for this client (from its ring's name)."""
@@ -108,23 +111,6 @@ class ShmLink:
         if not isinstance(reply, codec.WeightsReady):
             raise ConnectionError(f"expected WEIGHTS_READY, got {reply.TYPE.value}")
         return self._policy() if reply.weights_seq_no != seq_no else None
-
-    def _with_retry(self, action):
-        deadline, backoff = time.monotonic() + self.reconnect_timeout_s, 0.05
-        while True:
-            try:
-                if self.client is None:
-                    self._connect()
-                return action()
-            except (ConnectionError, OSError, ServerError) as exc:
-                if isinstance(exc, ServerError) and not exc.retry:
-                    raise
-                self.close()
-                if time.monotonic() + backoff > deadline:
-                    raise ConnectionError(f"{self.socket_path}: gave up reconnecting: {exc}") from exc
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                self.reconnects += 1
 
 
 def open_local_link(address: str, token: str | None = None, reconnect_timeout_s: float = 120.0,

@@ -68,12 +68,7 @@ class BlobArea:
     @classmethod
     def attach(cls, path: str) -> "BlobArea":
         """Map an existing area after checking its header (``LayoutError``)."""
-        segment = Segment.attach(path)
-        try:
-            return cls(segment, _check_header(segment))
-        except BaseException:
-            segment.close()
-            raise
+        return Segment.open_checked(path, lambda segment: cls(segment, _check_header(segment)))
 
     def generation(self) -> int:
         """Generation of the latest complete write (0: nothing written yet)."""

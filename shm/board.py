@@ -89,12 +89,7 @@ class WeightsBoard:
     @classmethod
     def attach(cls, path: str) -> "WeightsBoard":
         """Map an existing board after checking its header (``LayoutError``)."""
-        segment = Segment.attach(path)
-        try:
-            return cls(segment, _check_header(segment))
-        except BaseException:
-            segment.close()
-            raise
+        return Segment.open_checked(path, lambda segment: cls(segment, _check_header(segment)))
 
     def publish(self, weights_seq_no: int, flat: np.ndarray) -> None:
         """Writer only (one process): make ``flat`` (n_params float32 values) the current weights.

@@ -83,6 +83,17 @@ class Segment:
         return cls(path, mapping, created=True)
 
     @classmethod
+    def open_checked(cls, path: str, build):
+        """Attach ``path`` and return ``build(segment)`` (which checks the header); the
+        mapping is closed again if ``build`` raises (e.g. ``LayoutError``)."""
+        segment = cls.attach(path)
+        try:
+            return build(segment)
+        except BaseException:
+            segment.close()
+            raise
+
+    @classmethod
     def attach(cls, path: str) -> "Segment":
         """Map an existing segment read-write.
 

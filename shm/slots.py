@@ -134,12 +134,7 @@ class BatchSlots:
     @classmethod
     def attach(cls, path: str) -> "BatchSlots":
         """Map existing slots after checking header and description (``LayoutError``)."""
-        segment = Segment.attach(path)
-        try:
-            return cls(segment, _check_header(segment))
-        except BaseException:
-            segment.close()
-            raise
+        return Segment.open_checked(path, lambda segment: cls(segment, _check_header(segment)))
 
     # ------------------------------------------------------------ connector role
 
