@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import fmt_mr, median_range, print_table, write_result
+from bench.common import RESULTS, fmt_mr, median_range, print_table, write_result
 
 ANCHORS = Path(os.environ.get("ANCHORS_DIR", "/work/shared/anchors/rllib"))
 ANCHOR_ROOT = Path(os.environ.get("ANCHOR_ROOT", "/tmp/anchor-rllib"))
@@ -91,8 +91,27 @@ def ensure_venv(version: str, install: bool) -> str | None:
 
 
 # ---------------------------------------------------------------- one anchor run
+def wait_ports_free(ports=(5555, 5556), timeout_s: float = 300.0, quiet_s: float = 3.0) -> bool:
+    """run_anchor.sh refuses to start while anything listens on 127.0.0.1:5555/5556 (it asks
+    ``ss -ltn``). Ray's EnvRunner actors outlive the signalled process group for a while, so
+    wait until ``ss`` shows neither port for ``quiet_s`` in a row."""
+    deadline, free_since = time.monotonic() + timeout_s, None
+    pattern = re.compile(r"127\.0\.0\.1:(%s)\s" % "|".join(map(str, ports)))
+    while time.monotonic() < deadline:
+        out = subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
+        if pattern.search(out):
+            free_since = None
+        elif free_since is None:
+            free_since = time.monotonic()
+        elif time.monotonic() - free_since >= quiet_s:
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def anchor_run(version: str, mode: str, timeout_s: float) -> dict:
     """Run run_anchor.sh once; returns the parsed figures (``error`` when it failed)."""
+    wait_ports_free()
     started = time.time()
     cmd = ["bash", str(ANCHORS / "run_anchor.sh"), "--ray", version, "--mode", mode, "--runs", "1",
            "--timeout", str(int(timeout_s))]
@@ -215,17 +234,22 @@ def main() -> int:
     ap.add_argument("--no-install", action="store_true", help="skip a version whose venv is missing")
     ap.add_argument("--quick", action="store_true",
                     help="one external-mode run of 2.48.0 with a 90 s timeout (checks the parsing)")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the other versions/modes already in bench/results/rllib.json")
     args = ap.parse_args()
     if args.quick:
         args.versions, args.modes, args.runs, args.timeout = ["2.48.0"], ["external"], 1, min(args.timeout, 90.0)
     res: dict = {"quick": args.quick, "timeout_s": args.timeout, "versions": {}}
+    if args.merge and (RESULTS / "rllib.json").exists():
+        res = json.loads((RESULTS / "rllib.json").read_text())
+        res["merged_into"] = res.pop("command", "")  # the run whose other cells are kept
     for version in args.versions:
         problem = ensure_venv(version, not args.no_install)
         if problem:
             print(f"ray {version}: SKIPPED - {problem}", flush=True)
             res["versions"][version] = {"skipped": problem}
             continue
-        res["versions"][version] = {"python": str(venv_python(version)), "modes": {}}
+        res["versions"].setdefault(version, {"python": str(venv_python(version)), "modes": {}})
         for mode in args.modes:
             runs = []
             for i in range(args.runs):
@@ -234,6 +258,9 @@ def main() -> int:
                 r = runs[-1]
                 print(f"  solved={r.get('solved')} wall={r.get('wall_s')} s steps={r.get('env_steps')} "
                       f"rss={r.get('peak_rss_mb')} MiB {r.get('error') or ''}", flush=True)
+            if args.merge:  # keep the cell's earlier successful runs, add these
+                old = res["versions"][version]["modes"].get(mode, {}).get("runs", [])
+                runs = [r for r in old if r.get("solved")] + runs
             res["versions"][version]["modes"][mode] = {"runs": runs, "summary": summarize(runs)}
     res["table_markdown"] = table(res)
     path = write_result("rllib", res, module="bench.rllib_baseline")

@@ -20,8 +20,8 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+# onnx is imported inside the two functions that build graphs: processes that only run
+# the numpy forward pass (connector, shared-memory clients) save ~10 MB of RSS.
 
 ACTIVATIONS = ("tanh", "relu")
 ACTION_KINDS = ("discrete", "box")
@@ -271,7 +271,8 @@ def _actor_param_names(spec: PolicySpec) -> list[str]:
     return [name for name, _ in spec.param_layout() if not name.startswith("vf.")]
 
 
-def _actor_nodes(spec: PolicySpec) -> list[onnx.NodeProto]:
+def _actor_nodes(spec: PolicySpec) -> list:
+    from onnx import helper
     nodes, x = [], ONNX_INPUT_NAME
     if len(spec.obs_shape) > 1:
         nodes.append(helper.make_node("Flatten", [x], ["obs_flat"], axis=1))
@@ -297,11 +298,12 @@ def _actor_nodes(spec: PolicySpec) -> list[onnx.NodeProto]:
     return nodes
 
 
-def build_onnx_model(spec: PolicySpec, flat: np.ndarray | None = None) -> onnx.ModelProto:
+def build_onnx_model(spec: PolicySpec, flat: np.ndarray | None = None):
     """The actor as an ONNX model, built with onnx.helper (no torch): input `onnx::Gemm_0`
     [batch, *obs_shape] float32, output `action_dist_inputs` [batch, dist_size]. Initializers
     carry the layout names and raw float32 data from `flat` (identity/zero weights if None).
     Build once per spec; refresh weights with OnnxWeightWriter.encode."""
+    from onnx import TensorProto, helper, numpy_helper
     params = spec.split_flat(np.zeros(spec.n_params(), np.float32) if flat is None else flat)
     initializers = [numpy_helper.from_array(np.asarray(params[n], np.float32), name=n)
                     for n in _actor_param_names(spec)]

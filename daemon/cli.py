@@ -215,7 +215,23 @@ VERBS = {"serve": cmd_serve, "client": cmd_client, "status": cmd_status, "demo":
          "checkpoint": cmd_checkpoint, "reload": cmd_reload, "config": cmd_config}
 
 
+THREAD_POOL_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def limit_thread_pools() -> None:
+    """One BLAS/OpenMP thread per process unless the user chose otherwise.
+
+    Must run before numpy is imported (children inherit it). OpenBLAS's worker threads
+    spin-wait after every multi-threaded matmul: in the connector (batch value forward
+    passes) they burned most of a core and starved the learner on a 2-core machine.
+    The learner's torch threads are set separately (``learner.torch_threads``).
+    """
+    for var in THREAD_POOL_VARS:
+        os.environ.setdefault(var, "1")
+
+
 def main(argv: list[str] | None = None) -> int:
+    limit_thread_pools()
     args = build_parser().parse_args(argv)
     try:
         return VERBS[args.verb](args)

@@ -52,7 +52,7 @@ class Checkpointer:
         self.keep = topo.cfg.checkpoint.keep_checkpoints
         self.snapshot = BlobArea.attach(topo.snapshot_path)
         self.board = WeightsBoard.attach(topo.board_path)
-        self.onnx = OnnxWeightWriter(topo.policy_spec)
+        self._onnx: OnnxWeightWriter | None = None  # built at the first checkpoint (imports onnx)
         self.pending: dict[int, Pending] = {}
 
     def on_request(self, req: m.CheckpointRequest) -> None:
@@ -86,7 +86,8 @@ class Checkpointer:
         files = {"learner.pt": payload, "config.toml": config_text}
         seq, flat = self.board.read(np.empty(self.topo.policy_spec.n_params(), np.float32))
         if seq == snap.seq_no:
-            files["policy.onnx"] = self.onnx.encode(flat)
+            self._onnx = self._onnx or OnnxWeightWriter(self.topo.policy_spec)
+            files["policy.onnx"] = self._onnx.encode(flat)
         meta = {"package_version": package_version(), "reason": req.reason,
                 "config_sha256": hashlib.sha256(config_text).hexdigest(),
                 "counters": self.topo.read_counters(), "weights_seq_no": snap.seq_no}
