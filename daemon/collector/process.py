@@ -2,7 +2,7 @@
 
 ``run(topo, ctx)`` attaches the episode ring (as its only producer) and the weights
 board, starts the listeners, reports ``Listening`` to the supervisor, then loops
-until ``Drain``/``Stop`` or SIGTERM: inbox messages are handled on the event loop,
+until ``Drain``/``Stop`` (or its stop flag, in-process): inbox messages are handled on the event loop,
 a periodic tick heart-beats, forces overdue on-policy batches and reports status.
 """
 from __future__ import annotations
@@ -108,7 +108,7 @@ class CollectorProcess:
         while True:
             self.ctx.heartbeat()
             if self.ctx.stop.is_set():
-                self._on_drain(m.Drain("SIGTERM"))
+                self._on_drain(m.Drain("stop requested"))
                 return
             self.server.maybe_flush()
             self.server.shm.on_doorbell()  # safety net for a lost wake-up

@@ -1,7 +1,7 @@
 """Connector process shell: episode ring → segments → pipeline → batch slot → learner.
 
-Loop (until Stop or SIGTERM): wait up to 50 ms for records (doorbell-free polling
-of its one ring with a short sleep), assemble segments, and when ``BatchBuilder``
+Loop (until Stop): wait up to 50 ms for records (sleeping on the episode ring's
+doorbell, which the collector rings only when we announced sleep), assemble segments, and when ``BatchBuilder``
 says so, run the pipeline with the newest board weights, copy the columns into a
 free shared-memory slot, mark it READY and ring the learner's doorbell. A full set
 of slots stops the loop from reading the ring, which fills the ring, which slows the
