@@ -148,6 +148,32 @@ def rss_growth(samples: list[tuple[float, int]], duration_s: float) -> float:
     return statistics.median(tail) / statistics.median(warm) - 1.0
 
 
+def tree_rss_mb(pid: int) -> dict[str, float]:
+    """RSS of the daemon's processes now, by role (children's cmdlines are anonymous)."""
+    import psutil
+    from daemon.cli import query_status
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return {}
+    names = {pid: "supervisor"}
+    state = Path(root.cmdline()[root.cmdline().index("--state-dir") + 1])
+    try:
+        from client_lib.discovery import read_daemon_file
+        status = query_status(read_daemon_file(state), timeout_s=10)
+        names |= {c["pid"]: role for role, c in status["children"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    out = {}
+    for p in procs:
+        try:
+            out[names.get(p.pid, f"pid{p.pid}")] = round(p.memory_info().rss / 2**20, 1)
+        except psutil.Error:
+            continue
+    return out
+
+
 def error_lines(log: Path) -> list[str]:
     lines = log.read_text(errors="replace").splitlines()
     return [line for line in lines if '"level": "error"' in line or "Traceback" in line]
@@ -163,7 +189,10 @@ def drive(args: argparse.Namespace) -> dict:
         info = wait_daemon(state, daemon)
         sampler = TreeSampler(daemon.pid, interval_s=1.0).start()
         workers = start_workers(args, info, state, tmp)
-        time.sleep(args.duration_s)
+        time.sleep(args.duration_s * 0.25)
+        rss_warm = tree_rss_mb(daemon.pid)
+        time.sleep(args.duration_s * 0.75)
+        rss_end = tree_rss_mb(daemon.pid)
         reports = collect_reports(workers)
         final = status(info)
         sampler.stop()
@@ -183,6 +212,8 @@ def drive(args: argparse.Namespace) -> dict:
             "dropped_episodes": final.get("dropped_episodes"), "protocol_errors": final["protocol_errors"],
             "rss_growth": round(rss_growth(sampler.samples, args.duration_s), 4),
             "rss_mb_start_end": [round(sampler.samples[0][1] / 2**20), round(sampler.samples[-1][1] / 2**20)],
+            "rss_mb_by_process_after_warmup": rss_warm, "rss_mb_by_process_at_end": rss_end,
+            "rss_mb_series": [(round(t), round(r / 2**20)) for t, r in sampler.samples[::10]],
             "error_log_lines": error_lines(state / "daemon.log")[:20],
             "daemon_exit": daemon.returncode, "state_dir": str(state)}
 

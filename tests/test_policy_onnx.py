@@ -96,3 +96,17 @@ def test_weight_refresh_reuses_graph_and_tracks_torch(spec, monkeypatch):
 def test_encode_rejects_wrong_size():
     with pytest.raises(ValueError):
         OnnxWeightWriter(CARTPOLE).encode(np.zeros(CARTPOLE.n_params() - 1, np.float32))
+
+
+def test_weight_refresh_does_not_leak_memory():
+    """Regression: mutating one protobuf ModelProto per version leaked ~30 KB each."""
+    import psutil
+    spec = PolicySpec(obs_size=4, obs_shape=(4,), action_kind="discrete", action_size=2)
+    writer = OnnxWeightWriter(spec)
+    flat = spec.init_flat(np.random.default_rng(0))
+    writer.encode(flat)
+    before = psutil.Process().memory_info().rss
+    for i in range(2000):
+        writer.encode(flat + np.float32(i))
+    grown_mb = (psutil.Process().memory_info().rss - before) / 2**20
+    assert grown_mb < 8, f"RSS grew {grown_mb:.1f} MB over 2000 weight versions"
