@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         final = chaos.finish()
     result = {"command": " ".join(["python -m bench.chaos", *(argv or sys.argv[1:])]),
+              "measured_at": time.strftime("%Y-%m-%d %H:%M"),
+              "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
               "summary": summarize(kills, final), "kills": kills, "state_dir": str(state)}
     RESULTS.mkdir(exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))

@@ -6,14 +6,19 @@
 (``make bench`` runs it without flags.) Scripts, in order, each as its own process (one
 failing does not stop the others; the exit code says whether all succeeded):
 
+    demo           bench.solve --runs 5  -> bench/results/solve.json   (default config, seeds 0-4)
     transport      bench.transport       -> bench/results/transport.json
     latency        bench.latency         -> bench/results/latency.json
     rlinkd_solve   bench.rlinkd_solve    -> bench/results/solve_compare.json
     rllib          bench.rllib_baseline  -> bench/results/rllib.json   (~30+ min, saturates the machine)
     profile        bench.profile_demo    -> bench/results/profile.json
+    soak           bench.soak            -> bench/results/soak.json    (10 min, 64 TCP + 8 shm clients)
+    chaos          bench.chaos           -> bench/results/chaos.json   (20 kills)
+    fuzz           pytest tests/test_fuzz_live.py -> bench/results/fuzz.json
 
-``--quick`` passes ``--quick`` to every script (a smoke test: small sizes, one run, the
-RLlib baseline reduced to one 90-s external-mode run of ray 2.48). Then the text between
+``--quick`` is a smoke test: ``--quick`` to the benchmark scripts (small sizes, one run, the
+RLlib baseline reduced to one 90-s external-mode run of ray 2.48), one demo run, a 60-s soak
+and a 4-kill chaos run (those three write ``*-quick.json`` files the report ignores). Then the text between
 ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in BENCHMARKS.md (markers appended at
 the end when absent; the rest of the file is kept) is replaced with: the exact commands, the
 machine's CPU count, every table (medians with min–max), the rlinkd/RLlib ratios (wall time,
@@ -35,12 +40,17 @@ from bench.common import REPO, RESULTS, fmt_num
 
 BENCHMARKS_MD = REPO / "BENCHMARKS.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
-SCRIPTS = {  # name: (module, result file, extra args for a full run)
-    "transport": ("bench.transport", "transport.json", []),
-    "latency": ("bench.latency", "latency.json", []),
-    "rlinkd_solve": ("bench.rlinkd_solve", "solve_compare.json", ["--runs", "{runs}"]),
-    "rllib": ("bench.rllib_baseline", "rllib.json", ["--runs", "{runs}"]),
-    "profile": ("bench.profile_demo", "profile.json", []),
+SCRIPTS = {  # name: (module, result file, extra args for a full run, for a --quick run)
+    "demo": ("bench.solve", "solve.json", ["--runs", "5"], ["--runs", "1", "--out", "{results}/solve-quick.json"]),
+    "transport": ("bench.transport", "transport.json", [], ["--quick"]),
+    "latency": ("bench.latency", "latency.json", [], ["--quick"]),
+    "rlinkd_solve": ("bench.rlinkd_solve", "solve_compare.json", ["--runs", "{runs}"], ["--quick"]),
+    "rllib": ("bench.rllib_baseline", "rllib.json", ["--runs", "{runs}"], ["--quick"]),
+    "profile": ("bench.profile_demo", "profile.json", [], ["--quick"]),
+    "soak": ("bench.soak", "soak.json", [], ["--duration-s", "60", "--out", "{results}/soak-quick.json"]),
+    "chaos": ("bench.chaos", "chaos.json", [], ["--kills", "4", "--out", "{results}/chaos-quick.json"]),
+    "fuzz": ("pytest", "fuzz.json", ["-q", "-p", "no:cacheprovider", "tests/test_fuzz_live.py"],
+             ["-q", "-p", "no:cacheprovider", "tests/test_fuzz_live.py"]),
 }
 TRANSPORT_TARGETS = [
     ("shm single steps ≥ 1,000,000 steps/s", lambda t: t["shm_single"]["steps_per_s"]["median"], 1_000_000, True,
@@ -56,8 +66,8 @@ TRANSPORT_TARGETS = [
 
 # ---------------------------------------------------------------- running
 def script_command(name: str, quick: bool, runs: int) -> list[str]:
-    module, _, extra = SCRIPTS[name]
-    args = ["--quick"] if quick else [a.format(runs=runs) for a in extra]
+    module, _, full, smoke = SCRIPTS[name]
+    args = [a.format(runs=runs, results=RESULTS) for a in (smoke if quick else full)]
     return [sys.executable, "-m", module, *args]
 
 
@@ -66,7 +76,10 @@ def run_script(name: str, quick: bool, runs: int) -> dict:
     cmd = script_command(name, quick, runs)
     print(f"\n===== {name}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.monotonic()
-    code = subprocess.call(cmd, cwd=REPO)
+    # the fuzz module writes its figures only when asked to (a plain test run writes nothing)
+    env = dict(os.environ, RLINKD_FUZZ_REPORT=str(RESULTS / SCRIPTS["fuzz"][1])) if name == "fuzz" and not quick \
+        else None
+    code = subprocess.call(cmd, cwd=REPO, env=env)
     took = round(time.monotonic() - t0, 1)
     print(f"===== {name}: exit {code} after {took} s", flush=True)
     return {"exit": code, "seconds": took}
@@ -100,7 +113,7 @@ def provenance(results: dict, ran: dict) -> list[str]:
             continue
         fresh = "this invocation" if name in ran and ran[name]["exit"] == 0 else "an earlier invocation"
         quick = " — **quick smoke run, not for publication**" if doc.get("quick") else ""
-        lines.append(f"- `{doc['command']}` — {doc['measured_at']}, from {fresh}, load average "
+        lines.append(f"- `{doc.get('command', name)}` — {doc.get('measured_at', '?')}, from {fresh}, load average "
                      f"{doc.get('load_avg_1m_at_end')} at the end{quick}")
     return lines
 
@@ -154,6 +167,36 @@ def target_lines(transport: dict | None) -> list[str]:
     return out
 
 
+def reliability_rows(fuzz: dict | None, soak: dict | None, chaos: dict | None) -> list[tuple]:
+    """Issue 6's table: fuzzing, soak, chaos, one row per figure."""
+    rows = []
+    if fuzz:
+        rows += [("fuzz", "cases tried (TCP + Unix socket, 8 families)", fmt_num(fuzz["cases"])),
+                 ("fuzz", "daemon deaths / child restarts", f"{fuzz['daemon_deaths']} / {fuzz['child_restarts']}"),
+                 ("fuzz", "RSS growth over the run", f"{fuzz['rss_growth_mb']} MiB")]
+    if soak:
+        ok = "equal" if not soak["mismatched_clients"] else f"{len(soak['mismatched_clients'])} clients differ"
+        rows += [("soak", "duration, clients", f"{soak['duration_s']:.0f} s, {soak['tcp_clients']} TCP + "
+                                              f"{soak['shm_clients']} shm"),
+                 ("soak", "steps sent / ingested", f"{fmt_num(soak['steps_sent'])} / "
+                                                   f"{fmt_num(soak['steps_ingested'])} ({ok})"),
+                 ("soak", "episodes dropped for policy lag", str(soak["dropped_episodes"])),
+                 ("soak", "summed RSS growth after warm-up (limit 10 %)",
+                  f"{soak['rss_growth'] * 100:.1f} % ({soak['rss_mb_start_end'][0]} → "
+                  f"{soak['rss_mb_start_end'][1]} MB)"),
+                 ("soak", "client errors / error lines in the log",
+                  f"{len(soak['client_errors'])} / {len(soak['error_log_lines'])}")]
+    if chaos:
+        c = chaos["summary"]
+        rows += [("chaos", "kills survived", f"{c['survived']} / {c['kills']} (" + ", ".join(
+                    f"{target} {n}" for target, n in sorted(c["by_target"].items())) + ")"),
+                 ("chaos", "recovery time p50 / max", f"{c['recovery_p50_s']} s / {c['recovery_max_s']} s"),
+                 ("chaos", "shm segments leaked; checkpoints corrupt",
+                  f"{len(c['shm_leaks'])}; {len(c['corrupt_checkpoints'])} of {c['checkpoints']}"
+                  f" (newest loads: {c['newest_loads']})")]
+    return rows
+
+
 def section(results: dict, ran: dict, quick: bool) -> str:
     """The generated markdown between the markers."""
     solve, rllib, transport = results["rlinkd_solve"], results["rllib"], results["transport"]
@@ -170,7 +213,12 @@ def section(results: dict, ran: dict, quick: bool) -> str:
         parts += ["### rlinkd / RLlib ratios (< 1: rlinkd needs less; steps/s > 1: rlinkd is faster)",
                   md_table(("definition", "RLlib", "rlinkd clients", "wall time", "env steps", "steps/s",
                             "peak RSS"), rows) if rows else "(no configuration solved on both sides)"]
-    for title, doc, key in (("Time to solve: rlinkd", solve, "table_markdown"),
+    reliability = reliability_rows(results["fuzz"], results["soak"], results["chaos"])
+    if reliability:
+        parts += ["### Reliability (fuzzing, soak, chaos)", md_table(("run", "figure", "value"), reliability)]
+    for title, doc, key in (("`make demo` with the default config, one run per seed", results["demo"],
+                             "table_markdown"),
+                            ("Time to solve: rlinkd", solve, "table_markdown"),
                             ("Time to solve: RLlib", rllib, "table_markdown"),
                             ("Transport", transport, "table_markdown"),
                             ("Latency and scaling", latency, "tables_markdown"),

@@ -203,7 +203,9 @@ def drive(args: argparse.Namespace) -> dict:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(120)
     rows = compare(reports, final["sessions"])
-    return {"duration_s": args.duration_s, "tcp_clients": args.tcp_clients,
+    return {"command": " ".join(["python -m bench.soak", *sys.argv[1:]]),
+            "measured_at": time.strftime("%Y-%m-%d %H:%M"),
+            "load_avg_1m_at_end": round(os.getloadavg()[0], 2), "duration_s": args.duration_s, "tcp_clients": args.tcp_clients,
             "shm_clients": args.shm_clients, "clients": rows,
             "steps_sent": sum(r["steps_sent"] for r in rows),
             "steps_ingested": sum(r["steps_ingested"] or 0 for r in rows),

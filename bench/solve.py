@@ -1,10 +1,12 @@
 """Time-to-solve benchmark: `rlinkd demo` (daemon + N CartPole clients) until mean return 450.
 
-    python -m bench.solve [--runs 3] [--clients 2] [--transport tcp]
+    python -m bench.solve [--runs 5] [--clients 2] [--transport tcp]
 
-Measures from outside, per run: wall time from launch to SOLVED, env steps to solve (from
-the daemon), peak summed RSS of the whole process tree (daemon, its children, clients), and
-CPU-seconds. Prints medians (min–max) and writes bench/results/solve.json.
+Run i uses `rlinkd demo --seed i` (learner and client seeds), default config otherwise, so
+the runs are the "solves in 5 of 5 seeds" check of the tuned defaults. Measures from
+outside, per run: wall time from launch to SOLVED, env steps to solve (from the daemon),
+peak summed RSS of the whole process tree (daemon, its children, clients), and CPU-seconds.
+Prints medians (min–max) and writes bench/results/solve.json.
 """
 from __future__ import annotations
 
@@ -23,9 +25,9 @@ from bench.proctree import TreeSampler
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def one_run(clients: int, transport: str, extra: list[str]) -> dict:
+def one_run(clients: int, transport: str, seed: int, extra: list[str]) -> dict:
     state = tempfile.mkdtemp(prefix="rlinkd-bench-")
-    cmd = [sys.executable, "-m", "daemon.cli", "demo", "--clients", str(clients),
+    cmd = [sys.executable, "-m", "daemon.cli", "demo", "--clients", str(clients), "--seed", str(seed),
            "--transport", transport, "--state-dir", state, *extra]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -34,7 +36,7 @@ def one_run(clients: int, transport: str, extra: list[str]) -> dict:
     sampler.stop()
     last = out.strip().splitlines()[-1]
     summary = json.loads(last.split(" ", 1)[1])
-    return {"solved": summary["solved"] and proc.returncode == 0,
+    return {"seed": seed, "solved": summary["solved"] and proc.returncode == 0,
             "wall_s": round(time.monotonic() - t0, 2), "demo_wall_s": summary["wall_s"],
             "env_steps": summary["env_steps"], "peak_rss_mb": round(sampler.peak_rss_bytes / 2**20, 1),
             "cpu_s": round(sampler.cpu_s, 1)}
@@ -50,9 +52,27 @@ def summarize(runs: list[dict]) -> dict:
         "solved_runs": sum(r["solved"] for r in runs), "runs": len(runs)}
 
 
+def table_markdown(result: dict) -> str:
+    """Medians (min – max) and the per-seed outcome, for BENCHMARKS.md."""
+    s = result["summary"]
+    rows = [("wall time to solve (launch → SOLVED)", f"{s['wall_s']['median']:.1f} s",
+             f"{s['wall_s']['min']:.1f} – {s['wall_s']['max']:.1f} s"),
+            ("env steps to solve", f"{s['env_steps']['median']:,.0f}",
+             f"{s['env_steps']['min']:,.0f} – {s['env_steps']['max']:,.0f}"),
+            ("peak summed RSS (demo, daemon, clients)", f"{s['peak_rss_mb']['median']:.0f} MB",
+             f"{s['peak_rss_mb']['min']:.0f} – {s['peak_rss_mb']['max']:.0f} MB"),
+            ("CPU time, all processes", f"{s['cpu_s']['median']:.1f} s",
+             f"{s['cpu_s']['min']:.1f} – {s['cpu_s']['max']:.1f} s")]
+    lines = ["| measure | median | min – max |", "| --- | --- | --- |"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    seeds = ", ".join(f"seed {r['seed']}: {'solved' if r['solved'] else 'NOT solved'} in {r['wall_s']:.1f} s"
+                      for r in result["runs"])
+    return "\n".join(lines) + f"\n\n{s['solved_runs']} of {s['runs']} seeds solved ({seeds})."
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--transport", default="tcp")
     ap.add_argument("--set", action="append", default=[])
@@ -61,11 +81,13 @@ def main() -> int:
     extra = [a for s in args.set for a in ("--set", s)]
     runs = []
     for i in range(args.runs):
-        runs.append(one_run(args.clients, args.transport, extra))
+        runs.append(one_run(args.clients, args.transport, i, extra))
         print(json.dumps({"run": i + 1, **runs[-1]}), flush=True)
     result = {"command": " ".join(["python -m bench.solve", *sys.argv[1:]]),
               "cpu_count": os.cpu_count(), "clients": args.clients, "transport": args.transport,
-              "runs": runs, "summary": summarize(runs), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "runs": runs, "summary": summarize(runs), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
+    result["table_markdown"] = table_markdown(result)
     RESULTS.mkdir(exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result["summary"], indent=1))

@@ -871,3 +871,20 @@ def test_zz_daemon_is_healthy_after_fuzzing(target):
           f"+{grew}; RSS growth {growth / 2**20:.1f} MiB {per_process}; valid client rounds "
           f"{[c.rounds for c in target.clients]}")
     assert TALLY.cases >= MIN_TOTAL_CASES, TALLY.cases
+    write_report(os.environ.get("RLINKD_FUZZ_REPORT"), elapsed, grew, growth, daemon)
+
+
+def write_report(path: str | None, elapsed: float, grew: int, growth: int, daemon) -> None:
+    """With RLINKD_FUZZ_REPORT=FILE, the figures for BENCHMARKS.md's reliability table."""
+    if not path:
+        return
+    report = {"command": "RLINKD_FUZZ_REPORT=bench/results/fuzz.json .venv/bin/python -m pytest -q "
+                         "tests/test_fuzz_live.py",
+              "measured_at": time.strftime("%Y-%m-%d %H:%M"), "cases": TALLY.cases,
+              "families": TALLY.families, "elapsed_s": round(elapsed, 1), "protocol_errors": grew,
+              "daemon_deaths": 0 if daemon.proc.poll() is None else 1,
+              "child_restarts": sum(c["restarts"] for c in daemon.status()["children"].values()),
+              "rss_growth_mb": round(growth / 2**20, 1),
+              "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
