@@ -32,7 +32,11 @@ sockets on 127.0.0.1 sending pre-encoded orjson frames of CartPole-sized episode
    (``bench.collector_harness``: nothing trains, so no backpressure: the collector's
    capacity); ``daemon`` = ``rlinkd serve`` off-policy (fresh per point; 1, 8, 64 clients),
    where a full episode ring makes the replies wait for the learner (ingest = the
-   learner's pace after the first ~0.5 s).
+   learner's pace after the first ~0.5 s). ``paced`` = the collector alone with 64 clients
+   each sending one request per period, the periods chosen so the offered load is 25, 50
+   and 75 % of the 64-client saturated capacity: closed-loop saturation makes latency
+   N × service time for any server (Little's law), paced clients show what simulators
+   producing steps below capacity see.
 4. ``startup``: ``rlinkd serve`` spawned with ``NOTIFY_SOCKET`` naming a datagram socket we
    bind; time from spawn to the ``READY=1`` notification (median of 5).
 """
@@ -42,6 +46,7 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
+import random
 import shutil
 import signal
 import socket
@@ -245,15 +250,25 @@ def weights_publication(n: int) -> dict:
 
 
 # ---------------------------------------------------------------- 3. scaling
-async def _client_loop(port: int, frame: bytes, t_start: float, t_end: float, out: dict) -> None:
-    """One connection: EPISODES_AND_GET_STATE → SET_STATE until ``t_end``; records the window."""
+async def _client_loop(port: int, frame: bytes, t_start: float, t_end: float, out: dict,
+                       period_s: float = 0.0) -> None:
+    """One connection: EPISODES_AND_GET_STATE → SET_STATE until ``t_end``; records the window.
+
+    ``period_s`` = 0: the next request as soon as the reply is in (closed loop, saturation).
+    Otherwise one request every ``period_s`` from a random phase (a simulator producing
+    510 steps in ``period_s``); a late reply delays only that client's next send.
+    """
     reader, writer = await asyncio.open_connection(LOOPBACK, port, limit=1 << 22)
     writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for obj in ({"type": "PING"}, {"type": "GET_CONFIG"}):
         body = orjson.dumps(obj)
         writer.write(b"%08d" % len(body) + body)
         await reader.readexactly(int(await reader.readexactly(8)))
+    next_send = time.monotonic() + random.uniform(0, period_s)
     while time.monotonic() < t_end:
+        if period_s:
+            await asyncio.sleep(max(0.0, next_send - time.monotonic()))
+            next_send = max(next_send + period_s, time.monotonic())
         t0 = time.monotonic()
         writer.write(frame)
         await writer.drain()
@@ -265,18 +280,21 @@ async def _client_loop(port: int, frame: bytes, t_start: float, t_end: float, ou
     writer.close()
 
 
-def scaling_worker(port: int, n_conns: int, t_start: float, t_end: float, conn) -> None:
+def scaling_worker(port: int, n_conns: int, t_start: float, t_end: float, conn,
+                   period_s: float = 0.0) -> None:
     """Worker process: ``n_conns`` asyncio connections; sends back latencies and steps."""
     frame = episodes_frame("EPISODES_AND_GET_STATE")
     out = {"lat_ms": [], "steps": 0}
 
     async def run_all():
-        await asyncio.gather(*(_client_loop(port, frame, t_start, t_end, out) for _ in range(n_conns)))
+        await asyncio.gather(*(_client_loop(port, frame, t_start, t_end, out, period_s)
+                               for _ in range(n_conns)))
     asyncio.run(run_all())
     conn.send(out)
 
 
-def scaling_point(port: int, n_clients: int, window_s: float, warmup_s: float = 1.0) -> dict:
+def scaling_point(port: int, n_clients: int, window_s: float, warmup_s: float = 1.0,
+                  period_s: float = 0.0) -> dict:
     """N clients over min(N, 2) worker processes; steps/s and latency in the window."""
     ctx = mp.get_context("spawn")
     n_workers = min(n_clients, 2)
@@ -286,7 +304,7 @@ def scaling_point(port: int, n_clients: int, window_s: float, warmup_s: float = 
     for w in range(n_workers):
         share = n_clients // n_workers + (1 if w < n_clients % n_workers else 0)
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=scaling_worker, args=(port, share, t_start, t_end, child))
+        p = ctx.Process(target=scaling_worker, args=(port, share, t_start, t_end, child, period_s))
         p.start()
         pipes.append(parent)
         procs.append(p)
@@ -296,16 +314,34 @@ def scaling_point(port: int, n_clients: int, window_s: float, warmup_s: float = 
     lat = [x for o in outs for x in o["lat_ms"]]
     steps = sum(o["steps"] for o in outs)
     return {"clients": n_clients, "steps_per_s": round(steps / window_s),
-            "reply_ms": percentiles(lat, ndigits=2)}
+            "reply_ms": percentiles(lat, ndigits=2), "period_ms": round(period_s * 1e3, 1)}
 
 
 def scaling_collector(counts: list[int], window_s: float) -> list[dict]:
-    """The collector alone, one instance for every client count (increasing)."""
+    """The collector alone, one instance for every client count (increasing), saturated."""
     points = []
     with IsolatedCollector(["sampling.force_on_policy=false"]) as c:
         for n in counts:
             points.append(scaling_point(c.port, n, window_s))
             _print_point("collector alone", points[-1])
+    return points
+
+
+def scaling_paced(n_clients: int, capacity_steps_per_s: float, loads: list[float],
+                  window_s: float) -> list[dict]:
+    """The collector alone, ``n_clients`` paced so the offered load is a fraction of capacity.
+
+    Closed-loop saturation makes every server's latency N × its service time (Little's law);
+    this measures the reply latency 64 simulators see when they produce steps at a given
+    fraction of what the collector can ingest.
+    """
+    points = []
+    with IsolatedCollector(["sampling.force_on_policy=false"]) as c:
+        for load in loads:
+            period_s = n_clients * STEPS_PER_MESSAGE / (load * capacity_steps_per_s)
+            points.append(scaling_point(c.port, n_clients, window_s, period_s=period_s))
+            points[-1]["offered_load"] = load
+            _print_point(f"collector, paced at {load:.0%} of capacity", points[-1])
     return points
 
 
@@ -409,6 +445,14 @@ def tables(res: dict) -> str:
         if rows:
             text += "\n\n" + print_table(f"Scaling with concurrent TCP clients: {label}",
                                          ("clients", "ingested steps/s", "reply p50 ms", "reply p99 ms"), rows)
+    pts = res["scaling"].get("paced") or []
+    rows = [(f"{p['offered_load']:.0%}", p["clients"], p["period_ms"], f"{p['steps_per_s']:,}",
+             p["reply_ms"]["p50"], p["reply_ms"]["p99"]) for p in pts]
+    if rows:
+        text += "\n\n" + print_table(
+            "64 TCP clients paced below saturation: the collector alone, each client one 510-step "
+            "EPISODES_AND_GET_STATE every period (offered load = share of the 64-client capacity above)",
+            ("offered load", "clients", "period ms", "ingested steps/s", "reply p50 ms", "reply p99 ms"), rows)
     text += "\n\n" + print_table("Start-up", ("measure", "median (min – max)"),
                                  [("spawn → READY=1 (sd_notify)", fmt_mr(res["startup"]["ready_s"], 2) + " s")])
     return text
@@ -430,6 +474,8 @@ def main() -> int:
     counts = [1, 4, 64] if q else [1, 2, 4, 8, 16, 64]
     window = 2.0 if q else 6.0
     res["scaling"] = {"collector": scaling_collector(counts, window)}
+    capacity = res["scaling"]["collector"][-1]["steps_per_s"]  # the 64-client saturation point
+    res["scaling"]["paced"] = scaling_paced(64, capacity, [0.5] if q else [0.25, 0.5, 0.75], window * 2)
     if not args.skip_daemon_scaling:
         res["scaling"]["daemon"] = scaling_daemon([64] if q else [1, 8, 64], 4.0 if q else 10.0)
     print("4. start-up", flush=True)

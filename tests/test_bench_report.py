@@ -1,0 +1,61 @@
+"""The generated BENCHMARKS.md section: target verdicts, reliability rows, marker splicing."""
+from __future__ import annotations
+
+from bench import run_all
+
+
+def summary(**medians) -> dict:
+    return {k: {"median": v} for k, v in medians.items()} | {"solved_runs": 3, "runs": 3}
+
+
+def rllib_doc(**modes) -> dict:
+    return {"versions": {"2.48.0": {"modes": {m: {"summary": s} for m, s in modes.items()}}}}
+
+
+def test_solve_targets_compare_against_the_best_rllib_and_name_partial_passes():
+    rllib = rllib_doc(example=summary(wall_s=100.0, env_steps=100_000, steps_per_s=1_000, peak_rss_mb=1_800))
+    solve = {"own": {"tcpx1": {"summary": summary(wall_s=10.0, env_steps=40_000, steps_per_s=6_000,
+                                                  peak_rss_mb=700)},
+                     "shmx1": {"summary": summary(wall_s=30.0, env_steps=40_000, steps_per_s=4_000,
+                                                  peak_rss_mb=500)}}}
+    lines = run_all.solve_target_lines(solve, rllib)
+    by_measure = {line.split(": ")[1].split(" (")[0]: line for line in lines}
+    assert by_measure["wall time ≤ 1/5 of the faster RLlib's"].endswith("**met by tcp × 1 only**")
+    assert by_measure["env steps ≤ the more sample-efficient RLlib's"].endswith("**met**")
+    assert by_measure["env steps/s ≥ 5 × RLlib's"].endswith("**met by tcp × 1 only**")
+    assert by_measure["summed peak RSS ≤ 1/3 of RLlib's"].endswith("**met by shm × 1 only**")
+    assert len(lines) == 4  # no client-side definition in either input: nothing invented
+
+
+def test_missing_results_say_not_measured():
+    assert "not measured" in run_all.solve_target_lines(None, None)[0]
+
+
+def test_latency_targets_report_saturated_and_paced_points():
+    latency = {"set_state_reply": {"on_policy": {"excluding_training_ms": {"p50": 6.1}}},
+               "scaling": {"collector": [{"clients": 1, "reply_ms": {"p99": 1}},
+                                         {"clients": 64, "reply_ms": {"p99": 120.0}}],
+                           "paced": [{"offered_load": 0.5, "reply_ms": {"p99": 20.0}}]}}
+    lines = run_all.latency_target_lines(latency, None)
+    assert lines[0].endswith("6.1 ms — **MISSED**")
+    assert "saturation: 120.0 ms — **MISSED**" in lines[1]
+    assert "paced at 50% of capacity: 20.0 ms — **met**" in lines[2]
+
+
+def test_reliability_rows_flag_mismatched_soak_clients():
+    soak = {"duration_s": 60, "tcp_clients": 64, "shm_clients": 8, "steps_sent": 10, "steps_ingested": 9,
+            "mismatched_clients": [{"key": "x"}], "dropped_episodes": 0, "rss_growth": 0.02,
+            "rss_mb_start_end": [400, 408], "client_errors": [], "error_log_lines": []}
+    rows = dict(((run, figure), value) for run, figure, value in run_all.reliability_rows(None, soak, None))
+    assert rows[("soak", "steps sent / ingested")] == "10 / 9 (1 clients differ)"
+    assert rows[("soak", "summed RSS growth after warm-up (limit 10 %)")].startswith("2.0 %")
+
+
+def test_write_section_replaces_only_the_marked_block(tmp_path):
+    doc = tmp_path / "B.md"
+    doc.write_text(f"# head\nkept\n{run_all.START}\nold\n{run_all.END}\ntail kept\n")
+    run_all.write_section("new", doc)
+    assert doc.read_text() == f"# head\nkept\n{run_all.START}\nnew\n{run_all.END}\ntail kept\n"
+    fresh = tmp_path / "C.md"
+    run_all.write_section("first", fresh)
+    assert fresh.read_text().endswith(f"{run_all.START}\nfirst\n{run_all.END}\n")
