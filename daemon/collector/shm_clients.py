@@ -39,6 +39,7 @@ class ShmSession:
     last_ingest_id: int = 0
     drained: int = 0
     done_episodes: list = field(default_factory=list)
+    refused: str | None = None     # why its ring was found bad; never read again
 
 
 def ring_capacity(requested: int | None) -> int:
@@ -83,22 +84,49 @@ class ShmClients:
                 pass
 
     def read(self, session_id: int, max_records: int) -> np.ndarray:
-        """Validated records from one client's ring (raises InvalidEpisode on bad data)."""
+        """Validated records from one client's ring.
+
+        Raises InvalidEpisode on bad data; from then on the ring is refused (every later
+        read raises, ``readable`` skips it) until the client is detached.
+        """
         shm = self.sessions[session_id]
-        rec = shm.ring.read_batch(max_records)
+        if shm.refused:
+            raise InvalidEpisode(shm.refused)
+        try:
+            rec = self._read_checked(shm, max_records)
+        except InvalidEpisode as exc:
+            shm.refused = str(exc)
+            raise
         if len(rec):
-            validate_records(rec, self.obs_space, self.act_space)
             shm.drained += len(rec)
             shm.done_episodes.extend(self._episodes(shm, rec))
         return rec
 
+    def _read_checked(self, shm: ShmSession, max_records: int) -> np.ndarray:
+        unread = shm.ring.readable_records()  # the client writes tail (and could write head)
+        if not 0 <= unread <= shm.ring.capacity:
+            raise InvalidEpisode(f"ring counters corrupt: {unread} unread records in a ring of "
+                                 f"{shm.ring.capacity}")
+        rec = shm.ring.read_batch(max_records)
+        if len(rec):
+            validate_records(rec, self.obs_space, self.act_space)
+        return rec
+
     def readable(self) -> list[int]:
-        return [sid for sid, s in self.sessions.items() if s.ring.readable_records()]
+        return [sid for sid, s in self.sessions.items() if not s.refused and s.ring.readable_records()]
 
     def arm(self) -> bool:
-        """Announce that the collector sleeps; True if a ring became readable meanwhile."""
-        rings = [s.ring for s in self.sessions.values()]
-        return arm_sleep(rings) if rings else False
+        """Announce that the collector sleeps; True if a ring became readable meanwhile.
+
+        Only unread records count as news here, not a ring's ``closed`` flag: clients
+        leave by closing their socket, and a flag a client may set at will must not keep
+        the drain loop spinning.
+        """
+        rings = [s.ring for s in self.sessions.values() if not s.refused]
+        if not rings:
+            return False
+        arm_sleep(rings)
+        return any(ring.readable_records() != 0 for ring in rings)
 
     @staticmethod
     def _episodes(shm: ShmSession, rec: np.ndarray) -> list[tuple[float, int]]:
