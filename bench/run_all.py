@@ -57,7 +57,7 @@ TRANSPORT_TARGETS = [
      lambda v: f"{fmt_num(v)} steps/s"),
     ("shm batches of 1,024 ≥ 20,000,000 steps/s", lambda t: t["shm_batch"]["steps_per_s"]["median"], 20_000_000,
      True, lambda v: f"{fmt_num(v)} steps/s"),
-    ("wake-up latency p50 ≤ 100 µs (doorbell FIFO)", lambda t: t["wakeup_fifo_us"]["p50"], 100.0, False,
+    ("wake-up latency p50 ≤ 30 µs (doorbell FIFO)", lambda t: t["wakeup_fifo_us"]["p50"], 30.0, False,
      lambda v: f"{v} µs"),
     ("idle daemon CPU ≤ 2 % of a core (8 silent shm clients)",
      lambda t: t["idle_cpu"]["cpu_percent_of_one_core"], 2.0, False, lambda v: f"{v:.2f} %"),

@@ -93,8 +93,8 @@ class SamplingConfig:
                                     "trained on a batch containing that client's episodes.")
     train_batch_size: int = setting(512, "Env steps per train batch (fewer when every "
                                     "on-policy client is waiting).", minimum=1)
-    max_policy_lag: int = setting(4, "Episodes collected with weights more than this many "
-                                  "versions old are dropped and counted.", minimum=0)
+    max_policy_lag: int = setting(4, "Off-policy only: episodes collected with weights more "
+                                  "than this many versions old are dropped and counted.", minimum=0)
     max_wait_for_batch_s: float = setting(5.0, "An on-policy client waiting longer than this "
                                           "forces a (smaller) batch.", minimum=0.01)
     episode_ring_records: int = setting(1 << 17, "Capacity (steps) of the collector→connector "

@@ -29,6 +29,7 @@ SCALARS = {
     "learner/clip_frac": (None, "clip_frac"),
     "learner/explained_variance": (None, "explained_variance"),
     "learner/policy_lag": (None, "policy_lag_max"),
+    "learner/policy_lag_mean": (None, "policy_lag_mean"),
     "learner/lr": (None, "lr"),
 }
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ import gymnasium as gym
 import pytest
 
 from client_lib import connect, run_env
-from tests.helpers import REPO, wait_for
+from tests.helpers import REPO, raw_recv, raw_send, wait_for
 
 pytestmark = pytest.mark.process
 
@@ -49,6 +50,36 @@ def test_sigkilled_shm_client_segments_are_reclaimed(daemon):
     steps = daemon.status()["env_steps"]
     time.sleep(0.2)
     assert daemon.status()["env_steps"] == steps and daemon.proc.poll() is None
+
+
+def test_ring_of_a_client_that_attaches_and_leaves_without_sampling_is_reclaimed(daemon):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(daemon.unix_socket)
+    raw_send(sock, {"type": "ATTACH", "pid": os.getpid()})
+    assert raw_recv(sock)["type"] == "ATTACHED"
+    assert any(".client-" in n for n in shm_segments(daemon))
+    sock.close()
+    wait_for(lambda: not any(".client-" in n for n in shm_segments(daemon)), 10,
+             what="ring unlinked after an attach-only client closed")
+
+
+def test_ring_reclaimed_when_the_attaching_pid_is_gone_though_its_socket_lives(daemon, tmp_path):
+    """A client forks and exits: the child keeps the socket open, the ring still goes."""
+    child_pid_file = tmp_path / "child.pid"
+    code = ("import os, time; from client_lib import connect; "
+            f"agent = connect('shm:{daemon.state_dir}'); "
+            "pid = os.fork()\n"
+            "if pid == 0:\n    time.sleep(60); os._exit(0)\n"
+            f"open({str(child_pid_file)!r}, 'w').write(str(pid)); os._exit(0)")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
+    child = int(child_pid_file.read_text())
+    try:
+        assert os.path.exists(f"/proc/{child}")  # the socket is still open in the child
+        wait_for(lambda: not any(".client-" in n for n in shm_segments(daemon)), 10,
+                 what="ring reclaimed after the attaching pid exited")
+        assert '"shm_client_gone"' in daemon.log()
+    finally:
+        os.kill(child, signal.SIGKILL)
 
 
 def test_auto_prefers_shm_locally_and_tcp_and_shm_mix(daemon):

@@ -77,7 +77,8 @@ def test_tensorboard_events_and_box_actions(daemon_factory):
     time.sleep(0.5)  # let a status interval pass after the last update
     events = read_events(next((d.state_dir / "tensorboard").glob("events.out.tfevents.*")))
     tags = set().union(*(e.get("scalars", {}).keys() for e in events))
-    assert {"episode/return_mean", "learner/policy_loss", "learner/entropy",
+    assert {"episode/return_mean", "episode/length_mean", "learner/policy_loss", "learner/value_loss",
+            "learner/approx_kl", "learner/entropy", "learner/policy_lag", "learner/policy_lag_mean",
             "throughput/env_steps_per_s", "clients/connected"} <= tags
     assert max(e.get("step", 0) for e in events) == 1200
 

@@ -14,7 +14,7 @@ from client_lib.policy_spec import PolicySpec
 from client_lib.spaces import SpaceSpec, to_features
 from daemon.collector.ingest import fragment_records
 from daemon.connector import pipeline as pipeline_mod
-from daemon.connector.builder import BatchBuilder
+from daemon.connector.builder import BatchBuilder, policy_lag
 from daemon.connector.pipeline import LearnerPipeline, PipelineContext, load_piece
 from daemon.connector.segments import Segment, SegmentAssembler, split_segment
 from daemon.errors import ConfigError
@@ -219,6 +219,21 @@ def test_policy_lag_drops_are_counted():
     assert [s.first_ingest_id for s in plan.segments] == [5, 10]
     assert plan.dropped_episodes == 2 and b.dropped_episodes == 2 and b.dropped_steps == 8
     assert plan.cutoff == 18 and b.trained_steps == 6
+
+
+def test_on_policy_builder_never_drops_for_lag():
+    """force_on_policy: every client is promised weights trained on its episodes."""
+    b = BatchBuilder(train_batch_size=4, capacity_rows=100, max_policy_lag=None)
+    b.add([segment(3, 1, seq=0), segment(4, 5, seq=8)])
+    plan = b.take(current_seq=50, consumed_id=9)
+    assert [s.first_ingest_id for s in plan.segments] == [1, 5]
+    assert plan.dropped_episodes == 0 and b.dropped_episodes == 0 and b.trained_steps == 7
+
+
+def test_policy_lag_is_measured_against_the_weights_trained_from():
+    segs = [segment(3, 1, seq=7), segment(4, 5, seq=10), segment(2, 10, seq=-1)]
+    assert policy_lag(segs, 10) == (3, 3 * 3 + 4 * 0)   # unknown behaviour version counts 0
+    assert policy_lag([], 10) == (0, 0)
 
 
 def test_cutoff_is_the_first_remaining_id_minus_one():

@@ -112,6 +112,7 @@ class CollectorProcess:
                 return
             self.server.maybe_flush()
             self.server.shm.on_doorbell()  # safety net for a lost wake-up
+            self.server.shm.reap_gone()
             if self.server.weights.refresh():
                 self.server.first_weights.set()
             now = time.monotonic()

@@ -171,7 +171,7 @@ class CollectorServer:
         if plan.status:
             await self.send(writer, codec.encode(codec.StatusReport(status=self.status_fn())))
         if plan.attach is not None:
-            await self.send(writer, self.shm.attach_reply(session, plan.attach))
+            await self.send(writer, self.shm.attach_reply(session, plan.attach, writer))
         if plan.shm_sample is not None:
             await self.shm.sample_ready(session, plan.shm_sample, writer)
         if plan.newest_state:
@@ -212,7 +212,7 @@ class CollectorServer:
         self.core.close_session(session)
         self.writers.pop(session.id, None)
         self.waiters.pop(session.id, None)
-        if session.is_sampler:
+        if session.is_sampler or session.is_shm:  # an attached ring goes even if never used
             self.background.spawn(self._end_stream(session))
         self.maybe_flush()
 

@@ -34,6 +34,7 @@ class ShmSession:
     """One attached client's ring and episode accounting."""
 
     ring: StepRing
+    pid: int | None = None         # the attaching process (SO_PEERCRED), watched for exit
     open_return: float = 0.0
     open_length: int = 0
     last_ingest_id: int = 0
@@ -64,13 +65,17 @@ class ShmClients:
             path.unlink(missing_ok=True)
         return orphans
 
-    def attach(self, session_id: int, capacity: int | None) -> StepRing:
+    def attach(self, session_id: int, capacity: int | None, pid: int | None = None) -> StepRing:
         """Create the ring for one client (0600, our user). Called on ATTACH."""
         name = f"{self.prefix}.client-{session_id}-{secrets.token_hex(4)}"
         ring = StepRing.create(str(self.shm_dir / name), self.layout, ring_capacity(capacity),
                                mode=0o600)
-        self.sessions[session_id] = ShmSession(ring)
+        self.sessions[session_id] = ShmSession(ring, pid)
         return ring
+
+    def gone(self) -> list[int]:
+        """Sessions whose attaching process has exited (its socket may live on in a child)."""
+        return [sid for sid, s in self.sessions.items() if s.pid and not pid_alive(s.pid)]
 
     def detach(self, session_id: int) -> None:
         """Forget a client and unlink its ring (idempotent)."""
@@ -158,6 +163,16 @@ class ShmClients:
 
 
 FLOATS_OFFSET = 24  # reward, logp, obs, action, dist: consecutive float32 from here
+
+
+def pid_alive(pid: int) -> bool:
+    """False once the process has exited (a zombie not yet reaped counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
 
 
 def validate_records(rec: np.ndarray, obs_space: SpaceSpec, act_space: SpaceSpec) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import struct
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +31,16 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("collector")
 DRAIN_CHUNK = 1 << 14
+
+
+def peer_pid(writer) -> int | None:
+    """The kernel-reported pid of a Unix-socket peer (SO_PEERCRED), None elsewhere."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or sock.family != socket.AF_UNIX:
+        return None
+    pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                    struct.calcsize("3i")))
+    return pid or None
 
 
 def make_doorbell_fifo(path: Path) -> Doorbell:
@@ -61,11 +73,12 @@ class ShmIngestor:
         self.doorbell_path.unlink(missing_ok=True)
 
     # ------------------------------------------------------------ attach / detach
-    def attach_reply(self, session: Session, capacity: int) -> bytes:
-        ring = self.clients.attach(session.id, capacity)
+    def attach_reply(self, session: Session, capacity: int, writer) -> bytes:
+        pid = peer_pid(writer)
+        ring = self.clients.attach(session.id, capacity, pid)
         self.locks[session.id] = asyncio.Lock()
         log.info("shm_client_attached", session=session.id, ring=ring.path,
-                 capacity_records=ring.capacity)
+                 capacity_records=ring.capacity, pid=pid)
         return codec.encode(codec.Attached(ring_path=ring.path, doorbell_path=str(self.doorbell_path),
                                            **self.attached_info))
 
@@ -79,6 +92,16 @@ class ShmIngestor:
             pass
         self.clients.detach(session.id)
         self.locks.pop(session.id, None)
+
+    def reap_gone(self) -> None:
+        """Called every collector tick: close sessions whose attaching process has exited
+        (a forked child may still hold the socket open); closing detaches and unlinks."""
+        for sid in self.clients.gone():
+            self.clients.sessions[sid].pid = None  # once
+            writer = self.server.writers.get(sid)
+            log.info("shm_client_gone", session=sid, socket_open=writer is not None)
+            if writer is not None:
+                writer.close()  # the connection's read loop ends and detaches the ring
 
     # ------------------------------------------------------------ draining
     def on_doorbell(self) -> None:

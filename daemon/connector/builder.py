@@ -2,7 +2,7 @@
 
 Contract with the collector and learner: a batch carries ``ingest_cutoff`` such
 that every complete segment whose records have ingest ids <= cutoff is either in
-this batch, in an earlier one, or was dropped for policy lag. The learner passes
+this batch, in an earlier one, or (off-policy only) was dropped for policy lag. The learner passes
 the cutoff back with the weights it trains, and the collector releases on-policy
 clients whose records are all <= cutoff.
 
@@ -30,7 +30,7 @@ class BuildPlan:
 class BatchBuilder:
     train_batch_size: int
     capacity_rows: int
-    max_policy_lag: int
+    max_policy_lag: int | None   # None: never drop (on-policy: every client's data is trained)
     buffered: list[Segment] = field(default_factory=list)
     buffered_steps: int = 0
     dropped_episodes: int = 0
@@ -74,6 +74,8 @@ class BatchBuilder:
         return BuildPlan(chosen, self.last_cutoff, dropped)
 
     def _drop_stale(self, current_seq: int) -> tuple[list[Segment], int]:
+        if self.max_policy_lag is None:
+            return list(self.buffered), 0
         fresh, dropped = [], 0
         for seg in self.buffered:
             lag = current_seq - seg.behaviour_seq_no
@@ -84,3 +86,15 @@ class BatchBuilder:
                 fresh.append(seg)
         self.dropped_episodes += dropped
         return fresh, dropped
+
+
+def policy_lag(segments: list[Segment], current_seq: int) -> tuple[int, int]:
+    """(max, step-weighted sum) of ``current_seq - behaviour_seq_no`` over a batch's segments.
+
+    ``current_seq`` is the weights version the learner will train from; segments whose
+    behaviour version is unknown (-1, e.g. a client that sent no ``weights_seq_no``) count 0.
+    The learner reports max and sum / rows as the batch's policy lag.
+    """
+    lags = [(max(0, current_seq - s.behaviour_seq_no), s.num_steps)
+            for s in segments if s.behaviour_seq_no >= 0]
+    return max((lag for lag, _ in lags), default=0), sum(lag * n for lag, n in lags)

@@ -15,7 +15,7 @@ import numpy as np
 import structlog
 
 from daemon import messages as m
-from daemon.connector.builder import BatchBuilder
+from daemon.connector.builder import BatchBuilder, policy_lag
 from daemon.connector.pipeline import LearnerPipeline, PipelineContext
 from daemon.connector.segments import SegmentAssembler
 from daemon.errors import ExitCode
@@ -44,8 +44,9 @@ class Connector:
         self.slots = BatchSlots.attach(topo.slots_path)
         self.slots.reset_filling()
         self.assembler = SegmentAssembler(max_open_steps=self.slots.capacity_rows // 2)
-        self.builder = BatchBuilder(cfg.sampling.train_batch_size, self.slots.capacity_rows,
-                                    cfg.sampling.max_policy_lag)
+        # on-policy clients are promised weights trained on their episodes: nothing is dropped
+        lag = None if cfg.sampling.force_on_policy else cfg.sampling.max_policy_lag
+        self.builder = BatchBuilder(cfg.sampling.train_batch_size, self.slots.capacity_rows, lag)
         self.pipeline = LearnerPipeline(cfg.connector.pipeline)
         self.weights = np.empty(topo.policy_spec.n_params(), np.float32)
         self.next_stats = 0.0
@@ -77,10 +78,12 @@ class Connector:
         seq, _ = self.board.read(self.weights)
         plan = self.builder.take(seq, self.assembler.max_ingest_id)
         rows = self._fill(slot, plan.segments, seq) if plan.segments else 0
+        lag_max, lag_steps = policy_lag(plan.segments, seq)
         self.slots.mark_ready(slot, rows, {"ingest_cutoff": plan.cutoff,
                                            "episodes": len(plan.segments),
                                            "dropped_episodes": plan.dropped_episodes,
-                                           "values_seq_no": seq})
+                                           "values_seq_no": seq, "policy_lag_max": lag_max,
+                                           "policy_lag_steps": lag_steps})
         self.ctx.send("learner", m.BatchReady(slot))
 
     def _fill(self, slot: int, segments, seq: int) -> int:

@@ -117,7 +117,8 @@ class LearnerShell:
         stats.update(self.hparam_stats(), updates=self.learner.updates,
                      trained_steps=self.learner.trained_steps,
                      rejected_batches=self.rejected_batches,
-                     policy_lag_max=self.seq_no - 1 - meta["values_seq_no"] if trained else 0)
+                     policy_lag_max=meta["policy_lag_max"] if trained else 0,
+                     policy_lag_mean=meta["policy_lag_steps"] / rows if trained else 0.0)
         self.ctx.send("collector", m.WeightsPublished(self.seq_no, meta["ingest_cutoff"],
                                                       trained, stats))
         self.ctx.heartbeat()
