@@ -44,3 +44,10 @@ def configure(level: str = "info", role: str = "supervisor", json: bool | None =
         logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
         cache_logger_on_first_use=False,
     )
+
+
+def reload_level(changes: dict, role: str) -> None:
+    """Every role calls this on a Reload message: SIGHUP may change ``daemon.log_level``."""
+    if "daemon.log_level" in changes:
+        configure(changes["daemon.log_level"], role)
+        structlog.get_logger(role).warning("log_level_set", log_level=changes["daemon.log_level"])

@@ -271,8 +271,7 @@ class Supervisor:
     def _apply(self, changes: dict) -> None:
         self.cfg = apply_changes(self.cfg, changes)
         self.topo = dataclasses.replace(self.topo, cfg=self.cfg)
-        if "daemon.log_level" in changes:
-            logsetup.configure(self.cfg.daemon.log_level, "supervisor")
+        logsetup.reload_level(changes, "supervisor")
         if "checkpoint.checkpoint_interval_s" in changes:
             self.timers["checkpoint"] = time.monotonic() + self.cfg.checkpoint.checkpoint_interval_s
         for role in ROLES:

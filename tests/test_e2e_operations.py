@@ -1,6 +1,7 @@
 """Operations with real processes and real signals: checkpoints, resume, supervision."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -101,6 +102,27 @@ def test_sighup_applies_a_valid_file_and_ignores_an_invalid_one(daemon_factory, 
     status = wait_for(lambda: (s := d.status())["reload_generation"] == 2 and s, 30, what="reload")
     assert status["last_reload"]["ok"] is False and "ppo.lr" in status["last_reload"]["error"]
     assert status["config"]["ppo.lr"] == 0.0005 and d.status()["learner"]["lr"] == 0.0005
+
+
+def test_sighup_log_level_reaches_every_process(daemon_factory, tmp_path):
+    config = tmp_path / "rlinkd.toml"
+    config.write_text('[daemon]\nlog_level = "info"\n')
+    d = daemon_factory("--config", str(config))
+    config.write_text('[daemon]\nlog_level = "debug"\n')
+    d.signal(signal.SIGHUP)
+
+    def roles_set():
+        roles = set()
+        for line in d.log().splitlines():
+            try:  # the tail read may start mid-line, and the last line may be mid-write
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "log_level_set" and event.get("log_level") == "debug":
+                roles.add(event["role"])
+        return roles
+    wait_for(lambda: roles_set() >= {"supervisor", "collector", "connector", "learner", "checkpointer"},
+             30, what="every role applied the new log level")
 
 
 def test_cli_checkpoint_and_reload_wait_for_the_result(daemon_factory, tmp_path):

@@ -21,6 +21,7 @@ from daemon import messages as m
 from daemon.checkpoint import store
 from daemon.config import to_toml
 from daemon.errors import CheckpointError, ExitCode
+from daemon.log import reload_level
 from daemon.roles import RoleContext
 from daemon.wiring import Topology
 from shm.blob import BlobArea
@@ -111,6 +112,7 @@ class Checkpointer:
         elif isinstance(msg, m.SnapshotReady):
             self.on_snapshot(msg)
         elif isinstance(msg, m.Reload):
+            reload_level(msg.changes, "checkpointer")
             self.keep = msg.changes.get("checkpoint.keep_checkpoints", self.keep)
         elif isinstance(msg, m.Stop):
             self.ctx.stop.set()

@@ -99,9 +99,8 @@ class CollectorProcess:
         self.done.set()
 
     def _on_reload(self, msg: m.Reload) -> None:
-        from daemon import log as logsetup
-        if "daemon.log_level" in msg.changes:
-            logsetup.configure(msg.changes["daemon.log_level"], "collector")
+        from daemon.log import reload_level
+        reload_level(msg.changes, "collector")
 
     async def _tick(self) -> None:
         next_status = 0.0

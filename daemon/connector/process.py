@@ -19,6 +19,7 @@ from daemon.connector.builder import BatchBuilder, policy_lag
 from daemon.connector.pipeline import LearnerPipeline, PipelineContext
 from daemon.connector.segments import SegmentAssembler
 from daemon.errors import ExitCode
+from daemon.log import reload_level
 from daemon.roles import RoleContext
 from daemon.wiring import Topology
 from shm.board import WeightsBoard
@@ -119,4 +120,6 @@ def run(topo: Topology, ctx: RoleContext) -> ExitCode:
         for msg in ctx.inbox.drain():
             if isinstance(msg, m.Stop):
                 ctx.stop.set()
+            elif isinstance(msg, m.Reload):
+                reload_level(msg.changes, "connector")
     return ExitCode.OK

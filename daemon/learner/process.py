@@ -20,6 +20,7 @@ from daemon import messages as m
 from daemon.checkpoint.store import read_checkpoint_file
 from daemon.config import Config
 from daemon.errors import ExitCode
+from daemon.log import reload_level
 from daemon.roles import BootError, RoleContext
 from daemon.wiring import Topology
 from shm.blob import BlobArea
@@ -148,6 +149,7 @@ class LearnerShell:
         self.ctx.send("checkpointer", reply)
 
     def on_reload(self, msg: m.Reload) -> None:
+        reload_level(msg.changes, "learner")
         lr, ent = msg.changes.get("ppo.lr"), msg.changes.get("ppo.ent_coef")
         if lr is not None or ent is not None:
             self.learner.set_hparams(lr=lr, ent_coef=ent)
