@@ -1,0 +1,68 @@
+"""Connection limits and shutdown, against a real daemon over real sockets.
+
+max_connections (the excess gets ERROR and is closed, the others are unaffected),
+idle_timeout_s (a silent connection is dropped; a talking one is not), and SIGTERM
+(every connected client gets ERROR naming the reason before the close).
+"""
+from __future__ import annotations
+
+import signal
+import time
+
+from tests.helpers import peer_closed, raw_connect, raw_recv, raw_send
+
+
+def ping(sock) -> dict:
+    raw_send(sock, {"type": "PING"})
+    return raw_recv(sock)
+
+
+def test_excess_connection_gets_error_and_the_others_keep_working(daemon_factory):
+    d = daemon_factory("--set", "server.max_connections=2")
+    first, second = raw_connect(d.port), raw_connect(d.port)
+    assert ping(first)["type"] == "PONG" and ping(second)["type"] == "PONG"
+    third = raw_connect(d.port)
+    reply = raw_recv(third)
+    assert reply["type"] == "ERROR" and "too many connections" in reply["message"]
+    assert peer_closed(third)
+    assert ping(first)["type"] == "PONG" and ping(second)["type"] == "PONG"
+    first.close()
+    deadline = time.monotonic() + 10  # a freed place is usable again (the close is seen asynchronously)
+    while True:
+        again = raw_connect(d.port)
+        raw_send(again, {"type": "PING"})
+        if raw_recv(again)["type"] == "PONG":
+            break
+        assert time.monotonic() < deadline, "a closed connection's place was never freed"
+        again.close()
+        time.sleep(0.05)
+    for sock in (second, third, again):
+        sock.close()
+
+
+def test_idle_connection_is_dropped_and_a_talking_one_is_not(daemon_factory):
+    d = daemon_factory("--set", "server.idle_timeout_s=1.0")
+    idle, talking = raw_connect(d.port), raw_connect(d.port)
+    assert ping(idle)["type"] == "PONG"
+    assert not peer_closed(idle, timeout_s=0.4)  # not before its second of silence
+    for _ in range(6):  # 1.8 s of traffic, never silent for a whole second
+        assert ping(talking)["type"] == "PONG"
+        time.sleep(0.3)
+    assert peer_closed(idle, timeout_s=5.0)
+    assert ping(talking)["type"] == "PONG"
+    idle.close()
+    talking.close()
+
+
+def test_sigterm_sends_every_client_an_error_with_the_reason(daemon_factory):
+    d = daemon_factory()
+    clients = [raw_connect(d.port) for _ in range(3)]
+    for sock in clients:
+        assert ping(sock)["type"] == "PONG"
+    d.signal(signal.SIGTERM)
+    for sock in clients:
+        reply = raw_recv(sock)
+        assert reply["type"] == "ERROR" and reply["message"].startswith("daemon shutting down"), reply
+        assert peer_closed(sock)
+        sock.close()
+    assert d.proc.wait(60) == 0
