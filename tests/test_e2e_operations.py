@@ -71,18 +71,45 @@ def test_restart_resumes_counters_seq_no_and_policy(daemon_factory):
     assert resumed["weights_seq_no"] > before["weights_seq_no"]
 
 
+def test_periodic_checkpoints_and_fresh_start_ignores_them(daemon_factory):
+    d = daemon_factory("--set", "checkpoint.checkpoint_interval_s=1.0", name="p")
+    client = BackgroundClient(tcp(d)).start()
+    status = wait_for(lambda: (s := d.status())["checkpoints_written"] >= 3 and s, 60,
+                      what="three periodic checkpoints without any request")
+    assert status["last_checkpoint"]["weights_seq_no"] >= 1
+    client.stop()
+    assert d.stop() == 0
+    d.args += ["--fresh"]
+    d.proc = None
+    d.start()
+    fresh = d.status()
+    assert fresh["weights_seq_no"] <= 0 and fresh["env_steps"] == 0 and fresh["episodes"] == 0, fresh
+    assert list((d.state_dir / "checkpoints").glob("ckpt-*"))  # ignored, not deleted
+
+
 def test_sigkill_learner_is_restarted_and_clients_stay_connected(daemon):
-    client = BackgroundClient(tcp(daemon)).start()
+    clients = [BackgroundClient(tcp(daemon)).start(),
+               BackgroundClient(f"shm:{daemon.state_dir}", seed=1).start()]
     wait_for(lambda: daemon.status()["weights_seq_no"] >= 2, 60, what="training")
-    old = daemon.status()["children"]["learner"]["pid"]
+    before = daemon.status()
+    old = before["children"]["learner"]["pid"]
     os.kill(old, signal.SIGKILL)
-    status = wait_for(lambda: (s := daemon.status())["children"]["learner"]["restarts"] >= 1
-                      and s["children"]["learner"]["alive"] and s, 60, what="learner restart")
+    seen = []  # weights_seq_no never goes backwards across the restart
+
+    def restarted():
+        s = daemon.status()
+        seen.append(s["weights_seq_no"])
+        return s["children"]["learner"]["restarts"] >= 1 and s["children"]["learner"]["alive"] and s
+    status = wait_for(restarted, 60, what="learner restart")
     assert status["children"]["learner"]["pid"] != old
     seq = status["weights_seq_no"]
-    wait_for(lambda: daemon.status()["weights_seq_no"] >= seq + 3, 60, what="training continues")
-    assert client.error is None and client.agent.link.reconnects == 0
-    client.stop()
+    wait_for(lambda: seen.append(daemon.status()["weights_seq_no"]) or seen[-1] >= seq + 3, 60,
+             what="training continues")
+    assert seen == sorted(seen) and seen[0] >= before["weights_seq_no"], seen
+    assert type(clients[1].agent.link).__name__ == "ShmLink"
+    for client in clients:
+        assert client.error is None and client.agent.link.reconnects == 0
+        client.stop()
     daemon.remember_children()
 
 
