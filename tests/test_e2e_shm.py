@@ -1,6 +1,7 @@
 """Shared-memory clients against a real daemon: training, cleanup, mixed transports."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -96,10 +97,31 @@ def test_auto_prefers_shm_locally_and_tcp_and_shm_mix(daemon):
     tcp.close()
 
 
-@pytest.mark.slow
-def test_demo_with_shm_transport_solves_cartpole(tmp_path):
+def test_auto_without_a_local_daemon_falls_back_to_tcp(tmp_path):
+    from client_lib.agent import TcpLink
+    from client_lib.shm_client import open_local_link
+    link = open_local_link(f"auto:{tmp_path}")  # no daemon.json there: nothing runs locally
+    assert isinstance(link, TcpLink)
+    assert (link.address.host, link.address.port) == ("127.0.0.1", 5555)
+
+
+def test_cli_client_over_shm_found_through_the_state_dir(daemon):
     result = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "demo", "--clients", "2", "--transport", "shm",
+        [sys.executable, "-m", "daemon.cli", "client", "--connect", "shm", "--state-dir",
+         str(daemon.state_dir), "--steps", "600", "--seed", "3"],
+        capture_output=True, text=True, timeout=120, cwd=REPO, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    done = json.loads(result.stdout.splitlines()[-1])
+    assert done["event"] == "done" and done["steps"] == 600
+    wait_for(lambda: daemon.status()["env_steps"] == 600, 10, what="the daemon counted the client's steps")
+    assert any('"shm_client_attached"' in line for line in daemon.log().splitlines())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["shm", "mixed"])
+def test_demo_with_shm_transport_solves_cartpole(tmp_path, transport):
+    result = subprocess.run(
+        [sys.executable, "-m", "daemon.cli", "demo", "--clients", "2", "--transport", transport,
          "--timeout-s", "300", "--state-dir", str(tmp_path / "demo")],
         capture_output=True, text=True, timeout=400, cwd=REPO, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
