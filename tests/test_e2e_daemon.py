@@ -1,15 +1,18 @@
 """Real-process tests of the core daemon: protocol semantics, many clients, processes."""
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
 import threading
 
+import gymnasium as gym
 import psutil
 import pytest
 
-from tests.helpers import raw_connect, raw_recv, raw_send, wait_for
+from client_lib import run_env
+from tests.helpers import REPO, raw_connect, raw_recv, raw_send, wait_for
 
 pytestmark = pytest.mark.process
 
@@ -106,3 +109,22 @@ def test_import_client_lib_does_not_load_torch():
             "assert not any(m.startswith('daemon') for m in sys.modules), 'daemon loaded'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_rlinkd_status_reports_the_contract_keys_as_json_and_text(daemon):
+    stats = run_env(gym.make("CartPole-v1"), f"tcp://127.0.0.1:{daemon.port}", steps=600, seed=2)
+    wait_for(lambda: daemon.status()["env_steps"] == 600, 10, what="steps counted")
+    cli = [sys.executable, "-m", "daemon.cli", "status", "--state-dir", str(daemon.state_dir)]
+    as_json = subprocess.run([*cli, "--json"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert as_json.returncode == 0, as_json.stderr
+    status = json.loads(as_json.stdout)
+    required = ("env_steps", "episodes", "episode_return_mean", "weights_seq_no", "clients",
+                "dropped_episodes", "protocol_errors", "uptime_s")
+    assert set(required) <= set(status), set(required) - set(status)
+    assert status["env_steps"] == 600 and status["episodes"] == stats.episodes
+    assert status["weights_seq_no"] >= 1 and status["uptime_s"] > 0
+    assert status["dropped_episodes"] == 0 and status["protocol_errors"] == 0
+    text = subprocess.run(cli, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert text.returncode == 0, text.stderr
+    assert "env_steps 600" in text.stdout and f"episodes {stats.episodes}" in text.stdout
+    assert "protocol_errors 0" in text.stdout and "learner" in text.stdout

@@ -97,6 +97,24 @@ def test_float_discrete_actions_are_accepted_as_integers():
     np.testing.assert_array_equal(learner.flat_weights(), twin.flat_weights())
 
 
+def test_gradients_are_clipped_to_max_grad_norm_before_each_step():
+    learner = Learner(CARTPOLE, HP(max_grad_norm=0.05, num_epochs=2), device="cpu")
+    batch = make_batch(CARTPOLE, learner)
+    batch["advantages"] *= 1000.0  # raw gradients far above the limit
+    applied = []
+    step = learner.optimizer.step
+
+    def recording_step():
+        grads = [p.grad.norm() for p in learner.model.parameters() if p.grad is not None]
+        applied.append(float(torch.linalg.vector_norm(torch.stack(grads))))
+        step()
+    learner.optimizer.step = recording_step
+    stats = learner.update(batch)
+    assert len(applied) == 2 * 512 // 64
+    assert max(applied) <= 0.05 * (1 + 1e-4), max(applied)
+    assert stats["grad_norm"] > 1.0  # the reported norm is the raw one, before clipping
+
+
 def test_set_hparams_lr_zero_freezes_weights():
     learner = Learner(CARTPOLE, HP(), device="cpu")
     batch = make_batch(CARTPOLE, learner)
