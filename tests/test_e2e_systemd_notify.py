@@ -5,8 +5,10 @@ import signal
 import socket
 import threading
 
+import gymnasium as gym
 import pytest
 
+from client_lib import run_env
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.process
@@ -59,4 +61,20 @@ def test_ready_status_watchdog_reload_and_stopping(daemon_factory, tmp_path):
     wait_for(lambda: listener.index("READY", "1", after=reloading) >= 0, 10, what="READY again")
     assert d.stop() == 0
     assert listener.index("STOPPING", "1", after=reloading) >= 0
+    listener.close()
+
+
+def test_ready_comes_with_the_checkpoint_loaded(daemon_factory, tmp_path):
+    d = daemon_factory(name="resume")
+    run_env(gym.make("CartPole-v1"), f"tcp://127.0.0.1:{d.port}", steps=1024, seed=0)
+    trained = wait_for(lambda: (s := d.status())["weights_seq_no"] >= 2 and s, 30, what="training")
+    assert d.stop() == 0  # final checkpoint
+    listener = NotifyListener(tmp_path / "notify.sock")
+    d.env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock")}
+    d.proc = None
+    d.start()
+    wait_for(lambda: listener.index("READY", "1") >= 0, 30, what="READY=1")
+    status = d.status()  # no client is connected: nothing has trained since READY
+    assert status["weights_seq_no"] == status["last_checkpoint"]["weights_seq_no"] >= trained["weights_seq_no"]
+    assert status["env_steps"] == 1024
     listener.close()
