@@ -96,9 +96,14 @@ class LearnerShell:
         self.resumed_from = path
 
     # ------------------------------------------------------------ training
-    def train_ready(self) -> None:
-        while not self.ctx.stop.is_set() and (slot := self.slots.take_ready()) is not None:
-            self.train_slot(slot)
+    def train_one(self) -> bool:
+        """Train the oldest ready batch, if any; True if one was trained. One per call, so
+        the loop serves control messages (snapshots for checkpoints) between batches even
+        when the connector always has the next batch ready."""
+        if self.ctx.stop.is_set() or (slot := self.slots.take_ready()) is None:
+            return False
+        self.train_slot(slot)
+        return True
 
     def train_slot(self, slot: int) -> None:
         """Train on one slot (or answer an empty flush), publish, release, notify."""
@@ -170,13 +175,14 @@ def run(topo: Topology, ctx: RoleContext) -> ExitCode:
     """The learner's process loop."""
     shell = LearnerShell(topo, ctx)
     shell.boot()
+    busy = False
     while not ctx.stop.is_set():
         ctx.heartbeat()
-        msg = ctx.inbox.recv(IDLE_WAIT_S)
+        msg = ctx.inbox.recv(0 if busy else IDLE_WAIT_S)  # after a batch, only poll
         while msg is not None:
             shell.handle(msg)
             msg = ctx.inbox.recv(0)
-        shell.train_ready()
+        busy = shell.train_one()
     for msg in ctx.inbox.drain():  # a snapshot asked for during shutdown still gets served
         shell.handle(msg)
     log.info("learner_stopped", seq_no=shell.seq_no, at=time.time())
