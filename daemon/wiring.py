@@ -39,8 +39,8 @@ from shm.slots import BatchSlots
 ROLES = ("collector", "connector", "learner", "checkpointer")
 COUNTERS = ("env_steps", "episodes")  # kept by the collector, saved in every checkpoint
 SHM_PREFIX = "rlinkd"
-BATCH_META = ("ingest_cutoff", "episodes", "dropped_episodes", "values_seq_no", "policy_lag_max",
-              "policy_lag_steps")
+BATCH_META = ("ingest_cutoff", "episodes", "dropped_episodes", "values_seq_no", "behaviour_min",
+              "behaviour_sum", "behaviour_steps")
 
 
 @dataclass

@@ -241,7 +241,7 @@ class StepRing:
     def read_batch(self, max_records: int) -> np.ndarray:
         """Copy out up to ``max_records`` records (contiguous array, possibly empty) and consume them."""
         head = self._head[0]
-        count = max(0, min(max_records, self._tail[0] - head))
+        count = max(0, min(max_records, self._tail[0] - head, self.capacity))
         if count == 0:
             return self._no_records
         out = np.empty(count, self.layout.dtype)
@@ -260,7 +260,7 @@ class StepRing:
         The views stay valid only until ``consume`` frees their slots.
         """
         head = self._head[0]
-        count = max(0, min(max_records, self._tail[0] - head))
+        count = max(0, min(max_records, self._tail[0] - head, self.capacity))
         start = head & (self.capacity - 1)
         first = min(count, self.capacity - start)
         if first == count:

@@ -121,6 +121,34 @@ def test_a_closed_flag_alone_is_no_news(shm_dir):
         clients.detach(1)
 
 
+def test_a_leaving_clients_ring_is_no_longer_watched_but_still_drained(shm_dir):
+    """After its connection closed, the drain loop must not spin on the ring; detach reads it."""
+    clients = ShmClients(shm_dir, "fz", LAYOUT, OBS, ACT)
+    ring = clients.attach(1, RING_RECORDS)
+    try:
+        producer = StepRing.attach(ring.path, LAYOUT, role="producer")
+        producer.write_batch(valid_records(10))
+        producer.close()
+        clients.leave(1)
+        assert clients.readable() == [] and clients.arm() is False
+        assert len(clients.read(1, 1 << 14)) == 11
+    finally:
+        clients.detach(1)
+
+
+def test_reads_never_exceed_the_unread_count_checked(shm_dir):
+    """A full ring read with a chunk larger than the ring returns at most ``capacity`` records."""
+    clients = ShmClients(shm_dir, "fz", LAYOUT, OBS, ACT)
+    ring = clients.attach(1, RING_RECORDS)
+    try:
+        producer = StepRing.attach(ring.path, LAYOUT, role="producer")
+        producer.write_batch(valid_records(RING_RECORDS - 1))
+        producer.close()
+        assert len(clients.read(1, 1 << 14)) == RING_RECORDS
+    finally:
+        clients.detach(1)
+
+
 # ---------------------------------------------------------------- live daemon
 def unix_request(sock: socket.socket, obj: dict) -> dict:
     raw_send(sock, obj)

@@ -14,7 +14,7 @@ from client_lib.policy_spec import PolicySpec
 from client_lib.spaces import SpaceSpec, to_features
 from daemon.collector.ingest import fragment_records
 from daemon.connector import pipeline as pipeline_mod
-from daemon.connector.builder import BatchBuilder, policy_lag
+from daemon.connector.builder import BatchBuilder, behaviour_versions
 from daemon.connector.pipeline import LearnerPipeline, PipelineContext, load_piece
 from daemon.connector.segments import Segment, SegmentAssembler, split_segment
 from daemon.errors import ConfigError
@@ -230,10 +230,10 @@ def test_on_policy_builder_never_drops_for_lag():
     assert plan.dropped_episodes == 0 and b.dropped_episodes == 0 and b.trained_steps == 7
 
 
-def test_policy_lag_is_measured_against_the_weights_trained_from():
+def test_behaviour_versions_summarise_the_known_versions_of_a_batch():
     segs = [segment(3, 1, seq=7), segment(4, 5, seq=10), segment(2, 10, seq=-1)]
-    assert policy_lag(segs, 10) == (3, 3 * 3 + 4 * 0)   # unknown behaviour version counts 0
-    assert policy_lag([], 10) == (0, 0)
+    assert behaviour_versions(segs) == (7, 3 * 7 + 4 * 10, 7)   # the unknown version is left out
+    assert behaviour_versions([segment(2, 10, seq=-1)]) == (-1, 0, 0)
 
 
 def test_cutoff_is_the_first_remaining_id_minus_one():

@@ -210,6 +210,8 @@ class CollectorServer:
 
     def _forget(self, session: Session) -> None:
         self.core.close_session(session)
+        if session.is_shm and self.shm is not None:
+            self.shm.clients.leave(session.id)  # or the drain loop would spin on a session-less ring
         self.writers.pop(session.id, None)
         self.waiters.pop(session.id, None)
         if session.is_sampler or session.is_shm:  # an attached ring goes even if never used

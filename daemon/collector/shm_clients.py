@@ -41,6 +41,7 @@ class ShmSession:
     drained: int = 0
     done_episodes: list = field(default_factory=list)
     refused: str | None = None     # why its ring was found bad; never read again
+    leaving: bool = False          # its connection closed: only the detach drain reads it now
 
 
 def ring_capacity(requested: int | None) -> int:
@@ -112,13 +113,23 @@ class ShmClients:
         if not 0 <= unread <= shm.ring.capacity:
             raise InvalidEpisode(f"ring counters corrupt: {unread} unread records in a ring of "
                                  f"{shm.ring.capacity}")
-        rec = shm.ring.read_batch(max_records)
+        rec = shm.ring.read_batch(min(max_records, unread))  # the client may move tail meanwhile
         if len(rec):
             validate_records(rec, self.obs_space, self.act_space)
         return rec
 
     def readable(self) -> list[int]:
-        return [sid for sid, s in self.sessions.items() if not s.refused and s.ring.readable_records()]
+        """Rings the drain loop should read: not refused, not leaving, with unread records."""
+        return [sid for sid, s in self.sessions.items() if self._watched(s) and s.ring.readable_records()]
+
+    def leave(self, session_id: int) -> None:
+        """The connection closed: the drain loop stops looking at this ring (detach reads it)."""
+        if session_id in self.sessions:
+            self.sessions[session_id].leaving = True
+
+    @staticmethod
+    def _watched(s: ShmSession) -> bool:
+        return not s.refused and not s.leaving
 
     def arm(self) -> bool:
         """Announce that the collector sleeps; True if a ring became readable meanwhile.
@@ -127,7 +138,7 @@ class ShmClients:
         leave by closing their socket, and a flag a client may set at will must not keep
         the drain loop spinning.
         """
-        rings = [s.ring for s in self.sessions.values() if not s.refused]
+        rings = [s.ring for s in self.sessions.values() if self._watched(s)]
         if not rings:
             return False
         arm_sleep(rings)

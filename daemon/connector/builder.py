@@ -88,13 +88,14 @@ class BatchBuilder:
         return fresh, dropped
 
 
-def policy_lag(segments: list[Segment], current_seq: int) -> tuple[int, int]:
-    """(max, step-weighted sum) of ``current_seq - behaviour_seq_no`` over a batch's segments.
+def behaviour_versions(segments: list[Segment]) -> tuple[int, int, int]:
+    """(oldest, step-weighted sum, steps) of the behaviour versions in a batch's segments.
 
-    ``current_seq`` is the weights version the learner will train from; segments whose
-    behaviour version is unknown (-1, e.g. a client that sent no ``weights_seq_no``) count 0.
-    The learner reports max and sum / rows as the batch's policy lag.
+    Only segments whose version is known count (-1: a client that sent no
+    ``weights_seq_no``); a segment counts with its oldest version. The learner turns these
+    into the policy lag against the version it actually trains from (max and mean).
     """
-    lags = [(max(0, current_seq - s.behaviour_seq_no), s.num_steps)
-            for s in segments if s.behaviour_seq_no >= 0]
-    return max((lag for lag, _ in lags), default=0), sum(lag * n for lag, n in lags)
+    known = [(s.behaviour_seq_no, s.num_steps) for s in segments if s.behaviour_seq_no >= 0]
+    if not known:
+        return -1, 0, 0
+    return min(b for b, _ in known), sum(b * n for b, n in known), sum(n for _, n in known)

@@ -15,7 +15,7 @@ import numpy as np
 import structlog
 
 from daemon import messages as m
-from daemon.connector.builder import BatchBuilder, policy_lag
+from daemon.connector.builder import BatchBuilder, behaviour_versions
 from daemon.connector.pipeline import LearnerPipeline, PipelineContext
 from daemon.connector.segments import SegmentAssembler
 from daemon.errors import ExitCode
@@ -79,12 +79,12 @@ class Connector:
         seq, _ = self.board.read(self.weights)
         plan = self.builder.take(seq, self.assembler.max_ingest_id)
         rows = self._fill(slot, plan.segments, seq) if plan.segments else 0
-        lag_max, lag_steps = policy_lag(plan.segments, seq)
+        oldest, total, known = behaviour_versions(plan.segments)
         self.slots.mark_ready(slot, rows, {"ingest_cutoff": plan.cutoff,
                                            "episodes": len(plan.segments),
                                            "dropped_episodes": plan.dropped_episodes,
-                                           "values_seq_no": seq, "policy_lag_max": lag_max,
-                                           "policy_lag_steps": lag_steps})
+                                           "values_seq_no": seq, "behaviour_min": oldest,
+                                           "behaviour_sum": total, "behaviour_steps": known})
         self.ctx.send("learner", m.BatchReady(slot))
 
     def _fill(self, slot: int, segments, seq: int) -> int:

@@ -123,11 +123,18 @@ class LearnerShell:
         stats.update(self.hparam_stats(), updates=self.learner.updates,
                      trained_steps=self.learner.trained_steps,
                      rejected_batches=self.rejected_batches,
-                     policy_lag_max=meta["policy_lag_max"] if trained else 0,
-                     policy_lag_mean=meta["policy_lag_steps"] / rows if trained else 0.0)
+                     **(self.policy_lag(meta) if trained else {}))
         self.ctx.send("collector", m.WeightsPublished(self.seq_no, meta["ingest_cutoff"],
                                                       trained, stats))
         self.ctx.heartbeat()
+
+    def policy_lag(self, meta: dict) -> dict:
+        """How many versions older than the weights just trained from the batch's data was
+        (``self.seq_no`` is still that version here); empty when no version was known."""
+        if meta["behaviour_steps"] <= 0:
+            return {}
+        return {"policy_lag_max": self.seq_no - meta["behaviour_min"],
+                "policy_lag_mean": round(self.seq_no - meta["behaviour_sum"] / meta["behaviour_steps"], 3)}
 
     def _update(self, slot: int, rows: int) -> dict:
         cols = self.slots.columns(slot)
