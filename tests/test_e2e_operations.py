@@ -135,21 +135,28 @@ def test_sighup_log_level_reaches_every_process(daemon_factory, tmp_path):
     config = tmp_path / "rlinkd.toml"
     config.write_text('[daemon]\nlog_level = "info"\n')
     d = daemon_factory("--config", str(config))
+    booted = ('"learner_ready"', '"connector_ready"', '"checkpointer_ready"')
+    wait_for(lambda: all(e in (d.state_dir / "daemon.log").read_text() for e in booted), 30,
+             what="every role in its loop")
     config.write_text('[daemon]\nlog_level = "debug"\n')
     d.signal(signal.SIGHUP)
 
     def roles_set():
-        roles = set()
-        for line in d.log().splitlines():
-            try:  # the tail read may start mid-line, and the last line may be mid-write
+        roles = set()  # the whole log: at debug level its tail (d.log()) can scroll past these lines
+        for line in (d.state_dir / "daemon.log").read_text(errors="replace").splitlines():
+            try:  # the last line may be mid-write
                 event = json.loads(line)
             except ValueError:
                 continue
             if event.get("event") == "log_level_set" and event.get("log_level") == "debug":
                 roles.add(event["role"])
         return roles
-    wait_for(lambda: roles_set() >= {"supervisor", "collector", "connector", "learner", "checkpointer"},
-             30, what="every role applied the new log level")
+    every = {"supervisor", "collector", "connector", "learner", "checkpointer"}
+    try:
+        wait_for(lambda: roles_set() >= every, 30, what="every role applied the new log level")
+    except AssertionError:
+        raise AssertionError(f"only {sorted(roles_set())} logged log_level_set; status "
+                             f"{d.status().get('last_reload')}\n{d.log()[-6000:]}") from None
 
 
 def test_cli_checkpoint_and_reload_wait_for_the_result(daemon_factory, tmp_path):

@@ -121,6 +121,7 @@ class Checkpointer:
 def run(topo: Topology, ctx: RoleContext) -> ExitCode:
     """The checkpointer's process loop."""
     cp = Checkpointer(topo, ctx)
+    log.info("checkpointer_ready", keep=cp.keep)
     while not ctx.stop.is_set():
         ctx.heartbeat()
         msg = ctx.inbox.recv(0.25)
