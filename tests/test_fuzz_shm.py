@@ -10,6 +10,7 @@ well-behaved shm client keeps training.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -46,6 +47,22 @@ def valid_records(n: int) -> np.ndarray:
     return rec
 
 
+@contextlib.contextmanager
+def attached(shm_dir: str, steps: int | None = None):
+    """A collector-side ShmClients with client 1 attached; ``steps`` valid steps written by a
+    producer first (None: nothing). Detaches (unlinks the ring) on exit."""
+    clients = ShmClients(shm_dir, "fz", LAYOUT, OBS, ACT)
+    ring = clients.attach(1, RING_RECORDS)
+    try:
+        if steps is not None:
+            producer = StepRing.attach(ring.path, LAYOUT, role="producer")
+            producer.write_batch(valid_records(steps))
+            producer.close()
+        yield clients, ring
+    finally:
+        clients.detach(1)
+
+
 offsets = st.one_of(st.integers(0, RECORDS_OFFSET - 1),            # the header, counters included
                     st.sampled_from([TAIL_OFFSET, HEAD_OFFSET]),
                     st.integers(RECORDS_OFFSET, RING_BYTES - 1))     # the records
@@ -63,12 +80,7 @@ def shm_dir():
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.integers(0, 300), writes=scribbles)
 def test_a_scribbled_ring_is_read_validated_or_refused(shm_dir, steps, writes):
-    clients = ShmClients(shm_dir, "fz", LAYOUT, OBS, ACT)
-    ring = clients.attach(1, RING_RECORDS)
-    try:
-        producer = StepRing.attach(ring.path, LAYOUT, role="producer")
-        producer.write_batch(valid_records(steps))
-        producer.close()
+    with attached(shm_dir, steps) as (clients, ring):
         with open(ring.path, "r+b") as f:
             for offset, data in writes:
                 f.seek(offset)
@@ -86,15 +98,11 @@ def test_a_scribbled_ring_is_read_validated_or_refused(shm_dir, steps, writes):
             assert clients.readable() == [] and clients.arm() is False
         else:
             assert read <= RING_RECORDS and clients.readable() == []
-    finally:
-        clients.detach(1)
 
 
 @pytest.mark.parametrize("tail, head", [(2**64 - 1, 0), (RING_RECORDS + 1, 0), (0, 5)])
 def test_impossible_counters_are_refused(shm_dir, tail, head):
-    clients = ShmClients(shm_dir, "fz", LAYOUT, OBS, ACT)
-    ring = clients.attach(1, RING_RECORDS)
-    try:
+    with attached(shm_dir) as (clients, ring):
         with open(ring.path, "r+b") as f:
             f.seek(TAIL_OFFSET)
             f.write(tail.to_bytes(8, "little"))
@@ -104,49 +112,29 @@ def test_impossible_counters_are_refused(shm_dir, tail, head):
         with pytest.raises(InvalidEpisode, match="ring counters corrupt"):
             clients.read(1, 256)
         assert clients.readable() == [] and clients.arm() is False
-    finally:
-        clients.detach(1)
 
 
 def test_a_closed_flag_alone_is_no_news(shm_dir):
     """A ring whose client set ``closed`` but wrote nothing must let the collector sleep."""
-    clients = ShmClients(shm_dir, "fz", LAYOUT, OBS, ACT)
-    ring = clients.attach(1, RING_RECORDS)
-    try:
+    with attached(shm_dir) as (clients, ring):
         producer = StepRing.attach(ring.path, LAYOUT, role="producer")
         producer.mark_closed()
         producer.close()
         assert clients.readable() == [] and clients.arm() is False
-    finally:
-        clients.detach(1)
 
 
 def test_a_leaving_clients_ring_is_no_longer_watched_but_still_drained(shm_dir):
     """After its connection closed, the drain loop must not spin on the ring; detach reads it."""
-    clients = ShmClients(shm_dir, "fz", LAYOUT, OBS, ACT)
-    ring = clients.attach(1, RING_RECORDS)
-    try:
-        producer = StepRing.attach(ring.path, LAYOUT, role="producer")
-        producer.write_batch(valid_records(10))
-        producer.close()
+    with attached(shm_dir, 10) as (clients, _):
         clients.leave(1)
         assert clients.readable() == [] and clients.arm() is False
         assert len(clients.read(1, 1 << 14)) == 11
-    finally:
-        clients.detach(1)
 
 
 def test_reads_never_exceed_the_unread_count_checked(shm_dir):
     """A full ring read with a chunk larger than the ring returns at most ``capacity`` records."""
-    clients = ShmClients(shm_dir, "fz", LAYOUT, OBS, ACT)
-    ring = clients.attach(1, RING_RECORDS)
-    try:
-        producer = StepRing.attach(ring.path, LAYOUT, role="producer")
-        producer.write_batch(valid_records(RING_RECORDS - 1))
-        producer.close()
+    with attached(shm_dir, RING_RECORDS - 1) as (clients, _):
         assert len(clients.read(1, 1 << 14)) == RING_RECORDS
-    finally:
-        clients.detach(1)
 
 
 # ---------------------------------------------------------------- live daemon

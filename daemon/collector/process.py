@@ -21,6 +21,7 @@ from daemon.collector.status import StatusBuilder
 from daemon.collector.weights import WeightsCache
 from daemon.errors import ExitCode
 from daemon.ipc import Inbox
+from daemon.log import reload_level
 from daemon.roles import RoleContext
 from daemon.tls import server_context
 from daemon.wiring import Topology
@@ -99,7 +100,6 @@ class CollectorProcess:
         self.done.set()
 
     def _on_reload(self, msg: m.Reload) -> None:
-        from daemon.log import reload_level
         reload_level(msg.changes, "collector")
 
     async def _tick(self) -> None:

@@ -13,6 +13,7 @@ import asyncio
 import os
 import socket
 import struct
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("collector")
 DRAIN_CHUNK = 1 << 14
+REAP_INTERVAL_S = 1.0  # how often attaching pids are checked (one /proc read each)
 
 
 def peer_pid(writer) -> int | None:
@@ -62,6 +64,7 @@ class ShmIngestor:
         self.attached_info = attached_info
         self.locks: dict[int, asyncio.Lock] = {}
         self.draining = False
+        self.next_reap = 0.0
 
     def start(self) -> None:
         asyncio.get_running_loop().add_reader(self.doorbell.fileno(), self.on_doorbell)
@@ -94,8 +97,13 @@ class ShmIngestor:
         self.locks.pop(session.id, None)
 
     def reap_gone(self) -> None:
-        """Called every collector tick: close sessions whose attaching process has exited
-        (a forked child may still hold the socket open); closing detaches and unlinks."""
+        """Called every collector tick, checks at most once a second: close sessions whose
+        attaching process has exited (a forked child may still hold the socket open);
+        closing detaches and unlinks."""
+        now = time.monotonic()
+        if now < self.next_reap:
+            return
+        self.next_reap = now + REAP_INTERVAL_S
         for sid in self.clients.gone():
             self.clients.sessions[sid].pid = None  # once
             writer = self.server.writers.get(sid)
