@@ -34,7 +34,7 @@ ROLES = ("collector", "connector", "learner", "checkpointer")
 
 def try_status(info: dict) -> dict | None:
     """Status, or None while the collector (which serves it) is restarting."""
-    from daemon.cli import query_status
+    from rlinkd.daemon.runfiles import query_status
     try:
         status = query_status(info, timeout_s=5)
     except (OSError, ValueError):
@@ -53,7 +53,7 @@ def wait_until(predicate, timeout_s: float) -> float | None:
 
 
 def start_client(address: str, log) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "daemon.cli", "client", "--connect", address,
+    cmd = [sys.executable, "-m", "rlinkd.daemon.cli", "client", "--connect", address,
            "--report-every-s", "3600"]
     return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
@@ -133,7 +133,7 @@ class Chaos:
 
 def verify_checkpoints(state: Path) -> dict:
     import torch
-    from daemon.checkpoint import store
+    from rlinkd.daemon.checkpoint import store
     root = store.checkpoints_dir(state)
     paths = store.list_checkpoints(root)
     bad = []

@@ -33,8 +33,8 @@ from bench.common import REPO, set_args
 
 def drain_ring(ring_path: str, sizes: tuple[int, int, int], stop) -> None:
     """Consumer process: read and discard every record until ``stop`` is set."""
-    from shm.records import StepLayout
-    from shm.ring import StepRing
+    from rlinkd.shm.records import StepLayout
+    from rlinkd.shm.ring import StepRing
     ring = StepRing.attach(ring_path, expected_layout=StepLayout(*sizes), role="consumer")
     try:
         while not stop.is_set():
@@ -46,7 +46,7 @@ def drain_ring(ring_path: str, sizes: tuple[int, int, int], stop) -> None:
 
 def _watch_supervisor_inbox(topo, ready: threading.Event) -> None:
     """Print the listening port once; keep draining status reports (nobody else reads them)."""
-    from daemon import messages as m
+    from rlinkd.daemon import messages as m
     inbox = topo.inboxes["supervisor"]
     while True:
         msg = inbox.recv(0.5)
@@ -58,7 +58,7 @@ def _watch_supervisor_inbox(topo, ready: threading.Event) -> None:
 def _publish_initial_weights(topo) -> None:
     """What the learner does at boot: version 0 on the board (zeros are valid weights)."""
     import numpy as np
-    from shm.board import WeightsBoard
+    from rlinkd.shm.board import WeightsBoard
     board = WeightsBoard.attach(topo.board_path)
     board.publish(0, np.zeros(topo.policy_spec.n_params(), np.float32))
     board.close()
@@ -74,10 +74,10 @@ def _quiet_logs() -> None:
 
 def serve(state_dir: str, overrides: list[str]) -> int:
     """Run the collector with a draining consumer until SIGTERM."""
-    from daemon.collector.process import CollectorProcess
-    from daemon.config import load_config, parse_override
-    from daemon.roles import RoleContext
-    from daemon.wiring import build_topology, destroy_topology
+    from rlinkd.daemon.collector.process import CollectorProcess
+    from rlinkd.daemon.config import load_config, parse_override
+    from rlinkd.daemon.roles import RoleContext
+    from rlinkd.daemon.wiring import build_topology, destroy_topology
     _quiet_logs()
     cfg = load_config(None, [parse_override(o) for o in overrides]
                       + [("daemon", "state_dir", state_dir), ("server", "port", 0)])

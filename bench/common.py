@@ -84,7 +84,7 @@ def free_port() -> int:
 
 
 def rlinkd_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "daemon.cli", *args]
+    return [sys.executable, "-m", "rlinkd.daemon.cli", *args]
 
 
 def set_args(overrides: list[str]) -> list[str]:

@@ -121,8 +121,8 @@ def off_policy_replies(n: int, pace_s: float = 0.2) -> dict:
 # ---------------------------------------------------------------- 2. weights publication
 def _trained_learner(cfg, spec):
     """A real Learner (default hyperparameters) after one update on a 1,024-row batch."""
-    from daemon.learner.learner import Learner
-    from daemon.learner.process import hparams
+    from rlinkd.daemon.learner.learner import Learner
+    from rlinkd.daemon.learner.process import hparams
     learner = Learner(spec, hparams(cfg), device="cpu", seed=0)
     rng = np.random.default_rng(0)
     n = 1024
@@ -144,7 +144,7 @@ def _time_us(fn, n: int) -> list[float]:
 
 def _board_spinner(board_path: str, n: int, conn) -> None:
     """Forked peer: spin on latest_seq_no; each new value is a perf_counter_ns stamp."""
-    from shm.board import WeightsBoard
+    from rlinkd.shm.board import WeightsBoard
     board = WeightsBoard.attach(board_path)
     seen, last, deadline = [], board.latest_seq_no(), time.monotonic() + 60
     while len(seen) < n and time.monotonic() < deadline:
@@ -186,8 +186,8 @@ def _inbox_receiver(inbox, n: int, conn) -> None:
 
 def inbox_hop_us(n: int) -> list[float]:
     """WeightsPublished over an Inbox (SOCK_SEQPACKET) to a blocked peer process (µs)."""
-    from daemon import messages as m
-    from daemon.ipc import Inbox
+    from rlinkd.daemon import messages as m
+    from rlinkd.daemon.ipc import Inbox
     inbox = Inbox("collector")
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe()
@@ -209,10 +209,10 @@ def weights_publication(n: int) -> dict:
     The two cross-process hops are measured first, with forked peers, before torch is
     imported (forking a process that runs torch is asking for trouble).
     """
-    from daemon.collector.weights import WeightsCache
-    from daemon.config import load_config
-    from daemon.wiring import make_policy_spec, resolve_spaces
-    from shm.board import WeightsBoard
+    from rlinkd.daemon.collector.weights import WeightsCache
+    from rlinkd.daemon.config import load_config
+    from rlinkd.daemon.wiring import make_policy_spec, resolve_spaces
+    from rlinkd.shm.board import WeightsBoard
     cfg = load_config(None, [("daemon", "state_dir", "/nonexistent/rlinkd-bench")])  # nothing is written
     spec = make_policy_spec(cfg, *resolve_spaces(cfg))
     path = f"/dev/shm/rlinkdbench{os.getpid()}.board"

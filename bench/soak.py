@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 def run_worker(args: argparse.Namespace) -> int:
     """Worker mode: ``--worker OUT --tcp N --shm M``; runs agents until OUT.pause exists."""
     import gymnasium as gym
-    from client_lib import connect
+    from rlinkd.client_lib import connect
     out, pause = Path(args.worker), Path(args.worker + ".pause")
     agents, threads = [], []
     addresses = [args.tcp_address] * args.tcp + [f"shm:{args.state_dir}"] * args.shm
@@ -57,7 +57,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def _agent_loop(agent, env, pause: Path) -> None:
-    from client_lib.transport import RLlinkError
+    from rlinkd.client_lib.transport import RLlinkError
     obs, _ = env.reset()
     try:
         while True:
@@ -77,13 +77,13 @@ def _agent_loop(agent, env, pause: Path) -> None:
 # ---------------------------------------------------------------- driver
 def start_daemon(state: Path, extra: list[str]) -> subprocess.Popen:
     log = open(state / "daemon.log", "ab")
-    cmd = [sys.executable, "-m", "daemon.cli", "serve", "--state-dir", str(state), "--port", "0",
+    cmd = [sys.executable, "-m", "rlinkd.daemon.cli", "serve", "--state-dir", str(state), "--port", "0",
            *extra]
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 def wait_daemon(state: Path, proc: subprocess.Popen, timeout_s: float = 120) -> dict:
-    from client_lib.discovery import read_daemon_file
+    from rlinkd.client_lib.protocol.discovery import read_daemon_file
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -95,7 +95,7 @@ def wait_daemon(state: Path, proc: subprocess.Popen, timeout_s: float = 120) -> 
 
 
 def status(info: dict) -> dict:
-    from daemon.cli import query_status
+    from rlinkd.daemon.runfiles import query_status
     return query_status(info, timeout_s=30)
 
 
@@ -151,7 +151,7 @@ def rss_growth(samples: list[tuple[float, int]], duration_s: float) -> float:
 def tree_rss_mb(pid: int) -> dict[str, float]:
     """RSS of the daemon's processes now, by role (children's cmdlines are anonymous)."""
     import psutil
-    from daemon.cli import query_status
+    from rlinkd.daemon.runfiles import query_status
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -160,7 +160,7 @@ def tree_rss_mb(pid: int) -> dict[str, float]:
     names = {pid: "supervisor"}
     state = Path(root.cmdline()[root.cmdline().index("--state-dir") + 1])
     try:
-        from client_lib.discovery import read_daemon_file
+        from rlinkd.client_lib.protocol.discovery import read_daemon_file
         status = query_status(read_daemon_file(state), timeout_s=10)
         names |= {c["pid"]: role for role, c in status["children"].items()}
     except (OSError, ValueError, KeyError, TypeError):

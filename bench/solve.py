@@ -27,7 +27,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def one_run(clients: int, transport: str, seed: int, extra: list[str]) -> dict:
     state = tempfile.mkdtemp(prefix="rlinkd-bench-")
-    cmd = [sys.executable, "-m", "daemon.cli", "demo", "--clients", str(clients), "--seed", str(seed),
+    cmd = [sys.executable, "-m", "rlinkd.daemon.cli", "demo", "--clients", str(clients), "--seed", str(seed),
            "--transport", transport, "--state-dir", state, *extra]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

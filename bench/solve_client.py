@@ -22,7 +22,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     import gymnasium as gym
-    from client_lib.runner import run_env
+    from rlinkd.client_lib.runner import run_env
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwind: run_env closes the agent
 
     def on_episode(stats, episode_return: float) -> None:

@@ -78,8 +78,8 @@ TARGETS = {"shm_single_steps_per_s": 1_000_000, "shm_batch_steps_per_s": 20_000_
 def cartpole_spaces():
     """(observation SpaceSpec, action SpaceSpec, StepLayout) of CartPole-v1."""
     import gymnasium as gym
-    from client_lib.spaces import SpaceSpec
-    from shm.records import StepLayout
+    from rlinkd.client_lib.protocol.spaces import SpaceSpec
+    from rlinkd.shm.records import StepLayout
     env = gym.make("CartPole-v1")
     try:
         return SpaceSpec.from_gym(env.observation_space), SpaceSpec.from_gym(env.action_space), StepLayout(4, 1, 2)
@@ -89,7 +89,7 @@ def cartpole_spaces():
 
 def episode_block(layout, n_episodes: int) -> np.ndarray:
     """``n_episodes`` × (255 steps + 1 FINAL_OBS|TERMINATED record), valid for CartPole."""
-    from shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED
+    from rlinkd.shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED
     rng = np.random.default_rng(0)
     per = EPISODE_STEPS + 1
     rec = layout.empty(n_episodes * per)
@@ -121,8 +121,8 @@ def _ingest_loop(clients, session_id: int, out_ring, stats) -> tuple[int, int]:
 
     Returns (env steps, records) ingested.
     """
-    from daemon.collector.shm_server import DRAIN_CHUNK
-    from shm.records import FINAL_OBS
+    from rlinkd.daemon.collector.shm_server import DRAIN_CHUNK
+    from rlinkd.shm.records import FINAL_OBS
     ring = clients.sessions[session_id].ring
     shm = clients.sessions[session_id]
     next_id, steps, records = 1, 0, 0
@@ -148,10 +148,10 @@ def _ingest_loop(clients, session_id: int, out_ring, stats) -> tuple[int, int]:
 
 def shm_consumer(conn, prefix: str, fifo_path: str, profile: bool) -> None:
     """Consumer process: the collector's side of one shared-memory client."""
-    from daemon.collector.ingest import EpisodeStats
-    from daemon.collector.shm_clients import ShmClients
-    from daemon.collector.shm_server import make_doorbell_fifo
-    from shm.ring import StepRing
+    from rlinkd.daemon.collector.ingest import EpisodeStats
+    from rlinkd.daemon.collector.shm_clients import ShmClients
+    from rlinkd.daemon.collector.shm_server import make_doorbell_fifo
+    from rlinkd.shm.ring import StepRing
     obs_space, act_space, layout = cartpole_spaces()
     clients = ShmClients(SHM_DIR, prefix, layout, obs_space, act_space)
     ring = clients.attach(1, None)
@@ -172,8 +172,8 @@ def shm_consumer(conn, prefix: str, fifo_path: str, profile: bool) -> None:
 
 def _write_single_steps(ring, n_episodes: int, obs_pool: list, dist: tuple) -> None:
     """The single-step path as a simulator would call it, once per env step."""
-    from shm.errors import RingFull
-    from shm.records import FINAL_OBS, TERMINATED
+    from rlinkd.shm.errors import RingFull
+    from rlinkd.shm.records import FINAL_OBS, TERMINATED
     write = ring.write_step
     final_flags = FINAL_OBS | TERMINATED
     for _ in range(n_episodes):
@@ -199,9 +199,9 @@ def _write_batches(ring, n_batches: int, block: np.ndarray) -> None:
 def shm_producer(conn, ring_path: str, fifo_path: str, mode: str, n_steps: int,
                  profile: bool) -> None:
     """Producer process: attach like client_lib's ShmLink, then write ``n_steps`` steps."""
-    from shm.doorbell import Doorbell
-    from shm.records import StepLayout
-    from shm.ring import StepRing
+    from rlinkd.shm.doorbell import Doorbell
+    from rlinkd.shm.records import StepLayout
+    from rlinkd.shm.ring import StepRing
     layout = StepLayout(4, 1, 2)
     fifo = os.open(fifo_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     ring = StepRing.attach(ring_path, expected_layout=layout, doorbell=Doorbell(fifo))  # FIFO doorbell, as ShmLink
@@ -390,10 +390,10 @@ def _latency_producer(ring, make_bell, n: int, seed: int) -> None:
 
 def wakeup_latency(kind: str, n: int) -> dict:
     """Consumer (this process) blocked in ``wait_readable``; a forked producer stamps."""
-    from daemon.collector.shm_server import make_doorbell_fifo
-    from shm.doorbell import Doorbell
-    from shm.records import StepLayout
-    from shm.ring import StepRing
+    from rlinkd.daemon.collector.shm_server import make_doorbell_fifo
+    from rlinkd.shm.doorbell import Doorbell
+    from rlinkd.shm.records import StepLayout
+    from rlinkd.shm.ring import StepRing
     layout = StepLayout(4, 1, 2)
     tmp = tempfile.mkdtemp(prefix="rlinkd-bench-lat-")
     ring = StepRing.create(f"{SHM_DIR}/rlinkdbench{os.getpid()}x{secrets.token_hex(3)}.lat", layout, 1024)
@@ -427,11 +427,11 @@ def wakeup_latency(kind: str, n: int) -> dict:
 
 def _attach_shm_client(unix_socket: str):
     """client_lib's handshake (PING, GET_CONFIG, ATTACH); returns (client, ring, layout)."""
-    from client_lib import codec
-    from client_lib.transport import Address, RLlinkClient
-    from shm.doorbell import Doorbell
-    from shm.records import StepLayout
-    from shm.ring import StepRing
+    from rlinkd.client_lib.protocol import codec
+    from rlinkd.client_lib.transport import Address, RLlinkClient
+    from rlinkd.shm.doorbell import Doorbell
+    from rlinkd.shm.records import StepLayout
+    from rlinkd.shm.ring import StepRing
     client = RLlinkClient(Address("unix", path=unix_socket), timeout_s=30).connect()
     client.ping()
     client.get_config()
@@ -444,8 +444,8 @@ def _attach_shm_client(unix_socket: str):
 
 def _one_step_records(layout) -> np.ndarray:
     """A terminated 1-step episode: 1 step record + 1 FINAL_OBS record."""
-    from client_lib.codec import EpisodeFragment
-    from client_lib.records import fragment_records
+    from rlinkd.client_lib.protocol.codec import EpisodeFragment
+    from rlinkd.client_lib.protocol.records import fragment_records
     frag = EpisodeFragment(obs=np.zeros((2, 4)), actions=np.array([1]), rewards=np.array([1.0]),
                            is_terminated=True, is_truncated=False)
     return fragment_records(frag, layout, 0, 0)
@@ -453,7 +453,7 @@ def _one_step_records(layout) -> np.ndarray:
 
 def daemon_round_trip(n: int) -> dict:
     """(d) through the daemon: ring write + SAMPLE_READY → WEIGHTS_READY, off-policy."""
-    from client_lib import codec
+    from rlinkd.client_lib.protocol import codec
     latencies_us = []
     with Daemon(["sampling.force_on_policy=false"]) as d:
         client, ring, layout = _attach_shm_client(d.unix_socket)
@@ -476,7 +476,7 @@ def daemon_round_trip(n: int) -> dict:
 # ---------------------------------------------------------------- (e) idle CPU
 def idle_cpu(window_s: float, n_clients: int = 8) -> dict:
     """Daemon tree CPU over ``window_s`` with ``n_clients`` attached, silent shm clients."""
-    from client_lib import codec
+    from rlinkd.client_lib.protocol import codec
     with Daemon() as d:
         attached = []
         try:

@@ -26,7 +26,7 @@ def parse_candidate(text: str) -> tuple[str, list[str]]:
 
 
 def run(overrides: list[str], seed: int, clients: int, timeout_s: float) -> dict:
-    cmd = [sys.executable, "-m", "daemon.cli", "demo", "--clients", str(clients), "--seed",
+    cmd = [sys.executable, "-m", "rlinkd.daemon.cli", "demo", "--clients", str(clients), "--seed",
            str(seed), "--timeout-s", str(timeout_s), "--state-dir", tempfile.mkdtemp(),
            *[a for o in overrides for a in ("--set", o)]]
     t0 = time.monotonic()

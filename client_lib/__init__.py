@@ -12,12 +12,12 @@ __all__ = ["connect", "run_env", "Agent", "RLlinkClient", "ServerError", "RLlink
 
 def __getattr__(name: str):
     if name in ("connect", "Agent"):
-        from client_lib import agent
+        from rlinkd.client_lib import agent
         return getattr(agent, name)
     if name == "run_env":
-        from client_lib.runner import run_env
+        from rlinkd.client_lib.runner import run_env
         return run_env
     if name in ("RLlinkClient", "ServerError", "RLlinkError"):
-        from client_lib import transport
+        from rlinkd.client_lib import transport
         return getattr(transport, name)
     raise AttributeError(name)

@@ -14,9 +14,9 @@ import hashlib
 
 import numpy as np
 
-from client_lib import codec
-from client_lib.policy_spec import PolicySpec
-from client_lib.spaces import SpaceSpec
+from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.client_lib.protocol.spaces import SpaceSpec
 
 ONNX_INPUT = "onnx::Gemm_0"
 

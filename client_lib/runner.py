@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from client_lib.agent import Agent, connect
+from rlinkd.client_lib.agent import Agent, connect
 
 
 @dataclass

@@ -17,18 +17,18 @@ from __future__ import annotations
 import os
 import time
 
-from client_lib import codec
-from client_lib.agent import LinkConfig, ReconnectingLink, TcpLink
-from client_lib.discovery import local_socket
-from client_lib.policy import BoardPolicy
-from client_lib.policy_spec import PolicySpec
-from client_lib.records import concat_records, fragment_records
-from client_lib.spaces import SpaceSpec
-from client_lib.transport import Address, RLlinkClient, parse_address
-from shm.board import WeightsBoard
-from shm.doorbell import Doorbell
-from shm.records import StepLayout
-from shm.ring import StepRing
+from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.links import LinkConfig, ReconnectingLink, TcpLink
+from rlinkd.client_lib.protocol.discovery import local_socket
+from rlinkd.client_lib.policy import BoardPolicy
+from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.client_lib.protocol.records import concat_records, fragment_records
+from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.client_lib.transport import Address, RLlinkClient, parse_address
+from rlinkd.shm.board import WeightsBoard
+from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.records import StepLayout
+from rlinkd.shm.ring import StepRing
 
 DEFAULT_TCP = "tcp://127.0.0.1:5555"
 WRITE_TIMEOUT_S = 300.0
@@ -114,11 +114,11 @@ class ShmLink(ReconnectingLink):
 
 
 def open_local_link(address: str, token: str | None = None, reconnect_timeout_s: float = 120.0,
-                    **kwargs):
+                    capacity_records: int | None = None):
     """``shm``, ``shm:<state_dir>``, ``auto``, ``auto:<state_dir>`` or ``unix:///path`` → a link."""
     kind, _, where = address.partition(":")
     if address.startswith("unix://"):
-        return ShmLink(parse_address(address).path, token, reconnect_timeout_s, **kwargs)
+        return ShmLink(parse_address(address).path, token, reconnect_timeout_s, capacity_records)
     socket_path = local_socket(where or None)
     if socket_path is None and kind == "auto":
         return TcpLink(parse_address(DEFAULT_TCP), token=token,
@@ -129,7 +129,7 @@ def open_local_link(address: str, token: str | None = None, reconnect_timeout_s:
         socket_path = local_socket(where or None)
     if socket_path is None:
         raise ConnectionError(f"no running rlinkd found in state dir {where or '(default)'}")
-    return ShmLink(socket_path, token, reconnect_timeout_s, **kwargs)
+    return ShmLink(socket_path, token, reconnect_timeout_s, capacity_records)
 
 
 __all__ = ["ShmLink", "open_local_link"]

@@ -11,8 +11,8 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from client_lib import codec
-from client_lib.codec import Message
+from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.protocol.codec import Message
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 

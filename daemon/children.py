@@ -13,7 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from daemon.errors import ExitCode
+from rlinkd.daemon.errors import ExitCode
 
 HEALTHY_AFTER_S = 60.0      # a child alive this long resets its backoff
 ABORT_GRACE_S = 5.0         # SIGABRT → SIGKILL after this long

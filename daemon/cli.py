@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from daemon.errors import ConfigError, ExitCode
+from rlinkd.daemon.errors import ConfigError, ExitCode
+from rlinkd.daemon.runfiles import query_status
 
 SERVE_SHORTHANDS = {"host": "server.host", "port": "server.port", "env": "env.id",
                     "state_dir": "daemon.state_dir", "runtime_dir": "daemon.runtime_dir",
@@ -81,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def serve_overrides(args: argparse.Namespace) -> list:
-    from daemon.config import parse_override
+    from rlinkd.daemon.config import parse_override
     overrides = [parse_override(text) for text in args.set]
     for attr, dotted in SERVE_SHORTHANDS.items():
         value = getattr(args, attr, None)
@@ -92,9 +93,9 @@ def serve_overrides(args: argparse.Namespace) -> list:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from daemon import log as logsetup
-    from daemon.config import load_config
-    from daemon.supervisor import Supervisor
+    from rlinkd.daemon import log as logsetup
+    from rlinkd.daemon.config import load_config
+    from rlinkd.daemon.supervisor import Supervisor
     overrides = serve_overrides(args)
     cfg = load_config(args.config, overrides)
     logsetup.configure(cfg.daemon.log_level, "supervisor")
@@ -105,7 +106,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def serve_in_process(cfg) -> int:
     """``serve --in-process``: run until Ctrl-C, then stop every role thread."""
-    from daemon.inprocess import InProcessDaemon
+    from rlinkd.daemon.inprocess import InProcessDaemon
     daemon = InProcessDaemon(cfg).start()
     print(f"rlinkd (in-process) listening on {daemon.listening.host}:{daemon.listening.port}; "
           "Ctrl-C stops", flush=True)
@@ -119,23 +120,17 @@ def serve_in_process(cfg) -> int:
 
 
 def state_dir_of(args: argparse.Namespace) -> Path:
-    from daemon.config import default_state_dir
+    from rlinkd.daemon.config import default_state_dir
     return Path(args.state_dir).expanduser().resolve() if args.state_dir else default_state_dir()
 
 
 def running_daemon(args: argparse.Namespace) -> dict:
-    from daemon.runfiles import read_daemon_file
+    from rlinkd.daemon.runfiles import read_daemon_file
     info = read_daemon_file(state_dir_of(args))
     if info is None:
         raise SystemExit(_fail(f"no running rlinkd found for state dir {state_dir_of(args)}",
                                ExitCode.NOT_RUNNING))
     return info
-
-
-def query_status(info: dict, timeout_s: float = 10.0) -> dict:
-    from client_lib.transport import RLlinkClient
-    with RLlinkClient(f"unix://{info['unix_socket']}", timeout_s=timeout_s) as client:
-        return client.status(os.environ.get("RLINKD_TOKEN"))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -191,17 +186,17 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 
 def cmd_client(args: argparse.Namespace) -> int:
-    from daemon.client_cmd import run_client
+    from rlinkd.daemon.client_cmd import run_client
     return run_client(args)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from daemon.demo import run_demo
+    from rlinkd.daemon.demo import run_demo
     return run_demo(args)
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from daemon.config import docs_markdown, load_config, to_toml
+    from rlinkd.daemon.config import docs_markdown, load_config, to_toml
     print(docs_markdown() if args.docs else to_toml(load_config(args.config)), end="")
     return 0
 

@@ -17,7 +17,7 @@ def resolve_connect(address: str, state_dir: str | None) -> str:
 
 def run_client(args: argparse.Namespace) -> int:
     import gymnasium as gym
-    from client_lib.runner import run_env
+    from rlinkd.client_lib.runner import run_env
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwind: run_env closes the agent
     env = gym.make(args.env)
     next_report = [time.monotonic() + args.report_every_s]

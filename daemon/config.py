@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from client_lib.discovery import default_state_dir
-from client_lib.spaces import SpaceSpec, SpaceError
-from daemon.errors import ConfigError
+from rlinkd.client_lib.protocol.discovery import default_state_dir
+from rlinkd.client_lib.protocol.spaces import SpaceSpec, SpaceError
+from rlinkd.daemon.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -17,14 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from daemon.errors import ExitCode
-from daemon.runfiles import read_daemon_file
+from rlinkd.daemon.errors import ExitCode
+from rlinkd.daemon.runfiles import read_daemon_file
 
 POLL_S = 1.0
 
 
 def _rlinkd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "daemon.cli", *args]
+    return [sys.executable, "-m", "rlinkd.daemon.cli", *args]
 
 
 def start_daemon(state_dir: Path, overrides: list[str], seed: int = 0) -> subprocess.Popen:
@@ -83,7 +83,7 @@ def stop_all(procs: list[subprocess.Popen], timeout_s: float = 30.0) -> None:
 
 
 def watch(args: argparse.Namespace, info: dict, t0: float) -> tuple[bool, dict]:
-    from daemon.cli import query_status
+    from rlinkd.daemon.runfiles import query_status
     status: dict = {}
     while time.monotonic() - t0 < args.timeout_s:
         time.sleep(POLL_S)

@@ -13,10 +13,10 @@ import time
 
 import structlog
 
-from daemon import messages as m
-from daemon.config import Config
-from daemon.roles import RoleContext, run_role
-from daemon.wiring import ROLES, Topology, build_topology, destroy_topology
+from rlinkd.daemon import messages as m
+from rlinkd.daemon.config import Config
+from rlinkd.daemon.roles import RoleContext, run_role
+from rlinkd.daemon.wiring import ROLES, Topology, build_topology, destroy_topology
 
 log = structlog.get_logger("inprocess")
 

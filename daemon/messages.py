@@ -4,7 +4,7 @@ All are small control records (see ``daemon.ipc``); arrays never travel here.
 """
 from __future__ import annotations
 
-from daemon.ipc import message
+from rlinkd.daemon.ipc import message
 
 
 # ---------------------------------------------------------------- to every role

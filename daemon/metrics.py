@@ -11,7 +11,7 @@ from pathlib import Path
 
 import structlog
 
-from daemon.tboard import EventWriter
+from rlinkd.daemon.tboard import EventWriter
 
 log = structlog.get_logger("metrics")
 

@@ -22,12 +22,12 @@ from typing import Any
 
 import structlog
 
-from daemon import log as logsetup
-from daemon.errors import ConfigError, ExitCode
-from daemon.wiring import Topology
+from rlinkd.daemon import log as logsetup
+from rlinkd.daemon.errors import ConfigError, ExitCode
+from rlinkd.daemon.wiring import Topology
 
-ROLE_MODULES = {"collector": "daemon.collector.process", "connector": "daemon.connector.process",
-                "learner": "daemon.learner.process", "checkpointer": "daemon.checkpoint.process"}
+ROLE_MODULES = {"collector": "rlinkd.daemon.collector.process", "connector": "rlinkd.daemon.connector.process",
+                "learner": "rlinkd.daemon.learner.process", "checkpointer": "rlinkd.daemon.checkpoint.process"}
 
 
 PR_SET_PDEATHSIG = 1

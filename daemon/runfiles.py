@@ -5,6 +5,8 @@
 - ``daemon.json``: pid, Unix socket, TCP address; how ``rlinkd status``, ``client
   --connect shm``, ``checkpoint`` and ``reload`` find the running daemon. Written
   atomically once listening, removed at exit.
+
+``query_status`` asks the daemon a ``daemon.json`` names for its status (CLI, demo, bench).
 """
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ import json
 import os
 from pathlib import Path
 
-from client_lib.discovery import DAEMON_FILE, read_daemon_file  # noqa: F401 - shared lookup
-from daemon.errors import ConfigError
+from rlinkd.client_lib.protocol.discovery import DAEMON_FILE, read_daemon_file  # noqa: F401 - shared lookup
+from rlinkd.daemon.errors import ConfigError
 
 LOCK_FILE = "rlinkd.lock"
 
@@ -50,3 +52,11 @@ def write_daemon_file(state_dir: Path, info: dict) -> None:
 
 def remove_daemon_file(state_dir: Path) -> None:
     (state_dir / DAEMON_FILE).unlink(missing_ok=True)
+
+
+def query_status(info: dict, timeout_s: float = 10.0) -> dict:
+    """STATUS over the Unix socket named in ``info`` (a ``daemon.json``); the token comes
+    from ``RLINKD_TOKEN``. Raises OSError/ConnectionError when the daemon does not answer."""
+    from rlinkd.client_lib.transport import RLlinkClient
+    with RLlinkClient(f"unix://{info['unix_socket']}", timeout_s=timeout_s) as client:
+        return client.status(os.environ.get("RLINKD_TOKEN"))

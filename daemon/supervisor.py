@@ -25,18 +25,18 @@ from pathlib import Path
 
 import structlog
 
-from daemon import messages as m
-from daemon.checkpoint import store
-from daemon.children import Child, hang_action, in_crash_loop, is_boot_error, schedule_restart
-from daemon.config import (Config, ConfigError, apply_changes, load_config, reloadable_changes,
+from rlinkd.daemon import messages as m
+from rlinkd.daemon.checkpoint import store
+from rlinkd.daemon.children import Child, hang_action, in_crash_loop, is_boot_error, schedule_restart
+from rlinkd.daemon.config import (Config, ConfigError, apply_changes, load_config, reloadable_changes,
                            reloadable_values)
-from daemon.errors import ExitCode
-from daemon import log as logsetup
-from daemon.roles import child_main
-from daemon.runfiles import StateDirLock, remove_daemon_file, write_daemon_file
-from daemon.metrics import TensorBoardMetrics
-from daemon.sdnotify import Notifier, watchdog_interval_s
-from daemon.wiring import ROLES, Topology, build_topology, destroy_topology
+from rlinkd.daemon.errors import ExitCode
+from rlinkd.daemon import log as logsetup
+from rlinkd.daemon.roles import child_main
+from rlinkd.daemon.runfiles import StateDirLock, remove_daemon_file, write_daemon_file
+from rlinkd.daemon.metrics import TensorBoardMetrics
+from rlinkd.daemon.sdnotify import Notifier, watchdog_interval_s
+from rlinkd.daemon.wiring import ROLES, Topology, build_topology, destroy_topology
 
 log = structlog.get_logger("supervisor")
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import ssl
 
-from daemon.config import ServerConfig
-from daemon.errors import ConfigError
+from rlinkd.daemon.config import ServerConfig
+from rlinkd.daemon.errors import ConfigError
 
 
 def server_context(srv: ServerConfig) -> ssl.SSLContext | None:

@@ -24,17 +24,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from client_lib.policy_spec import PolicySpec
-from client_lib.spaces import SpaceSpec
-from daemon.config import Config
-from daemon.ipc import Inbox, SharedFd
-from shm.doorbell import Doorbell
-from shm.board import WeightsBoard
-from shm.blob import BlobArea
-from shm.records import StepLayout
-from shm.ring import StepRing
-from shm.segment import sweep_stale
-from shm.slots import BatchSlots
+from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.daemon.config import Config
+from rlinkd.daemon.ipc import Inbox, SharedFd
+from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.board import WeightsBoard
+from rlinkd.shm.blob import BlobArea
+from rlinkd.shm.records import StepLayout
+from rlinkd.shm.ring import StepRing
+from rlinkd.shm.segment import sweep_stale
+from rlinkd.shm.slots import BatchSlots
 
 ROLES = ("collector", "connector", "learner", "checkpointer")
 COUNTERS = ("env_steps", "episodes")  # kept by the collector, saved in every checkpoint

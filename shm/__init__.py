@@ -4,14 +4,14 @@ Never imports torch, the daemon or client_lib: clients import this package
 too.  Linux x86-64 only (see ``shm._sync`` for the memory-ordering argument).
 """
 
-from shm.blob import BlobArea
-from shm.board import WeightsBoard
-from shm.doorbell import Doorbell
-from shm.errors import ChecksumError, LayoutError, PayloadTooLarge, RingFull, SegmentOwnerError, ShmError
-from shm.records import FINAL_OBS, FLUSH, HAS_DIST, HAS_LOGP, STREAM_END, TERMINATED, TRUNCATED, StepLayout
-from shm.ring import StepRing, arm_sleep, disarm_sleep
-from shm.segment import DEFAULT_DIRECTORY, Segment, segment_name, sweep_stale
-from shm.slots import FILLING, FREE, READY, TRAINING, BatchSlots
+from rlinkd.shm.blob import BlobArea
+from rlinkd.shm.board import WeightsBoard
+from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.errors import ChecksumError, LayoutError, PayloadTooLarge, RingFull, SegmentOwnerError, ShmError
+from rlinkd.shm.records import FINAL_OBS, FLUSH, HAS_DIST, HAS_LOGP, STREAM_END, TERMINATED, TRUNCATED, StepLayout
+from rlinkd.shm.ring import StepRing, arm_sleep, disarm_sleep
+from rlinkd.shm.segment import DEFAULT_DIRECTORY, Segment, segment_name, sweep_stale
+from rlinkd.shm.slots import FILLING, FREE, READY, TRAINING, BatchSlots
 
 __all__ = [
     "BatchSlots", "BlobArea", "ChecksumError", "DEFAULT_DIRECTORY", "Doorbell", "FILLING", "FINAL_OBS",

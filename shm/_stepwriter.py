@@ -22,9 +22,9 @@ import functools
 
 import numpy as np
 
-from shm.errors import RingFull
-from shm.records import HAS_DIST, HAS_LOGP, StepLayout
-from shm._sync import fence_acquire, fence_release
+from rlinkd.shm.errors import RingFull
+from rlinkd.shm.records import HAS_DIST, HAS_LOGP, StepLayout
+from rlinkd.shm._sync import fence_acquire, fence_release
 
 _TEMPLATE = '''
 def bind(pack_into, mapping, records_offset, record_bytes, capacity, tail_cell, head_cell,

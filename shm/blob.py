@@ -32,8 +32,8 @@ import os
 import struct
 import time
 
-from shm.errors import ChecksumError, LayoutError, PayloadTooLarge, ShmError
-from shm.segment import Segment, check_field, check_magic, check_writer_pid
+from rlinkd.shm.errors import ChecksumError, LayoutError, PayloadTooLarge, ShmError
+from rlinkd.shm.segment import Segment, check_field, check_magic, check_writer_pid
 
 BLOB_MAGIC = b"RLKBLOB1"
 BLOB_LAYOUT_VERSION = 1

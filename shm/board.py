@@ -38,8 +38,8 @@ import time
 
 import numpy as np
 
-from shm.errors import LayoutError
-from shm.segment import Segment, check_field, check_magic, check_writer_pid
+from rlinkd.shm.errors import LayoutError
+from rlinkd.shm.segment import Segment, check_field, check_magic, check_writer_pid
 
 BOARD_MAGIC = b"RLKBOARD"
 BOARD_LAYOUT_VERSION = 1

@@ -13,7 +13,7 @@ import math
 import os
 import select
 
-from shm.errors import ShmError
+from rlinkd.shm.errors import ShmError
 
 _EVENTFD_WORD = (1).to_bytes(8, "little")
 

@@ -42,12 +42,12 @@ import time
 
 import numpy as np
 
-from shm._stepwriter import compile_step_writer
-from shm._sync import backoff_until, spin_until, store_load_fence
-from shm.doorbell import Doorbell
-from shm.errors import LayoutError, RingFull, ShmError
-from shm.records import StepLayout
-from shm.segment import Segment, check_field, check_magic, check_writer_pid
+from rlinkd.shm._stepwriter import compile_step_writer
+from rlinkd.shm._sync import backoff_until, spin_until, store_load_fence
+from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.errors import LayoutError, RingFull, ShmError
+from rlinkd.shm.records import StepLayout
+from rlinkd.shm.segment import Segment, check_field, check_magic, check_writer_pid
 
 RING_MAGIC = b"RLKRING1"
 RING_LAYOUT_VERSION = 1

@@ -27,7 +27,7 @@ import mmap
 import os
 import stat
 
-from shm.errors import LayoutError, SegmentOwnerError, ShmError
+from rlinkd.shm.errors import LayoutError, SegmentOwnerError, ShmError
 
 DEFAULT_DIRECTORY = "/dev/shm"
 

@@ -54,8 +54,8 @@ import struct
 
 import numpy as np
 
-from shm.errors import LayoutError, ShmError
-from shm.segment import Segment, check_field, check_magic, check_writer_pid
+from rlinkd.shm.errors import LayoutError, ShmError
+from rlinkd.shm.segment import Segment, check_field, check_magic, check_writer_pid
 
 SLOTS_MAGIC = b"RLKSLOTS"
 SLOTS_LAYOUT_VERSION = 1

@@ -86,7 +86,7 @@ class DaemonProcess:
     def start(self, timeout_s: float = 60.0) -> "DaemonProcess":
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.state_dir / "daemon.log", "ab")
-        cmd = [sys.executable, "-m", "daemon.cli", "serve", "--state-dir", str(self.state_dir),
+        cmd = [sys.executable, "-m", "rlinkd.daemon.cli", "serve", "--state-dir", str(self.state_dir),
                "--port", "0", *self.args]
         env = dict(os.environ, **(self.env or {}))
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -203,7 +203,7 @@ class BackgroundClient:
 
     def _run(self) -> None:
         import gymnasium as gym
-        from client_lib import connect
+        from rlinkd.client_lib import connect
         try:
             env = gym.make("CartPole-v1")
             self.agent = connect(self.address, **self.kwargs)

@@ -16,16 +16,16 @@ from importlib import metadata
 import numpy as np
 import structlog
 
-from client_lib.policy_spec import OnnxWeightWriter
-from daemon import messages as m
-from daemon.checkpoint import store
-from daemon.config import to_toml
-from daemon.errors import CheckpointError, ExitCode
-from daemon.log import reload_level
-from daemon.roles import RoleContext
-from daemon.wiring import Topology
-from shm.blob import BlobArea
-from shm.board import WeightsBoard
+from rlinkd.client_lib.protocol.policy_spec import OnnxWeightWriter
+from rlinkd.daemon import messages as m
+from rlinkd.daemon.checkpoint import store
+from rlinkd.daemon.config import to_toml
+from rlinkd.daemon.errors import CheckpointError, ExitCode
+from rlinkd.daemon.log import reload_level
+from rlinkd.daemon.roles import RoleContext
+from rlinkd.daemon.wiring import Topology
+from rlinkd.shm.blob import BlobArea
+from rlinkd.shm.board import WeightsBoard
 
 log = structlog.get_logger("checkpointer")
 SNAPSHOT_TIMEOUT_S = 60.0

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from daemon.errors import CheckpointError
+from rlinkd.daemon.errors import CheckpointError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

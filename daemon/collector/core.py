@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from client_lib import codec
-from client_lib.codec import BadMessage, Message
-from client_lib.records import concat_records
-from client_lib.spaces import SpaceSpec
-from daemon.collector.ingest import (EpisodeStats, EpisodeTracker, Limits, fragment_records,
+from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.protocol.codec import BadMessage, Message
+from rlinkd.client_lib.protocol.records import concat_records
+from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.daemon.collector.ingest import (EpisodeStats, EpisodeTracker, Limits, fragment_records,
                                      validate_fragment)
-from daemon.config import Config
-from shm.records import StepLayout
+from rlinkd.daemon.config import Config
+from rlinkd.shm.records import StepLayout
 
 
 class Unauthenticated(BadMessage):

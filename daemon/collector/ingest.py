@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from client_lib.codec import BadMessage, EpisodeFragment
-from client_lib.spaces import SpaceSpec, check_values
-from client_lib.records import fragment_records  # noqa: F401 - re-exported for the collector
+from rlinkd.client_lib.protocol.codec import BadMessage, EpisodeFragment
+from rlinkd.client_lib.protocol.spaces import SpaceSpec, check_values
+from rlinkd.client_lib.protocol.records import fragment_records  # noqa: F401 - re-exported for the collector
 
 
 F32_MAX = float(np.finfo(np.float32).max)

@@ -12,22 +12,22 @@ import time
 
 import structlog
 
-from daemon import messages as m
-from daemon.collector.core import CollectorCore
-from daemon.collector.server import CollectorServer
-from daemon.collector.shm_clients import ShmClients
-from daemon.collector.shm_server import ShmIngestor
-from daemon.collector.status import StatusBuilder
-from daemon.collector.weights import WeightsCache
-from daemon.errors import ExitCode
-from daemon.ipc import Inbox
-from daemon.log import reload_level
-from daemon.roles import RoleContext
-from daemon.tls import server_context
-from daemon.wiring import Topology
-from shm.board import WeightsBoard
-from shm.doorbell import Doorbell
-from shm.ring import StepRing
+from rlinkd.daemon import messages as m
+from rlinkd.daemon.collector.core import CollectorCore
+from rlinkd.daemon.collector.server import CollectorServer
+from rlinkd.daemon.collector.shm_clients import ShmClients
+from rlinkd.daemon.collector.shm_server import ShmIngestor
+from rlinkd.daemon.collector.status import StatusBuilder
+from rlinkd.daemon.collector.weights import WeightsCache
+from rlinkd.daemon.errors import ExitCode
+from rlinkd.daemon.ipc import Inbox
+from rlinkd.daemon.log import reload_level
+from rlinkd.daemon.roles import RoleContext
+from rlinkd.daemon.tls import server_context
+from rlinkd.daemon.wiring import Topology
+from rlinkd.shm.board import WeightsBoard
+from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.ring import StepRing
 
 log = structlog.get_logger("collector")
 TICK_S = 0.05

@@ -19,13 +19,13 @@ from typing import Any, Callable
 import numpy as np
 import structlog
 
-from client_lib import codec
-from client_lib.codec import ProtocolError
-from daemon import messages as m
-from daemon.collector.core import CollectorCore, Plan, Session
-from daemon.collector.weights import WeightsCache
-from shm.records import FLUSH, STREAM_END
-from shm.ring import StepRing
+from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.protocol.codec import ProtocolError
+from rlinkd.daemon import messages as m
+from rlinkd.daemon.collector.core import CollectorCore, Plan, Session
+from rlinkd.daemon.collector.weights import WeightsCache
+from rlinkd.shm.records import FLUSH, STREAM_END
+from rlinkd.shm.ring import StepRing
 
 log = structlog.get_logger("collector")
 RING_POLL_S = 0.0005

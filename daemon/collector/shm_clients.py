@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from client_lib.spaces import SpaceSpec, tolerance
-from daemon.collector.ingest import InvalidEpisode
-from shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED, StepLayout
-from shm.ring import StepRing, arm_sleep
+from rlinkd.client_lib.protocol.spaces import SpaceSpec, tolerance
+from rlinkd.daemon.collector.ingest import InvalidEpisode
+from rlinkd.shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED, StepLayout
+from rlinkd.shm.ring import StepRing, arm_sleep
 
 CLIENT_FLAGS = FINAL_OBS | TERMINATED | TRUNCATED | HAS_LOGP | HAS_DIST
 DEFAULT_RING_RECORDS = 1 << 15
@@ -246,7 +246,7 @@ def _box_violated(values: np.ndarray, space: SpaceSpec, rows: np.ndarray | None)
 
 @functools.lru_cache(maxsize=16)
 def _bounds(space: SpaceSpec) -> tuple[np.ndarray, np.ndarray]:
-    """float32 bounds widened by the same tolerance as ``client_lib.spaces``."""
+    """float32 bounds widened by the same tolerance as ``client_lib.protocol.spaces``."""
     low, high = np.asarray(space.low, np.float64), np.asarray(space.high, np.float64)
     return ((low - tolerance(low)).astype(np.float32), (high + tolerance(high)).astype(np.float32))
 

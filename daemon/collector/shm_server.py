@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import structlog
 
-from client_lib import codec
-from daemon.collector.core import Session
-from daemon.collector.ingest import InvalidEpisode
-from daemon.collector.shm_clients import ShmClients
-from shm.doorbell import Doorbell
-from shm.records import FINAL_OBS
+from rlinkd.client_lib.protocol import codec
+from rlinkd.daemon.collector.core import Session
+from rlinkd.daemon.collector.ingest import InvalidEpisode
+from rlinkd.daemon.collector.shm_clients import ShmClients
+from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.records import FINAL_OBS
 
 if TYPE_CHECKING:
-    from daemon.collector.server import CollectorServer
+    from rlinkd.daemon.collector.server import CollectorServer
 
 log = structlog.get_logger("collector")
 DRAIN_CHUNK = 1 << 14

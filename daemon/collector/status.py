@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from daemon import messages as m
-from daemon.collector.core import CollectorCore
-from daemon.wiring import Topology
+from rlinkd.daemon import messages as m
+from rlinkd.daemon.collector.core import CollectorCore
+from rlinkd.daemon.wiring import Topology
 
 
 class StatusBuilder:

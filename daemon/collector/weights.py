@@ -2,7 +2,7 @@
 
 The learner publishes flat float32 weights to the shared-memory weights board;
 the collector turns them into an ONNX model by replacing only the initializers of
-a graph built once (``client_lib.policy_spec.OnnxWeightWriter``), gzips and
+a graph built once (``client_lib.protocol.policy_spec.OnnxWeightWriter``), gzips and
 base64-encodes it, and caches the whole encoded SET_STATE frame. Every client
 asking for that version gets the same bytes object: a reply costs one socket
 write, not an export.
@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 
-from client_lib import codec
-from client_lib.policy_spec import OnnxWeightWriter, PolicySpec
-from shm.board import WeightsBoard
+from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.protocol.policy_spec import OnnxWeightWriter, PolicySpec
+from rlinkd.shm.board import WeightsBoard
 
 GZIP_LEVEL = 1  # float weights barely compress (~7%); higher levels cost time for <1% size
 

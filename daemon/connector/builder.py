@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from daemon.connector.segments import Segment, split_segment
+from rlinkd.daemon.connector.segments import Segment, split_segment
 
 
 @dataclass

@@ -9,7 +9,7 @@ add or change batch columns. The default order::
 Users add their own piece by import path in the config
 (``[connector] pipeline = [..., "mypkg.pieces:ClipRewards", ...]``); the class is
 instantiated with no arguments. Pieces run in the connector process (numpy only:
-values and log-probs come from the weights board via ``client_lib.policy_spec``).
+values and log-probs come from the weights board via ``client_lib.protocol.policy_spec``).
 
 Batch columns produced (rows = steps): obs [N, O], actions [N, A], rewards [N],
 logp [N], values [N], next_values [N], terminated [N], segment_end [N],
@@ -23,11 +23,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from client_lib import policy_spec as ps
-from client_lib.spaces import SpaceSpec, to_features
-from daemon.connector.gae import compute_gae
-from daemon.connector.segments import Segment
-from daemon.errors import ConfigError
+from rlinkd.client_lib.protocol import policy_spec as ps
+from rlinkd.client_lib.protocol.spaces import SpaceSpec, to_features
+from rlinkd.daemon.connector.gae import compute_gae
+from rlinkd.daemon.connector.segments import Segment
+from rlinkd.daemon.errors import ConfigError
 
 Batch = dict[str, np.ndarray]
 Piece = Callable[[Batch, list[Segment], "PipelineContext"], Batch]

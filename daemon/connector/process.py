@@ -14,18 +14,18 @@ import time
 import numpy as np
 import structlog
 
-from daemon import messages as m
-from daemon.connector.builder import BatchBuilder, behaviour_versions
-from daemon.connector.pipeline import LearnerPipeline, PipelineContext
-from daemon.connector.segments import SegmentAssembler
-from daemon.errors import ExitCode
-from daemon.log import reload_level
-from daemon.roles import RoleContext
-from daemon.wiring import Topology
-from shm.board import WeightsBoard
-from shm.doorbell import Doorbell
-from shm.ring import StepRing
-from shm.slots import READY, TRAINING, BatchSlots
+from rlinkd.daemon import messages as m
+from rlinkd.daemon.connector.builder import BatchBuilder, behaviour_versions
+from rlinkd.daemon.connector.pipeline import LearnerPipeline, PipelineContext
+from rlinkd.daemon.connector.segments import SegmentAssembler
+from rlinkd.daemon.errors import ExitCode
+from rlinkd.daemon.log import reload_level
+from rlinkd.daemon.roles import RoleContext
+from rlinkd.daemon.wiring import Topology
+from rlinkd.shm.board import WeightsBoard
+from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.ring import StepRing
+from rlinkd.shm.slots import READY, TRAINING, BatchSlots
 
 log = structlog.get_logger("connector")
 READ_CHUNK = 1 << 15

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from shm.records import FINAL_OBS, FLUSH, HAS_LOGP, STREAM_END, TERMINATED, TRUNCATED
+from rlinkd.shm.records import FINAL_OBS, FLUSH, HAS_LOGP, STREAM_END, TERMINATED, TRUNCATED
 
 
 @dataclass

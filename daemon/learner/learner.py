@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from client_lib.policy_spec import PolicySpec
-from daemon.learner.adam import Adam
-from daemon.learner.model import ActorCritic, ObsNormalizer
-from daemon.learner.ppo import ppo_loss
+from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.daemon.learner.adam import Adam
+from rlinkd.daemon.learner.model import ActorCritic, ObsNormalizer
+from rlinkd.daemon.learner.ppo import ppo_loss
 
 STATE_FORMAT_VERSION = 1
 BATCH_KEYS = ("obs", "actions", "logp", "advantages", "value_targets", "values")

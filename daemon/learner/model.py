@@ -1,4 +1,4 @@
-"""Torch twin of `client_lib.policy_spec.PolicySpec`: the actor-critic the learner trains.
+"""Torch twin of `client_lib.protocol.policy_spec.PolicySpec`: the actor-critic the learner trains.
 
 Parameter and buffer names equal `PolicySpec.param_layout()` names, so `flat_weights()` /
 `load_flat()` round-trip with the numpy and ONNX forwards of the same spec.
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from client_lib.policy_spec import PolicySpec
+from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 
 _LOG_2PI = math.log(2.0 * math.pi)
 

@@ -16,16 +16,16 @@ from types import SimpleNamespace
 import numpy as np
 import structlog
 
-from daemon import messages as m
-from daemon.checkpoint.store import read_checkpoint_file
-from daemon.config import Config
-from daemon.errors import ExitCode
-from daemon.log import reload_level
-from daemon.roles import BootError, RoleContext
-from daemon.wiring import Topology
-from shm.blob import BlobArea
-from shm.board import WeightsBoard
-from shm.slots import BatchSlots
+from rlinkd.daemon import messages as m
+from rlinkd.daemon.checkpoint.store import read_checkpoint_file
+from rlinkd.daemon.config import Config
+from rlinkd.daemon.errors import ExitCode
+from rlinkd.daemon.log import reload_level
+from rlinkd.daemon.roles import BootError, RoleContext
+from rlinkd.daemon.wiring import Topology
+from rlinkd.shm.blob import BlobArea
+from rlinkd.shm.board import WeightsBoard
+from rlinkd.shm.slots import BatchSlots
 
 log = structlog.get_logger("learner")
 IDLE_WAIT_S = 0.25
@@ -48,7 +48,7 @@ class LearnerShell:
     """Owns the Learner core and the shared-memory endpoints."""
 
     def __init__(self, topo: Topology, ctx: RoleContext) -> None:
-        from daemon.learner.learner import Learner  # torch is imported here, and only here
+        from rlinkd.daemon.learner.learner import Learner  # torch is imported here, and only here
         self.topo, self.ctx, cfg = topo, ctx, topo.cfg
         try:
             self.learner = Learner(topo.policy_spec, hparams(cfg), device=cfg.learner.device,

@@ -1,0 +1,51 @@
+"""RLlink episode fragments ↔ shared-memory step records (``shm.records`` layout).
+
+Used by the daemon's collector (TCP episodes into the episode ring) and by the
+shared-memory client (fragments into its own ring): one conversion, both sides.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from rlinkd.client_lib.protocol.codec import EpisodeFragment
+from rlinkd.shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED, StepLayout
+
+
+def fragment_records(frag: EpisodeFragment, layout: StepLayout, stream_id: int = 0,
+                     weights_seq_no: int = -1) -> np.ndarray:
+    """T step records + 1 FINAL_OBS record for a validated fragment (ingest ids unset).
+
+    The FINAL_OBS record holds the fragment's last observation and says how it ended
+    (TERMINATED, TRUNCATED, or neither: cut, continued by the next fragment).
+    """
+    t = frag.num_steps
+    rec = np.zeros(t + 1, dtype=layout.dtype)
+    rec["obs"] = frag.obs.reshape(t + 1, layout.obs_size)
+    rec["stream_id"] = stream_id
+    rec["weights_seq_no"] = weights_seq_no
+    rec["reward"][:t] = frag.rewards
+    rec["action"][:t] = frag.actions.reshape(t, layout.action_size)  # no -1: t may be 0
+    step_flags = 0
+    if frag.action_logp is not None:
+        rec["logp"][:t] = frag.action_logp
+        step_flags |= HAS_LOGP
+    if frag.action_dist_inputs is not None:
+        rec["dist"][:t] = frag.action_dist_inputs
+        step_flags |= HAS_DIST
+    rec["flags"][:t] = step_flags
+    end_flags = (TERMINATED if frag.is_terminated else 0) | (TRUNCATED if frag.is_truncated else 0)
+    rec["flags"][t] = FINAL_OBS | end_flags
+    return rec
+
+
+def concat_records(parts: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """Concatenate record arrays keeping the exact (padded) record dtype.
+
+    ``np.concatenate`` would canonicalise a structured dtype and drop its padding.
+    """
+    out = np.empty(sum(len(p) for p in parts), dtype)
+    start = 0
+    for part in parts:
+        out[start:start + len(part)] = part
+        start += len(part)
+    return out

@@ -1,0 +1,1 @@
+"""Tier 3: real processes: ``rlinkd serve`` started, signalled, its children killed."""

@@ -1,0 +1,198 @@
+"""Fuzzing the shared-memory side: corrupted rings (unit) and hostile ATTACH clients (live).
+
+A shared-memory client can write any byte of its own ring, header included: the tail
+counter, the head counter (the daemon's), flags, floats, padding. The collector must
+either read records that pass validation or refuse the ring (InvalidEpisode → ERROR to
+that client, ring never read again) — never crash, spin, or read out of bounds. Live, a
+client that attaches, scribbles over its ring and sends SAMPLE_READY gets at most an
+ERROR and a closed connection, while the daemon stays up with no child restarted and a
+well-behaved shm client keeps training.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlinkd.client_lib import connect, run_env
+from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.daemon.collector.ingest import InvalidEpisode
+from rlinkd.daemon.collector.shm_clients import ShmClients
+from rlinkd.shm.records import FINAL_OBS, StepLayout
+from rlinkd.shm.ring import HEAD_OFFSET, RECORDS_OFFSET, TAIL_OFFSET, StepRing
+from tests.helpers import raw_recv, raw_send
+
+OBS, ACT = SpaceSpec.box((4,), low=-5.0, high=5.0), SpaceSpec.discrete(2)
+LAYOUT = StepLayout(4, 1, 2)
+RING_RECORDS = 1024
+RING_BYTES = RECORDS_OFFSET + RING_RECORDS * LAYOUT.record_bytes
+
+
+def valid_records(n: int) -> np.ndarray:
+    """``n`` steps of one episode fragment plus its final observation."""
+    rec = LAYOUT.empty(n + 1)
+    rec["obs"] = np.linspace(-0.4, 0.4, 4 * (n + 1), dtype=np.float32).reshape(n + 1, 4)
+    rec["action"][:, 0] = np.arange(n + 1) % 2
+    rec["reward"][:n] = 1.0
+    rec["flags"][n] = FINAL_OBS
+    return rec
+
+
+@contextlib.contextmanager
+def attached(shm_dir: str, steps: int | None = None):
+    """A collector-side ShmClients with client 1 attached; ``steps`` valid steps written by a
+    producer first (None: nothing). Detaches (unlinks the ring) on exit."""
+    clients = ShmClients(shm_dir, "fz", LAYOUT, OBS, ACT)
+    ring = clients.attach(1, RING_RECORDS)
+    try:
+        if steps is not None:
+            producer = StepRing.attach(ring.path, LAYOUT, role="producer")
+            producer.write_batch(valid_records(steps))
+            producer.close()
+        yield clients, ring
+    finally:
+        clients.detach(1)
+
+
+offsets = st.one_of(st.integers(0, RECORDS_OFFSET - 1),            # the header, counters included
+                    st.sampled_from([TAIL_OFFSET, HEAD_OFFSET]),
+                    st.integers(RECORDS_OFFSET, RING_BYTES - 1))     # the records
+scribbles = st.lists(st.tuples(offsets, st.binary(min_size=1, max_size=12)), min_size=1, max_size=6)
+
+
+@pytest.fixture(scope="module")
+def shm_dir():
+    directory = tempfile.mkdtemp(prefix="rlkt-fuzz-", dir="/dev/shm")
+    yield directory
+    shutil.rmtree(directory)
+
+
+@settings(max_examples=400, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.integers(0, 300), writes=scribbles)
+def test_a_scribbled_ring_is_read_validated_or_refused(shm_dir, steps, writes):
+    with attached(shm_dir, steps) as (clients, ring):
+        with open(ring.path, "r+b") as f:
+            for offset, data in writes:
+                f.seek(offset)
+                f.write(data[:RING_BYTES - offset])
+        read = refused = 0
+        for _ in range(RING_RECORDS // 256 + 2):
+            try:
+                read += len(clients.read(1, 256))
+            except InvalidEpisode:
+                refused += 1
+                break
+        if refused:  # refused for good: never read again, never reported readable, no busy loop
+            with pytest.raises(InvalidEpisode):
+                clients.read(1, 256)
+            assert clients.readable() == [] and clients.arm() is False
+        else:
+            assert read <= RING_RECORDS and clients.readable() == []
+
+
+@pytest.mark.parametrize("tail, head", [(2**64 - 1, 0), (RING_RECORDS + 1, 0), (0, 5)])
+def test_impossible_counters_are_refused(shm_dir, tail, head):
+    with attached(shm_dir) as (clients, ring):
+        with open(ring.path, "r+b") as f:
+            f.seek(TAIL_OFFSET)
+            f.write(tail.to_bytes(8, "little"))
+            f.seek(HEAD_OFFSET)
+            f.write(head.to_bytes(8, "little"))
+        assert clients.readable() == [1]
+        with pytest.raises(InvalidEpisode, match="ring counters corrupt"):
+            clients.read(1, 256)
+        assert clients.readable() == [] and clients.arm() is False
+
+
+def test_a_closed_flag_alone_is_no_news(shm_dir):
+    """A ring whose client set ``closed`` but wrote nothing must let the collector sleep."""
+    with attached(shm_dir) as (clients, ring):
+        producer = StepRing.attach(ring.path, LAYOUT, role="producer")
+        producer.mark_closed()
+        producer.close()
+        assert clients.readable() == [] and clients.arm() is False
+
+
+def test_a_leaving_clients_ring_is_no_longer_watched_but_still_drained(shm_dir):
+    """After its connection closed, the drain loop must not spin on the ring; detach reads it."""
+    with attached(shm_dir, 10) as (clients, _):
+        clients.leave(1)
+        assert clients.readable() == [] and clients.arm() is False
+        assert len(clients.read(1, 1 << 14)) == 11
+
+
+def test_reads_never_exceed_the_unread_count_checked(shm_dir):
+    """A full ring read with a chunk larger than the ring returns at most ``capacity`` records."""
+    with attached(shm_dir, RING_RECORDS - 1) as (clients, _):
+        assert len(clients.read(1, 1 << 14)) == RING_RECORDS
+
+
+# ---------------------------------------------------------------- live daemon
+def unix_request(sock: socket.socket, obj: dict) -> dict:
+    raw_send(sock, obj)
+    return raw_recv(sock)
+
+
+def replies_until_close(sock: socket.socket) -> list[str]:
+    """Message types the daemon sends until it closes or goes quiet (after a PING)."""
+    seen = []
+    try:
+        raw_send(sock, {"type": "PING"})
+    except OSError:  # already closed after an ERROR: read what was sent before
+        pass
+    try:
+        while True:
+            seen.append(raw_recv(sock)["type"])
+            if seen[-1] == "PONG":
+                return seen
+    except (ConnectionError, OSError, json.JSONDecodeError):
+        return seen
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(steps=st.integers(0, 200), writes=scribbles)
+def test_hostile_attach_clients_spare_the_daemon(shared_daemon, steps, writes):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(20)
+    sock.connect(shared_daemon.unix_socket)
+    try:
+        attached = unix_request(sock, {"type": "ATTACH", "pid": os.getpid(), "capacity_records": RING_RECORDS})
+        assert attached["type"] == "ATTACHED", attached
+        path = attached["ring_path"]
+        assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+        producer = StepRing.attach(path, StepLayout.from_json(attached["layout"]), role="producer")
+        producer.write_batch(valid_records(steps).astype(producer.layout.dtype))
+        producer.close()
+        size = os.path.getsize(path)
+        with open(path, "r+b") as f:
+            for offset, data in writes:
+                f.seek(min(offset, size - 1))
+                f.write(data[:size - min(offset, size - 1)])
+        raw_send(sock, {"type": "SAMPLE_READY", "env_steps": steps, "get_state": False})
+        seen = replies_until_close(sock)
+        assert set(seen) <= {"WEIGHTS_READY", "ERROR", "PONG"}, seen
+    finally:
+        sock.close()
+
+
+def test_zz_daemon_and_a_valid_shm_client_after_the_hostile_ones(shared_daemon):
+    status = shared_daemon.status()
+    assert shared_daemon.proc.poll() is None
+    assert all(c["alive"] and c["restarts"] == 0 for c in status["children"].values()), status["children"]
+    agent = connect(f"shm:{shared_daemon.state_dir}")
+    stats = run_env(gym.make("CartPole-v1"), agent, steps=2 * agent.env_steps_per_sample, seed=1)
+    assert stats.steps == 2 * agent.env_steps_per_sample
+    agent.close()
+    log = shared_daemon.log()
+    for bad in ("Traceback", '"level": "critical"'):
+        assert bad not in log, log[log.index(bad) - 1500:][:4000]

@@ -1,0 +1,128 @@
+"""Shared-memory clients against a real daemon: training, cleanup, mixed transports."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import gymnasium as gym
+import pytest
+
+from rlinkd.client_lib import connect, run_env
+from tests.helpers import REPO, raw_recv, raw_send, wait_for
+
+pytestmark = pytest.mark.process
+
+
+def shm_segments(daemon) -> list[str]:
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"rlinkd.{daemon.pid}."))
+
+
+def test_shm_client_trains_and_its_ring_is_reclaimed(daemon):
+    addr = f"shm:{daemon.state_dir}"
+    agent = connect(addr)
+    assert type(agent.link).__name__ == "ShmLink"
+    rings = [n for n in shm_segments(daemon) if ".client-" in n]
+    assert len(rings) == 1
+    assert oct(os.stat(f"/dev/shm/{rings[0]}").st_mode & 0o777) == "0o600"
+    stats = run_env(gym.make("CartPole-v1"), agent, steps=2 * agent.env_steps_per_sample, seed=0)
+    assert stats.steps == 2 * agent.env_steps_per_sample
+    assert agent.weights_seq_no >= 2  # on-policy: each sample trained before continuing
+    agent.close()
+    wait_for(lambda: not any(".client-" in n for n in shm_segments(daemon)), 10,
+             what="ring unlinked after close")
+    assert daemon.status()["env_steps"] == 2 * agent.env_steps_per_sample
+
+
+def test_sigkilled_shm_client_segments_are_reclaimed(daemon):
+    code = ("import gymnasium as gym, sys; from client_lib import run_env; "
+            f"run_env(gym.make('CartPole-v1'), 'shm:{daemon.state_dir}', steps=10**9)")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
+    wait_for(lambda: daemon.status()["env_steps"] >= 1024, 60, what="shm client training")
+    assert any(".client-" in n for n in shm_segments(daemon))
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    wait_for(lambda: not any(".client-" in n for n in shm_segments(daemon)), 10,
+             what="ring reclaimed after SIGKILL")
+    steps = daemon.status()["env_steps"]
+    time.sleep(0.2)
+    assert daemon.status()["env_steps"] == steps and daemon.proc.poll() is None
+
+
+def test_ring_of_a_client_that_attaches_and_leaves_without_sampling_is_reclaimed(daemon):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(daemon.unix_socket)
+    raw_send(sock, {"type": "ATTACH", "pid": os.getpid()})
+    assert raw_recv(sock)["type"] == "ATTACHED"
+    assert any(".client-" in n for n in shm_segments(daemon))
+    sock.close()
+    wait_for(lambda: not any(".client-" in n for n in shm_segments(daemon)), 10,
+             what="ring unlinked after an attach-only client closed")
+
+
+def test_ring_reclaimed_when_the_attaching_pid_is_gone_though_its_socket_lives(daemon, tmp_path):
+    """A client forks and exits: the child keeps the socket open, the ring still goes."""
+    child_pid_file = tmp_path / "child.pid"
+    code = ("import os, time; from client_lib import connect; "
+            f"agent = connect('shm:{daemon.state_dir}'); "
+            "pid = os.fork()\n"
+            "if pid == 0:\n    time.sleep(60); os._exit(0)\n"
+            f"open({str(child_pid_file)!r}, 'w').write(str(pid)); os._exit(0)")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
+    child = int(child_pid_file.read_text())
+    try:
+        assert os.path.exists(f"/proc/{child}")  # the socket is still open in the child
+        wait_for(lambda: not any(".client-" in n for n in shm_segments(daemon)), 10,
+                 what="ring reclaimed after the attaching pid exited")
+        assert '"shm_client_gone"' in daemon.log()
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_auto_prefers_shm_locally_and_tcp_and_shm_mix(daemon):
+    agent = connect(f"auto:{daemon.state_dir}")
+    assert type(agent.link).__name__ == "ShmLink"
+    tcp = connect(f"tcp://127.0.0.1:{daemon.port}")
+    env_a, env_b = gym.make("CartPole-v1"), gym.make("CartPole-v1")
+    run_env(env_a, agent, steps=agent.env_steps_per_sample)
+    run_env(env_b, tcp, steps=tcp.env_steps_per_sample)
+    status = wait_for(lambda: (s := daemon.status())["env_steps"] >= 2 * agent.env_steps_per_sample
+                      and s, 10, what="both transports ingested")
+    assert status["env_steps"] == 2 * agent.env_steps_per_sample
+    agent.close()
+    tcp.close()
+
+
+def test_auto_without_a_local_daemon_falls_back_to_tcp(tmp_path):
+    from rlinkd.client_lib.links import TcpLink
+    from rlinkd.client_lib.shm_client import open_local_link
+    link = open_local_link(f"auto:{tmp_path}")  # no daemon.json there: nothing runs locally
+    assert isinstance(link, TcpLink)
+    assert (link.address.host, link.address.port) == ("127.0.0.1", 5555)
+
+
+def test_cli_client_over_shm_found_through_the_state_dir(daemon):
+    result = subprocess.run(
+        [sys.executable, "-m", "rlinkd.daemon.cli", "client", "--connect", "shm", "--state-dir",
+         str(daemon.state_dir), "--steps", "600", "--seed", "3"],
+        capture_output=True, text=True, timeout=120, cwd=REPO, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    done = json.loads(result.stdout.splitlines()[-1])
+    assert done["event"] == "done" and done["steps"] == 600
+    wait_for(lambda: daemon.status()["env_steps"] == 600, 10, what="the daemon counted the client's steps")
+    assert any('"shm_client_attached"' in line for line in daemon.log().splitlines())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["shm", "mixed"])
+def test_demo_with_shm_transport_solves_cartpole(tmp_path, transport):
+    result = subprocess.run(
+        [sys.executable, "-m", "rlinkd.daemon.cli", "demo", "--clients", "2", "--transport", transport,
+         "--timeout-s", "300", "--state-dir", str(tmp_path / "demo")],
+        capture_output=True, text=True, timeout=400, cwd=REPO, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1].startswith("SOLVED ")

@@ -1,0 +1,80 @@
+"""sd_notify messages, received on a real datagram socket passed as NOTIFY_SOCKET."""
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+
+import gymnasium as gym
+import pytest
+
+from rlinkd.client_lib import run_env
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.process
+
+
+class NotifyListener:
+    def __init__(self, path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.messages: list[dict] = []
+        self.running = True
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while self.running:
+            try:
+                data = self.sock.recv(65536).decode()
+            except socket.timeout:
+                continue
+            self.messages.append(dict(line.split("=", 1) for line in data.splitlines()))
+
+    def index(self, key: str, value: str | None = None, after: int = -1) -> int:
+        for i, msg in enumerate(self.messages):
+            if i > after and key in msg and (value is None or msg[key] == value):
+                return i
+        return -1
+
+    def close(self) -> None:
+        self.running = False
+        self.thread.join()
+        self.sock.close()
+
+
+def test_ready_status_watchdog_reload_and_stopping(daemon_factory, tmp_path):
+    listener = NotifyListener(tmp_path / "notify.sock")
+    config = tmp_path / "rlinkd.toml"
+    config.write_text("[ppo]\nlr = 0.001\n")
+    d = daemon_factory("--config", str(config), env={
+        "NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "1000000"})
+    ready = wait_for(lambda: listener.index("READY", "1") + 1, 10, what="READY=1") - 1
+    assert d.status()["weights_seq_no"] >= 0  # READY only once listening with weights loaded
+    wait_for(lambda: listener.index("WATCHDOG", "1") >= 0, 10, what="WATCHDOG=1")
+    status = wait_for(lambda: listener.index("STATUS", after=ready) + 1, 10, what="STATUS") - 1
+    assert "steps/s" in listener.messages[status]["STATUS"]
+    d.signal(signal.SIGHUP)
+    reloading = wait_for(lambda: listener.index("RELOADING", "1") + 1, 10, what="RELOADING") - 1
+    assert int(listener.messages[reloading]["MONOTONIC_USEC"]) > 0
+    wait_for(lambda: listener.index("READY", "1", after=reloading) >= 0, 10, what="READY again")
+    assert d.stop() == 0
+    assert listener.index("STOPPING", "1", after=reloading) >= 0
+    listener.close()
+
+
+def test_ready_comes_with_the_checkpoint_loaded(daemon_factory, tmp_path):
+    d = daemon_factory(name="resume")
+    run_env(gym.make("CartPole-v1"), f"tcp://127.0.0.1:{d.port}", steps=1024, seed=0)
+    trained = wait_for(lambda: (s := d.status())["weights_seq_no"] >= 2 and s, 30, what="training")
+    assert d.stop() == 0  # final checkpoint
+    listener = NotifyListener(tmp_path / "notify.sock")
+    d.env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock")}
+    d.proc = None
+    d.start()
+    wait_for(lambda: listener.index("READY", "1") >= 0, 30, what="READY=1")
+    status = d.status()  # no client is connected: nothing has trained since READY
+    assert status["weights_seq_no"] == status["last_checkpoint"]["weights_seq_no"] >= trained["weights_seq_no"]
+    assert status["env_steps"] == 1024
+    listener.close()

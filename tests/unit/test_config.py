@@ -1,0 +1,375 @@
+"""daemon.config: TOML loading, coercion, limits, cross-field rules, reload, TOML/docs output."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.daemon import config as C
+from rlinkd.daemon.config import (Config, apply_changes, docs_markdown, load_config, parse_override,
+                           reloadable_changes, to_toml)
+from rlinkd.daemon.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str, name: str = "rlinkd.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def load_text(tmp_path: Path, text: str, **kw) -> Config:
+    return load_config(write(tmp_path, text), resolve_dirs=False, **kw)
+
+
+def all_fields():
+    for section, cls in C.SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            yield section, f
+
+
+# ---------------------------------------------------------------- loading
+def test_load_config_from_file(tmp_path):
+    path = write(tmp_path, """
+[server]
+port = 6000
+token = "abc"
+[sampling]
+env_steps_per_sample = 64
+force_on_policy = false
+train_batch_size = 256
+[ppo]
+lr = 3e-4
+hidden_sizes = [32, 16]
+activation = "relu"
+minibatch_size = 64
+[env]
+observation_space = {type = "Box", shape = [3], low = -1.0, high = 1.0}
+action_space = {type = "Discrete", n = 4}
+""")
+    cfg = load_config(path, resolve_dirs=False)
+    assert cfg.server.port == 6000 and cfg.server.token == "abc"
+    assert cfg.sampling.env_steps_per_sample == 64 and cfg.sampling.force_on_policy is False
+    assert cfg.ppo.lr == 3e-4 and cfg.ppo.hidden_sizes == (32, 16) and cfg.ppo.activation == "relu"
+    assert cfg.env.observation_space == SpaceSpec.box([3], -1.0, 1.0)
+    assert cfg.env.action_space == SpaceSpec.discrete(4)
+    assert cfg.source_file == str(path.resolve())
+    # untouched keys keep their defaults
+    assert cfg.server.max_message_bytes == C.ServerConfig().max_message_bytes
+    assert cfg.daemon == C.DaemonConfig()
+
+
+def test_defaults_without_a_file():
+    cfg = load_config(resolve_dirs=False)
+    assert cfg == Config()
+    assert cfg.source_file == ""
+
+
+def test_overrides_win_over_the_file(tmp_path):
+    cfg = load_text(tmp_path, "[server]\nport = 6000\n",
+                    overrides=[("server", "port", 7000), ("ppo", "lr", 0.5)])
+    assert cfg.server.port == 7000 and cfg.ppo.lr == 0.5
+
+
+def test_missing_file_and_syntax_errors_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="bad.toml"):
+        load_config(write(tmp_path, "[server\nport = 1", "bad.toml"))
+
+
+def test_unknown_section_names_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"\[bogus\]: unknown section"):
+        load_text(tmp_path, "[bogus]\nx = 1\n")
+    with pytest.raises(ConfigError, match=r"\[stray\]: unknown section"):
+        load_text(tmp_path, "stray = 1\n")
+
+
+def test_unknown_key_names_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"^server\.prot: unknown key \(known: host, port"):
+        load_text(tmp_path, "[server]\nprot = 1\n")
+    with pytest.raises(ConfigError, match=r"ppo\.learning_rate: unknown key"):
+        load_config(overrides=[("ppo", "learning_rate", 0.1)], resolve_dirs=False)
+
+
+def test_section_that_is_not_a_table(tmp_path):
+    with pytest.raises(ConfigError, match=r"\[server\]: expected a table"):
+        load_text(tmp_path, 'server = "x"\n')
+
+
+def test_override_into_a_section_that_is_not_a_table(tmp_path):
+    with pytest.raises(ConfigError, match="server"):
+        load_text(tmp_path, 'server = "x"\n', overrides=[("server", "port", 1)])
+
+
+@pytest.mark.parametrize("text, pattern", [
+    ('[server]\nport = "abc"', r"server\.port: expected int, got 'abc'"),
+    ("[server]\nport = 5.5", r"server\.port: expected int, got 5\.5"),
+    ("[server]\nport = true", r"server\.port: expected int, got True"),
+    ("[server]\nport = [1]", r"server\.port: expected int"),
+    ('[ppo]\nlr = "fast"', r"ppo\.lr: expected float, got 'fast'"),
+    ("[ppo]\nlr = false", r"ppo\.lr: expected float"),
+    ("[ppo]\nlr = nan", r"ppo\.lr"),
+    ("[ppo]\nlog_std_init = nan", r"ppo\.log_std_init"),
+    ("[sampling]\nforce_on_policy = 3", r"sampling\.force_on_policy: expected bool, got 3"),
+    ('[sampling]\nforce_on_policy = "maybe"', r"sampling\.force_on_policy: expected bool"),
+    ("[server]\ntoken = true", r"server\.token: expected str, got True"),
+    ("[server]\ntoken = [1]", r"server\.token: expected str"),
+    ("[ppo]\nhidden_sizes = 5", r"ppo\.hidden_sizes: expected a list, got 5"),
+    ('[ppo]\nhidden_sizes = ["a"]', r"ppo\.hidden_sizes: expected int"),
+    ("[env]\nobservation_space = 5", r"env\.observation_space: expected a table"),
+    ('[env]\nobservation_space = {type = "Box"}', r"env\.observation_space: Box needs a shape"),
+    ('[env]\nobservation_space = {type = "Box", shape = 4}', r"env\.observation_space: "),
+    ('[env]\naction_space = {type = "Box", shape = [1], low = ["a"]}', r"env\.action_space: "),
+    ('[env]\naction_space = {type = "Discrete", n = 0}', r"env\.action_space: Discrete n"),
+])
+def test_type_errors_name_the_key(tmp_path, text, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_text(tmp_path, text)
+
+
+def test_string_values_are_coerced_like_the_cli_gives_them():
+    cfg = load_config(overrides=[("server", "port", "6001"), ("sampling", "force_on_policy", "no"),
+                                 ("ppo", "hidden_sizes", "8, 4"), ("ppo", "lr", "0.25"),
+                                 ("ppo", "clip_vloss", "FALSE"), ("server", "max_connections", 3.0)],
+                      resolve_dirs=False)
+    assert cfg.server.port == 6001 and cfg.sampling.force_on_policy is False
+    assert cfg.ppo.hidden_sizes == (8, 4) and cfg.ppo.lr == 0.25 and cfg.ppo.clip_vloss is False
+    assert cfg.server.max_connections == 3 and isinstance(cfg.server.max_connections, int)
+
+
+def test_empty_table_means_no_explicit_space(tmp_path):
+    cfg = load_text(tmp_path, "[env]\nobservation_space = {}\n")
+    assert cfg.env.observation_space is None
+
+
+# ---------------------------------------------------------------- limits
+@pytest.mark.parametrize("section, key, value, pattern", [
+    ("server", "port", 65536, r"server\.port: must be <= 65535, got 65536"),
+    ("server", "port", -1, r"server\.port: must be >= 0, got -1"),
+    ("server", "max_message_bytes", 1023, r"server\.max_message_bytes: must be >= 1024"),
+    ("sampling", "batch_slots", 9, r"sampling\.batch_slots: must be <= 8"),
+    ("sampling", "batch_slots", 0, r"sampling\.batch_slots: must be >= 1"),
+    ("ppo", "gamma", 1.5, r"ppo\.gamma: must be <= 1"),
+    ("ppo", "lr", -1e-3, r"ppo\.lr: must be >= 0"),
+    ("ppo", "activation", "gelu", r"ppo\.activation: must be one of tanh, relu, got 'gelu'"),
+    ("daemon", "log_level", "verbose", r"daemon\.log_level: must be one of debug, info"),
+    ("server", "read_timeout_s", 0.05, r"server\.read_timeout_s: must be >= 0\.1"),
+])
+def test_limits(section, key, value, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(overrides=[(section, key, value)], resolve_dirs=False)
+
+
+def test_limits_are_inclusive():
+    cfg = load_config(overrides=[("server", "port", 65535), ("sampling", "batch_slots", 8),
+                                 ("ppo", "gamma", 1.0), ("ppo", "lr", 0.0),
+                                 ("server", "max_message_bytes", 1024)], resolve_dirs=False)
+    assert (cfg.server.port, cfg.sampling.batch_slots, cfg.ppo.gamma) == (65535, 8, 1.0)
+
+
+# ---------------------------------------------------------------- cross-field rules
+def test_minibatch_larger_than_batch():
+    with pytest.raises(ConfigError, match=r"ppo\.minibatch_size \(512\) must not exceed "
+                                          r"sampling\.train_batch_size \(256\)"):
+        load_config(overrides=[("ppo", "minibatch_size", 512),
+                               ("sampling", "train_batch_size", 256)], resolve_dirs=False)
+    cfg = load_config(overrides=[("ppo", "minibatch_size", 256),
+                                 ("sampling", "train_batch_size", 256)], resolve_dirs=False)
+    assert cfg.ppo.minibatch_size == 256
+
+
+@pytest.mark.parametrize("sizes", [[], [64, 0]])
+def test_hidden_sizes_must_be_positive(sizes):
+    with pytest.raises(ConfigError, match=r"ppo\.hidden_sizes"):
+        load_config(overrides=[("ppo", "hidden_sizes", sizes)], resolve_dirs=False)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.5", "::", "example.com", ""])
+def test_non_loopback_host_needs_tls_or_insecure_remote(host):
+    with pytest.raises(ConfigError, match=r"server\.host = .* is not a loopback address"):
+        load_config(overrides=[("server", "host", host)], resolve_dirs=False)
+    cfg = load_config(overrides=[("server", "host", host), ("server", "insecure_remote", True)],
+                      resolve_dirs=False)
+    assert cfg.server.host == host
+    cfg = load_config(overrides=[("server", "host", host), ("server", "tls_cert_file", "c.pem"),
+                                 ("server", "tls_key_file", "k.pem")], resolve_dirs=False)
+    assert cfg.server.tls_cert_file == "c.pem"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.3.2.1", "::1", "localhost"])
+def test_loopback_hosts_need_nothing(host):
+    assert load_config(overrides=[("server", "host", host)], resolve_dirs=False).server.host == host
+
+
+@pytest.mark.parametrize("overrides, pattern", [
+    ([("tls_cert_file", "c.pem")], "tls_cert_file and server.tls_key_file go together"),
+    ([("tls_key_file", "k.pem")], "tls_cert_file and server.tls_key_file go together"),
+    ([("tls_client_ca_file", "ca.pem")], "tls_client_ca_file needs server.tls_cert_file"),
+])
+def test_tls_file_pairs(overrides, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(overrides=[("server", k, v) for k, v in overrides], resolve_dirs=False)
+
+
+def test_socket_path_length_is_checked():
+    with pytest.raises(ConfigError, match=r"daemon\.runtime_dir: socket path .* too long"):
+        load_config(overrides=[("daemon", "runtime_dir", "/tmp/" + "x" * 120)], resolve_dirs=False)
+
+
+def test_env_id_or_both_spaces():
+    with pytest.raises(ConfigError, match=r"env\.id"):
+        load_config(overrides=[("env", "id", "")], resolve_dirs=False)
+    with pytest.raises(ConfigError, match=r"env\.id"):
+        load_config(overrides=[("env", "id", ""),
+                               ("env", "action_space", {"type": "Discrete", "n": 2})],
+                    resolve_dirs=False)
+    cfg = load_config(overrides=[("env", "id", ""),
+                                 ("env", "action_space", {"type": "Discrete", "n": 2}),
+                                 ("env", "observation_space", {"type": "Discrete", "n": 5})],
+                      resolve_dirs=False)
+    assert cfg.env.observation_space == SpaceSpec.discrete(5)
+
+
+def test_resolved_dirs_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path}/state:{tmp_path}/other")
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
+    cfg = load_config()
+    assert cfg.state_dir == (tmp_path / "state").resolve()
+    assert cfg.runtime_dir == cfg.state_dir / "run"
+    assert cfg.socket_path == cfg.state_dir / "run" / "rlinkd.sock"
+    monkeypatch.setenv("RUNTIME_DIRECTORY", f"{tmp_path}/rt")
+    assert load_config().runtime_dir == (tmp_path / "rt").resolve()
+    explicit = load_config(overrides=[("daemon", "state_dir", str(tmp_path / "s2"))])
+    assert explicit.state_dir == tmp_path / "s2"
+
+
+def test_xdg_state_home_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert load_config().state_dir == (tmp_path / "xdg" / "rlinkd").resolve()
+
+
+# ---------------------------------------------------------------- CLI overrides
+@pytest.mark.parametrize("text, expected", [
+    ("server.port=5556", ("server", "port", 5556)),
+    ("ppo.lr=3e-4", ("ppo", "lr", 3e-4)),
+    ("sampling.force_on_policy=false", ("sampling", "force_on_policy", False)),
+    ("ppo.hidden_sizes=[32, 32]", ("ppo", "hidden_sizes", [32, 32])),
+    ('server.token="a=b"', ("server", "token", "a=b")),
+    ("server.host=0.0.0.0", ("server", "host", "0.0.0.0")),     # not TOML: bare string
+    ("daemon.log_level=debug", ("daemon", "log_level", "debug")),
+    (" ppo.lr =0.5", ("ppo", "lr", 0.5)),
+    ("env.action_space={type = \"Discrete\", n = 3}",
+     ("env", "action_space", {"type": "Discrete", "n": 3})),
+    ("server.token=", ("server", "token", "")),
+])
+def test_parse_override(text, expected):
+    assert parse_override(text) == expected
+
+
+@pytest.mark.parametrize("text", ["server.port", "port=5", "=5", "serverport=1"])
+def test_parse_override_refuses_malformed(text):
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        parse_override(text)
+
+
+def test_parse_override_feeds_load_config():
+    cfg = load_config(overrides=[parse_override("server.port=6100"),
+                                 parse_override("ppo.hidden_sizes=[8]")], resolve_dirs=False)
+    assert cfg.server.port == 6100 and cfg.ppo.hidden_sizes == (8,)
+
+
+# ---------------------------------------------------------------- reload
+def test_reloadable_changes_split_and_apply():
+    old = load_config(resolve_dirs=False)
+    new = load_config(overrides=[("ppo", "lr", 0.5), ("ppo", "ent_coef", 0.01),
+                                 ("server", "port", 6001), ("daemon", "log_level", "debug"),
+                                 ("ppo", "gamma", 0.9)], resolve_dirs=False)
+    applied, ignored = reloadable_changes(old, new)
+    assert applied == {"ppo.lr": 0.5, "ppo.ent_coef": 0.01, "daemon.log_level": "debug"}
+    assert sorted(ignored) == ["ppo.gamma", "server.port"]
+    updated = apply_changes(old, applied)
+    assert updated.ppo.lr == 0.5 and updated.ppo.ent_coef == 0.01
+    assert updated.daemon.log_level == "debug"
+    assert updated.server.port == old.server.port and updated.ppo.gamma == old.ppo.gamma
+    assert reloadable_changes(old, old) == ({}, [])
+    assert apply_changes(old, {}) == old
+
+
+def test_every_reloadable_key_is_reported_as_applied():
+    reloadable = [(s, f) for s, f in all_fields() if f.metadata["reloadable"]]
+    assert {f"{s}.{f.name}" for s, f in reloadable} == {
+        "ppo.lr", "ppo.ent_coef", "checkpoint.checkpoint_interval_s",
+        "checkpoint.keep_checkpoints", "daemon.log_level"}
+
+
+# ---------------------------------------------------------------- TOML output
+def _round_trip(tmp_path: Path, cfg: Config) -> Config:
+    path = write(tmp_path, to_toml(cfg), "roundtrip.toml")
+    return dataclasses.replace(load_config(path, resolve_dirs=False), source_file=cfg.source_file)
+
+
+def test_to_toml_round_trip_defaults(tmp_path):
+    cfg = load_config(resolve_dirs=False)
+    assert _round_trip(tmp_path, cfg) == cfg
+
+
+def test_to_toml_round_trip_resolved_dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
+    cfg = load_config()
+    assert _round_trip(tmp_path, cfg) == cfg
+
+
+def test_to_toml_round_trip_everything_changed(tmp_path):
+    cfg = load_config(overrides=[
+        ("server", "host", "0.0.0.0"), ("server", "insecure_remote", True),
+        ("server", "port", 0), ("server", "token", 'quote" back\\slash\ttab\nnewline\x01\x7f é'),
+        ("server", "read_timeout_s", 1e-1), ("server", "idle_timeout_s", 1e20),
+        ("env", "id", "Pendulum-v1"),
+        ("env", "observation_space", {"type": "Box", "shape": [3], "low": [-1.0, None, -1e-7],
+                                      "high": [1.0, None, 8.0]}),
+        ("env", "action_space", {"type": "Box", "shape": [1], "low": -2.0, "high": 2.0}),
+        ("sampling", "force_on_policy", False), ("sampling", "max_policy_lag", 0),
+        ("ppo", "lr", 2.5e-5), ("ppo", "hidden_sizes", [7, 5, 3]), ("ppo", "activation", "relu"),
+        ("ppo", "log_std_init", -0.5), ("ppo", "minibatch_size", 32),
+        ("connector", "pipeline", ["observations", "columns", "mypkg.pieces:Clip"]),
+        ("daemon", "log_level", "debug"), ("daemon", "state_dir", str(tmp_path / "st")),
+    ], resolve_dirs=False)
+    assert cfg.env.observation_space.low[1] == -math.inf
+    assert _round_trip(tmp_path, cfg) == cfg
+
+
+def test_to_toml_round_trip_discrete_spaces(tmp_path):
+    cfg = load_config(overrides=[("env", "observation_space", {"type": "Discrete", "n": 16}),
+                                 ("env", "action_space", {"type": "Discrete", "n": 4})],
+                      resolve_dirs=False)
+    assert _round_trip(tmp_path, cfg) == cfg
+
+
+# ---------------------------------------------------------------- docs
+def test_docs_markdown_mentions_every_field():
+    docs = docs_markdown()
+    lines = docs.splitlines()
+    assert lines[0] == "| key | default | reloadable | meaning |"
+    rows = {line.split("|")[1].strip(): line for line in lines[2:]}
+    count = 0
+    for section, f in all_fields():
+        count += 1
+        row = rows[f"`{section}.{f.name}`"]
+        assert f.metadata["doc"].replace("|", "\\|") in row
+        assert ("| yes |" in row) == bool(f.metadata["reloadable"])
+    assert len(lines) == count + 2 and docs.endswith("\n")
+
+
+def test_docs_markdown_shows_defaults():
+    rows = {line.split("|")[1].strip(): line for line in docs_markdown().splitlines()[2:]}
+    assert "| `5555` |" in rows["`server.port`"]
+    assert '| `"127.0.0.1"` |' in rows["`server.host`"]
+    assert "| `[64, 64]` |" in rows["`ppo.hidden_sizes`"]
+    assert "| `(none)` |" in rows["`env.observation_space`"]
+    assert "| `true` |" in rows["`sampling.force_on_policy`"]
+    assert '| `""` |' in rows["`server.token`"]

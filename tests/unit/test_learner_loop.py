@@ -1,0 +1,72 @@
+"""The learner's process loop serves control messages between batches, even when the
+connector always has the next batch ready (a snapshot request must not starve)."""
+from __future__ import annotations
+
+import threading
+
+from rlinkd.daemon import messages as m
+from rlinkd.daemon.learner import process as learner_process
+
+
+class FakeInbox:
+    def __init__(self) -> None:
+        self.queue: list = []
+        self.waits: list[float] = []
+
+    def recv(self, timeout: float):
+        self.waits.append(timeout)
+        return self.queue.pop(0) if self.queue else None
+
+    def drain(self):
+        out, self.queue = self.queue, []
+        return out
+
+
+class FakeCtx:
+    def __init__(self) -> None:
+        self.stop, self.inbox = threading.Event(), FakeInbox()
+
+    def heartbeat(self) -> None:
+        pass
+
+
+class AlwaysBusyShell:
+    """Every call finds a ready batch; a snapshot request arrives during the first one."""
+
+    def __init__(self, topo, ctx) -> None:
+        self.ctx, self.trained, self.handled_after = ctx, 0, []
+
+    def boot(self) -> None:
+        pass
+
+    def train_one(self) -> bool:
+        self.trained += 1
+        if self.trained == 1:
+            self.ctx.inbox.queue.append(m.SnapshotRequest(request_id=1))
+        if self.trained == 5:
+            self.ctx.stop.set()
+        return True
+
+    def handle(self, msg) -> None:
+        self.handled_after.append(self.trained)
+
+    seq_no = 0
+
+
+def test_a_message_is_handled_right_after_the_batch_in_training(monkeypatch):
+    shells = []
+    monkeypatch.setattr(learner_process, "LearnerShell",
+                        lambda topo, ctx: shells.append(AlwaysBusyShell(topo, ctx)) or shells[-1])
+    ctx = FakeCtx()
+    learner_process.run(None, ctx)
+    assert shells[0].handled_after == [1]  # not after every ready batch has been trained
+    assert ctx.inbox.waits[0] == learner_process.IDLE_WAIT_S and set(ctx.inbox.waits[1:]) == {0}
+
+
+def test_policy_lag_is_measured_against_the_version_trained_from():
+    from types import SimpleNamespace
+    meta = {"behaviour_min": 7, "behaviour_sum": 3 * 7 + 4 * 10, "behaviour_steps": 7}
+    lag = learner_process.LearnerShell.policy_lag(SimpleNamespace(seq_no=12), meta)
+    assert lag == {"policy_lag_max": 5, "policy_lag_mean": round(12 - 61 / 7, 3)}
+    unknown = {"behaviour_min": -1, "behaviour_sum": 0, "behaviour_steps": 0}
+    assert learner_process.LearnerShell.policy_lag(SimpleNamespace(seq_no=12), unknown) == {}

@@ -1,0 +1,232 @@
+"""StepRing in one process: index arithmetic, wrap-around, full/empty, header checks."""
+
+import os
+import shutil
+import struct
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.errors import LayoutError, RingFull, ShmError
+from rlinkd.shm.records import FLUSH, HAS_DIST, HAS_LOGP, TERMINATED, StepLayout
+from rlinkd.shm.ring import RING_HEADER, StepRing, arm_sleep, disarm_sleep
+
+LAYOUT = StepLayout(4, 1, 2)
+
+
+@pytest.fixture
+def shm_dir():
+    directory = tempfile.mkdtemp(prefix="rlkt-ring-", dir="/dev/shm")
+    yield directory
+    shutil.rmtree(directory)
+
+
+@pytest.fixture
+def ring(shm_dir):
+    ring = StepRing.create(os.path.join(shm_dir, "ring"), LAYOUT, 8)
+    yield ring
+    ring.close()
+
+
+def numbered(start, count):
+    """Records whose weights_seq_no, ingest_id and obs[0] all carry start, start+1, ..."""
+    records = LAYOUT.empty(count)
+    numbers = np.arange(start, start + count)
+    records["weights_seq_no"] = numbers
+    records["ingest_id"] = numbers
+    records["obs"][:, 0] = numbers
+    records["reward"] = numbers * 0.5
+    return records
+
+
+def assert_numbered(records, start):
+    numbers = np.arange(start, start + len(records))
+    np.testing.assert_array_equal(records["ingest_id"], numbers)
+    np.testing.assert_array_equal(records["obs"][:, 0], numbers.astype(np.float32))
+    np.testing.assert_array_equal(records["reward"], (numbers * 0.5).astype(np.float32))
+
+
+def test_wrap_around_many_times_with_uneven_sizes(ring):
+    written = read = 0
+    sizes = [3, 5, 7, 1, 8, 2, 6, 4]
+    for round_ in range(40):
+        count = ring.write_batch(numbered(written, sizes[round_ % 8]))
+        assert count == sizes[round_ % 8] or ring.free_records() == 0
+        written += count
+        out = ring.read_batch(sizes[(round_ + 3) % 8])
+        assert_numbered(out, read)
+        read += len(out)
+        assert ring.readable_records() == written - read
+    assert written > 10 * ring.capacity
+    assert_numbered(ring.read_batch(100), read)
+
+
+def test_full_ring_refuses_more_and_never_overwrites(ring):
+    assert ring.write_batch(numbered(0, 5)) == 5
+    assert ring.write_batch(numbered(5, 7)) == 3  # partial: only 3 fit
+    assert ring.free_records() == 0
+    assert ring.write_batch(numbered(8, 1)) == 0
+    with pytest.raises(RingFull, match="is full"):
+        ring.write_step(0, [1, 2, 3, 4], 0, 0.0)
+    assert_numbered(ring.read_batch(8), 0)
+    assert len(ring.read_batch(8)) == 0 and ring.readable_records() == 0
+
+
+def test_write_batch_raises_ring_full_at_the_deadline(ring):
+    ring.write_batch(numbered(0, 6))
+    started = time.monotonic()
+    with pytest.raises(RingFull, match="did not fit within 0.2s"):
+        ring.write_batch(numbered(6, 3), timeout_s=0.2)
+    assert time.monotonic() - started >= 0.19
+    assert ring.readable_records() == 6  # all-or-nothing: nothing written
+    with pytest.raises(ValueError, match="can never fit"):
+        ring.write_batch(numbered(0, 9), timeout_s=1.0)
+
+
+def test_write_batch_with_timeout_waits_for_the_consumer(ring):
+    ring.write_batch(numbered(0, 8))
+    consumer = threading.Thread(target=ring.read_batch, args=(4,))
+    timer = threading.Timer(0.05, consumer.start)
+    timer.start()
+    assert ring.write_batch(numbered(8, 4), timeout_s=10.0) == 4
+    timer.join()
+    consumer.join()
+    assert_numbered(ring.read_batch(8), 4)
+
+
+def test_peek_and_consume_across_the_wrap(ring):
+    ring.write_batch(numbered(0, 6))
+    ring.read_batch(6)
+    ring.write_batch(numbered(6, 5))  # slots 6, 7, 0, 1, 2
+    views = ring.peek(10)
+    assert [len(v) for v in views] == [2, 3]
+    assert_numbered(np.concatenate(views), 6)
+    views[0]["stream_id"] = 42  # the consumer may fill daemon fields in place
+    assert ring.peek(1)[0]["stream_id"][0] == 42
+    ring.consume(2)
+    assert [len(v) for v in ring.peek(10)] == [3]
+    with pytest.raises(ValueError, match="cannot consume 4 records, 3 readable"):
+        ring.consume(4)
+    ring.consume(3)
+    assert [len(v) for v in ring.peek(10)] == [0]
+
+
+def test_write_step_accepts_lists_arrays_scalars_and_sets_has_flags(ring):
+    ring.write_step(TERMINATED, np.arange(4, dtype=np.float32), 1, 1.5, weights_seq_no=7)
+    ring.write_step(0, [4, 5, 6, 7], np.int64(2), -1.0, logp=-0.25, dist=np.array([0.5, 0.25]))
+    ring.write_step(FLUSH, (0, 0, 0, 0), [3.0], 0.0, dist=[1, 2])
+    out = ring.read_batch(3)
+    np.testing.assert_array_equal(out["flags"], [TERMINATED, HAS_LOGP | HAS_DIST, FLUSH | HAS_DIST])
+    np.testing.assert_array_equal(out["weights_seq_no"], [7, -1, -1])
+    np.testing.assert_array_equal(out["obs"], [[0, 1, 2, 3], [4, 5, 6, 7], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(out["action"][:, 0], [1, 2, 3])
+    np.testing.assert_array_equal(out["dist"], [[0, 0], [0.5, 0.25], [1, 2]])
+    np.testing.assert_array_equal(out["logp"], [0, -0.25, 0])
+    np.testing.assert_array_equal(out["stream_id"], [0, 0, 0])
+
+
+@pytest.mark.parametrize("obs, action, dist, message", [
+    ([1, 2, 3], 0, None, "obs has 3 values"),
+    (np.zeros((2, 4), np.float32), 0, None, "obs has 8 values"),
+    ([1, 2, 3, 4], [0, 1], None, "action has 2 values"),
+    ([1, 2, 3, 4], 0, [1.0], "dist has 1 values"),
+])
+def test_write_step_rejects_wrong_sizes_without_writing(ring, obs, action, dist, message):
+    with pytest.raises(ValueError, match=message):
+        ring.write_step(0, obs, action, 0.0, dist=dist)
+    assert ring.readable_records() == 0
+
+
+def test_write_batch_rejects_foreign_dtypes(ring):
+    with pytest.raises(TypeError, match="1-D array"):
+        ring.write_batch(StepLayout(5, 1, 2).empty(2))
+
+
+def test_wait_readable_deadline_and_closed(shm_dir):
+    with Doorbell.create() as bell:
+        ring = StepRing.create(os.path.join(shm_dir, "r"), LAYOUT, 8, doorbell=bell)
+        started = time.monotonic()
+        assert ring.wait_readable(0.05) is False
+        assert time.monotonic() - started >= 0.045
+        ring.mark_closed()
+        assert ring.is_closed() and ring.wait_readable(0.0) is True
+        ring.close()
+
+
+def test_wait_readable_polls_without_a_doorbell(ring):
+    assert ring.wait_readable(0.01) is False
+    threading.Timer(0.02, ring.write_step, args=(0, [1, 2, 3, 4], 0, 0.0)).start()
+    assert ring.wait_readable(10.0) is True
+    assert ring.readable_records() == 1
+
+
+def test_arm_sleep_over_many_rings_sharing_one_doorbell(shm_dir):
+    with Doorbell.create() as bell:
+        rings = [StepRing.create(os.path.join(shm_dir, f"r{i}"), LAYOUT, 8, doorbell=bell) for i in range(3)]
+        assert arm_sleep(rings) is False
+        assert all(r.header()["reader_sleeping"] == 1 for r in rings)
+        rings[1].write_step(0, [1, 2, 3, 4], 0, 0.0)
+        assert bell.wait(1.0) is True  # the producer saw the flag and rang
+        assert rings[1].header()["reader_sleeping"] == 0  # ...and cleared its ring's flag
+        disarm_sleep(rings)
+        assert [r.header()["reader_sleeping"] for r in rings] == [0, 0, 0]
+        assert arm_sleep(rings) is True  # data already readable: do not sleep
+        for r in rings:
+            r.close()
+
+
+def test_close_is_idempotent_with_live_peek_views(ring):
+    ring.write_batch(numbered(0, 2))
+    views = ring.peek(2)
+    ring.close()
+    ring.close()
+    assert_numbered(views[0], 0)
+    with pytest.raises(ShmError, match="closed"):
+        ring.write_step(0, [1, 2, 3, 4], 0, 0.0)
+
+
+def test_attach_finds_the_same_ring_and_records_roles(shm_dir, ring):
+    producer = StepRing.attach(ring.path, LAYOUT, role="producer")
+    assert producer.layout == LAYOUT and producer.capacity == 8
+    producer.write_batch(numbered(0, 3))
+    assert_numbered(ring.read_batch(3), 0)
+    assert producer.header()["writer_pid"] == os.getpid()
+    producer.close()
+
+
+def _rewrite_header(path, **fields):
+    with open(path, "r+b") as file:
+        values = dict(zip(("magic", "layout_version", "record_bytes", "capacity", "writer_pid"),
+                          RING_HEADER.unpack(file.read(RING_HEADER.size))[:5]))
+        values.update(fields)
+        file.seek(0)
+        file.write(struct.pack("<8sIIQI", *values.values()))
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"magic": b"XXXXXXXX"}, r"bad magic b'XXXXXXXX' in .*/ring: not an rlinkd step ring"),
+    ({"layout_version": 9}, r"layout_version mismatch in .*/ring: header has 9, expected 1"),
+    ({"record_bytes": 72}, r"record_bytes mismatch in .*/ring: header has 72, expected 64"),
+    ({"capacity": 6}, r"capacity 6 in .*/ring is not a power of two"),
+    ({"capacity": 16}, r"file size .* mismatch in .*/ring: header has 832, expected 1344"),
+    ({"writer_pid": 0}, r"writer_pid 0 in .*/ring: header was never completed"),
+])
+def test_attach_refuses_bad_headers_with_a_clear_message(ring, fields, message):
+    _rewrite_header(ring.path, **fields)
+    with pytest.raises(LayoutError, match=message):
+        StepRing.attach(ring.path)
+
+
+def test_attach_refuses_an_unexpected_layout(ring):
+    with pytest.raises(LayoutError, match=r"step layout .* header has \(4, 1, 2\), expected \(8, 1, 2\)"):
+        StepRing.attach(ring.path, expected_layout=StepLayout(8, 1, 2))
+
+
+def test_create_requires_a_power_of_two(shm_dir):
+    with pytest.raises(ValueError, match="power of two"):
+        StepRing.create(os.path.join(shm_dir, "bad"), LAYOUT, 12)
+    assert os.listdir(shm_dir) == []
