@@ -445,6 +445,23 @@ def apply_changes(cfg: Config, changes: dict[str, Any]) -> Config:
     return cfg
 
 
+ConfigValue = bool | int | float | str  # what a reloadable key holds (inbox message type)
+
+
+def check_reload_changes(changes: dict[str, Any]) -> None:
+    """ConfigError unless every key is a reloadable ``section.key`` and its value has the
+    declared type and limits (called when a ``Reload`` message is built or decoded)."""
+    for dotted, value in changes.items():
+        section, _, key = dotted.partition(".")
+        cls = SECTIONS.get(section)
+        f = next((f for f in dataclasses.fields(cls) if f.name == key), None) if cls else None
+        if f is None or not f.metadata.get("reloadable"):
+            raise ConfigError(f"{dotted}: not a reloadable setting")
+        if _coerce(dotted, _hints(cls)[key], value) != value:
+            raise ConfigError(f"{dotted}: {value!r} is not of the declared type")
+        _check_limits(dotted, f, value)
+
+
 _TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n",
                  "\f": "\\f", "\r": "\\r"}
 

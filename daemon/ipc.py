@@ -9,9 +9,15 @@ keeps message boundaries, a killed process cannot leave anything half-written or
 locked, buffered messages survive a receiver restart (the supervisor holds both
 ends), and the kernel buffer bounds memory (a full inbox makes ``send`` wait).
 
-Messages are frozen dataclasses registered with ``@message``, encoded with orjson
-(``{"kind": name, ...fields}``). Control traffic only: bulk arrays travel in
-shared memory (``shm``), never through an inbox.
+Messages are frozen dataclasses declared with ``@message(to=...)``: the receiving
+inboxes are part of the declaration, ``Inbox.send`` refuses a message addressed
+elsewhere, and each role dispatches with one ``messages.Router`` that must handle or
+explicitly ignore every message addressed to it. Fields are typed (scalars, ``X | None``,
+``tuple[X, ...]``, ``dict[str, X]`` and ``@payload`` dataclasses); ``decode`` checks each
+field against its annotation, so a malformed message fails loudly at the receiver
+(``BadMessage``) instead of travelling on as a wrong value. Encoded with orjson
+(``{"kind": name, ...fields}``). Control traffic only: bulk arrays travel in shared
+memory (``shm``), never through an inbox.
 """
 from __future__ import annotations
 
@@ -20,24 +26,56 @@ import os
 import select
 import socket
 import time
+import types
+import typing
 from typing import Any, Callable, TypeVar
 
 import orjson
+
+from rlinkd.daemon.errors import RlinkdError
 
 INBOX_BUFFER_BYTES = 1 << 20
 _REGISTRY: dict[str, type] = {}
 T = TypeVar("T")
 
 
-class InboxFull(TimeoutError):
+class InboxError(RlinkdError):
+    """Base of inbox failures."""
+
+
+class InboxFull(InboxError, TimeoutError):
     """The receiver has not drained its inbox within the send timeout."""
 
 
-def message(cls: T) -> T:
-    """Class decorator: make ``cls`` a frozen dataclass usable as an inbox message."""
-    dc = dataclasses.dataclass(frozen=True)(cls)
-    _REGISTRY[cls.__name__] = dc
-    return dc
+class BadMessage(InboxError):
+    """Bytes from an inbox that do not decode into a declared message (a bug: the roles
+    share these declarations). The receiving role crashes and is restarted."""
+
+
+class Misrouted(InboxError):
+    """A message sent to, or dispatched by, a role it is not addressed to (a bug)."""
+
+
+def message(*, to: tuple[str, ...] | str) -> Callable[[type[T]], type[T]]:
+    """Class decorator: a frozen dataclass that may be sent to the inboxes named ``to``."""
+    receivers = frozenset((to,) if isinstance(to, str) else to)
+
+    def register(cls: type[T]) -> type[T]:
+        dc = dataclasses.dataclass(frozen=True)(cls)
+        dc.RECEIVERS = receivers  # type: ignore[attr-defined]
+        _REGISTRY[cls.__name__] = dc
+        return dc
+    return register
+
+
+def payload(cls: type[T]) -> type[T]:
+    """Class decorator: a frozen dataclass used as a typed field inside messages."""
+    return dataclasses.dataclass(frozen=True)(cls)
+
+
+def registered() -> dict[str, type]:
+    """Every declared message class by name (for routers and tests)."""
+    return dict(_REGISTRY)
 
 
 def encode(msg: Any) -> bytes:
@@ -47,9 +85,72 @@ def encode(msg: Any) -> bytes:
 
 
 def decode(data: bytes) -> Any:
-    body = orjson.loads(data)
-    cls = _REGISTRY[body.pop("kind")]
-    return cls(**body)
+    """The message in ``data``; BadMessage for unknown kinds, missing, extra or mistyped fields."""
+    try:
+        body = orjson.loads(data)
+        cls = _REGISTRY[body.pop("kind")]
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise BadMessage(f"undecodable inbox message: {exc!r}") from None
+    return _build(cls, body, cls.__name__)
+
+
+def _build(cls: type, body: Any, path: str) -> Any:
+    """``cls(**body)`` with every field checked (and nested payloads built) from its hints."""
+    if not isinstance(body, dict):
+        raise BadMessage(f"{path}: expected an object, got {type(body).__name__}")
+    hints = _hints(cls)
+    if set(body) != set(hints):
+        raise BadMessage(f"{path}: fields {sorted(body)}, declared {sorted(hints)}")
+    fields = {k: _check(body[k], hint, f"{path}.{k}") for k, hint in hints.items()}
+    try:
+        return cls(**fields)
+    except RlinkdError as exc:  # a declaration's own check (__post_init__) refused it
+        raise BadMessage(f"{path}: {exc}") from None
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        resolved = typing.get_type_hints(cls)
+        _HINTS[cls] = {f.name: resolved[f.name] for f in dataclasses.fields(cls)}
+    return _HINTS[cls]
+
+
+def _check(value: Any, hint: Any, path: str) -> Any:
+    """``value`` converted to ``hint`` (lists to tuples, ints to floats), or BadMessage."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        return _first_fit(value, [a for a in args if a is not type(None)], path)
+    if origin is tuple and isinstance(value, (list, tuple)):
+        return tuple(_check(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is dict and isinstance(value, dict):
+        return {_check(k, args[0], path): _check(v, args[1], f"{path}[{k!r}]")
+                for k, v in value.items()}
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, path)
+    return _scalar(value, hint, path)
+
+
+def _first_fit(value: Any, options: list[Any], path: str) -> Any:
+    """``value`` as the first union member it fits (members are tried in declared order)."""
+    for option in options:
+        try:
+            return _check(value, option, path)
+        except BadMessage:
+            continue
+    raise BadMessage(f"{path}: {value!r} fits none of {options}")
+
+
+def _scalar(value: Any, hint: Any, path: str) -> Any:
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, str, bool) and type(value) is hint:
+        return value
+    raise BadMessage(f"{path}: {value!r} is not {getattr(hint, '__name__', hint)}")
 
 
 class Inbox:
@@ -73,7 +174,10 @@ class Inbox:
         """Deliver ``msg``; waits while the inbox is full, raises InboxFull at the deadline.
 
         Never sets O_NONBLOCK (the fd is shared by several processes); uses MSG_DONTWAIT.
+        Raises Misrouted when ``msg`` is not addressed to this inbox.
         """
+        if self.name not in getattr(type(msg), "RECEIVERS", ()):
+            raise Misrouted(f"{type(msg).__name__} is not addressed to inbox {self.name!r}")
         data = encode(msg)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
@@ -136,8 +240,3 @@ class SharedFd:
 
 def _rebuild_shared_fd(dup) -> SharedFd:
     return SharedFd(dup.detach())
-
-
-def dispatch(handlers: dict[type, Callable[[Any], Any]], msg: Any) -> Any:
-    """Call the handler registered for ``type(msg)``; unknown kinds are a bug (KeyError)."""
-    return handlers[type(msg)](msg)

@@ -1,41 +1,101 @@
 """Every message that travels between the daemon's processes, by receiving inbox.
 
-All are small control records (see ``daemon.ipc``); arrays never travel here.
+All are small typed control records (see ``daemon.ipc``); arrays never travel here.
+Each declaration names its receivers (``@message(to=...)``); each role dispatches
+through one ``Router`` that handles, or explicitly ignores, every message addressed
+to it, and is checked for that when it is built. Payloads are ``@payload``
+dataclasses, never bare dicts; a float that may be NaN is declared ``float | None``
+(NaN travels as null).
 """
 from __future__ import annotations
 
-from rlinkd.daemon.ipc import message
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from typing import Any
+
+from rlinkd.daemon.config import ConfigValue, check_reload_changes
+from rlinkd.daemon.ipc import Misrouted, message, payload, registered
+from rlinkd.daemon.wiring import ROLES
+
+SUPERVISOR = "supervisor"
 
 
 # ---------------------------------------------------------------- to every role
-@message
+@message(to=ROLES)
 class Stop:
     """Supervisor → any role: finish what is in flight and exit 0."""
 
     reason: str
 
 
-@message
+@message(to=ROLES)
 class Reload:
-    """Supervisor → any role: apply these reloadable settings (dotted keys)."""
+    """Supervisor → any role: apply these reloadable settings (dotted keys; checked
+    against the config's reloadable keys and their types when built or decoded)."""
 
-    changes: dict
+    changes: dict[str, ConfigValue]
+
+    def __post_init__(self) -> None:
+        check_reload_changes(self.changes)
+
+
+# ---------------------------------------------------------------- learner reports
+@payload
+class LearnerState:
+    """The learner's live hyperparameters and counters (with every WeightsPublished)."""
+
+    lr: float
+    ent_coef: float
+    updates: int
+    trained_steps: int
+    rejected_batches: int
+
+
+@payload
+class TrainStats:
+    """What one update measured (means over its minibatch steps). Policy lag is None when
+    no behaviour version was known; explained variance is None for constant targets."""
+
+    loss: float
+    policy_loss: float
+    value_loss: float
+    entropy: float
+    approx_kl: float
+    clip_frac: float
+    grad_norm: float
+    explained_variance: float | None
+    epochs: int
+    n_rows: int
+    update_time_s: float
+    policy_lag_max: int | None
+    policy_lag_mean: float | None
+
+
+def learner_report(state: LearnerState | None, update: TrainStats | None) -> dict[str, Any]:
+    """The ``learner`` section of ``rlinkd status`` (flat keys, as the JSON contract has them)."""
+    return {**(asdict(update) if update else {}), **(asdict(state) if state else {})}
 
 
 # ---------------------------------------------------------------- to the collector
-@message
+@message(to="collector")
 class WeightsPublished:
     """Learner → collector: the weights board holds ``seq_no``; it was trained on every
     episode record with ingest id <= ``cutoff_ingest_id`` (so on-policy waiters up to
-    there may be answered). ``trained`` is False for an empty flush batch."""
+    there may be answered). ``update`` is None when nothing was trained (boot, an empty
+    flush batch, a rejected batch, a hyperparameter reload)."""
 
     seq_no: int
     cutoff_ingest_id: int
-    trained: bool
-    stats: dict
+    learner: LearnerState
+    update: TrainStats | None
+
+    @property
+    def trained(self) -> bool:
+        return self.update is not None
 
 
-@message
+@message(to="collector")
 class ConnectorStats:
     """Connector → collector (periodic): what the pipeline dropped and holds."""
 
@@ -46,14 +106,63 @@ class ConnectorStats:
     trained_steps: int
 
 
-@message
+@payload
+class ChildInfo:
+    """One role process as the supervisor sees it."""
+
+    pid: int | None
+    restarts: int
+    alive: bool
+    last_exit: int | None
+
+
+@payload
+class CheckpointInfo:
+    """The newest checkpoint written or resumed from."""
+
+    path: str
+    weights_seq_no: int
+    created_at: float
+
+
+@payload
+class ReloadResult:
+    """The outcome of the last SIGHUP (``error`` is empty when ``ok``)."""
+
+    generation: int
+    ok: bool
+    at: float
+    applied: dict[str, ConfigValue]
+    needs_restart: tuple[str, ...]
+    error: str
+
+
+@message(to="collector")
 class DaemonInfo:
-    """Supervisor → collector (periodic): children, restarts, last checkpoint, for status."""
+    """Supervisor → collector (periodic): the supervisor's part of ``rlinkd status``."""
 
-    info: dict
+    daemon_pid: int
+    state: str
+    children: dict[str, ChildInfo]
+    last_checkpoint: CheckpointInfo | None
+    checkpoints_written: int
+    reload_generation: int
+    last_reload: ReloadResult | None
+    state_dir: str
+    config: dict[str, ConfigValue]
 
 
-@message
+def daemon_report(info: DaemonInfo) -> dict[str, Any]:
+    """``info`` as the flat keys of ``rlinkd status`` (absent checkpoint/reload: ``{}``)."""
+    report = asdict(info)
+    for key in ("last_checkpoint", "last_reload"):
+        report[key] = report[key] or {}
+    if report["last_checkpoint"]:
+        report["last_checkpoint"]["age_s"] = round(time.time() - info.last_checkpoint.created_at, 1)
+    return report
+
+
+@message(to="collector")
 class Drain:
     """Supervisor → collector: stop accepting, tell clients why (ERROR), close, exit 0."""
 
@@ -61,14 +170,14 @@ class Drain:
 
 
 # ---------------------------------------------------------------- to the learner
-@message
+@message(to="learner")
 class BatchReady:
     """Connector → learner: a doorbell; the slot states in shared memory are the truth."""
 
     slot: int
 
 
-@message
+@message(to="learner")
 class SnapshotRequest:
     """Checkpointer → learner: serialise your full state into the snapshot area."""
 
@@ -76,7 +185,7 @@ class SnapshotRequest:
 
 
 # ---------------------------------------------------------------- to the checkpointer
-@message
+@message(to="checkpointer")
 class CheckpointRequest:
     """Supervisor → checkpointer: write a checkpoint now (timer, SIGUSR1, shutdown)."""
 
@@ -84,7 +193,7 @@ class CheckpointRequest:
     reason: str
 
 
-@message
+@message(to="checkpointer")
 class SnapshotReady:
     """Learner → checkpointer: the snapshot area holds generation ``generation``."""
 
@@ -96,7 +205,7 @@ class SnapshotReady:
 
 
 # ---------------------------------------------------------------- to the supervisor
-@message
+@message(to=SUPERVISOR)
 class Listening:
     """Collector → supervisor: sockets are bound (the real TCP port when port = 0)."""
 
@@ -105,14 +214,23 @@ class Listening:
     unix_socket: str
 
 
-@message
+@message(to=SUPERVISOR)
 class CollectorStatus:
-    """Collector → supervisor (periodic): counters for checkpoints and systemd STATUS."""
+    """Collector → supervisor (periodic): what TensorBoard and systemd's STATUS= show."""
 
-    status: dict
+    env_steps: int
+    episodes: int
+    env_steps_per_s: float
+    episode_return_mean: float | None
+    episode_len_mean: float | None
+    weights_seq_no: int
+    clients: int
+    dropped_episodes: int
+    learner: LearnerState | None
+    update: TrainStats | None
 
 
-@message
+@message(to=SUPERVISOR)
 class CheckpointDone:
     """Checkpointer → supervisor: a checkpoint request finished (ok or not)."""
 
@@ -124,9 +242,41 @@ class CheckpointDone:
     error: str
 
 
-@message
+@message(to=SUPERVISOR)
 class LearnerReady:
     """Learner → supervisor: the model is loaded and its first weights are published."""
 
     seq_no: int
     resumed_from: str
+
+
+# ---------------------------------------------------------------- routing
+def addressed_to(role: str) -> frozenset[type]:
+    """Every message class whose declaration names ``role`` as a receiver."""
+    return frozenset(cls for cls in registered().values() if role in cls.RECEIVERS)
+
+
+class Router:
+    """One role's dispatcher: a handler per message addressed to the role, or an explicit
+    ignore. Built once per role shell; raises Misrouted at construction when the table
+    and the declarations disagree (a message unhandled, or handled but not addressed
+    here), and at dispatch for a message not addressed to the role."""
+
+    def __init__(self, role: str, handlers: dict[type, Callable[[Any], Any]],
+                 ignore: Iterable[type] = ()) -> None:
+        self.role, self.handlers, self.ignore = role, dict(handlers), frozenset(ignore)
+        addressed, listed = addressed_to(role), set(self.handlers) | self.ignore
+        problems = {"unhandled": addressed - listed, "not addressed here": listed - addressed,
+                    "both handled and ignored": set(self.handlers) & self.ignore}
+        named = {k: sorted(c.__name__ for c in v) for k, v in problems.items() if v}
+        if named:
+            raise Misrouted(f"router of {role!r}: {named}")
+
+    def __call__(self, msg: Any) -> Any:
+        """Run the handler for ``msg`` (None for an ignored message)."""
+        handler = self.handlers.get(type(msg))
+        if handler is not None:
+            return handler(msg)
+        if type(msg) not in self.ignore:
+            raise Misrouted(f"{self.role} got {type(msg).__name__}, not addressed to it")
+        return None

@@ -11,36 +11,36 @@ from pathlib import Path
 
 import structlog
 
+from rlinkd.daemon.messages import CollectorStatus
 from rlinkd.daemon.tboard import EventWriter
 
 log = structlog.get_logger("metrics")
 
-# TensorBoard tag → (status key, learner-stats key)
+# TensorBoard tag → (part of CollectorStatus: "" itself, "update", "learner"; field)
 SCALARS = {
-    "episode/return_mean": ("episode_return_mean", None),
-    "episode/length_mean": ("episode_len_mean", None),
-    "throughput/env_steps_per_s": ("env_steps_per_s", None),
-    "clients/connected": ("clients", None),
-    "clients/dropped_episodes": ("dropped_episodes", None),
-    "learner/policy_loss": (None, "policy_loss"),
-    "learner/value_loss": (None, "value_loss"),
-    "learner/approx_kl": (None, "approx_kl"),
-    "learner/entropy": (None, "entropy"),
-    "learner/clip_frac": (None, "clip_frac"),
-    "learner/explained_variance": (None, "explained_variance"),
-    "learner/policy_lag": (None, "policy_lag_max"),
-    "learner/policy_lag_mean": (None, "policy_lag_mean"),
-    "learner/lr": (None, "lr"),
+    "episode/return_mean": ("", "episode_return_mean"),
+    "episode/length_mean": ("", "episode_len_mean"),
+    "throughput/env_steps_per_s": ("", "env_steps_per_s"),
+    "clients/connected": ("", "clients"),
+    "clients/dropped_episodes": ("", "dropped_episodes"),
+    "learner/policy_loss": ("update", "policy_loss"),
+    "learner/value_loss": ("update", "value_loss"),
+    "learner/approx_kl": ("update", "approx_kl"),
+    "learner/entropy": ("update", "entropy"),
+    "learner/clip_frac": ("update", "clip_frac"),
+    "learner/explained_variance": ("update", "explained_variance"),
+    "learner/policy_lag": ("update", "policy_lag_max"),
+    "learner/policy_lag_mean": ("update", "policy_lag_mean"),
+    "learner/lr": ("learner", "lr"),
 }
 
 
-def scalars_from_status(status: dict) -> dict[str, float]:
+def scalars_from_status(status: CollectorStatus) -> dict[str, float]:
     """The TensorBoard scalars in one status report (missing values are left out)."""
-    learner = status.get("learner") or {}
     out = {}
-    for tag, (key, learner_key) in SCALARS.items():
-        value = status.get(key) if key else learner.get(learner_key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+    for tag, (part, name) in SCALARS.items():
+        value = getattr(getattr(status, part) if part else status, name, None)
+        if value is not None:
             out[tag] = float(value)
     return out
 
@@ -54,8 +54,8 @@ class TensorBoardMetrics:
         self.disabled = False
         self.last_step = -1
 
-    def record(self, status: dict) -> None:
-        step = int(status.get("env_steps", 0))
+    def record(self, status: CollectorStatus) -> None:
+        step = status.env_steps
         if self.disabled or step == self.last_step:
             return
         try:

@@ -62,11 +62,14 @@ class Supervisor:
         self.final_ckpt_id: int | None = None
         self.ready_parts: set[str] = set()
         self.listening: m.Listening | None = None
-        self.collector_status: dict = {}
-        self.last_checkpoint: dict = {}
+        self.collector_status: m.CollectorStatus | None = None
+        self.last_checkpoint: m.CheckpointInfo | None = None
         self.checkpoints_written = 0
         self.reload_generation = 0
-        self.last_reload: dict = {}
+        self.last_reload: m.ReloadResult | None = None
+        self.route = m.Router("supervisor", {
+            m.Listening: self._on_listening, m.LearnerReady: lambda _msg: self._mark_ready("learner"),
+            m.CollectorStatus: self._on_collector_status, m.CheckpointDone: self._on_checkpoint_done})
         self.next_request_id = 1
         self.timers = {"checkpoint": 0.0, "info": 0.0, "systemd": 0.0, "watchdog": 0.0}
         self.watchdog_s = watchdog_interval_s()
@@ -98,8 +101,8 @@ class Supervisor:
         if resume is not None:
             self.topo.resume_checkpoint = str(resume.path)
             self.topo.write_counters(resume.counters)
-            self.last_checkpoint = _ckpt_info(resume.path, resume.weights_seq_no,
-                                              resume.manifest.get("created_at", time.time()))
+            self.last_checkpoint = m.CheckpointInfo(str(resume.path), resume.weights_seq_no,
+                                                    resume.manifest.get("created_at", time.time()))
             log.info("resuming", checkpoint=str(resume.path), weights_seq_no=resume.weights_seq_no)
         self.timers["checkpoint"] = time.monotonic() + self.cfg.checkpoint.checkpoint_interval_s
 
@@ -138,7 +141,7 @@ class Supervisor:
             self._wait()
             self._dispatch_signals()
             for msg in self.topo.inboxes["supervisor"].drain():
-                self._on_message(msg)
+                self.route(msg)
             self._reap()
             if self.stopping:
                 self._advance_shutdown()
@@ -186,19 +189,15 @@ class Supervisor:
         """Children are reaped every loop turn; SIGCHLD only wakes the loop."""
 
     # ------------------------------------------------------------ messages
-    def _on_message(self, msg) -> None:
-        if isinstance(msg, m.Listening):
-            self.listening = msg
-            self._pin_port(msg.port)
-            self.topo.inboxes["collector"].try_send(m.DaemonInfo(self.info()))  # status complete
-            self._mark_ready("listening")
-        elif isinstance(msg, m.LearnerReady):
-            self._mark_ready("learner")
-        elif isinstance(msg, m.CollectorStatus):
-            self.collector_status = msg.status
-            self.metrics.record(msg.status)
-        elif isinstance(msg, m.CheckpointDone):
-            self._on_checkpoint_done(msg)
+    def _on_listening(self, msg: m.Listening) -> None:
+        self.listening = msg
+        self._pin_port(msg.port)
+        self.topo.inboxes["collector"].try_send(self.info())  # status complete at once
+        self._mark_ready("listening")
+
+    def _on_collector_status(self, msg: m.CollectorStatus) -> None:
+        self.collector_status = msg
+        self.metrics.record(msg)
 
     def _pin_port(self, port: int) -> None:
         """With ``port = 0`` the first collector picked a port; a restarted one must reuse
@@ -237,7 +236,7 @@ class Supervisor:
     def _on_checkpoint_done(self, msg: m.CheckpointDone) -> None:
         if msg.ok:
             self.checkpoints_written += 1
-            self.last_checkpoint = _ckpt_info(Path(msg.path), msg.seq_no, time.time())
+            self.last_checkpoint = m.CheckpointInfo(msg.path, msg.seq_no, time.time())
             self.topo.resume_checkpoint = msg.path
             log.info("checkpoint_done", path=msg.path, reason=msg.reason, weights_seq_no=msg.seq_no)
         else:
@@ -257,15 +256,15 @@ class Supervisor:
                 runtime_dir=self.cfg.daemon.runtime_dir))
         except ConfigError as exc:
             log.error("reload_rejected", error=str(exc))
-            self.last_reload = {"generation": self.reload_generation, "ok": False,
-                                "error": str(exc), "at": time.time()}
+            self.last_reload = m.ReloadResult(self.reload_generation, False, time.time(), {}, (),
+                                              str(exc))
             self.notifier.ready("reload rejected")
             return
         applied, ignored = reloadable_changes(self.cfg, new)
         self._apply(applied)
         log.info("reloaded", applied=applied, needs_restart=ignored)
-        self.last_reload = {"generation": self.reload_generation, "ok": True,
-                            "applied": applied, "needs_restart": ignored, "at": time.time()}
+        self.last_reload = m.ReloadResult(self.reload_generation, True, time.time(), applied,
+                                          tuple(ignored), "")
         self.notifier.ready("reloaded")
 
     def _apply(self, changes: dict) -> None:
@@ -331,7 +330,7 @@ class Supervisor:
             self.request_checkpoint("periodic")
         if now >= self.timers["info"]:
             self.timers["info"] = now + self.cfg.daemon.status_interval_s
-            self.topo.inboxes["collector"].try_send(m.DaemonInfo(self.info()))
+            self.topo.inboxes["collector"].try_send(self.info())
         if now >= self.timers["systemd"]:
             self.timers["systemd"] = now + SYSTEMD_STATUS_EVERY_S
             self.notifier.status(self._status_line())
@@ -339,25 +338,24 @@ class Supervisor:
             self.timers["watchdog"] = now + self.watchdog_s
             self.notifier.watchdog()
 
-    def info(self) -> dict:
+    def info(self) -> m.DaemonInfo:
         """The supervisor's part of ``rlinkd status``."""
-        ckpt = dict(self.last_checkpoint)
-        if ckpt:
-            ckpt["age_s"] = round(time.time() - ckpt["created_at"], 1)
-        children = {role: {"pid": c.pid, "restarts": c.restarts, "alive": c.alive(),
-                           "last_exit": c.last_exit} for role, c in self.children.items()}
-        return {"daemon_pid": os.getpid(), "state": self.stopping and "stopping" or "running",
-                "children": children, "last_checkpoint": ckpt,
-                "checkpoints_written": self.checkpoints_written,
-                "reload_generation": self.reload_generation, "last_reload": self.last_reload,
-                "state_dir": str(self.cfg.state_dir), "config": reloadable_values(self.cfg)}
+        children = {role: m.ChildInfo(c.pid, c.restarts, c.alive(), c.last_exit)
+                    for role, c in self.children.items()}
+        return m.DaemonInfo(
+            daemon_pid=os.getpid(), state="stopping" if self.stopping else "running",
+            children=children, last_checkpoint=self.last_checkpoint,
+            checkpoints_written=self.checkpoints_written,
+            reload_generation=self.reload_generation, last_reload=self.last_reload,
+            state_dir=str(self.cfg.state_dir), config=reloadable_values(self.cfg))
 
     def _status_line(self) -> str:
         s = self.collector_status
-        ret = s.get("episode_return_mean")
-        return (f"{s.get('env_steps_per_s', 0):.0f} steps/s, mean return "
-                f"{'-' if ret is None else f'{ret:.1f}'}, seq_no {s.get('weights_seq_no', -1)}, "
-                f"{s.get('clients', 0)} clients")
+        if s is None:
+            return "starting"
+        ret = "-" if s.episode_return_mean is None else f"{s.episode_return_mean:.1f}"
+        return (f"{s.env_steps_per_s:.0f} steps/s, mean return {ret}, seq_no {s.weights_seq_no}, "
+                f"{s.clients} clients")
 
     # ------------------------------------------------------------ shutdown
     def begin_shutdown(self, reason: str, code: int) -> None:
@@ -396,7 +394,3 @@ class Supervisor:
                     log.error("child_killed_at_deadline", child=child.role)
                     child.signal(signal.SIGKILL)
                 self.exit_code = self.pending_exit
-
-
-def _ckpt_info(path: Path, seq_no: int, created_at: float) -> dict:
-    return {"path": str(path), "weights_seq_no": seq_no, "created_at": created_at}

@@ -106,26 +106,26 @@ class Checkpointer:
                 self.ctx.send("supervisor", m.CheckpointDone(rid, req.reason, False, "", -1,
                                                              "learner did not answer in time"))
 
-    def handle(self, msg) -> None:
-        if isinstance(msg, m.CheckpointRequest):
-            self.on_request(msg)
-        elif isinstance(msg, m.SnapshotReady):
-            self.on_snapshot(msg)
-        elif isinstance(msg, m.Reload):
-            reload_level(msg.changes, "checkpointer")
-            self.keep = msg.changes.get("checkpoint.keep_checkpoints", self.keep)
-        elif isinstance(msg, m.Stop):
-            self.ctx.stop.set()
+    def on_reload(self, msg: m.Reload) -> None:
+        reload_level(msg.changes, "checkpointer")
+        self.keep = int(msg.changes.get("checkpoint.keep_checkpoints", self.keep))
+
+    def router(self) -> m.Router:
+        return m.Router("checkpointer", {m.CheckpointRequest: self.on_request,
+                                         m.SnapshotReady: self.on_snapshot,
+                                         m.Reload: self.on_reload,
+                                         m.Stop: lambda _msg: self.ctx.stop.set()})
 
 
 def run(topo: Topology, ctx: RoleContext) -> ExitCode:
     """The checkpointer's process loop."""
     cp = Checkpointer(topo, ctx)
+    handle = cp.router()
     log.info("checkpointer_ready", keep=cp.keep)
     while not ctx.stop.is_set():
         ctx.heartbeat()
         msg = ctx.inbox.recv(0.25)
         if msg is not None:
-            cp.handle(msg)
+            handle(msg)
         cp.expire()
     return ExitCode.OK

@@ -51,6 +51,10 @@ class CollectorProcess:
         self.shm_clients = ShmClients(topo.cfg.daemon.shm_dir, topo.shm_prefix, topo.layout,
                                       topo.obs_space, topo.act_space)
         self.done = asyncio.Event()
+        self.route = m.Router("collector", {
+            m.WeightsPublished: self._on_weights, m.ConnectorStats: self.status.on_connector,
+            m.DaemonInfo: self.status.on_daemon_info, m.Drain: self._on_drain,
+            m.Stop: self._on_drain, m.Reload: self._on_reload})
 
     async def main(self) -> None:
         await self.server.start()
@@ -64,7 +68,7 @@ class CollectorProcess:
                  unix_socket=str(self.topo.cfg.socket_path))
         loop = asyncio.get_running_loop()
         loop.add_reader(self.ctx.inbox.fileno(), self._on_inbox)
-        self.server.on_weights_published(m.WeightsPublished(-1, -1, False, {}))
+        self.server.on_weights_published(-1)
         tick = asyncio.ensure_future(self._tick())
         failed = asyncio.ensure_future(self.server.background.failed.wait())
         await asyncio.wait([asyncio.ensure_future(self.done.wait()), failed],
@@ -77,18 +81,11 @@ class CollectorProcess:
 
     def _on_inbox(self) -> None:
         for msg in self.ctx.inbox.drain():
-            handler = self._handlers().get(type(msg))
-            if handler is not None:
-                handler(msg)
-
-    def _handlers(self) -> dict:
-        return {m.WeightsPublished: self._on_weights, m.ConnectorStats: self.status.on_connector,
-                m.DaemonInfo: self.status.on_daemon_info, m.Drain: self._on_drain,
-                m.Stop: self._on_drain, m.Reload: self._on_reload}
+            self.route(msg)
 
     def _on_weights(self, msg: m.WeightsPublished) -> None:
         self.status.on_learner(msg)
-        self.server.on_weights_published(msg)
+        self.server.on_weights_published(msg.cutoff_ingest_id)
 
     def _on_drain(self, msg) -> None:
         log.info("draining", reason=msg.reason)
@@ -121,7 +118,7 @@ class CollectorProcess:
             await asyncio.sleep(TICK_S)
 
     def _report_status(self) -> None:
-        self.ctx.try_send("supervisor", m.CollectorStatus(self.status.build()))
+        self.ctx.try_send("supervisor", self.status.summary())
 
 
 def attached_info(topo: Topology) -> dict:

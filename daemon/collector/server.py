@@ -21,7 +21,6 @@ import structlog
 
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.codec import ProtocolError
-from rlinkd.daemon import messages as m
 from rlinkd.daemon.collector.core import CollectorCore, Plan, Session
 from rlinkd.daemon.collector.weights import WeightsCache
 from rlinkd.shm.records import FLUSH, STREAM_END
@@ -272,12 +271,12 @@ class CollectorServer:
             self.core.waits.last_flush_cutoff = last_id
             self.background.spawn(self._write_flush_marker())
 
-    def on_weights_published(self, msg: m.WeightsPublished) -> None:
-        """Learner trained on ingest ids <= cutoff: refresh the frame, release waiters."""
+    def on_weights_published(self, cutoff_ingest_id: int) -> None:
+        """Learner trained on ingest ids <= cutoff (-1: none): refresh the frame, release waiters."""
         self.weights.refresh()
         if self.weights.ready:
             self.first_weights.set()
-        for session in self.core.waits.released(self.core.on_policy_samplers(), msg.cutoff_ingest_id):
+        for session in self.core.waits.released(self.core.on_policy_samplers(), cutoff_ingest_id):
             fut = self.waiters.pop(session.id, None)
             if fut is not None and not fut.done():
                 fut.set_result(None)

@@ -21,17 +21,26 @@ class StatusBuilder:
     def __init__(self, topo: Topology, core: CollectorCore) -> None:
         self.topo, self.core = topo, core
         self.server = None  # set by the process shell (for the port and waiting clients)
-        self.learner: dict = {}
+        self.learner: m.LearnerState | None = None
+        self.update: m.TrainStats | None = None
+        self.trained_seq_no = -1
         self.connector: dict = {}
         self.daemon: dict = {}
         self.rate_window: deque = deque(maxlen=64)
 
     def on_learner(self, msg: m.WeightsPublished) -> None:
-        if msg.trained:
-            self.learner = dict(msg.stats, weights_seq_no=msg.seq_no)
-        for key in ("lr", "ent_coef"):  # also sent after a reload, before any training
-            if key in msg.stats:
-                self.learner[key] = msg.stats[key]
+        """Every WeightsPublished carries the live hyperparameters (also after a reload);
+        only a trained one replaces the last update's stats."""
+        self.learner = msg.learner
+        if msg.update is not None:
+            self.update, self.trained_seq_no = msg.update, msg.seq_no
+
+    def learner_section(self) -> dict:
+        """The ``learner`` section of the report (empty before the learner reported)."""
+        if self.learner is None:
+            return {}
+        report = m.learner_report(self.learner, self.update)
+        return report | ({"weights_seq_no": self.trained_seq_no} if self.update else {})
 
     def on_connector(self, msg: m.ConnectorStats) -> None:
         self.connector = {"dropped_episodes": msg.dropped_episodes,
@@ -40,7 +49,7 @@ class StatusBuilder:
                           "trained_steps": msg.trained_steps}
 
     def on_daemon_info(self, msg: m.DaemonInfo) -> None:
-        self.daemon = msg.info
+        self.daemon = m.daemon_report(msg)
 
     def steps_per_s(self) -> float:
         """Ingested env steps per second over the last ~10 s."""
@@ -50,6 +59,10 @@ class StatusBuilder:
             self.rate_window.popleft()
         (t0, s0), (t1, s1) = self.rate_window[0], self.rate_window[-1]
         return round((s1 - s0) / (t1 - t0), 1) if t1 > t0 else 0.0
+
+    def summary(self) -> m.CollectorStatus:
+        """What the supervisor gets every ``status_interval_s`` (TensorBoard, systemd)."""
+        return _summary_of(self.build(), self.learner, self.update)
 
     def build(self) -> dict:
         core, stats = self.core, self.core.stats
@@ -73,7 +86,7 @@ class StatusBuilder:
             "unix_socket": str(self.topo.cfg.socket_path),
             "sessions": [{"id": s.id, "transport": s.transport, "peer": s.peer, "shm": s.is_shm,
                           "env_steps": s.env_steps} for s in core.samplers()],
-            "learner": self.learner,
+            "learner": self.learner_section(),
             "connector": self.connector,
             **self.daemon,
         }
@@ -81,3 +94,15 @@ class StatusBuilder:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
+
+
+def _summary_of(report: dict, learner: m.LearnerState | None,
+                update: m.TrainStats | None) -> m.CollectorStatus:
+    """The supervisor's typed digest of one status report."""
+    return m.CollectorStatus(
+        env_steps=report["env_steps"], episodes=report["episodes"],
+        env_steps_per_s=report["env_steps_per_s"],
+        episode_return_mean=report["episode_return_mean"],
+        episode_len_mean=report["episode_len_mean"], weights_seq_no=report["weights_seq_no"],
+        clients=report["clients"], dropped_episodes=report["dropped_episodes"],
+        learner=learner, update=update)

@@ -113,13 +113,12 @@ class Connector:
 def run(topo: Topology, ctx: RoleContext) -> ExitCode:
     """The connector's process loop."""
     conn = Connector(topo, ctx)
+    handle = m.Router("connector", {m.Stop: lambda _msg: ctx.stop.set(),
+                                    m.Reload: lambda msg: reload_level(msg.changes, "connector")})
     log.info("connector_ready", pipeline=list(topo.cfg.connector.pipeline))
     while not ctx.stop.is_set():
         ctx.heartbeat()
         conn.step()
         for msg in ctx.inbox.drain():
-            if isinstance(msg, m.Stop):
-                ctx.stop.set()
-            elif isinstance(msg, m.Reload):
-                reload_level(msg.changes, "connector")
+            handle(msg)
     return ExitCode.OK

@@ -10,6 +10,7 @@ the slot states in shared memory are the truth about pending batches.
 from __future__ import annotations
 
 import io
+import math
 import time
 from types import SimpleNamespace
 
@@ -69,7 +70,7 @@ class LearnerShell:
             self._resume(self.topo.resume_checkpoint)
         self._adopt_newer_board_weights()
         self.board.publish(self.seq_no, self.learner.flat_weights())
-        self.ctx.send("collector", m.WeightsPublished(self.seq_no, -1, False, {}))
+        self.ctx.send("collector", m.WeightsPublished(self.seq_no, -1, self.state(), None))
         self.ctx.send("supervisor", m.LearnerReady(self.seq_no, self.resumed_from))
         log.info("learner_ready", seq_no=self.seq_no, device=str(self.learner.device),
                  resumed_from=self.resumed_from or None)
@@ -108,32 +109,27 @@ class LearnerShell:
     def train_slot(self, slot: int) -> None:
         """Train on one slot (or answer an empty flush), publish, release, notify."""
         rows, meta = self.slots.rows(slot), self.slots.meta(slot)
-        trained, stats = rows > 0, {}
-        if trained:
+        update = None
+        if rows > 0:
             try:
-                stats = self._update(slot, rows)
+                update = train_stats(self._update(slot, rows), self.policy_lag(meta))
             except ValueError as exc:  # a batch the learner refuses (NaN, shapes): skip it
                 log.error("batch_rejected", slot=slot, rows=rows, error=str(exc))
                 self.rejected_batches += 1
-                trained = False
-        if trained:
+        if update is not None:
             self.seq_no += 1
             self.board.publish(self.seq_no, self.learner.flat_weights())
         self.slots.release(slot)
-        stats.update(self.hparam_stats(), updates=self.learner.updates,
-                     trained_steps=self.learner.trained_steps,
-                     rejected_batches=self.rejected_batches,
-                     **(self.policy_lag(meta) if trained else {}))
         self.ctx.send("collector", m.WeightsPublished(self.seq_no, meta["ingest_cutoff"],
-                                                      trained, stats))
+                                                      self.state(), update))
         self.ctx.heartbeat()
 
     def policy_lag(self, meta: dict) -> dict:
         """How many versions older than the weights just trained from the batch's data was
-        (``self.seq_no`` is still that version here); empty when no version was known."""
+        (``self.seq_no`` is still that version here); None when no version was known."""
         if meta["behaviour_steps"] <= 0:
-            return {}
-        return {"policy_lag_max": self.seq_no - meta["behaviour_min"],
+            return {"policy_lag_max": None, "policy_lag_mean": None}
+        return {"policy_lag_max": int(self.seq_no - meta["behaviour_min"]),
                 "policy_lag_mean": round(self.seq_no - meta["behaviour_sum"] / meta["behaviour_steps"], 3)}
 
     def _update(self, slot: int, rows: int) -> dict:
@@ -144,9 +140,12 @@ class LearnerShell:
             self.learner.update_obs_normalizer(batch["obs"])
         return {k: float(v) for k, v in stats.items()}
 
-    def hparam_stats(self) -> dict:
-        return {"lr": self.learner.optimizer.param_groups[0]["lr"],
-                "ent_coef": self.learner.ent_coef}
+    def state(self) -> m.LearnerState:
+        """Live hyperparameters and counters, sent with every WeightsPublished."""
+        return m.LearnerState(lr=self.learner.optimizer.param_groups[0]["lr"],
+                              ent_coef=self.learner.ent_coef, updates=self.learner.updates,
+                              trained_steps=self.learner.trained_steps,
+                              rejected_batches=self.rejected_batches)
 
     # ------------------------------------------------------------ control
     def on_snapshot_request(self, msg: m.SnapshotRequest) -> None:
@@ -166,31 +165,41 @@ class LearnerShell:
         if lr is not None or ent is not None:
             self.learner.set_hparams(lr=lr, ent_coef=ent)
             log.info("hparams_reloaded", lr=lr, ent_coef=ent)
-            self.ctx.send("collector", m.WeightsPublished(self.seq_no, -1, False,
-                                                          self.hparam_stats()))
+            self.ctx.send("collector", m.WeightsPublished(self.seq_no, -1, self.state(), None))
 
-    def handle(self, msg) -> None:
-        if isinstance(msg, m.SnapshotRequest):
-            self.on_snapshot_request(msg)
-        elif isinstance(msg, m.Reload):
-            self.on_reload(msg)
-        elif isinstance(msg, m.Stop):
-            self.ctx.stop.set()
+    def router(self) -> m.Router:
+        """BatchReady is only a doorbell (it ends the inbox wait); slot states are the truth."""
+        return m.Router("learner", {m.SnapshotRequest: self.on_snapshot_request,
+                                    m.Reload: self.on_reload,
+                                    m.Stop: lambda _msg: self.ctx.stop.set()},
+                        ignore=(m.BatchReady,))
+
+
+def train_stats(stats: dict[str, float], lag: dict) -> m.TrainStats:
+    """``Learner.update``'s stats and the batch's policy lag as the typed report."""
+    ev = stats["explained_variance"]
+    return m.TrainStats(
+        loss=stats["loss"], policy_loss=stats["policy_loss"], value_loss=stats["value_loss"],
+        entropy=stats["entropy"], approx_kl=stats["approx_kl"], clip_frac=stats["clip_frac"],
+        grad_norm=stats["grad_norm"], explained_variance=None if math.isnan(ev) else ev,
+        epochs=int(stats["epochs"]), n_rows=int(stats["n_rows"]),
+        update_time_s=stats["update_time_s"], **lag)
 
 
 def run(topo: Topology, ctx: RoleContext) -> ExitCode:
     """The learner's process loop."""
     shell = LearnerShell(topo, ctx)
+    handle = shell.router()
     shell.boot()
     busy = False
     while not ctx.stop.is_set():
         ctx.heartbeat()
         msg = ctx.inbox.recv(0 if busy else IDLE_WAIT_S)  # after a batch, only poll
         while msg is not None:
-            shell.handle(msg)
+            handle(msg)
             msg = ctx.inbox.recv(0)
         busy = shell.train_one()
     for msg in ctx.inbox.drain():  # a snapshot asked for during shutdown still gets served
-        shell.handle(msg)
+        handle(msg)
     log.info("learner_stopped", seq_no=shell.seq_no, at=time.time())
     return ExitCode.OK

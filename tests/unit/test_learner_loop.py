@@ -47,8 +47,8 @@ class AlwaysBusyShell:
             self.ctx.stop.set()
         return True
 
-    def handle(self, msg) -> None:
-        self.handled_after.append(self.trained)
+    def router(self):
+        return lambda msg: self.handled_after.append(self.trained)
 
     seq_no = 0
 
@@ -69,4 +69,5 @@ def test_policy_lag_is_measured_against_the_version_trained_from():
     lag = learner_process.LearnerShell.policy_lag(SimpleNamespace(seq_no=12), meta)
     assert lag == {"policy_lag_max": 5, "policy_lag_mean": round(12 - 61 / 7, 3)}
     unknown = {"behaviour_min": -1, "behaviour_sum": 0, "behaviour_steps": 0}
-    assert learner_process.LearnerShell.policy_lag(SimpleNamespace(seq_no=12), unknown) == {}
+    assert learner_process.LearnerShell.policy_lag(SimpleNamespace(seq_no=12), unknown) == {
+        "policy_lag_max": None, "policy_lag_mean": None}
