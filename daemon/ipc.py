@@ -9,11 +9,11 @@ keeps message boundaries, a killed process cannot leave anything half-written or
 locked, buffered messages survive a receiver restart (the supervisor holds both
 ends), and the kernel buffer bounds memory (a full inbox makes ``send`` wait).
 
-Messages are frozen dataclasses declared with ``@message(to=...)``: the receiving
+Messages are frozen dataclasses registered with ``@message(to=...)``: the receiving
 inboxes are part of the declaration, ``Inbox.send`` refuses a message addressed
 elsewhere, and each role dispatches with one ``messages.Router`` that must handle or
 explicitly ignore every message addressed to it. Fields are typed (scalars, ``X | None``,
-``tuple[X, ...]``, ``dict[str, X]`` and ``@payload`` dataclasses); ``decode`` checks each
+``tuple[X, ...]``, ``dict[str, X]`` and nested frozen dataclasses); ``decode`` checks each
 field against its annotation, so a malformed message fails loudly at the receiver
 (``BadMessage``) instead of travelling on as a wrong value. Encoded with orjson
 (``{"kind": name, ...fields}``). Control traffic only: bulk arrays travel in shared
@@ -57,20 +57,18 @@ class Misrouted(InboxError):
 
 
 def message(*, to: tuple[str, ...] | str) -> Callable[[type[T]], type[T]]:
-    """Class decorator: a frozen dataclass that may be sent to the inboxes named ``to``."""
+    """Class decorator over a ``@dataclass(frozen=True)``: register it as an inbox message
+    that may be sent to the inboxes named ``to``. TypeError for anything else."""
     receivers = frozenset((to,) if isinstance(to, str) else to)
 
     def register(cls: type[T]) -> type[T]:
-        dc = dataclasses.dataclass(frozen=True)(cls)
-        dc.RECEIVERS = receivers  # type: ignore[attr-defined]
-        _REGISTRY[cls.__name__] = dc
-        return dc
+        params = getattr(cls, "__dataclass_params__", None)
+        if params is None or not params.frozen:
+            raise TypeError(f"{cls.__name__}: an inbox message must be a frozen dataclass")
+        cls.RECEIVERS = receivers  # type: ignore[attr-defined]
+        _REGISTRY[cls.__name__] = cls
+        return cls
     return register
-
-
-def payload(cls: type[T]) -> type[T]:
-    """Class decorator: a frozen dataclass used as a typed field inside messages."""
-    return dataclasses.dataclass(frozen=True)(cls)
 
 
 def registered() -> dict[str, type]:
@@ -130,7 +128,7 @@ def _check(value: Any, hint: Any, path: str) -> Any:
     if origin is dict and isinstance(value, dict):
         return {_check(k, args[0], path): _check(v, args[1], f"{path}[{k!r}]")
                 for k, v in value.items()}
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, value, path)
     return _scalar(value, hint, path)
 

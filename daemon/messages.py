@@ -3,7 +3,7 @@
 All are small typed control records (see ``daemon.ipc``); arrays never travel here.
 Each declaration names its receivers (``@message(to=...)``); each role dispatches
 through one ``Router`` that handles, or explicitly ignores, every message addressed
-to it, and is checked for that when it is built. Payloads are ``@payload``
+to it, and is checked for that when it is built. Payloads are frozen
 dataclasses, never bare dicts; a float that may be NaN is declared ``float | None``
 (NaN travels as null).
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rlinkd.daemon.config import ConfigValue, check_reload_changes
-from rlinkd.daemon.ipc import Misrouted, message, payload, registered
+from rlinkd.daemon.ipc import Misrouted, message, registered
 from rlinkd.daemon.wiring import ROLES
 
 SUPERVISOR = "supervisor"
@@ -23,6 +23,7 @@ SUPERVISOR = "supervisor"
 
 # ---------------------------------------------------------------- to every role
 @message(to=ROLES)
+@dataclass(frozen=True)
 class Stop:
     """Supervisor → any role: finish what is in flight and exit 0."""
 
@@ -30,6 +31,7 @@ class Stop:
 
 
 @message(to=ROLES)
+@dataclass(frozen=True)
 class Reload:
     """Supervisor → any role: apply these reloadable settings (dotted keys; checked
     against the config's reloadable keys and their types when built or decoded)."""
@@ -41,7 +43,7 @@ class Reload:
 
 
 # ---------------------------------------------------------------- learner reports
-@payload
+@dataclass(frozen=True)
 class LearnerState:
     """The learner's live hyperparameters and counters (with every WeightsPublished)."""
 
@@ -52,7 +54,7 @@ class LearnerState:
     rejected_batches: int
 
 
-@payload
+@dataclass(frozen=True)
 class TrainStats:
     """What one update measured (means over its minibatch steps). Policy lag is None when
     no behaviour version was known; explained variance is None for constant targets."""
@@ -79,6 +81,7 @@ def learner_report(state: LearnerState | None, update: TrainStats | None) -> dic
 
 # ---------------------------------------------------------------- to the collector
 @message(to="collector")
+@dataclass(frozen=True)
 class WeightsPublished:
     """Learner → collector: the weights board holds ``seq_no``; it was trained on every
     episode record with ingest id <= ``cutoff_ingest_id`` (so on-policy waiters up to
@@ -96,6 +99,7 @@ class WeightsPublished:
 
 
 @message(to="collector")
+@dataclass(frozen=True)
 class ConnectorStats:
     """Connector → collector (periodic): what the pipeline dropped and holds."""
 
@@ -106,7 +110,7 @@ class ConnectorStats:
     trained_steps: int
 
 
-@payload
+@dataclass(frozen=True)
 class ChildInfo:
     """One role process as the supervisor sees it."""
 
@@ -116,7 +120,7 @@ class ChildInfo:
     last_exit: int | None
 
 
-@payload
+@dataclass(frozen=True)
 class CheckpointInfo:
     """The newest checkpoint written or resumed from."""
 
@@ -125,7 +129,7 @@ class CheckpointInfo:
     created_at: float
 
 
-@payload
+@dataclass(frozen=True)
 class ReloadResult:
     """The outcome of the last SIGHUP (``error`` is empty when ``ok``)."""
 
@@ -138,6 +142,7 @@ class ReloadResult:
 
 
 @message(to="collector")
+@dataclass(frozen=True)
 class DaemonInfo:
     """Supervisor → collector (periodic): the supervisor's part of ``rlinkd status``."""
 
@@ -157,12 +162,13 @@ def daemon_report(info: DaemonInfo) -> dict[str, Any]:
     report = asdict(info)
     for key in ("last_checkpoint", "last_reload"):
         report[key] = report[key] or {}
-    if report["last_checkpoint"]:
+    if info.last_checkpoint is not None:
         report["last_checkpoint"]["age_s"] = round(time.time() - info.last_checkpoint.created_at, 1)
     return report
 
 
 @message(to="collector")
+@dataclass(frozen=True)
 class Drain:
     """Supervisor → collector: stop accepting, tell clients why (ERROR), close, exit 0."""
 
@@ -171,6 +177,7 @@ class Drain:
 
 # ---------------------------------------------------------------- to the learner
 @message(to="learner")
+@dataclass(frozen=True)
 class BatchReady:
     """Connector → learner: a doorbell; the slot states in shared memory are the truth."""
 
@@ -178,6 +185,7 @@ class BatchReady:
 
 
 @message(to="learner")
+@dataclass(frozen=True)
 class SnapshotRequest:
     """Checkpointer → learner: serialise your full state into the snapshot area."""
 
@@ -186,6 +194,7 @@ class SnapshotRequest:
 
 # ---------------------------------------------------------------- to the checkpointer
 @message(to="checkpointer")
+@dataclass(frozen=True)
 class CheckpointRequest:
     """Supervisor → checkpointer: write a checkpoint now (timer, SIGUSR1, shutdown)."""
 
@@ -194,6 +203,7 @@ class CheckpointRequest:
 
 
 @message(to="checkpointer")
+@dataclass(frozen=True)
 class SnapshotReady:
     """Learner → checkpointer: the snapshot area holds generation ``generation``."""
 
@@ -206,6 +216,7 @@ class SnapshotReady:
 
 # ---------------------------------------------------------------- to the supervisor
 @message(to=SUPERVISOR)
+@dataclass(frozen=True)
 class Listening:
     """Collector → supervisor: sockets are bound (the real TCP port when port = 0)."""
 
@@ -215,6 +226,7 @@ class Listening:
 
 
 @message(to=SUPERVISOR)
+@dataclass(frozen=True)
 class CollectorStatus:
     """Collector → supervisor (periodic): what TensorBoard and systemd's STATUS= show."""
 
@@ -231,6 +243,7 @@ class CollectorStatus:
 
 
 @message(to=SUPERVISOR)
+@dataclass(frozen=True)
 class CheckpointDone:
     """Checkpointer → supervisor: a checkpoint request finished (ok or not)."""
 
@@ -243,6 +256,7 @@ class CheckpointDone:
 
 
 @message(to=SUPERVISOR)
+@dataclass(frozen=True)
 class LearnerReady:
     """Learner → supervisor: the model is loaded and its first weights are published."""
 

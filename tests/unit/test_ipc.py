@@ -210,3 +210,19 @@ def test_fileno_is_the_receiving_end(inbox):
     assert select.select([inbox.fileno()], [], [], 0)[0] == []
     inbox.send(m.Stop(reason="x"))
     assert select.select([inbox.fileno()], [], [], 1.0)[0] == [inbox.fileno()]
+
+
+def test_only_frozen_dataclasses_can_be_messages():
+    import dataclasses as dc
+
+    class Plain:
+        pass
+
+    @dc.dataclass
+    class Mutable:
+        x: int
+
+    for cls in (Plain, Mutable):
+        with pytest.raises(TypeError, match="must be a frozen dataclass"):
+            ipc.message(to="learner")(cls)
+    assert "Plain" not in ipc.registered() and "Mutable" not in ipc.registered()

@@ -39,7 +39,10 @@ def test_no_source_imports_a_bare_top_level_package():
 
 
 def test_pyproject_lists_every_package_folder():
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
     declared = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
                    ["packages"])
     folders = {"rlinkd." + ".".join(init.parent.relative_to(REPO).parts)
