@@ -16,7 +16,6 @@ progress is not lost.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np

@@ -1,9 +1,7 @@
 """StepRing in one process: index arithmetic, wrap-around, full/empty, header checks."""
 
 import os
-import shutil
 import struct
-import tempfile
 import threading
 import time
 
@@ -14,40 +12,13 @@ from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.errors import LayoutError, RingFull, ShmError
 from rlinkd.shm.records import FLUSH, HAS_DIST, HAS_LOGP, TERMINATED, StepLayout
 from rlinkd.shm.ring import RING_HEADER, StepRing, arm_sleep, disarm_sleep
-
-LAYOUT = StepLayout(4, 1, 2)
-
-
-@pytest.fixture
-def shm_dir():
-    directory = tempfile.mkdtemp(prefix="rlkt-ring-", dir="/dev/shm")
-    yield directory
-    shutil.rmtree(directory)
-
+from tests.unit.shm_helpers import LAYOUT, assert_numbered, numbered
 
 @pytest.fixture
 def ring(shm_dir):
     ring = StepRing.create(os.path.join(shm_dir, "ring"), LAYOUT, 8)
     yield ring
     ring.close()
-
-
-def numbered(start, count):
-    """Records whose weights_seq_no, ingest_id and obs[0] all carry start, start+1, ..."""
-    records = LAYOUT.empty(count)
-    numbers = np.arange(start, start + count)
-    records["weights_seq_no"] = numbers
-    records["ingest_id"] = numbers
-    records["obs"][:, 0] = numbers
-    records["reward"] = numbers * 0.5
-    return records
-
-
-def assert_numbered(records, start):
-    numbers = np.arange(start, start + len(records))
-    np.testing.assert_array_equal(records["ingest_id"], numbers)
-    np.testing.assert_array_equal(records["obs"][:, 0], numbers.astype(np.float32))
-    np.testing.assert_array_equal(records["reward"], (numbers * 0.5).astype(np.float32))
 
 
 def test_wrap_around_many_times_with_uneven_sizes(ring):

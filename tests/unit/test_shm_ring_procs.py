@@ -3,8 +3,6 @@
 import itertools
 import multiprocessing as mp
 import os
-import shutil
-import tempfile
 import time
 from multiprocessing import reduction
 
@@ -15,30 +13,11 @@ from hypothesis import strategies as st
 
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.errors import RingFull
-from rlinkd.shm.records import StepLayout
 from rlinkd.shm.ring import StepRing
+from tests.unit.shm_helpers import LAYOUT, assert_numbered, numbered
 
-LAYOUT = StepLayout(4, 1, 2)
 SPAWN = mp.get_context("spawn")
 EXAMPLE_DEADLINE_S = 30.0
-
-
-def numbered(start, count):
-    records = LAYOUT.empty(count)
-    numbers = np.arange(start, start + count)
-    records["weights_seq_no"] = numbers
-    records["obs"][:, 0] = numbers
-    records["reward"] = numbers * 0.5
-    return records
-
-
-def check_numbered(chunk, start):
-    numbers = np.arange(start, start + len(chunk))
-    if not (np.array_equal(chunk["weights_seq_no"], numbers)
-            and np.array_equal(chunk["obs"][:, 0], numbers.astype(np.float32))
-            and np.array_equal(chunk["reward"], (numbers * 0.5).astype(np.float32))):
-        raise AssertionError(f"expected records {start}..{start + len(chunk) - 1}, got "
-                             f"{chunk['weights_seq_no'][:8].tolist()}...")
 
 
 # ---------------------------------------------------------------- consumer worker process
@@ -60,7 +39,7 @@ def consume_example(ring, total, sizes, use_peek):
             ring.consume(len(chunk))
         else:
             chunk = ring.read_batch(size)
-        check_numbered(chunk, next_number)
+        assert_numbered(chunk, next_number)
         next_number += len(chunk)
     while not ring.is_closed():
         if not ring.wait_readable(deadline - time.monotonic()):
@@ -83,13 +62,6 @@ def consumer_worker(conn):
             conn.send((path, "failed", str(failure)))
         finally:
             ring.close()
-
-
-@pytest.fixture(scope="module")
-def shm_dir():
-    directory = tempfile.mkdtemp(prefix="rlkt-procs-", dir="/dev/shm")
-    yield directory
-    shutil.rmtree(directory)
 
 
 @pytest.fixture(scope="module")
