@@ -11,7 +11,7 @@ Roles never create their own IPC; they receive a ``Topology`` (picklable into
                                                                                               │
     supervisor ◀── Listening / CollectorStatus / LearnerReady / CheckpointDone ───────────────┘
 
-``run_in_process`` runs all four roles as threads of one process on the same
+``daemon.inprocess.InProcessDaemon`` runs all four roles as threads of one process on the same
 topology, for debugging and for the in-process tests.
 """
 from __future__ import annotations
