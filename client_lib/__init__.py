@@ -3,7 +3,7 @@
 Layers: ``codec`` (sans-IO RLlink), ``transport.RLlinkClient`` (the protocol over a
 socket), ``agent`` (``connect``/``act``/``step``/``close`` for simulators that own
 their loop) and ``runner.run_env`` (any gymnasium env). Imports are lazy so that
-``import client_lib`` stays cheap.
+``import rlinkd.client_lib`` stays cheap.
 """
 from __future__ import annotations
 

@@ -16,7 +16,6 @@ progress is not lost.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,7 +66,6 @@ class Agent:
         self.buffer, self.done_fragments = FragmentBuffer(), []
         self.pending: tuple | None = None
         self.steps_since_send = 0
-        self.total_steps = 0
         self.steps_synced = 0  # steps in samples the server acknowledged (reply received)
 
     @property
@@ -97,7 +95,6 @@ class Agent:
         b.rewards.append(float(reward))
         b.obs.append(np.asarray(next_obs))
         self.steps_since_send += 1
-        self.total_steps += 1
         if terminated or truncated:
             self.done_fragments.append(b.to_fragment(bool(terminated), bool(truncated)))
             self.buffer = FragmentBuffer()

@@ -64,7 +64,6 @@ class RLlinkClient:
         self.ssl_context = ssl_context
         self.max_message_bytes = max_message_bytes
         self.sock: socket.socket | None = None
-        self.bytes_sent = self.bytes_received = 0
 
     def connect(self) -> "RLlinkClient":
         if self.address.kind == "unix":
@@ -92,15 +91,12 @@ class RLlinkClient:
 
     # ------------------------------------------------------------ raw I/O
     def send(self, msg: Message) -> None:
-        frame = codec.encode(msg)
-        self._require().sendall(frame)
-        self.bytes_sent += len(frame)
+        self._require().sendall(codec.encode(msg))
 
     def recv(self) -> Message:
         """Next message; ServerError for ERROR, ConnectionError when the server closed."""
         header = self._read_exactly(codec.HEADER_BYTES)
         body = self._read_exactly(codec.parse_header(header, self.max_message_bytes))
-        self.bytes_received += codec.HEADER_BYTES + len(body)
         msg = codec.decode_body(body)
         if isinstance(msg, codec.Error):
             raise ServerError(msg.message, retry=msg.message.startswith("daemon shutting down"))

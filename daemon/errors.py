@@ -22,10 +22,6 @@ class CheckpointError(RlinkdError):
     """A checkpoint could not be written, or one on disk does not verify."""
 
 
-class ShutdownRequested(RlinkdError):
-    """Raised inside a role loop when the process was asked to stop."""
-
-
 class ExitCode(enum.IntEnum):
     """Exit codes of the supervisor and of every child process.
 

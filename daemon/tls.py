@@ -27,10 +27,3 @@ def server_context(srv: ServerConfig) -> ssl.SSLContext | None:
         raise ConfigError(f"server.tls_*: cannot load certificate/key: {exc}") from None
     return ctx
 
-
-def client_context(ca_file: str = "", cert_file: str = "", key_file: str = "") -> ssl.SSLContext:
-    """A client SSLContext verifying the server against ``ca_file`` (or the system store)."""
-    ctx = ssl.create_default_context(cafile=ca_file or None)
-    if cert_file:
-        ctx.load_cert_chain(cert_file, key_file or None)
-    return ctx

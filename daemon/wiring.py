@@ -11,12 +11,11 @@ Roles never create their own IPC; they receive a ``Topology`` (picklable into
                                                                                               │
     supervisor ◀── Listening / CollectorStatus / LearnerReady / CheckpointDone ───────────────┘
 
-``run_in_process`` runs all four roles as threads of one process on the same
+``daemon.inprocess.InProcessDaemon`` runs all four roles as threads of one process on the same
 topology, for debugging and for the in-process tests.
 """
 from __future__ import annotations
 
-import dataclasses
 import multiprocessing as mp
 import os
 import secrets
@@ -166,11 +165,6 @@ def destroy_topology(topo: Topology) -> None:
     for inbox in topo.inboxes.values():
         inbox.close()
     topo.episode_doorbell.close()
-
-
-def with_config(topo: Topology, cfg: Config) -> Topology:
-    """The same topology with a reloaded config (for children restarted after SIGHUP)."""
-    return dataclasses.replace(topo, cfg=cfg)
 
 
 def _pow2(n: int) -> int:

@@ -99,7 +99,6 @@ class StepRing:
         self._closed = buf[CLOSED_OFFSET:CLOSED_OFFSET + 4].cast("I")
         records_area = np.frombuffer(buf, np.uint8, self.capacity * layout.record_bytes, RECORDS_OFFSET)
         self._raw = records_area.reshape(self.capacity, layout.record_bytes)
-        self._records = self._raw.view(layout.dtype).reshape(self.capacity)
         self._no_records = np.empty(0, layout.dtype)
         bind = compile_step_writer(layout)
         self.write_step = bind(layout.struct.pack_into, segment.mapping, RECORDS_OFFSET, layout.record_bytes,
@@ -143,9 +142,9 @@ class StepRing:
         return cls(segment, layout, doorbell)
 
     def close(self) -> None:
-        """Drop this process's mapping (idempotent).  Views from ``peek`` keep it alive until collected."""
+        """Drop this process's mapping (idempotent)."""
         self.write_step = _write_step_after_close
-        self._tail = self._head = self._sleeping = self._closed = self._raw = self._records = None
+        self._tail = self._head = self._sleeping = self._closed = self._raw = None
         self.segment.close()
 
     def unlink(self) -> None:
@@ -253,26 +252,6 @@ class StepRing:
             out_raw[first:] = self._raw[:count - first]
         self._head[0] = head + count
         return out
-
-    def peek(self, max_records: int) -> tuple:
-        """Zero-copy views of up to ``max_records`` unread records (1 or 2 arrays, in order).
-
-        The views stay valid only until ``consume`` frees their slots.
-        """
-        head = self._head[0]
-        count = max(0, min(max_records, self._tail[0] - head, self.capacity))
-        start = head & (self.capacity - 1)
-        first = min(count, self.capacity - start)
-        if first == count:
-            return (self._records[start:start + count],)
-        return (self._records[start:start + first], self._records[:count - first])
-
-    def consume(self, n_records: int) -> None:
-        """Release ``n_records`` peeked records back to the producer."""
-        head = self._head[0]
-        if not 0 <= n_records <= self._tail[0] - head:
-            raise ValueError(f"cannot consume {n_records} records, {self._tail[0] - head} readable")
-        self._head[0] = head + n_records
 
     def _has_news(self) -> bool:
         return self._tail[0] != self._head[0] or self._closed[0] != 0

@@ -155,12 +155,6 @@ class Segment:
     def closed(self) -> bool:
         return self._mapping is None
 
-    def __enter__(self) -> "Segment":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"Segment({self.path!r}, size={self.size}, closed={self.closed})"
 

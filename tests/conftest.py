@@ -2,6 +2,9 @@
 with exit 0 and left no child process and no shared-memory segment behind."""
 from __future__ import annotations
 
+import shutil
+import tempfile
+
 import pytest
 
 from tests.helpers import DaemonProcess
@@ -52,3 +55,13 @@ def shared_daemon(tmp_path_factory):
     pool = DaemonPool(tmp_path_factory.mktemp("shared"))
     yield pool.start()
     pool.close()
+
+
+@pytest.fixture
+def shm_dir(request):
+    """A fresh directory on /dev/shm (tmpfs, where the daemon's segments live), removed
+    with whatever is left in it after the test. Named after the test module."""
+    module = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+    directory = tempfile.mkdtemp(prefix=f"rlkt-{module}-", dir="/dev/shm")
+    yield directory
+    shutil.rmtree(directory)

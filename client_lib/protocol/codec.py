@@ -273,8 +273,9 @@ def parse_header(header: bytes, max_message_bytes: int) -> int:
 class FrameDecoder:
     """Incremental splitter: feed bytes, take complete frame bodies.
 
-    Used where bytes arrive in arbitrary chunks (the Unix-socket server, tests, the
-    fuzzers). Raises ``ProtocolError`` as soon as a header is bad or too large.
+    For bytes that arrive in arbitrary chunks; the tests and the live fuzzer's oracle use
+    it (the daemon's servers read frames with asyncio instead). Raises ``ProtocolError``
+    as soon as a header is bad or too large.
     """
 
     def __init__(self, max_message_bytes: int) -> None:

@@ -14,8 +14,6 @@ Parameter layout (flat vector, in this order):
 
 from __future__ import annotations
 
-import base64
-import gzip
 import math
 from dataclasses import asdict, dataclass
 
@@ -29,10 +27,6 @@ ONNX_INPUT_NAME = "onnx::Gemm_0"  # the input name RLlib's ONNX clients feed
 ONNX_OUTPUT_NAME = "action_dist_inputs"
 ONNX_OPSET = 17
 ONNX_IR_VERSION = 8  # the IR that shipped with opset 17; accepted by onnxruntime >= 1.12
-# gzip level for the set-state payload. Float32 weights barely compress at any level (measured
-# ~7% smaller); level 1 was the fastest (64x64 CartPole net: 0.38 ms vs 0.40 ms at level 6;
-# 256x256 net: 10.3 ms vs 12.0 ms), with payloads under 0.6% larger than level 9.
-PAYLOAD_GZIP_LEVEL = 1
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
@@ -368,10 +362,3 @@ class OnnxWeightWriter:
         for start, stop, at in self._targets:
             out[at:at + 4 * (stop - start)] = raw[4 * start:4 * stop]
         return bytes(out)
-
-    def encode_set_state_payload(self, flat: np.ndarray) -> str:
-        """base64(gzip(ONNX bytes)) as text, the form RLlib's JSON-era client decodes with
-        `InferenceSession(gzip.decompress(base64.b64decode(s)))`. gzip level PAYLOAD_GZIP_LEVEL,
-        mtime 0 so equal weights give equal payloads."""
-        packed = gzip.compress(self.encode(flat), compresslevel=PAYLOAD_GZIP_LEVEL, mtime=0)
-        return base64.b64encode(packed).decode("ascii")

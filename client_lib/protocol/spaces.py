@@ -122,14 +122,6 @@ class SpaceSpec:
         return {"type": "Box", "shape": list(self.shape),
                 "low": [fin(v) for v in self.low], "high": [fin(v) for v in self.high]}
 
-    def to_gym(self) -> Any:
-        import gymnasium as gym
-        if self.kind == "discrete":
-            return gym.spaces.Discrete(self.n)
-        low = np.asarray(self.low, np.float32).reshape(self.shape)
-        high = np.asarray(self.high, np.float32).reshape(self.shape)
-        return gym.spaces.Box(low, high, dtype=np.float32)
-
     @property
     def is_discrete(self) -> bool:
         return self.kind == "discrete"
@@ -143,13 +135,6 @@ class SpaceSpec:
     def feature_size(self) -> int:
         """Network input width for this space as an observation (Discrete: one-hot n)."""
         return self.n if self.is_discrete else math.prod(self.shape)
-
-    def low_array(self) -> np.ndarray:
-        return np.asarray(self.low, np.float32)
-
-    def high_array(self) -> np.ndarray:
-        return np.asarray(self.high, np.float32)
-
 
 # ---------------------------------------------------------------- validation
 def check_discrete(values: np.ndarray, n: int, what: str) -> str | None:

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import hmac
 import itertools
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.codec import BadMessage, Message
-from rlinkd.client_lib.protocol.records import concat_records
+from rlinkd.client_lib.protocol.records import concat_records, fragment_records
 from rlinkd.client_lib.protocol.spaces import SpaceSpec
-from rlinkd.daemon.collector.ingest import (EpisodeStats, EpisodeTracker, Limits, fragment_records,
-                                     validate_fragment)
+from rlinkd.daemon.collector.ingest import EpisodeStats, EpisodeTracker, Limits, validate_fragment
 from rlinkd.daemon.config import Config
 from rlinkd.shm.records import StepLayout
 
@@ -37,7 +35,6 @@ class Session:
     peer: str
     transport: str
     authenticated: bool
-    opened_at: float = field(default_factory=time.monotonic)
     is_sampler: bool = False
     is_shm: bool = False
     waits_for_state: bool = False  # has sent EPISODES_AND_GET_STATE: an on-policy sampler

@@ -15,7 +15,6 @@ import numpy as np
 
 from rlinkd.client_lib.protocol.codec import BadMessage, EpisodeFragment
 from rlinkd.client_lib.protocol.spaces import SpaceSpec, check_values
-from rlinkd.client_lib.protocol.records import fragment_records  # noqa: F401 - re-exported for the collector
 
 
 F32_MAX = float(np.finfo(np.float32).max)

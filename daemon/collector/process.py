@@ -20,7 +20,6 @@ from rlinkd.daemon.collector.shm_server import ShmIngestor
 from rlinkd.daemon.collector.status import StatusBuilder
 from rlinkd.daemon.collector.weights import WeightsCache
 from rlinkd.daemon.errors import ExitCode
-from rlinkd.daemon.ipc import Inbox
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import RoleContext
 from rlinkd.daemon.tls import server_context
@@ -138,4 +137,4 @@ def run(topo: Topology, ctx: RoleContext) -> ExitCode:
     return ExitCode.OK
 
 
-__all__ = ["run", "CollectorProcess", "Inbox"]
+__all__ = ["run", "CollectorProcess"]

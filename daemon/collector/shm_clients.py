@@ -38,7 +38,6 @@ class ShmSession:
     open_return: float = 0.0
     open_length: int = 0
     last_ingest_id: int = 0
-    drained: int = 0
     done_episodes: list = field(default_factory=list)
     refused: str | None = None     # why its ring was found bad; never read again
     leaving: bool = False          # its connection closed: only the detach drain reads it now
@@ -104,7 +103,6 @@ class ShmClients:
             shm.refused = str(exc)
             raise
         if len(rec):
-            shm.drained += len(rec)
             shm.done_episodes.extend(self._episodes(shm, rec))
         return rec
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
-import time
 
 import numpy as np
 
@@ -36,20 +35,17 @@ class WeightsCache:
         self.writer = OnnxWeightWriter(spec)
         self.seq_no = -1
         self.frame: bytes | None = None
-        self.encode_ms = 0.0
         self._flat = np.empty(spec.n_params(), np.float32)
 
     def refresh(self) -> bool:
         """Re-encode if the board holds a newer version; True when the frame changed."""
         if self.board.latest_seq_no() == self.seq_no:
             return False
-        t0 = time.perf_counter()
         seq, flat = self.board.read(self._flat)
         onnx_bytes = self.writer.encode(flat)
         msg = codec.SetState(weights_seq_no=seq, onnx_file=set_state_payload(onnx_bytes),
                              onnx_sha256=hashlib.sha256(onnx_bytes).hexdigest())
         self.frame, self.seq_no = codec.encode(msg), seq
-        self.encode_ms = (time.perf_counter() - t0) * 1e3
         return True
 
     @property

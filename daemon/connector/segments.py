@@ -128,9 +128,5 @@ class SegmentAssembler:
         self.open[stream] = [rec[-1:]]
         return [segment_from_records(np.concatenate([rec[:-1], final]))]
 
-    def drop_stream(self, stream: int) -> int:
-        """Forget a stream's open steps (its client went away); returns how many."""
-        return sum(len(p) for p in self.open.pop(stream, []))
-
     def open_steps(self) -> int:
         return sum(len(p) for parts in self.open.values() for p in parts)

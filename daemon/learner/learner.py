@@ -80,7 +80,6 @@ class Learner:
         self.ent_coef = float(hp.ent_coef)
         self.updates = 0
         self.trained_steps = 0
-        self.skipped_steps = 0  # minibatch steps skipped for a non-finite loss or gradient
         self._rng = np.random.default_rng((seed, 1))  # minibatch shuffling
 
     # ----------------------------------------------------------------- training
@@ -148,8 +147,7 @@ class Learner:
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), hp.max_grad_norm)
         if not (math.isfinite(info["loss"]) and bool(torch.isfinite(grad_norm))):
-            self.skipped_steps += 1  # extreme data: skip the step rather than poison the model
-            return info
+            return info  # extreme data: skip the step rather than poison the model
         grad_norms.append(grad_norm)
         self.optimizer.step()
         return info

@@ -13,9 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import socket
-import tempfile
 
 import gymnasium as gym
 import numpy as np
@@ -67,13 +65,6 @@ offsets = st.one_of(st.integers(0, RECORDS_OFFSET - 1),            # the header,
                     st.sampled_from([TAIL_OFFSET, HEAD_OFFSET]),
                     st.integers(RECORDS_OFFSET, RING_BYTES - 1))     # the records
 scribbles = st.lists(st.tuples(offsets, st.binary(min_size=1, max_size=12)), min_size=1, max_size=6)
-
-
-@pytest.fixture(scope="module")
-def shm_dir():
-    directory = tempfile.mkdtemp(prefix="rlkt-fuzz-", dir="/dev/shm")
-    yield directory
-    shutil.rmtree(directory)
 
 
 @settings(max_examples=400, deadline=None, database=None,

@@ -12,7 +12,7 @@ from rlinkd.client_lib.protocol import policy_spec as ps
 from rlinkd.client_lib.protocol.codec import EpisodeFragment
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.spaces import SpaceSpec, to_features
-from rlinkd.daemon.collector.ingest import fragment_records
+from rlinkd.client_lib.protocol.records import fragment_records
 from rlinkd.daemon.connector import pipeline as pipeline_mod
 from rlinkd.daemon.connector.builder import BatchBuilder, behaviour_versions
 from rlinkd.daemon.connector.pipeline import LearnerPipeline, PipelineContext, load_piece
@@ -142,12 +142,11 @@ def test_flush_marker_alone_sets_the_flag_and_yields_nothing():
     assert asm.add(LAYOUT.empty(0)) == []
 
 
-def test_open_steps_and_drop_stream():
+def test_open_steps():
     rng = np.random.default_rng(3)
     rec = with_ids(fragment_records(make_fragment(rng, 4), LAYOUT, 2, 0), 1)
     asm = SegmentAssembler()
     assert asm.add(rec[:3]) == [] and asm.open_steps() == 3
-    assert asm.drop_stream(2) == 3 and asm.open_steps() == 0 and asm.drop_stream(2) == 0
 
 
 def test_split_segment():

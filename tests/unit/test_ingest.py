@@ -1,13 +1,14 @@
-"""daemon.collector.ingest: fragment validation, step-record layout, episode continuation."""
+"""Fragment validation and episode continuation (daemon.collector.ingest), step records (protocol.records)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from rlinkd.client_lib.protocol.codec import BadMessage, EpisodeFragment
+from rlinkd.client_lib.protocol.records import fragment_records
 from rlinkd.client_lib.protocol.spaces import SpaceSpec
 from rlinkd.daemon.collector.ingest import (EpisodeStats, EpisodeTracker, InvalidEpisode, Limits,
-                                     fragment_records, validate_fragment)
+                                     validate_fragment)
 from rlinkd.shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED, StepLayout
 
 OBS = SpaceSpec.box([2], -10.0, 10.0)

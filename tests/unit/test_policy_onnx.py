@@ -11,6 +11,7 @@ import torch
 
 from rlinkd.client_lib.protocol import policy_spec
 from rlinkd.client_lib.protocol.policy_spec import OnnxWeightWriter, PolicySpec, build_onnx_model
+from rlinkd.daemon.collector.weights import set_state_payload
 from tests.unit.test_policy_spec import BOX, CARTPOLE, random_flat, torch_model
 
 BOX_FLAT_OBS = PolicySpec(obs_size=3, obs_shape=(3,), action_kind="box", action_size=1,
@@ -56,7 +57,7 @@ def test_onnxruntime_matches_torch(spec, batch):
 @pytest.mark.parametrize("spec", SPECS)
 def test_set_state_payload_decodes_like_rllib_client(spec):
     flat = random_flat(spec, seed=12)
-    payload = OnnxWeightWriter(spec).encode_set_state_payload(flat)
+    payload = set_state_payload(OnnxWeightWriter(spec).encode(flat))
     assert isinstance(payload, str)
     # Exactly what RLlib's JSON-era client does with the SET_STATE payload:
     session = ort.InferenceSession(gzip.decompress(base64.b64decode(payload)))
@@ -68,7 +69,7 @@ def test_set_state_payload_decodes_like_rllib_client(spec):
 def test_payload_is_deterministic():
     writer = OnnxWeightWriter(CARTPOLE)
     flat = random_flat(CARTPOLE)
-    assert writer.encode_set_state_payload(flat) == writer.encode_set_state_payload(flat.copy())
+    assert set_state_payload(writer.encode(flat)) == set_state_payload(writer.encode(flat.copy()))
 
 
 @pytest.mark.parametrize("spec", [CARTPOLE, BOX])

@@ -5,7 +5,6 @@ Fails (never skips) while README.md is missing or out of date: regenerate the ta
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 from rlinkd.daemon.config import docs_markdown
 

@@ -1,21 +1,13 @@
 """BlobArea: round trip, generations, capacity limit, sha256 mismatch, header checks."""
 
 import os
-import shutil
-import tempfile
 import threading
 
 import pytest
 
 from rlinkd.shm.blob import BLOB_HEADER, PAYLOAD_OFFSET, BlobArea
 from rlinkd.shm.errors import ChecksumError, LayoutError, PayloadTooLarge, ShmError
-
-
-@pytest.fixture
-def shm_dir():
-    directory = tempfile.mkdtemp(prefix="rlkt-blob-", dir="/dev/shm")
-    yield directory
-    shutil.rmtree(directory)
+from tests.unit.shm_helpers import set_header_field
 
 
 @pytest.fixture
@@ -69,8 +61,6 @@ def test_read_waits_out_an_unfinished_write(blob):
     (3, 0, r"writer_pid 0 in .*/blob: header was never completed"),
 ])
 def test_attach_refuses_bad_headers(blob, index, value, message):
-    fields = list(BLOB_HEADER.unpack_from(blob.segment.buf, 0))
-    fields[index] = value
-    BLOB_HEADER.pack_into(blob.segment.buf, 0, *fields)
+    set_header_field(blob.segment, BLOB_HEADER, index, value)
     with pytest.raises(LayoutError, match=message):
         BlobArea.attach(blob.path)

@@ -3,8 +3,6 @@
 import json
 import multiprocessing as mp
 import os
-import shutil
-import tempfile
 import threading
 import time
 
@@ -13,16 +11,10 @@ import pytest
 
 from rlinkd.shm.board import BOARD_HEADER, WeightsBoard
 from rlinkd.shm.errors import LayoutError
+from tests.unit.shm_helpers import set_header_field
 
 SPAWN = mp.get_context("spawn")
 SPEC = json.dumps({"arch": "mlp", "hidden": [64, 64], "note": "é"}).encode("utf-8")
-
-
-@pytest.fixture
-def shm_dir():
-    directory = tempfile.mkdtemp(prefix="rlkt-board-", dir="/dev/shm")
-    yield directory
-    shutil.rmtree(directory)
 
 
 @pytest.fixture
@@ -68,9 +60,7 @@ def test_wrong_sizes_are_refused(board, shm_dir):
     (4, 0, r"writer_pid 0 in .*/board: header was never completed"),
 ])
 def test_attach_refuses_bad_headers(board, index, value, message):
-    fields = list(BOARD_HEADER.unpack_from(board.segment.buf, 0))
-    fields[index] = value
-    BOARD_HEADER.pack_into(board.segment.buf, 0, *fields)
+    set_header_field(board.segment, BOARD_HEADER, index, value)
     with pytest.raises(LayoutError, match=message):
         WeightsBoard.attach(board.path)
 

@@ -3,8 +3,6 @@
 import itertools
 import multiprocessing as mp
 import os
-import shutil
-import tempfile
 import time
 from multiprocessing import reduction
 
@@ -15,35 +13,16 @@ from hypothesis import strategies as st
 
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.errors import RingFull
-from rlinkd.shm.records import StepLayout
 from rlinkd.shm.ring import StepRing
+from tests.unit.shm_helpers import LAYOUT, assert_numbered, numbered
 
-LAYOUT = StepLayout(4, 1, 2)
 SPAWN = mp.get_context("spawn")
 EXAMPLE_DEADLINE_S = 30.0
 
 
-def numbered(start, count):
-    records = LAYOUT.empty(count)
-    numbers = np.arange(start, start + count)
-    records["weights_seq_no"] = numbers
-    records["obs"][:, 0] = numbers
-    records["reward"] = numbers * 0.5
-    return records
-
-
-def check_numbered(chunk, start):
-    numbers = np.arange(start, start + len(chunk))
-    if not (np.array_equal(chunk["weights_seq_no"], numbers)
-            and np.array_equal(chunk["obs"][:, 0], numbers.astype(np.float32))
-            and np.array_equal(chunk["reward"], (numbers * 0.5).astype(np.float32))):
-        raise AssertionError(f"expected records {start}..{start + len(chunk) - 1}, got "
-                             f"{chunk['weights_seq_no'][:8].tolist()}...")
-
-
 # ---------------------------------------------------------------- consumer worker process
 
-def consume_example(ring, total, sizes, use_peek):
+def consume_example(ring, total, sizes):
     """Read ``total`` numbered records with the given batch sizes; then expect close and nothing more."""
     deadline = time.monotonic() + EXAMPLE_DEADLINE_S
     next_number = 0
@@ -54,13 +33,8 @@ def consume_example(ring, total, sizes, use_peek):
             raise AssertionError(f"consumer stalled at record {next_number} of {total}")
         if ring.is_closed() and not ring.readable_records():
             raise AssertionError(f"ring closed after {next_number} of {total} records")
-        size = sizes[turn % len(sizes)]
-        if use_peek[turn % len(use_peek)]:
-            chunk = np.concatenate(ring.peek(size))
-            ring.consume(len(chunk))
-        else:
-            chunk = ring.read_batch(size)
-        check_numbered(chunk, next_number)
+        chunk = ring.read_batch(sizes[turn % len(sizes)])
+        assert_numbered(chunk, next_number)
         next_number += len(chunk)
     while not ring.is_closed():
         if not ring.wait_readable(deadline - time.monotonic()):
@@ -75,21 +49,14 @@ def consumer_worker(conn):
     bell = Doorbell.create()
     reduction.send_handle(conn, bell.fileno(), os.getppid())
     while (message := conn.recv()) is not None:
-        path, total, sizes, use_peek = message
+        path, total, sizes = message
         ring = StepRing.attach(path, LAYOUT, doorbell=bell, role="consumer")
         try:
-            conn.send((path, "ok", consume_example(ring, total, sizes, use_peek)))
+            conn.send((path, "ok", consume_example(ring, total, sizes)))
         except AssertionError as failure:
             conn.send((path, "failed", str(failure)))
         finally:
             ring.close()
-
-
-@pytest.fixture(scope="module")
-def shm_dir():
-    directory = tempfile.mkdtemp(prefix="rlkt-procs-", dir="/dev/shm")
-    yield directory
-    shutil.rmtree(directory)
 
 
 @pytest.fixture(scope="module")
@@ -153,15 +120,14 @@ batch_sizes = st.lists(st.integers(1, 40) | st.integers(1, 300), min_size=1, max
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(capacity=st.sampled_from([8, 16, 64, 256]), total=st.integers(1, 2500),
-       producer_sizes=batch_sizes, consumer_sizes=batch_sizes,
-       use_peek=st.lists(st.booleans(), min_size=1, max_size=4))
+       producer_sizes=batch_sizes, consumer_sizes=batch_sizes)
 def test_random_interleavings_lose_duplicate_and_reorder_nothing(
-        shm_dir, consumer, capacity, total, producer_sizes, consumer_sizes, use_peek):
+        shm_dir, consumer, capacity, total, producer_sizes, consumer_sizes):
     connection, bell = consumer
     path = os.path.join(shm_dir, f"ring-{time.monotonic_ns()}")
     ring = StepRing.create(path, LAYOUT, capacity, doorbell=bell)
     try:
-        connection.send((path, total, consumer_sizes, use_peek))
+        connection.send((path, total, consumer_sizes))
         produce(ring, total, producer_sizes)
         assert report_for(connection, path) == ("ok", total)
     finally:

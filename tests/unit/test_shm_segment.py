@@ -1,24 +1,15 @@
 """Segment creation, permissions, attach checks, close with live views, sweep_stale."""
 
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import pytest
 
 from rlinkd.shm.errors import LayoutError, SegmentOwnerError
 from rlinkd.shm.segment import Segment, segment_name, sweep_stale
-
-
-@pytest.fixture
-def shm_dir():
-    directory = tempfile.mkdtemp(prefix="rlkt-seg-", dir="/dev/shm")
-    yield directory
-    shutil.rmtree(directory)
 
 
 @pytest.fixture

@@ -2,26 +2,17 @@
 
 import multiprocessing as mp
 import os
-import shutil
 import signal
-import tempfile
 
 import numpy as np
 import pytest
 
 from rlinkd.shm.errors import LayoutError, ShmError
-from rlinkd.shm.slots import FILLING, FREE, READY, SLOTS_HEADER, TRAINING, BatchSlots
+from rlinkd.shm.slots import FILLING, FREE, READY, SLOTS_HEADER, BatchSlots
 
 SPAWN = mp.get_context("spawn")
 COLUMNS = {"obs": ((4,), "float32"), "actions": ((), "int64"), "frames": ((2, 3), "uint8")}
 META = ["weights_seq_no", "n_episodes"]
-
-
-@pytest.fixture
-def shm_dir():
-    directory = tempfile.mkdtemp(prefix="rlkt-slots-", dir="/dev/shm")
-    yield directory
-    shutil.rmtree(directory)
 
 
 @pytest.fixture

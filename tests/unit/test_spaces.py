@@ -66,29 +66,24 @@ def test_from_json_refuses_non_dict():
 
 
 # ---------------------------------------------------------------- gymnasium
-def test_gym_box_round_trip_with_inf_bounds():
+def test_gym_box_with_inf_bounds():
     low = np.array([-4.8, -np.inf, -0.41887903, -np.inf], np.float32)
     space = gym.spaces.Box(low, -low, dtype=np.float32)
     spec = SpaceSpec.from_gym(space)
     assert spec.shape == (4,) and spec.low[1] == -INF and spec.high[3] == INF
-    back = spec.to_gym()
-    assert isinstance(back, gym.spaces.Box) and back.shape == (4,) and back.dtype == np.float32
-    np.testing.assert_array_equal(back.low, space.low)
-    np.testing.assert_array_equal(back.high, space.high)
-    assert SpaceSpec.from_gym(back) == spec  # float32-exact bounds survive both ways
+    np.testing.assert_array_equal(np.float32(spec.low), space.low)  # float32-exact bounds
+    np.testing.assert_array_equal(np.float32(spec.high), space.high)
 
 
 def test_gym_box_multi_dimensional():
     space = gym.spaces.Box(0.0, 1.0, shape=(2, 3), dtype=np.float32)
     spec = SpaceSpec.from_gym(space)
-    assert spec.shape == (2, 3) and spec.low == (0.0,) * 6
-    assert spec.to_gym() == space
+    assert spec.shape == (2, 3) and spec.low == (0.0,) * 6 and spec.high == (1.0,) * 6
 
 
-def test_gym_discrete_round_trip_and_start_refused():
+def test_gym_discrete_and_start_refused():
     spec = SpaceSpec.from_gym(gym.spaces.Discrete(5))
     assert spec == SpaceSpec.discrete(5)
-    assert spec.to_gym() == gym.spaces.Discrete(5)
     with pytest.raises(SpaceError, match="start"):
         SpaceSpec.from_gym(gym.spaces.Discrete(3, start=1))
     with pytest.raises(SpaceError, match="unsupported"):
