@@ -240,3 +240,79 @@ def test_state_dict_is_a_snapshot():
     torch.testing.assert_close(state["optimizer"]["exp_avg"][0], saved, rtol=0, atol=0)
     with pytest.raises(ValueError):
         learner.load_state_dict({**state, "format_version": 999})
+
+
+# ---------------------------------------------------------------- issue 16 (tests first)
+def test_resume_keeps_configured_hparams_and_restores_optimizer_state():
+    """The config wins for hyperparameters, the checkpoint for state."""
+    saved_from = Learner(CARTPOLE, HP(lr=1e-3, ent_coef=0.0), device="cpu", seed=0)
+    saved_from.update(make_batch(CARTPOLE, saved_from, seed=0))  # lr A, ent_coef A
+    state = saved_from.state_dict()
+    resumed = Learner(CARTPOLE, HP(lr=5e-4, ent_coef=0.02), device="cpu", seed=5)  # B
+    resumed.load_state_dict(state)
+    assert resumed.optimizer.param_groups[0]["lr"] == 5e-4
+    assert resumed.ent_coef == 0.02
+    assert resumed.optimizer.step_count == saved_from.optimizer.step_count > 0
+    for mine, saved in zip(resumed.optimizer.exp_avg_sq, saved_from.optimizer.exp_avg_sq):
+        torch.testing.assert_close(mine, saved, rtol=0, atol=0)
+    saved_from.set_hparams(lr=5e-4, ent_coef=0.02)  # the same state, trained with B
+    batch = make_batch(CARTPOLE, saved_from, seed=1)
+    saved_from.update(batch), resumed.update(batch)
+    np.testing.assert_array_equal(resumed.flat_weights(), saved_from.flat_weights())
+
+
+def first_step_infos(learner):
+    """Record the stats of the first minibatch step of every update (wraps _sgd_step)."""
+    seen, step = [], learner._sgd_step
+
+    def recording(data, idx, grad_norms):
+        info = step(data, idx, grad_norms)
+        seen.append(info)
+        return info
+    learner._sgd_step = recording
+    firsts = []
+    real_update = learner.update
+
+    def update(batch, *args, **kwargs):
+        seen.clear()
+        stats = real_update(batch, *args, **kwargs)
+        firsts.append(seen[0])
+        return stats
+    learner.update = update
+    return firsts
+
+
+def test_normaliser_moves_after_the_update_so_the_first_ratio_is_one():
+    """The batch's logp/values came from the published weights, normaliser buffers included:
+    `update` trains under those buffers and folds the batch's obs in only afterwards."""
+    learner = Learner(CARTPOLE, HP(normalize_observations=True, lr=1e-3), device="cpu")
+    firsts = first_step_infos(learner)
+    for seed in range(3):
+        batch = make_batch(CARTPOLE, learner, seed=seed)  # logp/values from the current weights
+        batch["obs"] = (3.0 * batch["obs"] + 5.0).astype(np.float32)
+        dist = CARTPOLE.actor_forward(learner.flat_weights(), batch["obs"])
+        batch["logp"] = CARTPOLE.log_prob(dist, batch["actions"])
+        batch["values"] = CARTPOLE.value_forward(learner.flat_weights(), batch["obs"])
+        before = learner.flat_weights()
+        learner.update(batch)
+        assert firsts[-1]["approx_kl"] < 1e-6 and firsts[-1]["clip_frac"] == 0.0, firsts[-1]
+        moved = CARTPOLE.split_flat(learner.flat_weights())["obs_mean"]
+        assert not np.allclose(moved, CARTPOLE.split_flat(before)["obs_mean"])  # it did move
+        if seed == 0:  # not vacuous: under the moved normaliser the ratio would be far from 1
+            params = CARTPOLE.split_flat(before)
+            params["obs_mean"], params["obs_std"] = moved, CARTPOLE.split_flat(
+                learner.flat_weights())["obs_std"]
+            shifted = np.concatenate([params[name].reshape(-1)
+                                      for name, _ in CARTPOLE.param_layout()])
+            logp = CARTPOLE.log_prob(CARTPOLE.actor_forward(shifted, batch["obs"]), batch["actions"])
+            assert np.abs(logp - batch["logp"]).mean() > 0.01
+    assert learner.normalizer.count == 3 * 512
+
+
+def test_update_reports_progress_after_every_minibatch_step():
+    """The learner process heart-beats from this hook, so a long update is not a hang."""
+    learner = Learner(CARTPOLE, HP(num_epochs=3, minibatch_size=100), device="cpu")
+    batch = make_batch(CARTPOLE, learner, n=512)
+    steps = []
+    learner.update(batch, on_step=lambda: steps.append(learner.optimizer.step_count))
+    assert steps == list(range(1, 3 * 6 + 1))  # ceil(512 / 100) = 6 minibatches per epoch
