@@ -61,4 +61,6 @@ def test_restarted_learner_trains_with_the_reloaded_lr_not_the_checkpoints(daemo
                        what="batches trained by the restarted learner")
     client.stop()
     assert trained["learner"]["lr"] == 0.0005 and trained["learner"]["ent_coef"] == 0.01
+    (line,) = [x for x in d.log().splitlines() if '"event": "hparams_from_config"' in x]
+    assert '"checkpoint_lr": 0.001' in line and '"lr": 0.0005' in line, line
     d.remember_children()
