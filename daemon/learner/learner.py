@@ -47,6 +47,10 @@ def _make_adam(model: torch.nn.Module, lr: float) -> Adam:
     return Adam(model.parameters(), lr=lr, eps=1e-5)
 
 
+def _no_progress() -> None:
+    """The default `Learner.update` progress hook: nobody is listening."""
+
+
 def _cpu_clone(obj: Any) -> Any:
     """Deep copy of nested dicts/lists/tuples with every tensor cloned to the CPU."""
     if isinstance(obj, torch.Tensor):
@@ -86,7 +90,7 @@ class Learner:
 
     # ----------------------------------------------------------------- training
     def update(self, batch: dict[str, np.ndarray],
-               on_step: Callable[[], None] | None = None) -> dict[str, float]:
+               on_step: Callable[[], None] = _no_progress) -> dict[str, float]:
         """Run PPO epochs of minibatch SGD on one batch, then fold its observations into the
         normaliser; return mean stats over the steps. Called by the learner process once per
         train batch; `on_step()` after every minibatch step (the process heart-beats from it,
@@ -94,7 +98,7 @@ class Learner:
 
         `batch` holds numpy arrays (see ``batch_schema.COLUMNS``): obs [N, obs_size], actions
         [N] or [N, A], logp, advantages (already normalised), value_targets, values, each [N].
-        Stops after the epoch whose mean approx_kl exceeds hp.target_kl (None or 0 = never);
+        Stops after the epoch whose mean approx_kl exceeds hp.target_kl (0 = never);
         at least one epoch always runs. Raises ValueError on missing keys, wrong shapes or
         non-finite data (the model and normaliser are then untouched).
         """
@@ -102,16 +106,7 @@ class Learner:
         data = self._to_tensors(batch)
         backup = self.model.flat_weights()
         n_rows = data["obs"].shape[0]
-        per_step, grad_norms, epochs = [], [], 0
-        for epochs in range(1, self.hp.num_epochs + 1):
-            epoch_infos = []
-            for idx in self._minibatches(n_rows):
-                epoch_infos.append(self._sgd_step(data, idx, grad_norms))
-                if on_step is not None:
-                    on_step()
-            per_step += epoch_infos
-            if self._kl_exceeded(epoch_infos):
-                break
+        per_step, grad_norms, epochs = self._epochs(data, n_rows, on_step)
         if not np.all(np.isfinite(self.model.flat_weights())):
             self._restore(backup)
             raise ValueError("the update produced non-finite weights; batch rejected")
@@ -126,6 +121,20 @@ class Learner:
         stats["update_time_s"] = time.perf_counter() - start
         return stats
 
+    def _epochs(self, data: dict[str, torch.Tensor], n_rows: int, on_step: Callable[[], None]
+                ) -> tuple[list[dict[str, float]], list[torch.Tensor], int]:
+        """Up to hp.num_epochs shuffled passes; (per-step stats, grad norms, epochs run)."""
+        per_step, grad_norms, epochs = [], [], 0
+        for epochs in range(1, self.hp.num_epochs + 1):
+            epoch_infos = []
+            for idx in self._minibatches(n_rows):
+                epoch_infos.append(self._sgd_step(data, idx, grad_norms))
+                on_step()
+            per_step += epoch_infos
+            if self._kl_exceeded(epoch_infos):
+                break
+        return per_step, grad_norms, epochs
+
     def _restore(self, flat: np.ndarray) -> None:
         """Back to the weights before a failed update, with fresh optimizer moments."""
         self.model.load_flat(flat)
@@ -134,7 +143,7 @@ class Learner:
 
     def _kl_exceeded(self, epoch_infos: list[dict[str, float]]) -> bool:
         target_kl = self.hp.target_kl
-        if not target_kl:  # None or 0: never stop early
+        if not target_kl:  # 0: never stop early
             return False
         return float(np.mean([info["approx_kl"] for info in epoch_infos])) > target_kl
 
