@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -79,7 +79,7 @@ class BatchMeta:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_slot_meta(cls, meta: dict[str, int]) -> "BatchMeta":
+    def from_slot_meta(cls, meta: dict[str, int]) -> BatchMeta:
         """TypeError when the slot's fields are not exactly ours."""
         return cls(**meta)
 
