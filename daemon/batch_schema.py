@@ -9,8 +9,8 @@ field. Pure: numpy and the policy spec only.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
