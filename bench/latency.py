@@ -122,8 +122,7 @@ def off_policy_replies(n: int, pace_s: float = 0.2) -> dict:
 def _trained_learner(cfg, spec):
     """A real Learner (default hyperparameters) after one update on a 1,024-row batch."""
     from rlinkd.daemon.learner.learner import Learner
-    from rlinkd.daemon.learner.process import hparams
-    learner = Learner(spec, hparams(cfg), device="cpu", seed=0)
+    learner = Learner(spec, cfg.ppo, device="cpu", seed=0, torch_threads=cfg.learner.torch_threads)
     rng = np.random.default_rng(0)
     n = 1024
     batch = {"obs": rng.uniform(-0.2, 0.2, (n, 4)).astype(np.float32),

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.daemon.batch_schema import META_FIELDS, slot_columns
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.ipc import Inbox, SharedFd
 from rlinkd.shm.doorbell import Doorbell
@@ -38,8 +39,6 @@ from rlinkd.shm.slots import BatchSlots
 ROLES = ("collector", "connector", "learner", "checkpointer")
 COUNTERS = ("env_steps", "episodes")  # kept by the collector, saved in every checkpoint
 SHM_PREFIX = "rlinkd"
-BATCH_META = ("ingest_cutoff", "episodes", "dropped_episodes", "values_seq_no", "behaviour_min",
-              "behaviour_sum", "behaviour_steps")
 
 
 @dataclass
@@ -114,13 +113,6 @@ def make_policy_spec(cfg: Config, obs: SpaceSpec, act: SpaceSpec) -> PolicySpec:
         log_std_init=cfg.ppo.log_std_init)
 
 
-def train_batch_columns(spec: PolicySpec, obs: SpaceSpec, act: SpaceSpec) -> dict:
-    """Columns of a train-batch slot (connector writes, learner reads)."""
-    return {"obs": ((spec.obs_size,), "float32"), "actions": ((act.flat_size,), "float32"),
-            "logp": ((), "float32"), "advantages": ((), "float32"),
-            "value_targets": ((), "float32"), "values": ((), "float32")}
-
-
 def build_topology(cfg: Config) -> Topology:
     """Create every inbox and segment of one daemon instance (called once, by the supervisor)."""
     obs, act = resolve_spaces(cfg)
@@ -137,8 +129,8 @@ def build_topology(cfg: Config) -> Topology:
     WeightsBoard.create(path("board"), spec.n_params(), _spec_json(spec)).close()
     # connector → learner: train batches; the learner inbox only carries slot doorbells
     rows = 2 * cfg.sampling.train_batch_size + cfg.sampling.env_steps_per_sample + 1024
-    BatchSlots.create(path("slots"), train_batch_columns(spec, obs, act), rows,
-                      cfg.sampling.batch_slots, meta_fields=BATCH_META).close()
+    BatchSlots.create(path("slots"), slot_columns(spec), rows, cfg.sampling.batch_slots,
+                      meta_fields=META_FIELDS).close()
     # learner → checkpointer: one serialised snapshot (model, optimizer, RNG, counters)
     BlobArea.create(path("snapshot"), cfg.checkpoint.snapshot_bytes).close()
     inboxes = {name: Inbox(name) for name in (*ROLES, "supervisor")}

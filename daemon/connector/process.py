@@ -15,6 +15,7 @@ import numpy as np
 import structlog
 
 from rlinkd.daemon import messages as m
+from rlinkd.daemon.batch_schema import BatchMeta, write_columns
 from rlinkd.daemon.connector.builder import BatchBuilder, behaviour_versions
 from rlinkd.daemon.connector.pipeline import LearnerPipeline, PipelineContext
 from rlinkd.daemon.connector.segments import SegmentAssembler
@@ -30,7 +31,6 @@ from rlinkd.shm.slots import READY, TRAINING, BatchSlots
 log = structlog.get_logger("connector")
 READ_CHUNK = 1 << 15
 WAIT_S = 0.05
-SLOT_COLUMNS = ("obs", "actions", "logp", "advantages", "value_targets", "values")
 
 
 class Connector:
@@ -80,11 +80,10 @@ class Connector:
         plan = self.builder.take(seq, self.assembler.max_ingest_id)
         rows = self._fill(slot, plan.segments, seq) if plan.segments else 0
         oldest, total, known = behaviour_versions(plan.segments)
-        self.slots.mark_ready(slot, rows, {"ingest_cutoff": plan.cutoff,
-                                           "episodes": len(plan.segments),
-                                           "dropped_episodes": plan.dropped_episodes,
-                                           "values_seq_no": seq, "behaviour_min": oldest,
-                                           "behaviour_sum": total, "behaviour_steps": known})
+        meta = BatchMeta(ingest_cutoff=plan.cutoff, episodes=len(plan.segments),
+                         dropped_episodes=plan.dropped_episodes, values_seq_no=seq,
+                         behaviour_min=oldest, behaviour_sum=total, behaviour_steps=known)
+        self.slots.mark_ready(slot, rows, meta.as_slot_meta())
         self.ctx.send("learner", m.BatchReady(slot))
 
     def _fill(self, slot: int, segments, seq: int) -> int:
@@ -92,12 +91,7 @@ class Connector:
         pctx = PipelineContext(self.topo.obs_space, self.topo.act_space, self.topo.policy_spec,
                                self.weights, seq, cfg.ppo.gamma, cfg.ppo.gae_lambda,
                                cfg.ppo.normalize_advantages)
-        batch = self.pipeline(segments, pctx)
-        rows = len(batch["advantages"])
-        columns = self.slots.columns(slot)
-        for name in SLOT_COLUMNS:
-            columns[name][:rows] = batch[name].reshape(columns[name][:rows].shape)
-        return rows
+        return write_columns(self.slots.columns(slot), self.pipeline(segments, pctx))
 
     def _maybe_report(self) -> None:
         now = time.monotonic()

@@ -6,22 +6,23 @@ instance and calls `update(batch)` once per training batch from a single thread.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.daemon.batch_schema import COLUMN_NAMES, PER_ROW_COLUMNS
+from rlinkd.daemon.config import PPOConfig
 from rlinkd.daemon.learner.adam import Adam
 from rlinkd.daemon.learner.model import ActorCritic, ObsNormalizer
 from rlinkd.daemon.learner.ppo import ppo_loss
 
 STATE_FORMAT_VERSION = 1
-BATCH_KEYS = ("obs", "actions", "logp", "advantages", "value_targets", "values")
-_PER_ROW_KEYS = ("logp", "advantages", "value_targets", "values")
 _STAT_KEYS = ("loss", "pg_loss", "vf_loss", "entropy", "approx_kl", "clip_frac")
 
 
@@ -46,6 +47,10 @@ def _make_adam(model: torch.nn.Module, lr: float) -> Adam:
     return Adam(model.parameters(), lr=lr, eps=1e-5)
 
 
+def _no_progress() -> None:
+    """The default `Learner.update` progress hook: nobody is listening."""
+
+
 def _cpu_clone(obj: Any) -> Any:
     """Deep copy of nested dicts/lists/tuples with every tensor cloned to the CPU."""
     if isinstance(obj, torch.Tensor):
@@ -58,18 +63,19 @@ def _cpu_clone(obj: Any) -> Any:
 
 
 class Learner:
-    """PPO on an `ActorCritic` built from `spec`.
+    """PPO on an `ActorCritic` built from `spec`, with the [ppo] settings `hp`.
 
-    `hp` is duck-typed: lr, gamma, gae_lambda, clip_coef, vf_coef, ent_coef, num_epochs,
-    minibatch_size, max_grad_norm, clip_vloss, target_kl (None or 0 = off),
-    normalize_observations, torch_threads (<= 0 keeps torch's default). Other attributes are read at each update, so
-    only lr and ent_coef need `set_hparams` to change live. Construction seeds the
-    process-global torch and python RNGs with `seed` (the learner owns its process).
+    `self.hp` is the one source of the hyperparameters: read at every minibatch (gamma,
+    gae_lambda and normalize_advantages are the connector's and unused here); `set_hparams`
+    changes lr and ent_coef live. `device`, `seed` and `torch_threads` (<= 0 keeps torch's
+    default) are the [learner] settings. Construction seeds the process-global torch and
+    python RNGs with `seed` (the learner owns its process).
     """
 
-    def __init__(self, spec: PolicySpec, hp: Any, device: str = "auto", seed: int = 0) -> None:
-        if hp.torch_threads > 0:
-            torch.set_num_threads(hp.torch_threads)
+    def __init__(self, spec: PolicySpec, hp: PPOConfig, device: str = "auto", seed: int = 0,
+                 torch_threads: int = 0) -> None:
+        if torch_threads > 0:
+            torch.set_num_threads(torch_threads)
         torch.manual_seed(seed)
         random.seed(seed)
         self.spec, self.hp = spec, hp
@@ -77,35 +83,33 @@ class Learner:
         self.model = ActorCritic(spec, init_seed=seed).to(self.device)
         self.optimizer = _make_adam(self.model, hp.lr)
         self.normalizer = ObsNormalizer(spec.obs_size) if hp.normalize_observations else None
-        self.ent_coef = float(hp.ent_coef)
         self.updates = 0
         self.trained_steps = 0
         self._rng = np.random.default_rng((seed, 1))  # minibatch shuffling
 
     # ----------------------------------------------------------------- training
-    def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        """Run PPO epochs of minibatch SGD on one batch; return mean stats over the steps.
+    def update(self, batch: dict[str, np.ndarray],
+               on_step: Callable[[], None] = _no_progress) -> dict[str, float]:
+        """Run PPO epochs of minibatch SGD on one batch, then fold its observations into the
+        normaliser; return mean stats over the steps. Called by the learner process once per
+        train batch; `on_step()` after every minibatch step (the process heart-beats from it,
+        so an update is never silent for longer than one minibatch step).
 
-        `batch` holds numpy arrays (see BATCH_KEYS): obs [N, obs_size], actions [N] or
-        [N, A], logp, advantages (already normalised), value_targets, values, each [N].
-        Stops after the epoch whose mean approx_kl exceeds hp.target_kl (None or 0 = never);
-        at least one epoch always runs. Raises ValueError on missing keys, wrong shapes or non-finite data
-        (the model is then untouched).
+        `batch` holds numpy arrays (see ``batch_schema.COLUMNS``): obs [N, obs_size], actions
+        [N] or [N, A], logp, advantages (already normalised), value_targets, values, each [N].
+        Stops after the epoch whose mean approx_kl exceeds hp.target_kl (0 = never);
+        at least one epoch always runs. Raises ValueError on missing keys, wrong shapes or
+        non-finite data (the model and normaliser are then untouched).
         """
         start = time.perf_counter()
         data = self._to_tensors(batch)
         backup = self.model.flat_weights()
         n_rows = data["obs"].shape[0]
-        per_step, grad_norms, epochs = [], [], 0
-        for epochs in range(1, self.hp.num_epochs + 1):
-            epoch_infos = [self._sgd_step(data, idx, grad_norms)
-                           for idx in self._minibatches(n_rows)]
-            per_step += epoch_infos
-            if self._kl_exceeded(epoch_infos):
-                break
+        per_step, grad_norms, epochs = self._epochs(data, n_rows, on_step)
         if not np.all(np.isfinite(self.model.flat_weights())):
             self._restore(backup)
             raise ValueError("the update produced non-finite weights; batch rejected")
+        self._fold_into_normalizer(batch["obs"])
         self.updates += 1
         self.trained_steps += n_rows
         stats = {k: float(np.mean([info[k] for info in per_step])) for k in _STAT_KEYS}
@@ -116,6 +120,20 @@ class Learner:
         stats["update_time_s"] = time.perf_counter() - start
         return stats
 
+    def _epochs(self, data: dict[str, torch.Tensor], n_rows: int, on_step: Callable[[], None]
+                ) -> tuple[list[dict[str, float]], list[torch.Tensor], int]:
+        """Up to hp.num_epochs shuffled passes; (per-step stats, grad norms, epochs run)."""
+        per_step, grad_norms, epochs = [], [], 0
+        for epochs in range(1, self.hp.num_epochs + 1):
+            epoch_infos = []
+            for idx in self._minibatches(n_rows):
+                epoch_infos.append(self._sgd_step(data, idx, grad_norms))
+                on_step()
+            per_step += epoch_infos
+            if self._kl_exceeded(epoch_infos):
+                break
+        return per_step, grad_norms, epochs
+
     def _restore(self, flat: np.ndarray) -> None:
         """Back to the weights before a failed update, with fresh optimizer moments."""
         self.model.load_flat(flat)
@@ -124,7 +142,7 @@ class Learner:
 
     def _kl_exceeded(self, epoch_infos: list[dict[str, float]]) -> bool:
         target_kl = self.hp.target_kl
-        if not target_kl:  # None or 0: never stop early
+        if not target_kl:  # 0: never stop early
             return False
         return float(np.mean([info["approx_kl"] for info in epoch_infos])) > target_kl
 
@@ -141,7 +159,7 @@ class Learner:
         hp = self.hp
         loss, info = ppo_loss(new_logp, mb["logp"], mb["advantages"], new_values,
                               mb["value_targets"], entropy, clip_coef=hp.clip_coef,
-                              vf_coef=hp.vf_coef, ent_coef=self.ent_coef, old_values=mb["values"],
+                              vf_coef=hp.vf_coef, ent_coef=hp.ent_coef, old_values=mb["values"],
                               vf_clip=hp.clip_coef if hp.clip_vloss else None)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -154,7 +172,7 @@ class Learner:
 
     def _to_tensors(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """Validate and move the whole batch to the device once."""
-        missing = [k for k in BATCH_KEYS if k not in batch]
+        missing = [k for k in COLUMN_NAMES if k not in batch]
         if missing:
             raise ValueError(f"batch is missing {missing}")
         obs = np.asarray(batch["obs"], np.float32)
@@ -162,7 +180,7 @@ class Learner:
         if n == 0 or obs.size != n * self.spec.obs_size:
             raise ValueError(f"obs has shape {obs.shape}, expected [N>0, {self.spec.obs_size}]")
         arrays = {"obs": obs.reshape(n, self.spec.obs_size), "actions": self._actions(batch, n)}
-        for key in _PER_ROW_KEYS:
+        for key in PER_ROW_COLUMNS:
             arrays[key] = np.asarray(batch[key], np.float32)
             if arrays[key].shape != (n,):
                 raise ValueError(f"{key} has shape {arrays[key].shape}, expected ({n},)")
@@ -190,21 +208,34 @@ class Learner:
         """Current weights, float32, in `spec.param_layout()` order (a copy)."""
         return self.model.flat_weights()
 
+    def live_hparams(self) -> dict[str, float]:
+        """The hyperparameters a reload may change, as trained with from the next minibatch."""
+        return {"lr": float(self.hp.lr), "ent_coef": float(self.hp.ent_coef)}
+
     def set_hparams(self, lr: float | None = None, ent_coef: float | None = None) -> None:
         """Change the learning rate and/or entropy coefficient from the next minibatch on.
         ValueError (nothing changed) on a negative or non-finite value."""
-        for name, value in (("lr", lr), ("ent_coef", ent_coef)):
-            if value is not None and not (math.isfinite(value) and value >= 0):
+        changes = {name: float(value) for name, value in (("lr", lr), ("ent_coef", ent_coef))
+                   if value is not None}
+        for name, value in changes.items():
+            if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
-        if lr is not None:
-            for group in self.optimizer.param_groups:
-                group["lr"] = float(lr)
-        if ent_coef is not None:
-            self.ent_coef = float(ent_coef)
+        self.hp = dataclasses.replace(self.hp, **changes)
+        self._apply_lr()
 
-    def update_obs_normalizer(self, obs: np.ndarray) -> None:
-        """Fold obs [N, obs_size] into the running statistics and copy them into the model.
-        Call before `update` on the same batch. No-op when normalize_observations is off."""
+    def _apply_lr(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = float(self.hp.lr)
+
+    def _fold_into_normalizer(self, obs: np.ndarray) -> None:
+        """Fold obs [N, obs_size] into the running statistics and copy them into the model
+        (no-op when normalize_observations is off). Called by `update`, AFTER its SGD steps:
+        the batch's logp and values were computed with the published weights, whose
+        normaliser buffers are part of them; training under those same buffers makes the
+        PPO ratio exactly 1 at the first minibatch and clips the value loss around the
+        baseline the values really came from. Moving the normaliser first would make every
+        batch look off-policy by the normaliser's shift. The new statistics then ship with
+        the weights published after this update, so the next batch is consistent again."""
         if self.normalizer is None:
             return
         self.normalizer.update(obs)
@@ -219,25 +250,30 @@ class Learner:
             "model": _cpu_clone(self.model.state_dict()),
             "optimizer": _cpu_clone(self.optimizer.state_dict()),
             "normalizer": self.normalizer.state_dict() if self.normalizer else None,
-            "ent_coef": self.ent_coef,
+            "ent_coef": self.hp.ent_coef,  # informational: `load_state_dict` keeps its own
             "updates": self.updates,
             "trained_steps": self.trained_steps,
             "rng": self._rng_state(),
         }
 
-    def load_state_dict(self, d: dict) -> None:
-        """Restore a `state_dict()` (including live lr/ent_coef and the global RNGs).
-        Normaliser statistics load only when normalisation is on here and in `d`; the model
-        buffers always carry the saved mean/std. Raises ValueError on an unknown format."""
+    def load_state_dict(self, d: dict) -> dict[str, float]:
+        """Restore the STATE of a `state_dict()`: weights, optimizer moments and step count,
+        normaliser statistics, update counters and the RNGs. The HYPERPARAMETERS stay this
+        learner's (the config's): the saved lr and ent_coef are returned, not applied, so the
+        caller can log what the config overrode. Normaliser statistics load only when
+        normalisation is on here and in `d`; the model buffers always carry the saved
+        mean/std. Raises ValueError on an unknown format (then nothing is changed)."""
         if d.get("format_version") != STATE_FORMAT_VERSION:
             raise ValueError(f"unsupported learner state format {d.get('format_version')!r}")
         self.model.load_state_dict(d["model"])
         self.optimizer.load_state_dict(d["optimizer"])
+        self._apply_lr()
         if self.normalizer is not None and d["normalizer"] is not None:
             self.normalizer.load_state_dict(d["normalizer"])
-        self.ent_coef = float(d["ent_coef"])
         self.updates, self.trained_steps = int(d["updates"]), int(d["trained_steps"])
         self._set_rng_state(d["rng"])
+        return {"lr": float(d["optimizer"]["param_groups"][0]["lr"]),
+                "ent_coef": float(d["ent_coef"])}
 
     def _rng_state(self) -> dict:
         version, internal, gauss_next = random.getstate()

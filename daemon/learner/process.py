@@ -12,14 +12,12 @@ from __future__ import annotations
 import io
 import math
 import time
-from types import SimpleNamespace
 
-import numpy as np
 import structlog
 
 from rlinkd.daemon import messages as m
+from rlinkd.daemon.batch_schema import BatchMeta, read_columns
 from rlinkd.daemon.checkpoint.store import read_checkpoint_file
-from rlinkd.daemon.config import Config
 from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import BootError, RoleContext
@@ -30,19 +28,6 @@ from rlinkd.shm.slots import BatchSlots
 
 log = structlog.get_logger("learner")
 IDLE_WAIT_S = 0.25
-BATCH_COLUMNS = ("obs", "actions", "logp", "advantages", "value_targets", "values")
-
-
-def hparams(cfg: Config) -> SimpleNamespace:
-    """The Learner's hyperparameters from [ppo] and [learner]."""
-    p = cfg.ppo
-    return SimpleNamespace(
-        lr=p.lr, gamma=p.gamma, gae_lambda=p.gae_lambda, clip_coef=p.clip_coef,
-        vf_coef=p.vf_coef, ent_coef=p.ent_coef, num_epochs=p.num_epochs,
-        minibatch_size=p.minibatch_size, max_grad_norm=p.max_grad_norm,
-        clip_vloss=p.clip_vloss, target_kl=p.target_kl or None,
-        normalize_observations=p.normalize_observations,
-        torch_threads=cfg.learner.torch_threads)
 
 
 class LearnerShell:
@@ -52,8 +37,8 @@ class LearnerShell:
         from rlinkd.daemon.learner.learner import Learner  # torch is imported here, and only here
         self.topo, self.ctx, cfg = topo, ctx, topo.cfg
         try:
-            self.learner = Learner(topo.policy_spec, hparams(cfg), device=cfg.learner.device,
-                                   seed=cfg.learner.seed)
+            self.learner = Learner(topo.policy_spec, cfg.ppo, device=cfg.learner.device,
+                                   seed=cfg.learner.seed, torch_threads=cfg.learner.torch_threads)
         except RuntimeError as exc:
             raise BootError(f"cannot create the learner on device {cfg.learner.device!r}: {exc}")
         self.board = WeightsBoard.attach(topo.board_path)
@@ -89,10 +74,15 @@ class LearnerShell:
             self.seq_no = board_seq
 
     def _resume(self, path: str) -> None:
+        """State from the checkpoint, hyperparameters from the config (which, after a
+        SIGHUP, is the reloaded one): log both so an override is never silent."""
         import torch
         payload = read_checkpoint_file(path, "learner.pt")
         state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
-        self.learner.load_state_dict(state["learner"])
+        saved = self.learner.load_state_dict(state["learner"])
+        live = self.learner.live_hparams()
+        log.info("hparams_from_config", **live, **{f"checkpoint_{k}": v for k, v in saved.items()},
+                 overridden=sorted(k for k in live if live[k] != saved[k]))
         self.seq_no = int(state["weights_seq_no"])
         self.resumed_from = path
 
@@ -108,11 +98,11 @@ class LearnerShell:
 
     def train_slot(self, slot: int) -> None:
         """Train on one slot (or answer an empty flush), publish, release, notify."""
-        rows, meta = self.slots.rows(slot), self.slots.meta(slot)
-        update = None
+        rows, meta = self.slots.rows(slot), BatchMeta.from_slot_meta(self.slots.meta(slot))
+        update, trained_from = None, self.seq_no
         if rows > 0:
             try:
-                update = train_stats(self._update(slot, rows), self.policy_lag(meta))
+                update = train_stats(self._update(slot, rows), meta.policy_lag(trained_from))
             except ValueError as exc:  # a batch the learner refuses (NaN, shapes): skip it
                 log.error("batch_rejected", slot=slot, rows=rows, error=str(exc))
                 self.rejected_batches += 1
@@ -120,30 +110,23 @@ class LearnerShell:
             self.seq_no += 1
             self.board.publish(self.seq_no, self.learner.flat_weights())
         self.slots.release(slot)
-        self.ctx.send("collector", m.WeightsPublished(self.seq_no, meta["ingest_cutoff"],
+        self.ctx.send("collector", m.WeightsPublished(self.seq_no, meta.ingest_cutoff,
                                                       self.state(), update))
         self.ctx.heartbeat()
 
-    def policy_lag(self, meta: dict) -> dict:
-        """How many versions older than the weights just trained from the batch's data was
-        (``self.seq_no`` is still that version here); None when no version was known."""
-        if meta["behaviour_steps"] <= 0:
-            return {"policy_lag_max": None, "policy_lag_mean": None}
-        return {"policy_lag_max": int(self.seq_no - meta["behaviour_min"]),
-                "policy_lag_mean": round(self.seq_no - meta["behaviour_sum"] / meta["behaviour_steps"], 3)}
-
     def _update(self, slot: int, rows: int) -> dict:
-        cols = self.slots.columns(slot)
-        batch = {name: np.array(cols[name][:rows]) for name in BATCH_COLUMNS}
-        stats = self.learner.update(batch)
-        if self.topo.cfg.ppo.normalize_observations:
-            self.learner.update_obs_normalizer(batch["obs"])
+        """One update, heart-beating after every minibatch step: a long update (a big
+        network on a CPU) is progress, not a hang; a learner stuck inside one step still
+        falls silent and gets SIGABRT after daemon.heartbeat_timeout_s."""
+        batch = read_columns(self.slots.columns(slot), rows)
+        stats = self.learner.update(batch, on_step=self.ctx.heartbeat)
         return {k: float(v) for k, v in stats.items()}
 
     def state(self) -> m.LearnerState:
         """Live hyperparameters and counters, sent with every WeightsPublished."""
-        return m.LearnerState(lr=self.learner.optimizer.param_groups[0]["lr"],
-                              ent_coef=self.learner.ent_coef, updates=self.learner.updates,
+        live = self.learner.live_hparams()
+        return m.LearnerState(lr=live["lr"], ent_coef=live["ent_coef"],
+                              updates=self.learner.updates,
                               trained_steps=self.learner.trained_steps,
                               rejected_batches=self.rejected_batches)
 

@@ -61,13 +61,3 @@ def test_a_message_is_handled_right_after_the_batch_in_training(monkeypatch):
     learner_process.run(None, ctx)
     assert shells[0].handled_after == [1]  # not after every ready batch has been trained
     assert ctx.inbox.waits[0] == learner_process.IDLE_WAIT_S and set(ctx.inbox.waits[1:]) == {0}
-
-
-def test_policy_lag_is_measured_against_the_version_trained_from():
-    from types import SimpleNamespace
-    meta = {"behaviour_min": 7, "behaviour_sum": 3 * 7 + 4 * 10, "behaviour_steps": 7}
-    lag = learner_process.LearnerShell.policy_lag(SimpleNamespace(seq_no=12), meta)
-    assert lag == {"policy_lag_max": 5, "policy_lag_mean": round(12 - 61 / 7, 3)}
-    unknown = {"behaviour_min": -1, "behaviour_sum": 0, "behaviour_steps": 0}
-    assert learner_process.LearnerShell.policy_lag(SimpleNamespace(seq_no=12), unknown) == {
-        "policy_lag_max": None, "policy_lag_mean": None}

@@ -1,13 +1,15 @@
 """Learner: training on synthetic data, live hyper-parameters, normaliser, exact resume."""
 
 import io
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.daemon.config import PPOConfig
 from rlinkd.daemon.learner.learner import Learner, explained_variance
 from rlinkd.daemon.learner.model import ObsNormalizer
 from rlinkd.daemon.learner.ppo import ppo_loss
@@ -15,23 +17,8 @@ from rlinkd.daemon.learner.ppo import ppo_loss
 CARTPOLE = PolicySpec(obs_size=4, obs_shape=(4,), action_kind="discrete", action_size=2)
 BOX = PolicySpec(obs_size=3, obs_shape=(3,), action_kind="box", action_size=2,
                  action_low=(-1.0, -1.0), action_high=(1.0, 1.0), hidden_sizes=(32, 32))
-
-
-@dataclass
-class HP:
-    lr: float = 3e-4
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    clip_coef: float = 0.2
-    vf_coef: float = 0.5
-    ent_coef: float = 0.0
-    num_epochs: int = 4
-    minibatch_size: int = 64
-    max_grad_norm: float = 0.5
-    clip_vloss: bool = True
-    target_kl: float | None = None
-    normalize_observations: bool = False
-    torch_threads: int = 1
+HP = partial(PPOConfig, lr=3e-4, num_epochs=4, minibatch_size=64)  # small, quick updates
+torch.set_num_threads(1)  # as the learner process runs by default ([learner] torch_threads)
 
 
 def make_batch(spec, learner, n=512, seed=0):
@@ -145,8 +132,6 @@ def test_set_hparams_ent_coef_drives_actor_when_advantages_are_zero():
 def test_target_kl_stops_after_first_epoch():
     learner = Learner(CARTPOLE, HP(num_epochs=6, target_kl=1e-9, lr=1e-3), device="cpu")
     assert learner.update(make_batch(CARTPOLE, learner))["epochs"] == 1.0
-    learner.hp = replace(learner.hp, target_kl=None)
-    assert learner.update(make_batch(CARTPOLE, learner))["epochs"] == 6.0
     learner.hp = replace(learner.hp, target_kl=0.0)  # the config's "0 = never"
     assert learner.update(make_batch(CARTPOLE, learner))["epochs"] == 6.0
 
@@ -183,13 +168,14 @@ def test_obs_normalizer_merges_batches_exactly():
 
 def test_learner_normalizer_reaches_the_published_weights():
     learner = Learner(CARTPOLE, HP(normalize_observations=True), device="cpu")
-    obs = np.array([[1.0, 2.0, 3.0, 4.0], [3.0, 2.0, 5.0, 0.0]], np.float32)
-    learner.update_obs_normalizer(obs)
+    batch = make_batch(CARTPOLE, learner, n=2)
+    batch["obs"] = np.array([[1.0, 2.0, 3.0, 4.0], [3.0, 2.0, 5.0, 0.0]], np.float32)
+    learner.update(batch)
     params = CARTPOLE.split_flat(learner.flat_weights())
     np.testing.assert_allclose(params["obs_mean"], [2.0, 2.0, 4.0, 2.0])
     np.testing.assert_allclose(params["obs_std"], [1.0, 1e-4, 1.0, 2.0], rtol=1e-6)
     plain = Learner(CARTPOLE, HP(), device="cpu")
-    plain.update_obs_normalizer(obs)  # disabled: no-op
+    plain.update(batch)  # disabled: the buffers stay the identity
     np.testing.assert_array_equal(CARTPOLE.split_flat(plain.flat_weights())["obs_std"], 1.0)
 
 
@@ -205,29 +191,25 @@ def test_explained_variance():
 def test_checkpoint_round_trip_gives_bit_identical_updates(spec):
     hp = HP(normalize_observations=True, lr=1e-3)
     original = Learner(spec, hp, device="cpu", seed=0)
-    first = make_batch(spec, original, seed=0)
-    original.update_obs_normalizer(first["obs"])
-    original.update(first)
+    original.update(make_batch(spec, original, seed=0))
     original.set_hparams(lr=5e-4, ent_coef=0.01)
 
     buffer = io.BytesIO()
     torch.save(original.state_dict(), buffer)
     buffer.seek(0)
-    restored = Learner(spec, hp, device="cpu", seed=99)
-    restored.load_state_dict(torch.load(buffer, weights_only=True))
+    restored = Learner(spec, replace(hp, lr=5e-4, ent_coef=0.01), device="cpu", seed=99)
+    saved = restored.load_state_dict(torch.load(buffer, weights_only=True))
+    assert saved == {"lr": 5e-4, "ent_coef": 0.01}
     np.testing.assert_array_equal(restored.flat_weights(), original.flat_weights())
 
-    for seed in (1, 2):  # two updates: optimizer moments and shuffling RNG both carried over
+    for seed in (1, 2):  # two updates: optimizer moments, normaliser and RNG carried over
         batch = make_batch(spec, original, seed=seed)
-        for learner in (original, restored):
-            learner.update_obs_normalizer(batch["obs"])
         stats_a, stats_b = original.update(batch), restored.update(batch)
         stats_a.pop("update_time_s"), stats_b.pop("update_time_s")
         assert stats_a == stats_b
         np.testing.assert_array_equal(restored.flat_weights(), original.flat_weights())
     assert (restored.updates, restored.trained_steps) == (3, 3 * 512)
-    assert restored.ent_coef == 0.01
-    assert restored.optimizer.param_groups[0]["lr"] == 5e-4
+    assert restored.normalizer.count == original.normalizer.count == 3 * 512
 
 
 def test_state_dict_is_a_snapshot():
@@ -240,3 +222,81 @@ def test_state_dict_is_a_snapshot():
     torch.testing.assert_close(state["optimizer"]["exp_avg"][0], saved, rtol=0, atol=0)
     with pytest.raises(ValueError):
         learner.load_state_dict({**state, "format_version": 999})
+
+
+# ---------------------------------------------------------------- issue 16 (tests first)
+def test_resume_keeps_configured_hparams_and_restores_optimizer_state():
+    """The config wins for hyperparameters, the checkpoint for state."""
+    saved_from = Learner(CARTPOLE, HP(lr=1e-3, ent_coef=0.0), device="cpu", seed=0)
+    saved_from.update(make_batch(CARTPOLE, saved_from, seed=0))  # lr A, ent_coef A
+    state = saved_from.state_dict()
+    resumed = Learner(CARTPOLE, HP(lr=5e-4, ent_coef=0.02), device="cpu", seed=5)  # B
+    resumed.load_state_dict(state)
+    assert resumed.optimizer.param_groups[0]["lr"] == 5e-4
+    assert resumed.live_hparams() == {"lr": 5e-4, "ent_coef": 0.02}
+    assert resumed.optimizer.step_count == saved_from.optimizer.step_count > 0
+    for mine, saved in zip(resumed.optimizer.exp_avg_sq, saved_from.optimizer.exp_avg_sq):
+        torch.testing.assert_close(mine, saved, rtol=0, atol=0)
+    saved_from.set_hparams(lr=5e-4, ent_coef=0.02)  # the same state, trained with B
+    batch = make_batch(CARTPOLE, saved_from, seed=1)
+    saved_from.update(batch), resumed.update(batch)
+    np.testing.assert_array_equal(resumed.flat_weights(), saved_from.flat_weights())
+
+
+def first_step_infos(learner):
+    """Record the stats of the first minibatch step of every update (wraps _sgd_step)."""
+    seen, step = [], learner._sgd_step
+
+    def recording(data, idx, grad_norms):
+        info = step(data, idx, grad_norms)
+        seen.append(info)
+        return info
+    learner._sgd_step = recording
+    firsts = []
+    real_update = learner.update
+
+    def update(batch, *args, **kwargs):
+        seen.clear()
+        stats = real_update(batch, *args, **kwargs)
+        firsts.append(seen[0])
+        return stats
+    learner.update = update
+    return firsts
+
+
+def test_normaliser_moves_after_the_update_so_the_first_ratio_is_one():
+    """The batch's logp/values came from the published weights, normaliser buffers included:
+    `update` trains under those buffers and folds the batch's obs in only afterwards."""
+    learner = Learner(CARTPOLE, HP(normalize_observations=True, lr=1e-3), device="cpu")
+    with torch.no_grad():
+        learner.model.pi[-1].weight.mul_(100.0)  # a decided policy, far from uniform
+    firsts = first_step_infos(learner)
+    for seed in range(3):
+        batch = make_batch(CARTPOLE, learner, seed=seed)  # logp/values from the current weights
+        batch["obs"] = (3.0 * batch["obs"] + 5.0).astype(np.float32)
+        dist = CARTPOLE.actor_forward(learner.flat_weights(), batch["obs"])
+        batch["logp"] = CARTPOLE.log_prob(dist, batch["actions"])
+        batch["values"] = CARTPOLE.value_forward(learner.flat_weights(), batch["obs"])
+        before = learner.flat_weights()
+        learner.update(batch)
+        assert firsts[-1]["approx_kl"] < 1e-6 and firsts[-1]["clip_frac"] == 0.0, firsts[-1]
+        moved = CARTPOLE.split_flat(learner.flat_weights())["obs_mean"]
+        assert not np.allclose(moved, CARTPOLE.split_flat(before)["obs_mean"])  # it did move
+        if seed == 0:  # not vacuous: under the moved normaliser the ratio would be far from 1
+            params = CARTPOLE.split_flat(before)
+            params["obs_mean"], params["obs_std"] = moved, CARTPOLE.split_flat(
+                learner.flat_weights())["obs_std"]
+            shifted = np.concatenate([params[name].reshape(-1)
+                                      for name, _ in CARTPOLE.param_layout()])
+            logp = CARTPOLE.log_prob(CARTPOLE.actor_forward(shifted, batch["obs"]), batch["actions"])
+            assert np.abs(logp - batch["logp"]).mean() > 0.1
+    assert learner.normalizer.count == 3 * 512
+
+
+def test_update_reports_progress_after_every_minibatch_step():
+    """The learner process heart-beats from this hook, so a long update is not a hang."""
+    learner = Learner(CARTPOLE, HP(num_epochs=3, minibatch_size=100), device="cpu")
+    batch = make_batch(CARTPOLE, learner, n=512)
+    steps = []
+    learner.update(batch, on_step=lambda: steps.append(learner.optimizer.step_count))
+    assert steps == list(range(1, 3 * 6 + 1))  # ceil(512 / 100) = 6 minibatches per epoch

@@ -1,0 +1,96 @@
+"""The train batch, declared once: the columns of a batch slot and the slot's meta fields.
+
+The connector writes a slot (``write_columns`` + ``BatchMeta.as_slot_meta``), the learner
+reads it (``read_columns`` + ``BatchMeta.from_slot_meta``), ``wiring`` lays the slot
+segment out from ``slot_columns`` and ``META_FIELDS``, and the learner core validates a
+batch against ``COLUMN_NAMES`` / ``PER_ROW_COLUMNS``. Nothing else names a column or a meta
+field. Pure: numpy and the policy spec only.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+
+DTYPE = "float32"  # every column; discrete actions travel as float indices
+
+
+@dataclass(frozen=True)
+class Column:
+    """One train-batch column: ``width(spec)`` numbers per row, or one (``width`` None)."""
+
+    name: str
+    width: Callable[[PolicySpec], int] | None
+    doc: str
+
+
+COLUMNS = (
+    Column("obs", lambda spec: spec.obs_size, "s_t as network features (Discrete: one-hot)"),
+    Column("actions", lambda spec: spec.action_size if spec.is_box else 1,
+           "a_t: the Box vector, or the Discrete index"),
+    Column("logp", None, "log pi(a_t | s_t) under the behaviour (or batch-build) weights"),
+    Column("advantages", None, "GAE advantages, normalised per batch when configured"),
+    Column("value_targets", None, "advantages + values: the critic's regression targets"),
+    Column("values", None, "V(s_t) under the weights the batch was built with"),
+)
+COLUMN_NAMES = tuple(c.name for c in COLUMNS)
+PER_ROW_COLUMNS = tuple(c.name for c in COLUMNS if c.width is None)
+
+
+def slot_columns(spec: PolicySpec) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{name: (per-row shape, dtype)}`` in slot layout order, for ``BatchSlots.create``."""
+    return {c.name: (() if c.width is None else (c.width(spec),), DTYPE) for c in COLUMNS}
+
+
+def write_columns(views: dict[str, np.ndarray], batch: dict[str, np.ndarray]) -> int:
+    """Connector: copy the declared columns of a pipeline ``batch`` into a slot's column
+    views (other pipeline columns stay behind); return the row count. KeyError on a missing
+    column, ValueError when the batch does not fit the slot."""
+    rows = len(batch[COLUMN_NAMES[0]])
+    for name in COLUMN_NAMES:
+        target = views[name][:rows]
+        target[...] = np.asarray(batch[name]).reshape(target.shape)
+    return rows
+
+
+def read_columns(views: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """Learner: copies of the first ``rows`` rows of every declared column (the slot is
+    released, and may be refilled, while the copies are still in use)."""
+    return {name: np.array(views[name][:rows]) for name in COLUMN_NAMES}
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """The integers a batch slot carries besides its columns (slot header meta fields)."""
+
+    ingest_cutoff: int     # every complete segment with ingest ids <= this is trained or dropped
+    episodes: int          # segments in the batch
+    dropped_episodes: int  # segments dropped for policy lag while building it (off-policy)
+    values_seq_no: int     # weights version the values (and recomputed logp) came from
+    behaviour_min: int     # oldest behaviour version among segments that declared one, else -1
+    behaviour_sum: int     # step-weighted sum of those versions
+    behaviour_steps: int   # steps that declared a version (0: none did)
+
+    def as_slot_meta(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_slot_meta(cls, meta: dict[str, int]) -> BatchMeta:
+        """TypeError when the slot's fields are not exactly ours."""
+        return cls(**meta)
+
+    def policy_lag(self, trained_from: int) -> dict[str, int | float | None]:
+        """How many versions older than ``trained_from`` (the weights the learner trains
+        from) the batch's data was: max and step-weighted mean; None when no version was known."""
+        if self.behaviour_steps <= 0:
+            return {"policy_lag_max": None, "policy_lag_mean": None}
+        mean = trained_from - self.behaviour_sum / self.behaviour_steps
+        return {"policy_lag_max": int(trained_from - self.behaviour_min),
+                "policy_lag_mean": round(mean, 3)}
+
+
+META_FIELDS = tuple(f.name for f in dataclasses.fields(BatchMeta))

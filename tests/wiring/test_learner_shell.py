@@ -1,0 +1,87 @@
+"""Tier 2: the learner's process shell on a real topology (shared-memory slots and board,
+real inboxes), driven by hand from the test thread."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlinkd.daemon import messages as m
+from rlinkd.daemon.batch_schema import BatchMeta, write_columns
+from rlinkd.daemon.config import load_config
+from rlinkd.daemon.learner.process import LearnerShell
+from rlinkd.daemon.roles import RoleContext
+from rlinkd.daemon.wiring import build_topology, destroy_topology
+
+ROWS, MINIBATCH, EPOCHS = 64, 16, 3
+
+
+@pytest.fixture
+def shell(tmp_path):
+    cfg = load_config(None, [("daemon", "state_dir", str(tmp_path / "state")),
+                             ("sampling", "train_batch_size", ROWS),
+                             ("ppo", "minibatch_size", MINIBATCH), ("ppo", "num_epochs", EPOCHS),
+                             ("ppo", "lr", 0.01), ("ppo", "ent_coef", 0.02)])
+    topo = build_topology(cfg)
+    ctx = RoleContext("learner", topo)
+    ctx.beats = 0
+
+    def counting_heartbeat() -> None:
+        ctx.beats += 1
+        RoleContext.heartbeat(ctx)
+    ctx.heartbeat = counting_heartbeat
+    shell = LearnerShell(topo, ctx)
+    yield shell
+    shell.slots.close(), shell.board.close(), shell.snapshot.close()
+    destroy_topology(topo)
+
+
+def ready_batch(shell: LearnerShell, behaviour: int) -> None:
+    """What the connector does: a CartPole batch collected with version ``behaviour``."""
+    spec, rng = shell.topo.policy_spec, np.random.default_rng(0)
+    obs = rng.normal(size=(ROWS, spec.obs_size)).astype(np.float32)
+    actions = rng.integers(0, 2, ROWS).astype(np.float32)
+    flat = shell.learner.flat_weights()
+    values = spec.value_forward(flat, obs)
+    batch = {"obs": obs, "actions": actions, "values": values,
+             "logp": spec.log_prob(spec.actor_forward(flat, obs), actions.astype(np.int64)),
+             "advantages": rng.normal(size=ROWS).astype(np.float32),
+             "value_targets": values + 1.0}
+    slot = shell.slots.acquire_free()
+    rows = write_columns(shell.slots.columns(slot), batch)
+    shell.slots.mark_ready(slot, rows, BatchMeta(
+        ingest_cutoff=ROWS, episodes=1, dropped_episodes=0, values_seq_no=behaviour,
+        behaviour_min=behaviour, behaviour_sum=behaviour * ROWS, behaviour_steps=ROWS).as_slot_meta())
+
+
+def collector_messages(shell: LearnerShell) -> list:
+    return shell.topo.inboxes["collector"].drain()
+
+
+def test_boot_reports_the_hparams_it_trains_with(shell):
+    shell.boot()
+    (published,) = collector_messages(shell)
+    assert (published.learner.lr, published.learner.ent_coef) == (0.01, 0.02)
+    assert not published.trained and published.update is None
+
+
+def test_one_batch_heartbeats_every_minibatch_step_and_lag_is_against_trained_from(shell):
+    shell.boot()
+    collector_messages(shell)
+    ready_batch(shell, behaviour=0)  # on-policy: collected with the weights trained from
+    beats = shell.ctx.beats
+    assert shell.train_one()
+    (published,) = collector_messages(shell)
+    assert published.trained and published.seq_no == 1 and published.cutoff_ingest_id == ROWS
+    assert shell.ctx.beats - beats >= EPOCHS * ROWS // MINIBATCH
+    assert published.update.policy_lag_max == 0 and published.update.policy_lag_mean == 0
+    assert published.learner.lr == 0.01 and published.learner.updates == 1
+
+
+def test_reload_changes_what_the_next_batch_trains_with(shell):
+    shell.boot()
+    handle = shell.router()
+    handle(m.BatchReady(0))  # a doorbell: nothing to do
+    handle(m.Reload({"ppo.lr": 0.005}))
+    reported = collector_messages(shell)[-1].learner
+    assert (reported.lr, reported.ent_coef) == (0.005, 0.02)
+    assert shell.learner.optimizer.param_groups[0]["lr"] == 0.005
