@@ -63,3 +63,14 @@ def test_write_section_replaces_only_the_marked_block(tmp_path):
     fresh = tmp_path / "C.md"
     report.write_section("first", fresh)
     assert fresh.read_text().endswith(f"{report.START}\nfirst\n{report.END}\n")
+
+
+def test_transport_targets_come_from_the_declarations_and_say_not_measured():
+    transport = {"shm_single": {"steps_per_s": {"median": 900_000}},
+                 "shm_batch": {"steps_per_s": {"median": 25_000_000}},
+                 "idle_cpu": {"cpu_percent_of_one_core": 1.5, "clients": 8}}
+    lines = report.transport_target_lines(transport)
+    assert lines[0] == "- shm single steps ≥ 1,000,000 steps/s: 900,000 steps/s — **MISSED**"
+    assert lines[1].endswith("25,000,000 steps/s — **met**")
+    assert lines[2] == "- wake-up latency p50 (doorbell FIFO) ≤ 30 µs: **not measured**"
+    assert lines[3] == "- idle daemon CPU ≤ 2 % of a core, 8 silent shm clients: 1.50 % — **met**"
