@@ -9,41 +9,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from rlinkd.daemon.errors import ExitCode
-from rlinkd.daemon.runfiles import read_daemon_file
+from rlinkd.daemon.launch import ServeProcess, rlinkd_command, set_args, stop_processes
+from rlinkd.daemon.runfiles import query_status
 
 POLL_S = 1.0
 
 
-def _rlinkd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "rlinkd.daemon.cli", *args]
-
-
-def start_daemon(state_dir: Path, overrides: list[str], seed: int = 0) -> subprocess.Popen:
-    log = open(state_dir / "rlinkd.log", "ab")
-    cmd = _rlinkd("serve", "--state-dir", str(state_dir), "--port", "0", "--fresh",
-                  "--set", f"learner.seed={seed}",
-                  *[arg for o in overrides for arg in ("--set", o)])
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
-def wait_for_daemon(state_dir: Path, proc: subprocess.Popen, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daemon exited with {proc.returncode}; see {state_dir}/rlinkd.log")
-        info = read_daemon_file(state_dir)
-        if info:
-            return info
-        time.sleep(0.05)
-    raise RuntimeError(f"daemon not ready after {timeout_s:g} s; see {state_dir}/rlinkd.log")
+def start_daemon(state_dir: Path, overrides: list[str], seed: int = 0) -> ServeProcess:
+    """Launch ``rlinkd serve`` (fresh state, learner seed); does not wait for it."""
+    args = ["--fresh", "--set", f"learner.seed={seed}", *set_args(overrides)]
+    return ServeProcess(state_dir, args).launch()
 
 
 def client_address(i: int, transport: str, info: dict, state_dir: Path) -> str:
@@ -54,9 +35,9 @@ def client_address(i: int, transport: str, info: dict, state_dir: Path) -> str:
 def start_clients(n: int, transport: str, info: dict, state_dir: Path,
                   seed: int = 0) -> list[subprocess.Popen]:
     out = open(state_dir / "clients.log", "ab")
-    return [subprocess.Popen(_rlinkd("client", "--env", "CartPole-v1",
-                                     "--seed", str(1000 + 100 * seed + i),
-                                     "--connect", client_address(i, transport, info, state_dir)),
+    return [subprocess.Popen(rlinkd_command("client", "--env", "CartPole-v1",
+                                            "--seed", str(1000 + 100 * seed + i),
+                                            "--connect", client_address(i, transport, info, state_dir)),
                              stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             for i in range(n)]
 
@@ -68,21 +49,7 @@ def progress_line(t: float, s: dict) -> str:
             f"  seq_no {s.get('weights_seq_no', -1):>4}  clients {s.get('clients', 0)}")
 
 
-def stop_all(procs: list[subprocess.Popen], timeout_s: float = 30.0) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def watch(args: argparse.Namespace, info: dict, t0: float) -> tuple[bool, dict]:
-    from rlinkd.daemon.runfiles import query_status
     status: dict = {}
     while time.monotonic() - t0 < args.timeout_s:
         time.sleep(POLL_S)
@@ -103,16 +70,16 @@ def run_demo(args: argparse.Namespace) -> int:
     daemon = start_daemon(state_dir, args.set, args.seed)
     clients: list[subprocess.Popen] = []
     try:
-        info = wait_for_daemon(state_dir, daemon, 120.0)
+        info = daemon.wait_ready(120.0)
         clients = start_clients(args.clients, args.transport, info, state_dir, args.seed)
         solved, status = watch(args, info, t0)
     finally:
-        stop_all(clients)
-        stop_all([daemon])
+        stop_processes(clients)
+        daemon.stop(30.0)
     wall = time.monotonic() - t0
     summary = {"solved": solved, "wall_s": round(wall, 1), "env_steps": status.get("env_steps"),
                "episodes": status.get("episodes"), "weights_seq_no": status.get("weights_seq_no"),
                "return_mean_20": status.get("episode_return_mean_20"),
-               "daemon_exit": daemon.returncode}
+               "daemon_exit": daemon.proc.returncode}
     print(("SOLVED " if solved else "NOT SOLVED ") + json.dumps(summary), flush=True)
-    return 0 if solved and daemon.returncode == 0 else int(ExitCode.CRASH)
+    return 0 if solved and daemon.proc.returncode == 0 else int(ExitCode.CRASH)

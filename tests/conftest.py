@@ -7,7 +7,26 @@ import tempfile
 
 import pytest
 
-from tests.helpers import DaemonProcess
+from tests.helpers import REPO, DaemonProcess
+
+BENCH_RESULTS = REPO / "bench" / "results"
+
+
+def _results_snapshot() -> dict[str, tuple[int, int]]:
+    """{file name: (size, mtime_ns)} of everything under bench/results."""
+    return {str(p.relative_to(BENCH_RESULTS)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in BENCH_RESULTS.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bench_results_untouched():
+    """The test run must not create or modify files under bench/results (published figures):
+    tests that run a benchmark write into tmp_path. Fails at the end of the session."""
+    before = _results_snapshot()
+    yield
+    after = _results_snapshot()
+    changed = sorted(name for name in after.keys() | before.keys() if after.get(name) != before.get(name))
+    assert not changed, f"the test run created or modified bench/results files: {changed}"
 
 
 class DaemonPool:

@@ -9,13 +9,13 @@ import json
 import os
 import signal as signals
 import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from rlinkd.daemon.launch import LaunchError, ServeProcess, descendants, kill_pids
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -73,65 +73,33 @@ def peer_closed(sock: socket.socket, timeout_s: float = 5.0) -> bool:
 
 # ---------------------------------------------------------------- a real daemon
 @dataclass
-class DaemonProcess:
-    """``rlinkd serve`` as a subprocess with its own state directory."""
+class DaemonProcess(ServeProcess):
+    """``rlinkd serve`` (``rlinkd.daemon.launch``) plus what the process tests check at
+    teardown: every child it ever had is gone and no shared-memory segment of it is left.
+    ``status()`` uses the seed-only raw functions above; a stop that needs SIGKILL fails."""
 
-    state_dir: Path
-    args: list[str] = field(default_factory=list)
-    env: dict | None = None
-    proc: subprocess.Popen | None = None
-    info: dict = field(default_factory=dict)
     seen_children: set = field(default_factory=set)
 
     def start(self, timeout_s: float = 60.0) -> "DaemonProcess":
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.state_dir / "daemon.log", "ab")
-        cmd = [sys.executable, "-m", "rlinkd.daemon.cli", "serve", "--state-dir", str(self.state_dir),
-               "--port", "0", *self.args]
-        env = dict(os.environ, **(self.env or {}))
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=REPO, env=env)
-        self.info = wait_for(self._ready, timeout_s, 0.05, "daemon.json")
+        try:
+            super().start(timeout_s)
+        except LaunchError as exc:
+            raise AssertionError(str(exc)) from None
         self.remember_children()
         return self
 
-    def _ready(self):
-        if self.proc.poll() is not None:
-            raise AssertionError(f"daemon exited early with {self.proc.returncode}:\n{self.log()}")
-        path = self.state_dir / "daemon.json"
-        if not path.exists():
-            return None
-        info = json.loads(path.read_text())
-        return info if info.get("pid") == self.proc.pid else None
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def port(self) -> int:
-        return int(self.info["port"])
-
-    @property
-    def unix_socket(self) -> str:
-        return self.info["unix_socket"]
-
     def log(self) -> str:
-        path = self.state_dir / "daemon.log"
-        return path.read_text(errors="replace")[-20000:] if path.exists() else ""
+        return self.log_tail(20000)
 
     def remember_children(self) -> set:
         """Record the pids of the daemon's current children (to check none survive)."""
-        try:
-            kids = psutil.Process(self.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return set()
-        self.seen_children |= {k.pid for k in kids}
-        return {k.pid for k in kids}
+        kids = set(descendants(self.pid))
+        self.seen_children |= kids
+        return kids
 
-    def status(self) -> dict:
+    def status(self, timeout_s: float = 10.0) -> dict:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(10)
+        sock.settimeout(timeout_s)
         sock.connect(self.unix_socket)
         try:
             raw_send(sock, {"type": "STATUS"})
@@ -143,17 +111,15 @@ class DaemonProcess:
         os.kill(self.pid, sig)
 
     def stop(self, timeout_s: float = 60.0, sig: int = signals.SIGTERM) -> int:
-        """Stop the daemon, return its exit code, and kill leftovers (failing the check)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.remember_children()
-        self.signal(sig)
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        """Stop the daemon, return its exit code; one that had to be killed fails the test."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.remember_children()
+        code = super().stop(timeout_s, sig)
+        if self.stop_timed_out:
             raise AssertionError(f"daemon did not stop within {timeout_s} s:\n{self.log()}")
+        return code
 
     def leftover_children(self, grace_s: float = 5.0) -> list[int]:
         """Children still running (zombies count as gone) after a short grace period."""
@@ -175,11 +141,7 @@ class DaemonProcess:
         return [p for p in os.listdir(shm_dir) if p.startswith(f"rlinkd.{self.pid}.")]
 
     def kill_leftovers(self) -> None:
-        for pid in self.leftover_children():
-            try:
-                os.kill(pid, signals.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_pids(self.leftover_children())
         for name in self.leftover_segments():
             Path("/dev/shm", name).unlink(missing_ok=True)
 

@@ -879,7 +879,7 @@ def write_report(path: str | None, elapsed: float, grew: int, growth: int, daemo
     if not path:
         return
     report = {"command": "RLINKD_FUZZ_REPORT=bench/results/fuzz.json .venv/bin/python -m pytest -q "
-                         "tests/test_fuzz_live.py",
+                         "tests/process/test_fuzz_live.py",
               "measured_at": time.strftime("%Y-%m-%d %H:%M"), "cases": TALLY.cases,
               "families": TALLY.families, "elapsed_s": round(elapsed, 1), "protocol_errors": grew,
               "daemon_deaths": 0 if daemon.proc.poll() is None else 1,

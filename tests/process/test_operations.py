@@ -136,14 +136,14 @@ def test_sighup_log_level_reaches_every_process(daemon_factory, tmp_path):
     config.write_text('[daemon]\nlog_level = "info"\n')
     d = daemon_factory("--config", str(config))
     booted = ('"learner_ready"', '"connector_ready"', '"checkpointer_ready"')
-    wait_for(lambda: all(e in (d.state_dir / "daemon.log").read_text() for e in booted), 30,
+    wait_for(lambda: all(e in d.log_path.read_text() for e in booted), 30,
              what="every role in its loop")
     config.write_text('[daemon]\nlog_level = "debug"\n')
     d.signal(signal.SIGHUP)
 
     def roles_set():
         roles = set()  # the whole log: at debug level its tail (d.log()) can scroll past these lines
-        for line in (d.state_dir / "daemon.log").read_text(errors="replace").splitlines():
+        for line in d.log_path.read_text(errors="replace").splitlines():
             try:  # the last line may be mid-write
                 event = json.loads(line)
             except ValueError:

@@ -12,23 +12,24 @@ from tests.helpers import REPO
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
 
-def run_bench(module: str, *args: str, timeout_s: float) -> dict:
-    out = REPO / "bench" / "results" / f"{module}-ci.json"
-    result = subprocess.run([sys.executable, "-m", f"bench.{module}", *args, "--out", str(out)],
+def run_bench(tmp_path, module: str, *args: str, timeout_s: float) -> dict:
+    """Run ``bench.scenarios.<module>`` writing its result into tmp_path (never bench/results)."""
+    out = tmp_path / f"{module}-ci.json"
+    result = subprocess.run([sys.executable, "-m", f"bench.scenarios.{module}", *args, "--out", str(out)],
                             cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
                             stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return json.loads(out.read_text())
 
 
-def test_soak_60s_sent_equals_ingested_rss_flat_no_errors():
-    r = run_bench("soak", "--duration-s", "60", timeout_s=600)
+def test_soak_60s_sent_equals_ingested_rss_flat_no_errors(tmp_path):
+    r = run_bench(tmp_path, "soak", "--duration-s", "60", timeout_s=600)
     assert r["passed"] and r["steps_sent"] == r["steps_ingested"] > 0
     assert len(r["clients"]) == 72 and not r["mismatched_clients"]
     assert r["rss_growth"] <= 0.10 and r["error_log_lines"] == []
 
 
-def test_chaos_short_run_recovers_every_time():
-    r = run_bench("chaos", "--kills", "6", timeout_s=900)["summary"]
+def test_chaos_short_run_recovers_every_time(tmp_path):
+    r = run_bench(tmp_path, "chaos", "--kills", "6", timeout_s=900)["summary"]
     assert r["passed"] and r["survived"] == r["kills"] == 6
     assert r["shm_leaks"] == [] and r["corrupt_checkpoints"] == [] and r["newest_loads"]

@@ -1,7 +1,7 @@
 """The generated BENCHMARKS.md section: target verdicts, reliability rows, marker splicing."""
 from __future__ import annotations
 
-from bench import run_all
+from bench.report import section as report
 
 
 def summary(**medians) -> dict:
@@ -18,7 +18,7 @@ def test_solve_targets_compare_against_the_best_rllib_and_name_partial_passes():
                                                   peak_rss_mb=700)},
                      "shmx1": {"summary": summary(wall_s=30.0, env_steps=40_000, steps_per_s=4_000,
                                                   peak_rss_mb=500)}}}
-    lines = run_all.solve_target_lines(solve, rllib)
+    lines = report.solve_target_lines(solve, rllib)
     by_measure = {line.split(": ")[1].split(" (")[0]: line for line in lines}
     assert by_measure["wall time ≤ 1/5 of the faster RLlib's"].endswith("**met by tcp × 1 only**")
     assert by_measure["env steps ≤ the more sample-efficient RLlib's"].endswith("**met**")
@@ -28,7 +28,7 @@ def test_solve_targets_compare_against_the_best_rllib_and_name_partial_passes():
 
 
 def test_missing_results_say_not_measured():
-    assert "not measured" in run_all.solve_target_lines(None, None)[0]
+    assert "not measured" in report.solve_target_lines(None, None)[0]
 
 
 def test_latency_targets_report_saturated_and_paced_points():
@@ -36,7 +36,7 @@ def test_latency_targets_report_saturated_and_paced_points():
                "scaling": {"collector": [{"clients": 1, "reply_ms": {"p99": 1}},
                                          {"clients": 64, "reply_ms": {"p99": 120.0}}],
                            "paced": [{"offered_load": 0.5, "reply_ms": {"p99": 20.0}}]}}
-    lines = run_all.latency_target_lines(latency, None)
+    lines = report.latency_target_lines(latency, None)
     assert lines[0].endswith("6.1 ms — **MISSED**")
     assert "saturation: 120.0 ms — **MISSED**" in lines[1]
     assert "paced at 50% of capacity: 20.0 ms — **met**" in lines[2]
@@ -46,16 +46,31 @@ def test_reliability_rows_flag_mismatched_soak_clients():
     soak = {"duration_s": 60, "tcp_clients": 64, "shm_clients": 8, "steps_sent": 10, "steps_ingested": 9,
             "mismatched_clients": [{"key": "x"}], "dropped_episodes": 0, "rss_growth": 0.02,
             "rss_mb_start_end": [400, 408], "client_errors": [], "error_log_lines": []}
-    rows = dict(((run, figure), value) for run, figure, value in run_all.reliability_rows(None, soak, None))
+    rows = dict(((run, figure), value) for run, figure, value in report.reliability_rows(None, soak, None))
     assert rows[("soak", "steps sent / ingested")] == "10 / 9 (1 clients differ)"
-    assert rows[("soak", "summed RSS growth after warm-up (limit 10 %)")].startswith("2.0 %")
+    growth = rows[("soak", "summed RSS growth after warm-up (limit 10 %)")]
+    assert growth.startswith("2.0 %") and growth.endswith("met")
+    soak["rss_growth"] = 0.12
+    rows = dict(((run, figure), value) for run, figure, value in report.reliability_rows(None, soak, None))
+    assert rows[("soak", "summed RSS growth after warm-up (limit 10 %)")].endswith("MISSED")
 
 
 def test_write_section_replaces_only_the_marked_block(tmp_path):
     doc = tmp_path / "B.md"
-    doc.write_text(f"# head\nkept\n{run_all.START}\nold\n{run_all.END}\ntail kept\n")
-    run_all.write_section("new", doc)
-    assert doc.read_text() == f"# head\nkept\n{run_all.START}\nnew\n{run_all.END}\ntail kept\n"
+    doc.write_text(f"# head\nkept\n{report.START}\nold\n{report.END}\ntail kept\n")
+    report.write_section("new", doc)
+    assert doc.read_text() == f"# head\nkept\n{report.START}\nnew\n{report.END}\ntail kept\n"
     fresh = tmp_path / "C.md"
-    run_all.write_section("first", fresh)
-    assert fresh.read_text().endswith(f"{run_all.START}\nfirst\n{run_all.END}\n")
+    report.write_section("first", fresh)
+    assert fresh.read_text().endswith(f"{report.START}\nfirst\n{report.END}\n")
+
+
+def test_transport_targets_come_from_the_declarations_and_say_not_measured():
+    transport = {"shm_single": {"steps_per_s": {"median": 900_000}},
+                 "shm_batch": {"steps_per_s": {"median": 25_000_000}},
+                 "idle_cpu": {"cpu_percent_of_one_core": 1.5, "clients": 8}}
+    lines = report.transport_target_lines(transport)
+    assert lines[0] == "- shm single steps ≥ 1,000,000 steps/s: 900,000 steps/s — **MISSED**"
+    assert lines[1].endswith("25,000,000 steps/s — **met**")
+    assert lines[2] == "- wake-up latency p50 (doorbell FIFO) ≤ 30 µs: **not measured**"
+    assert lines[3] == "- idle daemon CPU ≤ 2 % of a core, 8 silent shm clients: 1.50 % — **met**"

@@ -1,6 +1,6 @@
 """Chaos: SIGKILL random daemon children and random clients while training.
 
-    python -m bench.chaos [--kills 20] [--tcp-clients 3] [--shm-clients 2]
+    python -m bench.scenarios.chaos [--kills 20] [--tcp-clients 3] [--shm-clients 2]
 
 Each round SIGKILLs one random target — a role (collector, connector, learner,
 checkpointer) or a client process (then a replacement client is started) — and
@@ -27,17 +27,21 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.soak import REPO, RESULTS, start_daemon, wait_daemon
+from rlinkd.client_lib.transport import RLlinkError
+from rlinkd.daemon.launch import rlinkd_command, stop_processes
+from rlinkd.daemon.runfiles import query_status
+
+from bench.harness.common import client_load_parser, write_result
+from bench.harness.daemon import Daemon
 
 ROLES = ("collector", "connector", "learner", "checkpointer")
 
 
 def try_status(info: dict) -> dict | None:
     """Status, or None while the collector (which serves it) is restarting."""
-    from rlinkd.daemon.runfiles import query_status
     try:
         status = query_status(info, timeout_s=5)
-    except (OSError, ValueError):
+    except (OSError, RLlinkError, ValueError):
         return None
     return status if "children" in status else None
 
@@ -53,9 +57,8 @@ def wait_until(predicate, timeout_s: float) -> float | None:
 
 
 def start_client(address: str, log) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "rlinkd.daemon.cli", "client", "--connect", address,
-           "--report-every-s", "3600"]
-    return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+    cmd = rlinkd_command("client", "--connect", address, "--report-every-s", "3600")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
 
 
@@ -65,10 +68,9 @@ class Chaos:
     def __init__(self, args: argparse.Namespace, state: Path) -> None:
         self.args, self.state = args, state
         self.rng = random.Random(args.seed)
-        self.daemon = start_daemon(state, ["--set", "daemon.crash_loop_restarts=1000",
-                                           "--set", "daemon.restart_backoff_s=0.2",
-                                           "--set", "checkpoint.checkpoint_interval_s=0"])
-        self.info = wait_daemon(state, self.daemon)
+        self.daemon = Daemon(["daemon.crash_loop_restarts=1000", "daemon.restart_backoff_s=0.2",
+                              "checkpoint.checkpoint_interval_s=0"], state_dir=state).start()
+        self.info = self.daemon.info
         self.client_log = open(state / "clients.log", "ab")
         self.addresses = ([f"tcp://127.0.0.1:{self.info['port']}"] * args.tcp_clients
                           + [f"shm:{state}"] * args.shm_clients)
@@ -115,18 +117,14 @@ class Chaos:
             result = self.kill_client()
         else:
             result = self.kill_role(self.rng.choice(ROLES))
-        self.daemon.send_signal(signal.SIGUSR1)
+        os.kill(self.daemon.pid, signal.SIGUSR1)
         wait_until(self.healthy, self.args.recovery_timeout_s)
         time.sleep(self.rng.uniform(0.5, 2.0))
         return result
 
     def finish(self) -> dict:
-        for c in self.clients:
-            c.terminate()
-        for c in self.clients:
-            c.wait(60)
-        self.daemon.send_signal(signal.SIGTERM)
-        code = self.daemon.wait(120)
+        stop_processes(self.clients, 60)
+        code = self.daemon.stop(120)
         leaks = [n for n in os.listdir(self.info["shm_dir"]) if n.startswith(f"rlinkd.{self.daemon.pid}.")]
         return {"daemon_exit": code, "shm_leaks": leaks, **verify_checkpoints(self.state)}
 
@@ -162,13 +160,10 @@ def summarize(kills: list[dict], final: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = client_load_parser(__doc__, "chaos", tcp_clients=3, shm_clients=2)
     ap.add_argument("--kills", type=int, default=20)
-    ap.add_argument("--tcp-clients", type=int, default=3)
-    ap.add_argument("--shm-clients", type=int, default=2)
     ap.add_argument("--recovery-timeout-s", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--out", default=str(RESULTS / "chaos.json"))
     args = ap.parse_args(argv)
     state = Path(tempfile.mkdtemp(prefix="rlinkd-chaos-")) / "state"
     state.mkdir()
@@ -178,12 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         kills = [chaos.round() for _ in range(args.kills)]
     finally:
         final = chaos.finish()
-    result = {"command": " ".join(["python -m bench.chaos", *(argv or sys.argv[1:])]),
-              "measured_at": time.strftime("%Y-%m-%d %H:%M"),
-              "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
-              "summary": summarize(kills, final), "kills": kills, "state_dir": str(state)}
-    RESULTS.mkdir(exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    result = {"summary": summarize(kills, final), "kills": kills, "state_dir": str(state)}
+    write_result("chaos", result, args.out)
     print(json.dumps(result["summary"], indent=1))
     return 0 if result["summary"]["passed"] else 1
 

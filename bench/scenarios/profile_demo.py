@@ -1,6 +1,6 @@
 """Profile one ``rlinkd demo`` run with py-spy, summarised per process.
 
-    .venv/bin/python -m bench.profile_demo [--clients 2] [--transport tcp] [--rate 100] [--quick]
+    .venv/bin/python -m bench.scenarios.profile_demo [--clients 2] [--transport tcp] [--rate 100] [--quick]
 
 ``py-spy record --subprocesses --format raw --nonblocking`` launches the demo and samples
 it and every descendant (supervisor, collector, connector, learner, checkpointer, the
@@ -17,7 +17,6 @@ process's samples. Writes ``bench/results/profile.json`` and prints a markdown s
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
@@ -27,7 +26,11 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from bench.common import REPO, print_table, rlinkd_cmd, status_over_unix, write_result
+from rlinkd.client_lib.transport import RLlinkError
+from rlinkd.daemon.runfiles import query_status, read_daemon_file
+
+from bench.harness.common import REPO, print_table, write_result
+from bench.harness.demo import demo_command
 
 PYSPY = Path(sys.executable).parent / "py-spy"
 PROCESS_FRAME = re.compile(r'process (\d+):"([^"]*)";?')
@@ -38,15 +41,16 @@ TOP_N = 10
 def watch_roles(state_dir: Path, roles: dict, stop: threading.Event) -> None:
     """Thread: record {pid: role} from the daemon's status while the demo runs."""
     while not stop.is_set():
+        info = read_daemon_file(state_dir)
         try:
-            info = json.loads((state_dir / "daemon.json").read_text())
-            status = status_over_unix(info["unix_socket"], 5.0)
+            status = query_status(info, timeout_s=5.0) if info else {}
+        except (OSError, RLlinkError, ValueError):  # not answering yet, or stopping
+            status = {}
+        if status:
             roles[int(info["pid"])] = "supervisor"
-            for role, child in (status.get("children") or {}).items():
-                if child.get("pid"):
-                    roles[int(child["pid"])] = role
-        except (FileNotFoundError, json.JSONDecodeError, KeyError, OSError, RuntimeError):
-            pass
+        for role, child in (status.get("children") or {}).items():
+            if child.get("pid"):
+                roles[int(child["pid"])] = role
         stop.wait(0.5)
 
 
@@ -106,8 +110,7 @@ def summarize(procs: dict[int, dict], roles: dict, rate: float, wall_s: float) -
 
 def run_profiled(clients: int, transport: str, rate: float, timeout_s: float, state_dir: Path) -> dict:
     raw = state_dir / "pyspy.raw.txt"
-    demo = rlinkd_cmd("demo", "--clients", str(clients), "--transport", transport,
-                      "--state-dir", str(state_dir / "demo"), "--timeout-s", str(timeout_s))
+    demo = demo_command(clients, transport, timeout_s=timeout_s, state_dir=str(state_dir / "demo"))
     cmd = [str(PYSPY), "record", "--subprocesses", "--nonblocking", "--function", "--format", "raw",
            "--rate", str(int(rate)), "--output", str(raw), "--", *demo]
     roles: dict = {}
@@ -151,8 +154,7 @@ def main() -> int:
            **run_profiled(args.clients, args.transport, args.rate, 20.0 if args.quick else args.timeout_s,
                           state_dir)}
     res["summary_markdown"] = markdown(res)
-    path = write_result("profile", res, module="bench.profile_demo")
-    print(f"wrote {path}")
+    write_result("profile", res)
     return 0
 
 

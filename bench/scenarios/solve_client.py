@@ -1,6 +1,6 @@
 """A CartPole client for the client-side solve criterion: one JSON line per episode.
 
-    python -m bench.solve_client --connect tcp://127.0.0.1:P|shm:<state_dir> [--seed S]
+    python -m bench.scenarios.solve_client --connect tcp://127.0.0.1:P|shm:<state_dir> [--seed S]
 
 Runs ``client_lib.run_env`` (the library every rlinkd client uses; no torch) until SIGTERM
 and prints ``{"t": <CLOCK_MONOTONIC s>, "ret": <episode return>, "steps": <client steps>}``

@@ -1,6 +1,6 @@
 """Hyperparameter sweep for the defaults: time-to-solve of `rlinkd demo` per candidate.
 
-    python -m bench.tune --seeds 5 --candidate "default=" --candidate "e4=ppo.num_epochs=4" ...
+    python -m bench.scenarios.tune --seeds 5 --candidate "default=" --candidate "e4=ppo.num_epochs=4" ...
 
 Each candidate is NAME=KEY=VALUE[,KEY=VALUE...] (config overrides); each runs on every
 seed (learner seed and client seeds). Reports per candidate: solved runs, median (min–max)
@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.harness.common import median_range, write_result
+from bench.harness.demo import demo_command, demo_summary
 
 
 def parse_candidate(text: str) -> tuple[str, list[str]]:
@@ -26,21 +24,18 @@ def parse_candidate(text: str) -> tuple[str, list[str]]:
 
 
 def run(overrides: list[str], seed: int, clients: int, timeout_s: float) -> dict:
-    cmd = [sys.executable, "-m", "rlinkd.daemon.cli", "demo", "--clients", str(clients), "--seed",
-           str(seed), "--timeout-s", str(timeout_s), "--state-dir", tempfile.mkdtemp(),
-           *[a for o in overrides for a in ("--set", o)]]
+    cmd = demo_command(clients, seed=seed, overrides=overrides, timeout_s=timeout_s)
     t0 = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 120).stdout
-    summary = json.loads(out.strip().splitlines()[-1].split(" ", 1)[1])
-    return {"seed": seed, "solved": summary["solved"], "wall_s": round(time.monotonic() - t0, 2),
-            "env_steps": summary["env_steps"]}
+    summary = demo_summary(out)
+    return {"seed": seed, "solved": bool(summary.get("solved")), "wall_s": round(time.monotonic() - t0, 2),
+            "env_steps": summary.get("env_steps")}
 
 
 def summarize(runs: list[dict]) -> dict:
     ok = [r for r in runs if r["solved"]]
-    stat = lambda k: [statistics.median(r[k] for r in ok), min(r[k] for r in ok),  # noqa: E731
-                      max(r[k] for r in ok)] if ok else None
-    return {"solved": f"{len(ok)}/{len(runs)}", "wall_s": stat("wall_s"), "env_steps": stat("env_steps")}
+    return {"solved": f"{len(ok)}/{len(runs)}", "wall_s": median_range([r["wall_s"] for r in ok], 2),
+            "env_steps": median_range([r["env_steps"] for r in ok], 0)}
 
 
 def main() -> int:
@@ -49,7 +44,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--timeout-s", type=float, default=300)
-    ap.add_argument("--out", default=str(RESULTS / "tune.json"))
+    ap.add_argument("--out", help="result file (default: bench/results/tune.json)")
     args = ap.parse_args()
     results = {}
     for text in args.candidate or ["default="]:
@@ -57,7 +52,7 @@ def main() -> int:
         runs = [run(overrides, seed, args.clients, args.timeout_s) for seed in range(args.seeds)]
         results[name] = {"overrides": overrides, "runs": runs, **summarize(runs)}
         print(json.dumps({name: {k: v for k, v in results[name].items() if k != "runs"}}), flush=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    write_result("tune", {"candidates": results}, args.out)
     return 0
 
 

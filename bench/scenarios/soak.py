@@ -1,6 +1,6 @@
 """Soak: 64 TCP + 8 shared-memory CartPole clients against one daemon for a long time.
 
-    python -m bench.soak [--duration-s 600] [--tcp-clients 64] [--shm-clients 8]
+    python -m bench.scenarios.soak [--duration-s 600] [--tcp-clients 64] [--shm-clients 8]
 
 Clients run as threads in a few worker processes (each worker: 8 TCP + 1 shm agent by
 default). At the end the driver pauses every agent right after an acknowledged sample,
@@ -8,14 +8,13 @@ then compares per client: env steps the client had acknowledged ("sent") with th
 steps the daemon ingested for that connection (status ``sessions``); they must be equal.
 Episodes dropped for policy lag are counted by the daemon (``dropped_episodes``) and
 reported beside. The daemon tree's summed RSS is sampled every second; growth after the
-warm-up (first 20% of the run) must stay within 10%. The daemon log must hold no
+warm-up (first 20% of the run) must stay within ``targets.SOAK_RSS_GROWTH`` (10 %). The daemon log must hold no
 error-level lines. Writes bench/results/soak.json; exit status 0 when all checks pass.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -25,10 +24,14 @@ import threading
 import time
 from pathlib import Path
 
-from bench.proctree import TreeSampler
+import psutil
 
-RESULTS = Path(__file__).resolve().parent / "results"
-REPO = Path(__file__).resolve().parent.parent
+from rlinkd.daemon.launch import stop_processes
+
+from bench.harness.common import REPO, client_load_parser, write_result
+from bench.harness.daemon import Daemon
+from bench.harness.proctree import TreeSampler
+from bench.report.targets import SOAK_RSS_GROWTH
 
 
 # ---------------------------------------------------------------- worker process
@@ -75,30 +78,6 @@ def _agent_loop(agent, env, pause: Path) -> None:
 
 
 # ---------------------------------------------------------------- driver
-def start_daemon(state: Path, extra: list[str]) -> subprocess.Popen:
-    log = open(state / "daemon.log", "ab")
-    cmd = [sys.executable, "-m", "rlinkd.daemon.cli", "serve", "--state-dir", str(state), "--port", "0",
-           *extra]
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
-def wait_daemon(state: Path, proc: subprocess.Popen, timeout_s: float = 120) -> dict:
-    from rlinkd.client_lib.protocol.discovery import read_daemon_file
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daemon exited with {proc.returncode}")
-        if (info := read_daemon_file(state)) and info["pid"] == proc.pid:
-            return info
-        time.sleep(0.05)
-    raise RuntimeError("daemon did not become ready")
-
-
-def status(info: dict) -> dict:
-    from rlinkd.daemon.runfiles import query_status
-    return query_status(info, timeout_s=30)
-
-
 def start_workers(args, info: dict, state: Path, tmp: Path) -> list[tuple[subprocess.Popen, Path]]:
     workers = []
     n = max(1, args.workers)
@@ -106,7 +85,7 @@ def start_workers(args, info: dict, state: Path, tmp: Path) -> list[tuple[subpro
         tcp = args.tcp_clients // n + (w < args.tcp_clients % n)
         shm = args.shm_clients // n + (w < args.shm_clients % n)
         out = tmp / f"worker-{w}.json"
-        cmd = [sys.executable, "-m", "bench.soak", "--worker", str(out), "--tcp", str(tcp),
+        cmd = [sys.executable, "-m", "bench.scenarios.soak", "--worker", str(out), "--tcp", str(tcp),
                "--shm", str(shm), "--seed", str(w), "--state-dir", str(state),
                "--tcp-address", f"tcp://127.0.0.1:{info['port']}"]
         workers.append((subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL), out))
@@ -148,23 +127,14 @@ def rss_growth(samples: list[tuple[float, int]], duration_s: float) -> float:
     return statistics.median(tail) / statistics.median(warm) - 1.0
 
 
-def tree_rss_mb(pid: int) -> dict[str, float]:
+def tree_rss_mb(daemon: Daemon) -> dict[str, float]:
     """RSS of the daemon's processes now, by role (children's cmdlines are anonymous)."""
-    import psutil
-    from rlinkd.daemon.runfiles import query_status
+    names = {pid: role for role, pid in daemon.role_pids().items()}
     try:
-        root = psutil.Process(pid)
+        root = psutil.Process(daemon.pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return {}
-    names = {pid: "supervisor"}
-    state = Path(root.cmdline()[root.cmdline().index("--state-dir") + 1])
-    try:
-        from rlinkd.client_lib.protocol.discovery import read_daemon_file
-        status = query_status(read_daemon_file(state), timeout_s=10)
-        names |= {c["pid"]: role for role, c in status["children"].items()}
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
     out = {}
     for p in procs:
         try:
@@ -181,31 +151,23 @@ def error_lines(log: Path) -> list[str]:
 
 def drive(args: argparse.Namespace) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="rlinkd-soak-"))
-    state = tmp / "state"
-    state.mkdir()
-    daemon = start_daemon(state, [a for s in args.set for a in ("--set", s)])
+    daemon = Daemon(args.set, state_dir=tmp / "state").start()
     workers = []
     try:
-        info = wait_daemon(state, daemon)
         sampler = TreeSampler(daemon.pid, interval_s=1.0).start()
-        workers = start_workers(args, info, state, tmp)
+        workers = start_workers(args, daemon.info, daemon.state_dir, tmp)
         time.sleep(args.duration_s * 0.25)
-        rss_warm = tree_rss_mb(daemon.pid)
+        rss_warm = tree_rss_mb(daemon)
         time.sleep(args.duration_s * 0.75)
-        rss_end = tree_rss_mb(daemon.pid)
+        rss_end = tree_rss_mb(daemon)
         reports = collect_reports(workers)
-        final = status(info)
+        final = daemon.status(timeout_s=30)
         sampler.stop()
     finally:
-        for proc, _ in workers:
-            proc.terminate()
-            proc.wait(30)
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(120)
+        stop_processes([proc for proc, _ in workers])
+        daemon.stop(120)
     rows = compare(reports, final["sessions"])
-    return {"command": " ".join(["python -m bench.soak", *sys.argv[1:]]),
-            "measured_at": time.strftime("%Y-%m-%d %H:%M"),
-            "load_avg_1m_at_end": round(os.getloadavg()[0], 2), "duration_s": args.duration_s, "tcp_clients": args.tcp_clients,
+    return {"duration_s": args.duration_s, "tcp_clients": args.tcp_clients,
             "shm_clients": args.shm_clients, "clients": rows,
             "steps_sent": sum(r["steps_sent"] for r in rows),
             "steps_ingested": sum(r["steps_ingested"] or 0 for r in rows),
@@ -216,24 +178,21 @@ def drive(args: argparse.Namespace) -> dict:
             "rss_mb_start_end": [round(sampler.samples[0][1] / 2**20), round(sampler.samples[-1][1] / 2**20)],
             "rss_mb_by_process_after_warmup": rss_warm, "rss_mb_by_process_at_end": rss_end,
             "rss_mb_series": [(round(t), round(r / 2**20)) for t, r in sampler.samples[::10]],
-            "error_log_lines": error_lines(state / "daemon.log")[:20],
-            "daemon_exit": daemon.returncode, "state_dir": str(state)}
+            "error_log_lines": error_lines(daemon.log_path)[:20],
+            "daemon_exit": daemon.proc.returncode, "state_dir": str(daemon.state_dir)}
 
 
 def passed(result: dict) -> bool:
     return (not result["mismatched_clients"] and not result["client_errors"]
-            and result["rss_growth"] <= 0.10 and not result["error_log_lines"]
+            and SOAK_RSS_GROWTH.met(100 * result["rss_growth"]) and not result["error_log_lines"]
             and result["daemon_exit"] == 0 and result["steps_sent"] > 0)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = client_load_parser(__doc__, "soak", tcp_clients=64, shm_clients=8)
     ap.add_argument("--duration-s", type=float, default=600.0)
-    ap.add_argument("--tcp-clients", type=int, default=64)
-    ap.add_argument("--shm-clients", type=int, default=8)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--set", action="append", default=[])
-    ap.add_argument("--out", default=str(RESULTS / "soak.json"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--tcp", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--shm", type=int, default=0, help=argparse.SUPPRESS)
@@ -245,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_worker(args)
     result = drive(args)
     result["passed"] = passed(result)
-    RESULTS.mkdir(exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    write_result("soak", result, args.out)
     summary = {k: v for k, v in result.items() if k != "clients"}
     print(json.dumps(summary, indent=1))
     return 0 if result["passed"] else 1

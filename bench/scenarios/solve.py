@@ -1,6 +1,6 @@
 """Time-to-solve benchmark: `rlinkd demo` (daemon + N CartPole clients) until mean return 450.
 
-    python -m bench.solve [--runs 5] [--clients 2] [--transport tcp]
+    python -m bench.scenarios.solve [--runs 5] [--clients 2] [--transport tcp]
 
 Run i uses `rlinkd demo --seed i` (learner and client seeds), default config otherwise, so
 the runs are the "solves in 5 of 5 seeds" check of the tuned defaults. Measures from
@@ -12,38 +12,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-from bench.proctree import TreeSampler
+from bench.harness.common import median_range, write_result
+from bench.harness.demo import demo_command, demo_summary
+from bench.harness.proctree import TreeSampler
 
-RESULTS = Path(__file__).resolve().parent / "results"
 
-
-def one_run(clients: int, transport: str, seed: int, extra: list[str]) -> dict:
-    state = tempfile.mkdtemp(prefix="rlinkd-bench-")
-    cmd = [sys.executable, "-m", "rlinkd.daemon.cli", "demo", "--clients", str(clients), "--seed", str(seed),
-           "--transport", transport, "--state-dir", state, *extra]
+def one_run(clients: int, transport: str, seed: int, overrides: list[str]) -> dict:
+    cmd = demo_command(clients, transport, seed, overrides)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sampler = TreeSampler(proc.pid).start()
     out, _ = proc.communicate(timeout=900)
     sampler.stop()
-    last = out.strip().splitlines()[-1]
-    summary = json.loads(last.split(" ", 1)[1])
-    return {"seed": seed, "solved": summary["solved"] and proc.returncode == 0,
-            "wall_s": round(time.monotonic() - t0, 2), "demo_wall_s": summary["wall_s"],
-            "env_steps": summary["env_steps"], "peak_rss_mb": round(sampler.peak_rss_bytes / 2**20, 1),
+    summary = demo_summary(out)
+    return {"seed": seed, "solved": bool(summary.get("solved")) and proc.returncode == 0,
+            "wall_s": round(time.monotonic() - t0, 2), "demo_wall_s": summary.get("wall_s"),
+            "env_steps": summary.get("env_steps"), "peak_rss_mb": round(sampler.peak_rss_bytes / 2**20, 1),
             "cpu_s": round(sampler.cpu_s, 1)}
-
-
-def median_range(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -76,20 +65,15 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--transport", default="tcp")
     ap.add_argument("--set", action="append", default=[])
-    ap.add_argument("--out", default=str(RESULTS / "solve.json"))
+    ap.add_argument("--out", help="result file (default: bench/results/solve.json)")
     args = ap.parse_args()
-    extra = [a for s in args.set for a in ("--set", s)]
     runs = []
     for i in range(args.runs):
-        runs.append(one_run(args.clients, args.transport, i, extra))
+        runs.append(one_run(args.clients, args.transport, i, args.set))
         print(json.dumps({"run": i + 1, **runs[-1]}), flush=True)
-    result = {"command": " ".join(["python -m bench.solve", *sys.argv[1:]]),
-              "cpu_count": os.cpu_count(), "clients": args.clients, "transport": args.transport,
-              "runs": runs, "summary": summarize(runs), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
+    result = {"clients": args.clients, "transport": args.transport, "runs": runs, "summary": summarize(runs)}
     result["table_markdown"] = table_markdown(result)
-    RESULTS.mkdir(exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    write_result("solve", result, args.out)
     print(json.dumps(result["summary"], indent=1))
     return 0 if all(r["solved"] for r in runs) else 1
 

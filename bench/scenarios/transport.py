@@ -1,6 +1,6 @@
 """Transport benchmark: shared-memory rings vs RLlink over TCP, measured in one run.
 
-    .venv/bin/python -m bench.transport [--runs 5] [--quick] [--profile]
+    .venv/bin/python -m bench.scenarios.transport [--runs 5] [--quick] [--profile]
 
 Every figure uses CartPole-sized data: 4 observation floats, 1 action, 2 logits and a
 log-prob per step (64-byte step records), episodes of 255 steps closed by a FINAL_OBS
@@ -26,7 +26,7 @@ c) ``tcp_daemon``: a raw-socket client sends pre-encoded EPISODES frames (orjson
    after the ring (131,072 records) fills, this is the *learner's* pace, reported with the
    first second's burst and the learner's trained steps/s to show it.
    ``tcp_collector``: the same client against the real collector alone
-   (``bench.collector_harness``: ``CollectorProcess`` with a consumer process draining the
+   (``bench.harness.collector``: ``CollectorProcess`` with a consumer process draining the
    episode ring, no connector/learner), i.e. the TCP path without backpressure.
 d) wake-up latency: a producer waits until the consumer sleeps in ``wait_readable``
    (``reader_sleeping`` set), stamps ``perf_counter_ns()`` into the record's i64
@@ -54,7 +54,6 @@ import pstats
 import random
 import secrets
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -62,16 +61,17 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.collector_harness import IsolatedCollector
-from bench.common import (EPISODE_STEPS, LOOPBACK, STEPS_PER_MESSAGE, Daemon, episodes_frame,
-                          fmt_mr, fmt_num, handshake, median_range, percentiles, print_table,
-                          status_over_unix, write_result)
-from bench.proctree import tree_cpu_s
+from rlinkd.daemon.runfiles import query_status
+
+from bench.harness.collector import IsolatedCollector
+from bench.harness.common import fmt_mr, fmt_num, median_range, percentiles, print_table, write_result
+from bench.harness.daemon import Daemon
+from bench.harness.proctree import tree_cpu_s
+from bench.harness.rllink import EPISODE_STEPS, STEPS_PER_MESSAGE, connect_tcp, episodes_frame
+from bench.report import targets
 
 SHM_DIR = "/dev/shm"
 BATCH_RECORDS = 1024
-TARGETS = {"shm_single_steps_per_s": 1_000_000, "shm_batch_steps_per_s": 20_000_000,
-           "wakeup_p50_us": 30.0, "idle_cpu_percent": 2.0}
 
 
 # ---------------------------------------------------------------- data
@@ -284,24 +284,22 @@ def shm_throughput(mode: str, n_steps: int, runs: int, profile: bool) -> dict:
 # ---------------------------------------------------------------- (c) TCP
 def tcp_sender(conn, port: int, frame: bytes, duration_s: float) -> None:
     """Client process: handshake, then sendall the same EPISODES frame for ``duration_s``."""
-    sock = socket.create_connection((LOOPBACK, port), timeout=120)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    handshake(sock)
+    client = connect_tcp(port)
     conn.send("ready")
     conn.recv()
     frames, deadline = 0, time.monotonic() + duration_s
     while time.monotonic() < deadline:
-        sock.sendall(frame)
+        client.sock.sendall(frame)
         frames += 1
     conn.send(frames)
-    sock.close()
+    client.close()
 
 
 def _poll_status(unix_socket: str, until: float, every_s: float = 0.5) -> list[dict]:
     """(t, env_steps, trained_steps) samples of a daemon's status until ``until``."""
     samples = []
     while time.monotonic() < until:
-        s = status_over_unix(unix_socket)
+        s = query_status({"unix_socket": unix_socket})
         samples.append({"t": time.monotonic(), "env_steps": s.get("env_steps", 0),
                         "trained_steps": (s.get("connector") or {}).get("trained_steps", 0)})
         time.sleep(every_s)
@@ -349,7 +347,7 @@ def tcp_daemon(runs: int, duration_s: float) -> dict:
     results = []
     for _ in range(runs):
         with Daemon(["sampling.force_on_policy=false"]) as d:
-            results.append(tcp_run(d.tcp_port, d.unix_socket, duration_s))
+            results.append(tcp_run(d.port, d.unix_socket, duration_s))
         r = results[-1]
         print(f"  tcp daemon: {fmt_num(r['steps_per_s'])} steps/s (first second "
               f"{fmt_num(r['burst_steps_per_s_first_1s'])}, last half {fmt_num(r['steps_per_s_last_half'])}, "
@@ -504,36 +502,33 @@ def idle_cpu(window_s: float, n_clients: int = 8) -> dict:
 
 
 # ---------------------------------------------------------------- report
-def verdict(value, target, higher_is_better: bool) -> str:
-    if value is None:
-        return "not measured"
-    ok = value >= target if higher_is_better else value <= target
-    return "met" if ok else "missed"
+def _verdict(target: targets.Target, value: float | None) -> str:
+    return "not measured" if value is None else "met" if target.met(value) else "missed"
 
 
 def table(res: dict) -> str:
-    """The markdown table the lead pastes into BENCHMARKS.md."""
-    t = TARGETS
+    """The markdown table of BENCHMARKS.md's transport section (targets from bench.report.targets)."""
     s, b = res["shm_single"]["steps_per_s"], res["shm_batch"]["steps_per_s"]
     fifo, efd, rt = res["wakeup_fifo_us"], res["wakeup_eventfd_us"], res["daemon_round_trip_us"]
     idle = res["idle_cpu"]["cpu_percent_of_one_core"]
+    t = targets
     rows = [
-        ("shm, 1 client, single steps (`write_step`)", f"{fmt_mr(s)} steps/s", "≥ 1,000,000",
-         verdict(s["median"], t["shm_single_steps_per_s"], True)),
-        ("shm, 1 client, batches of 1,024 (`write_batch`)", f"{fmt_mr(b)} steps/s", "≥ 20,000,000",
-         verdict(b["median"], t["shm_batch_steps_per_s"], True)),
+        ("shm, 1 client, single steps (`write_step`)", f"{fmt_mr(s)} steps/s", t.SHM_SINGLE.bound_text(),
+         _verdict(t.SHM_SINGLE, s["median"])),
+        ("shm, 1 client, batches of 1,024 (`write_batch`)", f"{fmt_mr(b)} steps/s", t.SHM_BATCH.bound_text(),
+         _verdict(t.SHM_BATCH, b["median"])),
         ("TCP RLlink JSON into `rlinkd serve` (off-policy, learner-bound)",
          f"{fmt_mr(res['tcp_daemon']['steps_per_s'])} steps/s (first second "
          f"{fmt_mr(res['tcp_daemon']['burst_steps_per_s_first_1s'])})", "–", "–"),
         ("TCP RLlink JSON into the collector alone (no backpressure)",
          f"{fmt_mr(res['tcp_collector']['steps_per_s'])} steps/s", "–", "–"),
         ("wake-up, ring + doorbell FIFO (daemon's)", f"p50 {fifo['p50']} µs, p99 {fifo['p99']} µs",
-         "p50 ≤ 30 µs", verdict(fifo["p50"], t["wakeup_p50_us"], False)),
+         f"p50 {t.WAKEUP_P50.bound_text()}", _verdict(t.WAKEUP_P50, fifo["p50"])),
         ("wake-up, ring + eventfd doorbell", f"p50 {efd['p50']} µs, p99 {efd['p99']} µs", "–", "–"),
         ("daemon round trip: 1-step sample + SAMPLE_READY → WEIGHTS_READY",
          f"p50 {rt['p50']} µs, p99 {rt['p99']} µs", "–", "–"),
         (f"idle daemon CPU, {res['idle_cpu']['clients']} silent shm clients, {res['idle_cpu']['window_s']:g} s",
-         f"{idle:.2f} % of one core", "≤ 2 %", verdict(idle, t["idle_cpu_percent"], False)),
+         f"{idle:.2f} % of one core", t.IDLE_CPU.bound_text(), _verdict(t.IDLE_CPU, idle)),
     ]
     return print_table("Transport (median (min – max) of "
                        f"{res['runs']} runs; CartPole-sized steps)",
@@ -563,10 +558,9 @@ def main() -> int:
     res["daemon_round_trip_us"] = daemon_round_trip(200 if q else 2000)
     print("(e) idle CPU", flush=True)
     res["idle_cpu"] = idle_cpu(5.0 if q else 20.0)
-    res["targets"] = TARGETS
+    res["targets"] = {t.name: t.bound_text() for t in targets.TRANSPORT}
     res["table_markdown"] = table(res)
-    path = write_result("transport", res)
-    print(f"wrote {path}")
+    write_result("transport", res)
     return 0
 
 

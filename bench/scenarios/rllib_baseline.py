@@ -1,16 +1,17 @@
 """RLlib baseline: RLlib's RLlink example (PPO, CartPole-v1) measured from outside.
 
-    .venv/bin/python -m bench.rllib_baseline [--runs 3] [--versions 2.48.0 2.60.0]
+    .venv/bin/python -m bench.scenarios.rllib_baseline [--runs 3] [--versions 2.48.0 2.60.0]
                                              [--modes example external] [--timeout 960] [--quick]
 
-Runs the anchor scripts in ``/work/shared/anchors/rllib`` (read their README): each run is
+Runs the shared anchor scripts in ``<repo>/../shared/anchors/rllib`` (``ANCHORS_DIR``
+overrides; read their README): each run is
 ``run_anchor.sh --ray V --mode M --runs 1 --timeout T``, which starts ray's processes under
 ``monitor.py`` (psutil samples of the whole process tree every second) in the venvs under
 ``/tmp/anchor-rllib`` (ray <= 2.48: ``venv/legacy-<ver>``, JSON + ONNX; ray >= 2.49:
 ``venv``, msgpack). A version whose venv is missing is installed by run_anchor.sh (unless
 ``--no-install``); one that cannot be installed is skipped with the reason.
 
-Two definitions of solved, as for rlinkd (``bench.rlinkd_solve``):
+Two definitions of solved, as for rlinkd (``bench.scenarios.rlinkd_solve``):
 
 - ``example``: ray's example script as shipped (its built-in dummy client), stopped by its
   own criterion - RLlib's ``episode_return_mean`` >= 450. Figures from ``summarize.py``
@@ -39,10 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import RESULTS, fmt_mr, median_range, print_table, write_result
+from bench.harness.common import ANCHOR_ROOT, ANCHORS, RESULTS, fmt_mr, median_range, print_table, write_result
 
-ANCHORS = Path(os.environ.get("ANCHORS_DIR", "/work/shared/anchors/rllib"))
-ANCHOR_ROOT = Path(os.environ.get("ANCHOR_ROOT", "/tmp/anchor-rllib"))
 VERSIONS = ("2.48.0", "2.60.0")
 MODES = ("example", "external")
 INSTALL_TIMEOUT_S = 3600
@@ -173,7 +172,7 @@ def parse_external(outd: Path, started: float) -> dict:
 
 
 def _figures(solved: bool, wall_s, env_steps, rss_mb, cpu_s, cpu_steps) -> dict:
-    """The keys every system reports (see bench.rlinkd_solve.measures)."""
+    """The keys every system reports (see bench.scenarios.rlinkd_solve.measures)."""
     return {"solved": solved, "wall_s": wall_s, "env_steps": env_steps,
             "steps_per_s": round(env_steps / wall_s, 1) if wall_s and env_steps else None,
             "peak_rss_mb": rss_mb, "cpu_s": cpu_s,
@@ -263,8 +262,7 @@ def main() -> int:
                 runs = [r for r in old if r.get("solved")] + runs
             res["versions"][version]["modes"][mode] = {"runs": runs, "summary": summarize(runs)}
     res["table_markdown"] = table(res)
-    path = write_result("rllib", res, module="bench.rllib_baseline")
-    print(f"wrote {path}")
+    write_result("rllib", res)
     return 0
 
 

@@ -8,7 +8,7 @@ conversion, ingest ids, ring writes, SET_STATE frames from the weights board), b
 episode ring never pushes back because nothing trains. The weights board holds one
 version (zeros, published here as the learner would at boot), so SET_STATE replies work.
 
-    python -m bench.collector_harness --state-dir D [--set section.key=value ...]
+    python -m bench.harness.collector --state-dir D [--set section.key=value ...]
 
 prints one JSON line ``{"port": P, "unix_socket": S, "pid": PID}`` once listening and runs
 until SIGTERM. ``IsolatedCollector`` starts and stops it from a benchmark.
@@ -28,7 +28,9 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import REPO, set_args
+from rlinkd.daemon.launch import set_args, stop_processes
+
+from bench.harness.common import REPO
 
 
 def drain_ring(ring_path: str, sizes: tuple[int, int, int], stop) -> None:
@@ -107,7 +109,7 @@ def serve(state_dir: str, overrides: list[str]) -> int:
 
 
 class IsolatedCollector:
-    """Start ``python -m bench.collector_harness`` and read its port; stop it by pid."""
+    """Start ``python -m bench.harness.collector`` and read its port; stop it by pid."""
 
     def __init__(self, overrides: list[str] | None = None) -> None:
         self.overrides = overrides or []
@@ -117,7 +119,7 @@ class IsolatedCollector:
         self.unix_socket = ""
 
     def __enter__(self) -> "IsolatedCollector":
-        cmd = [sys.executable, "-m", "bench.collector_harness", "--state-dir", self.state_dir,
+        cmd = [sys.executable, "-m", "bench.harness.collector", "--state-dir", self.state_dir,
                *set_args(self.overrides)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(
             Path(self.state_dir) / "harness.log", "ab"), cwd=REPO, text=True)
@@ -135,13 +137,8 @@ class IsolatedCollector:
         return self.proc.pid
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_processes([self.proc])
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
 

@@ -1,9 +1,10 @@
 """Latency benchmark: SET_STATE replies, weights publication, client scaling, start-up.
 
-    .venv/bin/python -m bench.latency [--quick]
+    .venv/bin/python -m bench.scenarios.latency [--quick]
 
 Writes ``bench/results/latency.json`` and prints markdown tables. All clients are raw
-sockets on 127.0.0.1 sending pre-encoded orjson frames of CartPole-sized episodes.
+sockets on 127.0.0.1 (client_lib connections or asyncio streams) sending pre-encoded frames
+of CartPole-sized episodes (``bench.harness.rllink``, built with the shared codec).
 
 1. ``set_state_reply``: one client sends EPISODES_AND_GET_STATE with a 500-step episode and
    times the SET_STATE reply (send start → last reply byte).
@@ -29,7 +30,7 @@ sockets on 127.0.0.1 sending pre-encoded orjson frames of CartPole-sized episode
    (510 steps) → SET_STATE as fast as replies come, off-policy, spread over client worker
    processes (asyncio). Ingested steps/s = steps acknowledged in the window / window;
    latency p50/p99 per request. ``collector`` = the real collector alone
-   (``bench.collector_harness``: nothing trains, so no backpressure: the collector's
+   (``bench.harness.collector``: nothing trains, so no backpressure: the collector's
    capacity); ``daemon`` = ``rlinkd serve`` off-policy (fresh per point; 1, 8, 64 clients),
    where a full episode ring makes the replies wait for the learner (ingest = the
    learner's pace after the first ~0.5 s). ``paced`` = the collector alone with 64 clients
@@ -48,7 +49,6 @@ import multiprocessing as mp
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -59,62 +59,59 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from bench.collector_harness import IsolatedCollector
-from bench.common import (LOOPBACK, REPO, STEPS_PER_MESSAGE, Daemon, episodes_frame, fmt_mr, fmt_num,
-                          handshake, median_range, percentiles, print_table, recv_frame,
-                          rlinkd_cmd, write_result)
+from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.transport import RLlinkClient
+from rlinkd.daemon.launch import ServeProcess
+
+from bench.harness.collector import IsolatedCollector
+from bench.harness.common import LOOPBACK, fmt_mr, fmt_num, median_range, percentiles, print_table, write_result
+from bench.harness.daemon import Daemon
+from bench.harness.rllink import STEPS_PER_MESSAGE, connect_tcp, episodes_frame, frame, read_body
 
 REPLY_STEPS = 500
 
 
 # ---------------------------------------------------------------- 1. SET_STATE replies
-def _connect(port: int) -> socket.socket:
-    sock = socket.create_connection((LOOPBACK, port), timeout=120)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    handshake(sock)
-    return sock
-
-
-def _timed_request(sock: socket.socket, frame: bytes) -> tuple[float, dict]:
+def _timed_request(client: RLlinkClient, request: bytes) -> tuple[float, codec.Message]:
     """(milliseconds from send to the whole reply, decoded reply)."""
     t0 = time.perf_counter()
-    sock.sendall(frame)
-    reply = recv_frame(sock)
+    client.sock.sendall(request)
+    reply = client.recv()
     return (time.perf_counter() - t0) * 1e3, reply
 
 
 def on_policy_replies(n: int) -> dict:
     """Default (on-policy) daemon: reply time, the learner's update time, the difference."""
-    frame = episodes_frame("EPISODES_AND_GET_STATE", REPLY_STEPS, REPLY_STEPS)
+    request = episodes_frame("EPISODES_AND_GET_STATE", REPLY_STEPS, REPLY_STEPS)
     total, update, excl, mismatched = [], [], [], 0
     with Daemon() as d:
-        sock = _connect(d.tcp_port)
-        _timed_request(sock, frame)  # warm-up: first batch, first ONNX export paths
+        client = connect_tcp(d.port)
+        _timed_request(client, request)  # warm-up: first batch, first ONNX export paths
         for _ in range(n):
-            ms, reply = _timed_request(sock, frame)
+            ms, reply = _timed_request(client, request)
             learner = d.status().get("learner") or {}
-            if learner.get("weights_seq_no") != reply.get("weights_seq_no"):
+            if learner.get("weights_seq_no") != reply.weights_seq_no:
                 mismatched += 1  # stats of another version: cannot subtract reliably
                 continue
             total.append(ms)
             update.append(learner["update_time_s"] * 1e3)
             excl.append(ms - learner["update_time_s"] * 1e3)
-        sock.close()
+        client.close()
     return {"reply_ms": percentiles(total, ndigits=2), "learner_update_ms": percentiles(update, ndigits=2),
             "excluding_training_ms": percentiles(excl, ndigits=2), "skipped_mismatched": mismatched}
 
 
 def off_policy_replies(n: int, pace_s: float = 0.2) -> dict:
     """Off-policy daemon: the reply does not wait for training (paced: no backpressure)."""
-    frame = episodes_frame("EPISODES_AND_GET_STATE", REPLY_STEPS, REPLY_STEPS)
+    request = episodes_frame("EPISODES_AND_GET_STATE", REPLY_STEPS, REPLY_STEPS)
     times = []
     with Daemon(["sampling.force_on_policy=false"]) as d:
-        sock = _connect(d.tcp_port)
-        _timed_request(sock, frame)
+        client = connect_tcp(d.port)
+        _timed_request(client, request)
         for _ in range(n):
             time.sleep(pace_s)
-            times.append(_timed_request(sock, frame)[0])
-        sock.close()
+            times.append(_timed_request(client, request)[0])
+        client.close()
     return {"reply_ms": percentiles(times, ndigits=2), "pace_s": pace_s}
 
 
@@ -178,7 +175,7 @@ def _inbox_receiver(inbox, n: int, conn) -> None:
         msg = inbox.recv(10.0)
         if msg is None:
             break
-        lat.append((time.perf_counter_ns() - msg.stats["stamp_ns"]) / 1e3)
+        lat.append((time.perf_counter_ns() - msg.cutoff_ingest_id) / 1e3)  # the stamp
     conn.send(lat)
     os._exit(0)
 
@@ -194,7 +191,8 @@ def inbox_hop_us(n: int) -> list[float]:
     peer.start()
     time.sleep(0.3)
     for i in range(n):
-        inbox.send(m.WeightsPublished(i, i, True, {"stamp_ns": time.perf_counter_ns()}))
+        state = m.LearnerState(lr=0.001, ent_coef=0.0, updates=i, trained_steps=0, rejected_batches=0)
+        inbox.send(m.WeightsPublished(i, time.perf_counter_ns(), state, None))  # stamp as cutoff
         time.sleep(0.003)
     lat = parent.recv()
     peer.join(10)
@@ -249,7 +247,7 @@ def weights_publication(n: int) -> dict:
 
 
 # ---------------------------------------------------------------- 3. scaling
-async def _client_loop(port: int, frame: bytes, t_start: float, t_end: float, out: dict,
+async def _client_loop(port: int, request: bytes, t_start: float, t_end: float, out: dict,
                        period_s: float = 0.0) -> None:
     """One connection: EPISODES_AND_GET_STATE → SET_STATE until ``t_end``; records the window.
 
@@ -260,18 +258,17 @@ async def _client_loop(port: int, frame: bytes, t_start: float, t_end: float, ou
     reader, writer = await asyncio.open_connection(LOOPBACK, port, limit=1 << 22)
     writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for obj in ({"type": "PING"}, {"type": "GET_CONFIG"}):
-        body = orjson.dumps(obj)
-        writer.write(b"%08d" % len(body) + body)
-        await reader.readexactly(int(await reader.readexactly(8)))
+        writer.write(frame(obj))
+        await read_body(reader)
     next_send = time.monotonic() + random.uniform(0, period_s)
     while time.monotonic() < t_end:
         if period_s:
             await asyncio.sleep(max(0.0, next_send - time.monotonic()))
             next_send = max(next_send + period_s, time.monotonic())
         t0 = time.monotonic()
-        writer.write(frame)
+        writer.write(request)
         await writer.drain()
-        await reader.readexactly(int(await reader.readexactly(8)))
+        await read_body(reader)
         t1 = time.monotonic()
         if t0 >= t_start and t1 <= t_end:
             out["lat_ms"].append((t1 - t0) * 1e3)
@@ -282,11 +279,11 @@ async def _client_loop(port: int, frame: bytes, t_start: float, t_end: float, ou
 def scaling_worker(port: int, n_conns: int, t_start: float, t_end: float, conn,
                    period_s: float = 0.0) -> None:
     """Worker process: ``n_conns`` asyncio connections; sends back latencies and steps."""
-    frame = episodes_frame("EPISODES_AND_GET_STATE")
+    request = episodes_frame("EPISODES_AND_GET_STATE")
     out = {"lat_ms": [], "steps": 0}
 
     async def run_all():
-        await asyncio.gather(*(_client_loop(port, frame, t_start, t_end, out, period_s)
+        await asyncio.gather(*(_client_loop(port, request, t_start, t_end, out, period_s)
                                for _ in range(n_conns)))
     asyncio.run(run_all())
     conn.send(out)
@@ -354,7 +351,7 @@ def scaling_daemon(counts: list[int], window_s: float) -> list[dict]:
     points = []
     for n in counts:
         with Daemon(["sampling.force_on_policy=false"]) as d:
-            points.append(scaling_point(d.tcp_port, n, window_s, warmup_s=0.0))
+            points.append(scaling_point(d.port, n, window_s, warmup_s=0.0))
             points[-1]["learner"] = {k: (d.status().get("learner") or {}).get(k)
                                      for k in ("updates", "trained_steps", "update_time_s")}
         _print_point("rlinkd serve", points[-1])
@@ -374,22 +371,13 @@ def startup_once(timeout_s: float = 120.0) -> float:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(path)
         sock.settimeout(1.0)
-        env = dict(os.environ, NOTIFY_SOCKET=path)
-        env.pop("WATCHDOG_USEC", None)
-        log = open(tmp / "rlinkd.log", "ab")
+        daemon = ServeProcess(tmp / "state", env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": None})
         t0 = time.monotonic()
-        proc = subprocess.Popen(rlinkd_cmd("serve", "--state-dir", str(tmp / "state"), "--port", "0"),
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO)
+        daemon.launch()
         try:
-            elapsed = _wait_ready(sock, proc, t0, timeout_s)
+            elapsed = _wait_ready(sock, daemon.proc, t0, timeout_s)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
+            daemon.stop()
             shutil.rmtree(tmp, ignore_errors=True)
     return elapsed
 
@@ -480,8 +468,7 @@ def main() -> int:
     print("4. start-up", flush=True)
     res["startup"] = startup(2 if q else 5)
     res["tables_markdown"] = tables(res)
-    path = write_result("latency", res)
-    print(f"wrote {path}")
+    write_result("latency", res)
     return 0
 
 

@@ -1,6 +1,6 @@
 """rlinkd time-to-solve CartPole-v1 under the same two definitions as the RLlib baseline.
 
-    .venv/bin/python -m bench.rlinkd_solve [--runs 3] [--timeout-s 600] [--quick]
+    .venv/bin/python -m bench.scenarios.rlinkd_solve [--runs 3] [--timeout-s 600] [--quick]
                                            [--skip-rllib-client] [--rllib-client-seconds S]
 
 Configurations: TCP and shared-memory clients, 1 and 2 of them, default daemon config.
@@ -10,7 +10,7 @@ Configurations: TCP and shared-memory clients, 1 and 2 of them, default daemon c
     time from launching the demo (daemon start-up included) to the progress line showing
     450 (shutdown excluded), env steps from the daemon's status.
 (ii) ``client`` - the client-side criterion of RLlib's external mode: ``rlinkd serve`` and N
-    ``bench.solve_client`` processes are launched at the same moment (as run_anchor.sh
+    ``bench.scenarios.solve_client`` processes are launched at the same moment (as run_anchor.sh
     launches RLlib's server and client); the clients' complete episodes are pooled in time
     order and the run is solved when the mean of the last 100 is >= 450 (with at least 10
     episodes, exactly the rule of rllib_client.py). Wall time from the clients' launch, env
@@ -41,13 +41,15 @@ import time
 from collections import deque
 from pathlib import Path
 
-from bench.common import (REPO, Daemon, fmt_mr, free_port, median_range, print_table,
-                          rlinkd_cmd, stop_procs, write_result)
-from bench.proctree import TreeSampler
+from rlinkd.daemon.launch import LaunchError, stop_processes
+
+from bench.harness.common import (ANCHOR_ROOT, ANCHORS, REPO, fmt_mr, free_port, median_range, print_table,
+                                  write_result)
+from bench.harness.daemon import Daemon
+from bench.harness.demo import demo_command, demo_summary
+from bench.harness.proctree import TreeSampler
 
 TARGET = 450.0
-ANCHORS = Path(os.environ.get("ANCHORS_DIR", "/work/shared/anchors/rllib"))
-ANCHOR_ROOT = Path(os.environ.get("ANCHOR_ROOT", "/tmp/anchor-rllib"))
 LEGACY_PYTHON = ANCHOR_ROOT / "venv" / "legacy-2.48.0" / "bin" / "python"
 CONFIGS = [("tcp", 1), ("tcp", 2), ("shm", 1), ("shm", 2)]
 
@@ -71,8 +73,7 @@ def own_run(transport: str, clients: int, timeout_s: float) -> dict:
     mean at 450, minus the launch: the demo's shutdown afterwards is not counted.
     """
     state = tempfile.mkdtemp(prefix="rlinkd-bench-")
-    cmd = rlinkd_cmd("demo", "--clients", str(clients), "--transport", transport, "--state-dir", state,
-                     "--timeout-s", str(timeout_s))
+    cmd = demo_command(clients, transport, timeout_s=timeout_s, state_dir=state)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     sampler = TreeSampler(proc.pid).start()
@@ -80,7 +81,7 @@ def own_run(transport: str, clients: int, timeout_s: float) -> dict:
     proc.wait(60)
     sampler.stop()
     progress = [(t, line) for t, line in lines if line.startswith("[")]
-    summary = _demo_summary("".join(line for _, line in lines))
+    summary = demo_summary("".join(line for _, line in lines))
     solved = bool(summary.get("solved")) and proc.returncode == 0
     if solved:
         shutil.rmtree(state, ignore_errors=True)  # kept for a look when it failed
@@ -88,14 +89,6 @@ def own_run(transport: str, clients: int, timeout_s: float) -> dict:
     return measures(wall, summary.get("env_steps"), sampler, solved) | {
         "demo_wall_s": summary.get("wall_s"), "return_mean": summary.get("return_mean_20"),
         **({} if solved else {"state_dir": state})}
-
-
-def _demo_summary(out: str) -> dict:
-    """The JSON of the demo's last line (``SOLVED {...}`` / ``NOT SOLVED {...}``)."""
-    for line in reversed(out.strip().splitlines()):
-        if line.startswith(("SOLVED ", "NOT SOLVED ")):
-            return json.loads(line.split(" ", 2 if line.startswith("NOT") else 1)[-1])
-    return {}
 
 
 # ---------------------------------------------------------------- (ii) client-side criterion
@@ -137,7 +130,7 @@ def client_run(transport: str, n_clients: int, timeout_s: float) -> dict:
     state_dir = daemon.state_dir
     address = f"tcp://127.0.0.1:{port}" if transport == "tcp" else f"shm:{state_dir}"
     t0 = time.monotonic()
-    clients = [subprocess.Popen([sys.executable, "-m", "bench.solve_client", "--connect", address,
+    clients = [subprocess.Popen([sys.executable, "-m", "bench.scenarios.solve_client", "--connect", address,
                                  "--seed", str(1000 + i)], stdout=subprocess.PIPE,
                                 stderr=open(Path(state_dir) / f"client{i}.log", "ab"), text=True, cwd=REPO)
                for i in range(n_clients)]
@@ -150,7 +143,7 @@ def client_run(transport: str, n_clients: int, timeout_s: float) -> dict:
         pool.solved.wait(max(0.0, timeout_s - (time.monotonic() - t0)))
     finally:
         sampler.stop()
-        stop_procs(clients)
+        stop_processes(clients)
         exit_code = daemon.stop()
     solved = pool.solved_at is not None
     wall = pool.solved_at - t0 if solved else None
@@ -164,7 +157,7 @@ def _time_to_ready(daemon: Daemon, t0: float) -> float | None:
     """Seconds from launch until the daemon answers with weights (information only)."""
     try:
         daemon.wait_ready(120.0)
-    except RuntimeError:
+    except LaunchError:
         return None
     return round(time.monotonic() - t0, 2)
 
@@ -177,7 +170,7 @@ def rllib_client_run(timeout_s: float) -> dict:
         env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", HOME=str(ANCHOR_ROOT / "home"),
                    PYTHONUNBUFFERED="1")
         cmd = [str(LEGACY_PYTHON), str(ANCHORS / "rllib_client.py"), "--host", "127.0.0.1",
-               "--port", str(daemon.tcp_port), "--stop-return", str(TARGET),
+               "--port", str(daemon.port), "--stop-return", str(TARGET),
                "--max-seconds", str(timeout_s), "--json-out", str(progress)]
         client = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
         sampler = TreeSampler(daemon.pid, client.pid).start()
@@ -185,7 +178,7 @@ def rllib_client_run(timeout_s: float) -> dict:
             code = client.wait(timeout_s + 120)
         finally:
             sampler.stop()
-            stop_procs([client])
+            stop_processes([client])
         events = [json.loads(line) for line in progress.read_text().splitlines() if line.strip()]
         status = daemon.status()
     last = events[-1] if events else {}
@@ -271,8 +264,7 @@ def main() -> int:
         print("(iii) RLlib 2.48 dummy client against rlinkd serve", flush=True)
         res["rllib_client"] = run_mode("rllib-2.48-client", lambda: rllib_client_run(rllib_limit), runs)
     res["table_markdown"] = table(res)
-    path = write_result("solve_compare", res, module="bench.rlinkd_solve")
-    print(f"wrote {path}")
+    write_result("solve_compare", res)
     return 0
 
 

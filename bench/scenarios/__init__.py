@@ -1,0 +1,37 @@
+"""The benchmark scenarios, one module each (``python -m bench.scenarios.<name>``).
+
+``SUITE`` declares what ``make bench`` (``bench.run_all``) runs, in order, and which
+result file of ``bench/results`` each one writes (the report reads those files).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """``module`` run as ``python -m``; ``full``/``quick``: its arguments in a full or a
+    ``--quick`` run (``{runs}`` and ``{results}`` are filled in by run_all)."""
+
+    module: str
+    result_file: str
+    full: tuple[str, ...] = ()
+    quick: tuple[str, ...] = ("--quick",)
+
+
+FUZZ_TESTS = ("-q", "-p", "no:cacheprovider", "tests/process/test_fuzz_live.py")
+
+SUITE = {
+    "demo": Scenario("bench.scenarios.solve", "solve.json", ("--runs", "5"),
+                     ("--runs", "1", "--out", "{results}/solve-quick.json")),
+    "transport": Scenario("bench.scenarios.transport", "transport.json"),
+    "latency": Scenario("bench.scenarios.latency", "latency.json"),
+    "rlinkd_solve": Scenario("bench.scenarios.rlinkd_solve", "solve_compare.json", ("--runs", "{runs}")),
+    "rllib": Scenario("bench.scenarios.rllib_baseline", "rllib.json", ("--runs", "{runs}")),
+    "profile": Scenario("bench.scenarios.profile_demo", "profile.json"),
+    "soak": Scenario("bench.scenarios.soak", "soak.json", (),
+                     ("--duration-s", "60", "--out", "{results}/soak-quick.json")),
+    "chaos": Scenario("bench.scenarios.chaos", "chaos.json", (),
+                      ("--kills", "4", "--out", "{results}/chaos-quick.json")),
+    "fuzz": Scenario("pytest", "fuzz.json", FUZZ_TESTS, FUZZ_TESTS),
+}
