@@ -28,8 +28,7 @@ import time
 from pathlib import Path
 
 from bench.soak import REPO, RESULTS, start_daemon, wait_daemon
-
-ROLES = ("collector", "connector", "learner", "checkpointer")
+from rlinkd.daemon.roster import ROLES
 
 
 def try_status(info: dict) -> dict | None:

@@ -29,6 +29,7 @@ from rlinkd.client_lib.protocol.spaces import SpaceError, SpaceSpec
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.errors import ConfigError
 from rlinkd.daemon.ipc import Inbox, SharedFd
+from rlinkd.daemon.roster import ROLES
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.blob import BlobArea
@@ -37,7 +38,6 @@ from rlinkd.shm.ring import StepRing
 from rlinkd.shm.segment import sweep_stale
 from rlinkd.shm.slots import BatchSlots
 
-ROLES = ("collector", "connector", "learner", "checkpointer")
 COUNTERS = ("env_steps", "episodes")  # kept by the collector, saved in every checkpoint
 SHM_PREFIX = "rlinkd"
 BATCH_META = ("ingest_cutoff", "episodes", "dropped_episodes", "values_seq_no", "behaviour_min",

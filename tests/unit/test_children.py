@@ -1,4 +1,5 @@
-"""daemon.children: restart backoff, crash-loop rule and hang escalation, without processes."""
+"""daemon.children: restart backoff, crash-loop rule and hang escalation over RoleState
+(no processes), and the Child process handle with a fake process."""
 from __future__ import annotations
 
 import signal
@@ -6,20 +7,14 @@ import signal
 import pytest
 
 from rlinkd.daemon import children
-from rlinkd.daemon.children import (ABORT_GRACE_S, HEALTHY_AFTER_S, Child, hang_action, in_crash_loop,
-                             is_boot_error, schedule_restart)
+from rlinkd.daemon.children import (ABORT_GRACE_S, HEALTHY_AFTER_S, Child, RoleState, hang_action,
+                                    in_crash_loop, is_boot_error, schedule_restart)
 from rlinkd.daemon.errors import ExitCode
 
 
-class FakeChild(Child):
-    """A Child whose process is 'alive' as long as the test says so."""
-
-    def __init__(self, role: str = "learner", alive: bool = True, started_at: float = 0.0):
-        super().__init__(role=role, started_at=started_at)
-        self._alive = alive
-
-    def alive(self) -> bool:
-        return self._alive
+def FakeChild(role: str = "learner", alive: bool = True, started_at: float = 0.0) -> RoleState:
+    """A role's restart state, running as long as the test says so."""
+    return RoleState(role=role, running=alive, started_at=started_at)
 
 
 def test_backoff_doubles_up_to_the_cap():
@@ -110,7 +105,7 @@ def test_hang_action_grace_is_the_module_constant(monkeypatch):
     assert hang_action(child, 99.0, 1.0, now=10.6) == signal.SIGKILL
 
 
-def test_start_resets_restart_and_abort_state(monkeypatch):
+def test_child_start_spawns_a_named_process(monkeypatch):
     class FakeProcess:
         pid, sentinel = 4321, 99
 
@@ -127,11 +122,19 @@ def test_start_resets_restart_and_abort_state(monkeypatch):
         Process = FakeProcess
 
     monkeypatch.setattr(children.mp, "get_context", lambda method: FakeContext)
-    child = Child(role="collector", restart_at=5.0, abort_sent_at=3.0)
+    child = Child(role="collector")
     child.start(target=None, args=())
     assert child.alive() and child.pid == 4321 and child.sentinel() == 99
     assert child.process.name == "rlinkd-collector"
-    assert child.restart_at is None and child.abort_sent_at is None and child.started_at > 0
+
+
+def test_mark_started_resets_restart_and_abort_state():
+    state = RoleState(role="collector", restart_at=5.0, abort_sent_at=3.0)
+    state.mark_started(7.0)
+    assert state.running and state.started_at == 7.0
+    assert state.restart_at is None and state.abort_sent_at is None
+    state.mark_exited(-9)
+    assert not state.running and state.last_exit == -9
 
 
 def test_child_without_process():

@@ -47,8 +47,9 @@ def test_checkpoint_carries_the_reloaded_config(inproc):
 
     from rlinkd.daemon import messages as m
     from rlinkd.daemon.wiring import ROLES
+    changes = {"ppo.lr": 0.0005, "checkpoint.keep_checkpoints": 3}
     for role in ROLES:  # what the supervisor sends after a reload
-        inproc.topo.inboxes[role].send(m.Reload({"ppo.lr": 0.0005, "checkpoint.keep_checkpoints": 3}))
+        inproc.topo.inboxes[role].send(m.Reload(changes))
     done = inproc.checkpoint()
     assert done.ok, done.error
     ckpt = store.verify(store.checkpoints_dir(inproc.cfg.state_dir) / "ckpt-000001")
