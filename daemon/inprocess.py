@@ -16,7 +16,8 @@ import structlog
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.roles import RoleContext, run_role
-from rlinkd.daemon.wiring import ROLES, Topology, build_topology, destroy_topology
+from rlinkd.daemon.roster import ROLES
+from rlinkd.daemon.wiring import Topology, build_topology, destroy_topology
 
 log = structlog.get_logger("inprocess")
 

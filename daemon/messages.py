@@ -151,6 +151,7 @@ class DaemonInfo:
     children: dict[str, ChildInfo]
     last_checkpoint: CheckpointInfo | None
     checkpoints_written: int
+    undelivered_messages: int
     reload_generation: int
     last_reload: ReloadResult | None
     state_dir: str

@@ -24,10 +24,8 @@ import structlog
 
 from rlinkd.daemon import log as logsetup
 from rlinkd.daemon.errors import ConfigError, ExitCode
+from rlinkd.daemon.roster import ROLE_MODULES
 from rlinkd.daemon.wiring import Topology
-
-ROLE_MODULES = {"collector": "rlinkd.daemon.collector.process", "connector": "rlinkd.daemon.connector.process",
-                "learner": "rlinkd.daemon.learner.process", "checkpointer": "rlinkd.daemon.checkpoint.process"}
 
 
 PR_SET_PDEATHSIG = 1

@@ -1,12 +1,19 @@
-"""The supervisor (arbiter): starts the roles, keeps them alive, turns signals into actions.
+"""The supervisor's process shell: processes, signals, inboxes and timers around a pure core.
+
+Every decision (restart when, crash loop, hung child, each shutdown step, exit code)
+is made by ``daemon.supervisor_core.SupervisorCore`` from events and the current
+time; this shell feeds it events and carries out the actions it returns.
 
 Signal handlers only enqueue the signal number (``signal.set_wakeup_fd`` wakes the
-loop); the main loop dispatches ``handle_<sig>()``. Each loop turn: wait on the
-wake-up pipe, the supervisor inbox and the children's sentinels; dispatch signals;
-handle messages; reap and restart children with exponential backoff; SIGABRT then
-SIGKILL a child that stopped heart-beating; fire timers (periodic checkpoint,
-status to the collector, systemd STATUS/WATCHDOG). A child exiting with a boot
-error, or crash-looping, stops the daemon with a non-zero exit and one clear line.
+loop); the loop dispatches ``handle_<sig>()``. Each loop turn: wait on the wake-up
+pipe, the supervisor inbox and the children's sentinels; dispatch signals; handle
+messages (a handler table keyed by message class); reap children; let the core act
+on the time; fire timers (periodic checkpoint, status to the collector, systemd
+STATUS/WATCHDOG). The loop never blocks on a full inbox: every send is non-blocking,
+and one that cannot be delivered is logged and counted (an undeliverable checkpoint
+request fails at once). Anything escaping the loop is logged with its traceback and
+ends the daemon with ``CRASH``; the cleanup still kills the children and unlinks the
+shared memory.
 
 Shutdown (SIGTERM/SIGINT): drain the collector (stop accepting, ERROR to clients),
 let the learner finish the update in flight, write a final checkpoint, stop the
@@ -25,25 +32,26 @@ from pathlib import Path
 
 import structlog
 
-from rlinkd.daemon import messages as m
-from rlinkd.daemon.checkpoint import store
-from rlinkd.daemon.children import Child, hang_action, in_crash_loop, is_boot_error, schedule_restart
-from rlinkd.daemon.config import (Config, ConfigError, apply_changes, load_config, reloadable_changes,
-                           reloadable_values)
-from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon import log as logsetup
-from rlinkd.daemon.roles import child_main
-from rlinkd.daemon.runfiles import StateDirLock, remove_daemon_file, write_daemon_file
+from rlinkd.daemon import messages as m
+from rlinkd.daemon import supervisor_core as core
+from rlinkd.daemon.checkpoint import store
+from rlinkd.daemon.children import Child
+from rlinkd.daemon.config import (Config, ConfigError, apply_changes, load_config,
+                                  reloadable_changes, reloadable_values)
+from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.metrics import TensorBoardMetrics
+from rlinkd.daemon.roles import child_main
+from rlinkd.daemon.roster import ROLES, START_ORDER
+from rlinkd.daemon.runfiles import StateDirLock, remove_daemon_file, write_daemon_file
 from rlinkd.daemon.sdnotify import Notifier, watchdog_interval_s
-from rlinkd.daemon.wiring import ROLES, Topology, build_topology, destroy_topology
+from rlinkd.daemon.wiring import Topology, build_topology, destroy_topology
 
 log = structlog.get_logger("supervisor")
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
 LOOP_WAIT_S = 0.25
 SYSTEMD_STATUS_EVERY_S = 2.0
-INTERRUPTED = 130
-START_ORDER = ("learner", "collector", "connector", "checkpointer")  # slowest boot first
+INTERRUPTED = core.INTERRUPTED
 
 
 class Supervisor:
@@ -53,42 +61,57 @@ class Supervisor:
                  notifier: Notifier | None = None) -> None:
         self.cfg, self.overrides, self.fresh = cfg, list(overrides), fresh
         self.notifier = notifier or Notifier()
-        self.children = {role: Child(role) for role in ROLES}
+        self.core = core.SupervisorCore(cfg.daemon, START_ORDER)
+        self.children = {role: Child(role) for role in START_ORDER}
         self.sig_queue: collections.deque[int] = collections.deque()
         self.topo: Topology | None = None
-        self.stopping: str | None = None
         self.exit_code: int | None = None
-        self.phase_deadline = 0.0
-        self.final_ckpt_id: int | None = None
         self.ready_parts: set[str] = set()
         self.listening: m.Listening | None = None
+        self.picked_port: int | None = None  # the collector's pick when server.port = 0
         self.collector_status: m.CollectorStatus | None = None
         self.last_checkpoint: m.CheckpointInfo | None = None
         self.checkpoints_written = 0
+        self.undelivered_messages = 0
         self.reload_generation = 0
         self.last_reload: m.ReloadResult | None = None
-        self.route = m.Router("supervisor", {
-            m.Listening: self._on_listening, m.LearnerReady: lambda _msg: self._mark_ready("learner"),
-            m.CollectorStatus: self._on_collector_status, m.CheckpointDone: self._on_checkpoint_done})
-        self.next_request_id = 1
         self.timers = {"checkpoint": 0.0, "info": 0.0, "systemd": 0.0, "watchdog": 0.0}
         self.watchdog_s = watchdog_interval_s()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.metrics = TensorBoardMetrics(Path(cfg.state_dir) / "tensorboard")
+        self.route = m.Router("supervisor", {
+            m.Listening: self.on_listening, m.LearnerReady: self.on_learner_ready,
+            m.CollectorStatus: self.on_collector_status, m.CheckpointDone: self.on_checkpoint_done})
+        self.performers = {core.Start: self._do_start, core.Kill: self._do_kill,
+                           core.Send: self._do_send, core.ShutdownBegun: self._do_shutdown_begun,
+                           core.Exit: self._do_exit}
+
+    @property
+    def stopping(self) -> str | None:
+        return self.core.stopping
 
     # ------------------------------------------------------------ lifecycle
     def run(self) -> int:
-        state_dir = self.cfg.state_dir
-        lock = StateDirLock(state_dir)
+        """Prepare (a ``ConfigError`` here reaches the CLI: one line, exit 78), then
+        supervise until the core decides the exit code; always clean up."""
+        lock = StateDirLock(self.cfg.state_dir)
         try:
             self._prepare()
             self._install_signals()
-            for role in START_ORDER:
-                self._start(role)
-            return self._loop()
+            return self._supervise()
         finally:
             self._cleanup()
             lock.release()
+
+    def _supervise(self) -> int:
+        """The loop boundary: an unexpected exception is logged with its traceback and
+        ends the daemon with CRASH (``run`` then kills the children, unlinks segments)."""
+        try:
+            self._perform(self.core.start_all(time.monotonic()))
+            return self._loop()
+        except Exception:  # noqa: BLE001 - the supervisor's process boundary
+            log.exception("supervisor_crashed")
+            return int(ExitCode.CRASH)
 
     def _prepare(self) -> None:
         root = store.checkpoints_dir(self.cfg.state_dir)
@@ -114,12 +137,6 @@ class Supervisor:
     def _enqueue_signal(self, signum, _frame) -> None:
         self.sig_queue.append(signum)  # nothing else: no logging, no raising
 
-    def _start(self, role: str) -> None:
-        child = self.children[role]
-        child.start(child_main, (role, self.topo))
-        self.topo.heartbeats[ROLES.index(role)] = time.monotonic()
-        log.info("child_started", child=role, child_pid=child.pid, restarts=child.restarts)
-
     def _cleanup(self) -> None:
         signal.set_wakeup_fd(-1)
         for child in self.children.values():
@@ -143,11 +160,9 @@ class Supervisor:
             for msg in self.topo.inboxes["supervisor"].drain():
                 self.route(msg)
             self._reap()
-            if self.stopping:
-                self._advance_shutdown()
-            else:
-                self._restart_due()
-                self._check_heartbeats()
+            if self.exit_code is None:
+                self._perform(self.core.tick(time.monotonic(), self._heartbeat_ages()))
+            if not self.stopping and self.exit_code is None:
                 self._timers()
         return self.exit_code
 
@@ -162,24 +177,69 @@ class Supervisor:
                 pass
 
     def _dispatch_signals(self) -> None:
-        while self.sig_queue:
+        while self.sig_queue and self.exit_code is None:
             name = signal.Signals(self.sig_queue.popleft()).name.lower()[3:]
             getattr(self, f"handle_{name}")()
 
+    def _heartbeat_ages(self) -> dict[str, float]:
+        now = time.monotonic()
+        return {role: now - self.topo.last_heartbeat(role) for role in ROLES}
+
+    def _reap(self) -> None:
+        for role, child in self.children.items():
+            code = child.reap()
+            if code is not None:
+                self._perform(self.core.child_exited(role, code, time.monotonic()))
+
+    # ------------------------------------------------------------ actions
+    def _perform(self, actions: list) -> None:
+        """Carry out the core's actions, in order."""
+        for action in actions:
+            self.performers[type(action)](action)
+
+    def _do_start(self, action: core.Start) -> None:
+        child = self.children[action.role]
+        child.start(child_main, (action.role, self.topo))
+        self.topo.heartbeat(action.role)
+        log.info("child_started", child=action.role, child_pid=child.pid,
+                 restarts=self.core.roles[action.role].restarts)
+
+    def _do_kill(self, action: core.Kill) -> None:
+        self.children[action.role].signal(action.sig)
+
+    def _do_send(self, action: core.Send) -> None:
+        if not self._deliver(action.target, action.msg) and isinstance(action.msg,
+                                                                       m.CheckpointRequest):
+            req = action.msg
+            log.error("checkpoint_failed", reason=req.reason, request_id=req.request_id,
+                      error="checkpointer inbox full: request not delivered")
+            self.core.checkpoint_finished(req.request_id)
+
+    def _do_shutdown_begun(self, _action: core.ShutdownBegun) -> None:
+        self.notifier.stopping()
+
+    def _do_exit(self, action: core.Exit) -> None:
+        self.exit_code = action.code
+
+    def _deliver(self, target: str, msg) -> bool:
+        """Send without waiting. A full inbox (its reader hung or slow) is logged and
+        counted (``undelivered_messages`` in status); the loop goes on."""
+        if self.topo.inboxes[target].try_send(msg):
+            return True
+        self.undelivered_messages += 1
+        log.warning("message_undelivered", target=target, kind=type(msg).__name__,
+                    undelivered_messages=self.undelivered_messages)
+        return False
+
     # ------------------------------------------------------------ signal handlers
     def handle_term(self) -> None:
-        self.begin_shutdown("SIGTERM", ExitCode.OK)
+        self._perform(self.core.terminate(time.monotonic()))
 
     def handle_int(self) -> None:
-        if self.stopping:
-            log.warning("forced_exit", reason="second SIGINT")
-            self.exit_code = INTERRUPTED
-            return
-        self.begin_shutdown("SIGINT", ExitCode.OK)
+        self._perform(self.core.interrupt(time.monotonic()))
 
     def handle_usr1(self) -> None:
-        if not self.stopping:
-            self.request_checkpoint("SIGUSR1")
+        self.request_checkpoint("SIGUSR1")
 
     def handle_hup(self) -> None:
         if not self.stopping:
@@ -189,13 +249,16 @@ class Supervisor:
         """Children are reaped every loop turn; SIGCHLD only wakes the loop."""
 
     # ------------------------------------------------------------ messages
-    def _on_listening(self, msg: m.Listening) -> None:
+    def on_listening(self, msg: m.Listening) -> None:
         self.listening = msg
         self._pin_port(msg.port)
-        self.topo.inboxes["collector"].try_send(self.info())  # status complete at once
+        self._deliver("collector", self.info())  # status complete at once
         self._mark_ready("listening")
 
-    def _on_collector_status(self, msg: m.CollectorStatus) -> None:
+    def on_learner_ready(self, _msg: m.LearnerReady) -> None:
+        self._mark_ready("learner")
+
+    def on_collector_status(self, msg: m.CollectorStatus) -> None:
         self.collector_status = msg
         self.metrics.record(msg)
 
@@ -203,6 +266,7 @@ class Supervisor:
         """With ``port = 0`` the first collector picked a port; a restarted one must reuse
         it, or reconnecting clients would knock on a closed door."""
         if self.cfg.server.port == 0:
+            self.picked_port = port
             self.cfg = dataclasses.replace(self.cfg, server=dataclasses.replace(
                 self.cfg.server, port=port))
             self.topo = dataclasses.replace(self.topo, cfg=self.cfg)
@@ -227,13 +291,11 @@ class Supervisor:
             "shm_dir": self.cfg.daemon.shm_dir, "started_at": self.topo.started_at})
 
     # ------------------------------------------------------------ checkpoints
-    def request_checkpoint(self, reason: str) -> int:
-        rid, self.next_request_id = self.next_request_id, self.next_request_id + 1
-        self.topo.inboxes["checkpointer"].send(m.CheckpointRequest(rid, reason))
-        log.info("checkpoint_requested", reason=reason, request_id=rid)
-        return rid
+    def request_checkpoint(self, reason: str) -> None:
+        """Timer and SIGUSR1: ask for a checkpoint without waiting (none while stopping)."""
+        self._perform(self.core.request_checkpoint(reason))
 
-    def _on_checkpoint_done(self, msg: m.CheckpointDone) -> None:
+    def on_checkpoint_done(self, msg: m.CheckpointDone) -> None:
         if msg.ok:
             self.checkpoints_written += 1
             self.last_checkpoint = m.CheckpointInfo(msg.path, msg.seq_no, time.time())
@@ -241,8 +303,7 @@ class Supervisor:
             log.info("checkpoint_done", path=msg.path, reason=msg.reason, weights_seq_no=msg.seq_no)
         else:
             log.error("checkpoint_failed", reason=msg.reason, error=msg.error)
-        if msg.request_id == self.final_ckpt_id:
-            self.final_ckpt_id = None
+        self.core.checkpoint_finished(msg.request_id)
 
     # ------------------------------------------------------------ reload
     def reload(self) -> None:
@@ -250,16 +311,14 @@ class Supervisor:
         self.notifier.reloading()
         self.reload_generation += 1
         try:
-            new = load_config(self.cfg.source_file or None, self.overrides)
-            new = dataclasses.replace(new, daemon=dataclasses.replace(
-                new.daemon, state_dir=self.cfg.daemon.state_dir,
-                runtime_dir=self.cfg.daemon.runtime_dir))
+            loaded = load_config(self.cfg.source_file or None, self.overrides)
         except ConfigError as exc:
             log.error("reload_rejected", error=str(exc))
             self.last_reload = m.ReloadResult(self.reload_generation, False, time.time(), {}, (),
                                               str(exc))
             self.notifier.ready("reload rejected")
             return
+        new = core.reload_target(self.cfg, loaded, self.picked_port)
         applied, ignored = reloadable_changes(self.cfg, new)
         self._apply(applied)
         log.info("reloaded", applied=applied, needs_restart=ignored)
@@ -274,52 +333,7 @@ class Supervisor:
         if "checkpoint.checkpoint_interval_s" in changes:
             self.timers["checkpoint"] = time.monotonic() + self.cfg.checkpoint.checkpoint_interval_s
         for role in ROLES:
-            self.topo.inboxes[role].try_send(m.Reload(changes))
-
-    # ------------------------------------------------------------ children
-    def _reap(self) -> None:
-        now = time.monotonic()
-        for role, child in self.children.items():
-            code = child.reap()
-            if code is None:
-                continue
-            log.warning("child_exited", child=role, exit_code=code, stopping=bool(self.stopping))
-            if self.stopping:
-                continue
-            if is_boot_error(code):
-                log.error("boot_error_stopping", child=role, exit_code=code)
-                self.begin_shutdown(f"{role} failed to start", ExitCode.BOOT_ERROR)
-            else:
-                self._plan_restart(child, now)
-
-    def _plan_restart(self, child: Child, now: float) -> None:
-        d = self.cfg.daemon
-        delay = schedule_restart(child, now, d.restart_backoff_s, d.restart_backoff_max_s)
-        if in_crash_loop(child, now, d.crash_loop_restarts, d.crash_loop_window_s):
-            log.error("crash_loop", child=child.role, restarts=len(child.crash_times),
-                      window_s=d.crash_loop_window_s,
-                      message=f"{child.role} crashed more than {d.crash_loop_restarts} times "
-                              f"within {d.crash_loop_window_s:g} s; stopping the daemon")
-            self.begin_shutdown(f"{child.role} is crash-looping", ExitCode.CRASH_LOOP)
-            return
-        log.info("restart_scheduled", child=child.role, delay_s=round(delay, 2))
-
-    def _restart_due(self) -> None:
-        now = time.monotonic()
-        for role, child in self.children.items():
-            if child.process is None and child.restart_at is not None and now >= child.restart_at:
-                child.restarts += 1
-                self._start(role)
-
-    def _check_heartbeats(self) -> None:
-        now = time.monotonic()
-        for role, child in self.children.items():
-            age = now - self.topo.last_heartbeat(role)
-            sig = hang_action(child, age, self.cfg.daemon.heartbeat_timeout_s, now)
-            if sig is not None:
-                log.error("child_hung", child=role, heartbeat_age_s=round(age, 1),
-                          signal=signal.Signals(sig).name)
-                child.signal(sig)
+            self._deliver(role, m.Reload(changes))
 
     # ------------------------------------------------------------ timers
     def _timers(self) -> None:
@@ -330,7 +344,7 @@ class Supervisor:
             self.request_checkpoint("periodic")
         if now >= self.timers["info"]:
             self.timers["info"] = now + self.cfg.daemon.status_interval_s
-            self.topo.inboxes["collector"].try_send(self.info())
+            self._deliver("collector", self.info())
         if now >= self.timers["systemd"]:
             self.timers["systemd"] = now + SYSTEMD_STATUS_EVERY_S
             self.notifier.status(self._status_line())
@@ -340,12 +354,14 @@ class Supervisor:
 
     def info(self) -> m.DaemonInfo:
         """The supervisor's part of ``rlinkd status``."""
-        children = {role: m.ChildInfo(c.pid, c.restarts, c.alive(), c.last_exit)
+        children = {role: m.ChildInfo(c.pid, self.core.roles[role].restarts, c.alive(),
+                                      self.core.roles[role].last_exit)
                     for role, c in self.children.items()}
         return m.DaemonInfo(
             daemon_pid=os.getpid(), state="stopping" if self.stopping else "running",
             children=children, last_checkpoint=self.last_checkpoint,
             checkpoints_written=self.checkpoints_written,
+            undelivered_messages=self.undelivered_messages,
             reload_generation=self.reload_generation, last_reload=self.last_reload,
             state_dir=str(self.cfg.state_dir), config=reloadable_values(self.cfg))
 
@@ -356,41 +372,3 @@ class Supervisor:
         ret = "-" if s.episode_return_mean is None else f"{s.episode_return_mean:.1f}"
         return (f"{s.env_steps_per_s:.0f} steps/s, mean return {ret}, seq_no {s.weights_seq_no}, "
                 f"{s.clients} clients")
-
-    # ------------------------------------------------------------ shutdown
-    def begin_shutdown(self, reason: str, code: int) -> None:
-        """Start the graceful stop: drain clients, then a final checkpoint, then stop roles."""
-        if self.stopping:
-            return
-        self.stopping, self.pending_exit = reason, int(code)
-        self.notifier.stopping()
-        log.info("stopping", reason=reason)
-        budget = self.cfg.daemon.shutdown_timeout_s
-        self.shutdown_deadline = time.monotonic() + budget
-        self.phase_deadline = time.monotonic() + budget * 0.7
-        self.topo.inboxes["collector"].try_send(m.Drain(reason))
-        if self.children["learner"].alive() and self.children["checkpointer"].alive():
-            self.final_ckpt_id = self.request_checkpoint("shutdown")
-        self.phase = "checkpoint"
-
-    def _advance_shutdown(self) -> None:
-        now = time.monotonic()
-        if self.phase == "checkpoint":
-            writers_alive = self.children["learner"].alive() and self.children["checkpointer"].alive()
-            if self.final_ckpt_id is None or now >= self.phase_deadline or not writers_alive:
-                if self.final_ckpt_id is not None:
-                    log.error("final_checkpoint_not_written", timed_out=now >= self.phase_deadline,
-                              writers_alive=writers_alive)
-                for role in ROLES:
-                    self.topo.inboxes[role].try_send(m.Stop(self.stopping))
-                self.phase = "stop"
-        elif self.phase == "stop":
-            alive = [c for c in self.children.values() if c.alive()]
-            if not alive:
-                log.info("stopped", exit_code=self.pending_exit)
-                self.exit_code = self.pending_exit
-            elif now >= self.shutdown_deadline:
-                for child in alive:
-                    log.error("child_killed_at_deadline", child=child.role)
-                    child.signal(signal.SIGKILL)
-                self.exit_code = self.pending_exit

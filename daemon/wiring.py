@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
-from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.client_lib.protocol.spaces import SpaceError, SpaceSpec
 from rlinkd.daemon.batch_schema import META_FIELDS, slot_columns
 from rlinkd.daemon.config import Config
+from rlinkd.daemon.errors import ConfigError
 from rlinkd.daemon.ipc import Inbox, SharedFd
+from rlinkd.daemon.roster import ROLES
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.blob import BlobArea
@@ -36,7 +38,6 @@ from rlinkd.shm.ring import StepRing
 from rlinkd.shm.segment import sweep_stale
 from rlinkd.shm.slots import BatchSlots
 
-ROLES = ("collector", "connector", "learner", "checkpointer")
 COUNTERS = ("env_steps", "episodes")  # kept by the collector, saved in every checkpoint
 SHM_PREFIX = "rlinkd"
 
@@ -88,17 +89,28 @@ class Topology:
 
 
 def resolve_spaces(cfg: Config) -> tuple[SpaceSpec, SpaceSpec]:
-    """Spaces from the config's explicit descriptions, else from the gymnasium id."""
+    """Spaces from the config's explicit descriptions, else from the gymnasium id.
+
+    Called once at start (by ``build_topology``). Raises ``ConfigError`` naming
+    ``env.id`` when gymnasium cannot build that environment or its spaces are not
+    Box/Discrete: the CLI prints one line and exits 78, as for any config mistake.
+    """
     obs, act = cfg.env.observation_space, cfg.env.action_space
-    if obs is None or act is None:
-        import gymnasium as gym
+    if obs is not None and act is not None:
+        return obs, act
+    import gymnasium as gym
+    try:
         env = gym.make(cfg.env.id)
-        try:
-            obs = obs or SpaceSpec.from_gym(env.observation_space)
-            act = act or SpaceSpec.from_gym(env.action_space)
-        finally:
-            env.close()
-    return obs, act
+    except Exception as exc:  # noqa: BLE001 - the gymnasium boundary: any failure is a config error
+        raise ConfigError(f"env.id = {cfg.env.id!r}: gymnasium cannot make this environment "
+                          f"({type(exc).__name__}: {exc})") from exc
+    try:
+        return (obs or SpaceSpec.from_gym(env.observation_space),
+                act or SpaceSpec.from_gym(env.action_space))
+    except SpaceError as exc:
+        raise ConfigError(f"env.id = {cfg.env.id!r}: {exc}") from exc
+    finally:
+        env.close()
 
 
 def make_policy_spec(cfg: Config, obs: SpaceSpec, act: SpaceSpec) -> PolicySpec:

@@ -29,12 +29,12 @@ from pathlib import Path
 
 from rlinkd.client_lib.transport import RLlinkError
 from rlinkd.daemon.launch import rlinkd_command, stop_processes
+from rlinkd.daemon.roster import ROLES
 from rlinkd.daemon.runfiles import query_status
 
 from bench.harness.common import client_load_parser, write_result
 from bench.harness.daemon import Daemon
 
-ROLES = ("collector", "connector", "learner", "checkpointer")
 
 
 def try_status(info: dict) -> dict | None:

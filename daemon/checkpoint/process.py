@@ -19,7 +19,7 @@ import structlog
 from rlinkd.client_lib.protocol.policy_spec import OnnxWeightWriter
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.checkpoint import store
-from rlinkd.daemon.config import to_toml
+from rlinkd.daemon.config import Config, apply_changes, to_toml
 from rlinkd.daemon.errors import CheckpointError, ExitCode
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import RoleContext
@@ -45,12 +45,16 @@ class Pending:
 
 
 class Checkpointer:
-    """Pending requests and the write path."""
+    """Pending requests and the write path.
+
+    ``cfg`` is the config in force: the spawn-time one with every SIGHUP reload
+    applied (``Reload``); each checkpoint saves it and its sha256.
+    """
 
     def __init__(self, topo: Topology, ctx: RoleContext) -> None:
         self.topo, self.ctx = topo, ctx
+        self.cfg: Config = topo.cfg
         self.root = store.checkpoints_dir(topo.cfg.daemon.state_dir)
-        self.keep = topo.cfg.checkpoint.keep_checkpoints
         self.snapshot = BlobArea.attach(topo.snapshot_path)
         self.board = WeightsBoard.attach(topo.board_path)
         self._onnx: OnnxWeightWriter | None = None  # built at the first checkpoint (imports onnx)
@@ -83,7 +87,7 @@ class Checkpointer:
         generation, payload = self.snapshot.read()
         if generation != snap.generation:
             raise CheckpointError("snapshot area was overwritten before it could be saved")
-        config_text = to_toml(self.topo.cfg).encode()
+        config_text = to_toml(self.cfg).encode()
         files = {"learner.pt": payload, "config.toml": config_text}
         seq, flat = self.board.read(np.empty(self.topo.policy_spec.n_params(), np.float32))
         if seq == snap.seq_no:
@@ -93,7 +97,7 @@ class Checkpointer:
                 "config_sha256": hashlib.sha256(config_text).hexdigest(),
                 "counters": self.topo.read_counters(), "weights_seq_no": snap.seq_no}
         ckpt = store.write_checkpoint(self.root, files, meta)
-        store.prune(self.root, self.keep)
+        store.prune(self.root, self.cfg.checkpoint.keep_checkpoints)
         return ckpt
 
     def expire(self) -> None:
@@ -108,7 +112,7 @@ class Checkpointer:
 
     def on_reload(self, msg: m.Reload) -> None:
         reload_level(msg.changes, "checkpointer")
-        self.keep = int(msg.changes.get("checkpoint.keep_checkpoints", self.keep))
+        self.cfg = apply_changes(self.cfg, msg.changes)
 
     def router(self) -> m.Router:
         return m.Router("checkpointer", {m.CheckpointRequest: self.on_request,
@@ -121,7 +125,7 @@ def run(topo: Topology, ctx: RoleContext) -> ExitCode:
     """The checkpointer's process loop."""
     cp = Checkpointer(topo, ctx)
     handle = cp.router()
-    log.info("checkpointer_ready", keep=cp.keep)
+    log.info("checkpointer_ready", keep=cp.cfg.checkpoint.keep_checkpoints)
     while not ctx.stop.is_set():
         ctx.heartbeat()
         msg = ctx.inbox.recv(0.25)

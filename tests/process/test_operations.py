@@ -122,6 +122,7 @@ def test_sighup_applies_a_valid_file_and_ignores_an_invalid_one(daemon_factory, 
     d.signal(signal.SIGHUP)
     status = wait_for(lambda: (s := d.status())["reload_generation"] == 1 and s, 30, what="reload")
     assert status["last_reload"]["ok"] is True
+    assert status["last_reload"]["needs_restart"] == []  # port 0 (the picked port) is no change
     assert status["config"]["ppo.lr"] == 0.0005 and status["config"]["ppo.ent_coef"] == 0.01
     wait_for(lambda: d.status()["learner"].get("lr") == 0.0005, 30, what="learner applies lr")
     config.write_text("[ppo]\nlr = -1\n")
@@ -129,6 +130,11 @@ def test_sighup_applies_a_valid_file_and_ignores_an_invalid_one(daemon_factory, 
     status = wait_for(lambda: (s := d.status())["reload_generation"] == 2 and s, 30, what="reload")
     assert status["last_reload"]["ok"] is False and "ppo.lr" in status["last_reload"]["error"]
     assert status["config"]["ppo.lr"] == 0.0005 and d.status()["learner"]["lr"] == 0.0005
+    config.write_text("[ppo]\nlr = 0.0005\nent_coef = 0.02\n")
+    d.signal(signal.SIGHUP)
+    status = wait_for(lambda: (s := d.status())["reload_generation"] == 3 and s, 30, what="reload")
+    assert status["last_reload"]["ok"] is True and status["last_reload"]["needs_restart"] == []
+    assert status["last_reload"]["applied"] == {"ppo.ent_coef": 0.02}
 
 
 def test_sighup_log_level_reaches_every_process(daemon_factory, tmp_path):
@@ -176,3 +182,14 @@ def test_cli_checkpoint_and_reload_wait_for_the_result(daemon_factory, tmp_path)
     out = subprocess.run([*cli, "reload", "--state-dir", str(d.state_dir)], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 78 and '"ok": false' in out.stdout
+
+
+def test_unknown_env_id_exits_78_with_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "rlinkd.daemon.cli", "serve", "--port", "0",
+                           "--state-dir", str(tmp_path / "state"), "--set", "env.id=NoSuchEnv-v0"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 78, done.stdout + done.stderr
+    assert "NoSuchEnv-v0" in done.stderr and "env.id" in done.stderr, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    assert not (tmp_path / "state" / "daemon.json").exists()

@@ -1,4 +1,5 @@
-"""daemon.children: restart backoff, crash-loop rule and hang escalation, without processes."""
+"""daemon.children: restart backoff, crash-loop rule and hang escalation over RoleState
+(no processes), and the Child process handle with a fake process."""
 from __future__ import annotations
 
 import signal
@@ -6,24 +7,18 @@ import signal
 import pytest
 
 from rlinkd.daemon import children
-from rlinkd.daemon.children import (ABORT_GRACE_S, HEALTHY_AFTER_S, Child, hang_action, in_crash_loop,
-                             is_boot_error, schedule_restart)
+from rlinkd.daemon.children import (ABORT_GRACE_S, HEALTHY_AFTER_S, Child, RoleState, hang_action,
+                                    in_crash_loop, is_boot_error, schedule_restart)
 from rlinkd.daemon.errors import ExitCode
 
 
-class FakeChild(Child):
-    """A Child whose process is 'alive' as long as the test says so."""
-
-    def __init__(self, role: str = "learner", alive: bool = True, started_at: float = 0.0):
-        super().__init__(role=role, started_at=started_at)
-        self._alive = alive
-
-    def alive(self) -> bool:
-        return self._alive
+def role_state(role: str = "learner", alive: bool = True, started_at: float = 0.0) -> RoleState:
+    """A role's restart state, running as long as the test says so."""
+    return RoleState(role=role, running=alive, started_at=started_at)
 
 
 def test_backoff_doubles_up_to_the_cap():
-    child = FakeChild(started_at=1000.0)
+    child = role_state(started_at=1000.0)
     delays, now = [], 1000.0
     for _ in range(7):
         now += 1.0
@@ -35,7 +30,7 @@ def test_backoff_doubles_up_to_the_cap():
 
 
 def test_backoff_resets_after_a_healthy_run():
-    child = FakeChild(started_at=0.0)
+    child = role_state(started_at=0.0)
     for t in (1.0, 2.0, 3.0):
         schedule_restart(child, t, 1.0, 30.0)
     assert child.backoff_s == 4.0
@@ -48,19 +43,19 @@ def test_backoff_resets_after_a_healthy_run():
 
 
 def test_backoff_with_zero_initial_delay():
-    child = FakeChild(started_at=1.0)
+    child = role_state(started_at=1.0)
     assert schedule_restart(child, 2.0, 0.0, 30.0) == 0.0
     assert child.restart_at == 2.0
 
 
 def test_never_started_child_does_not_reset():
-    child = FakeChild(started_at=0.0)
+    child = role_state(started_at=0.0)
     schedule_restart(child, 500.0, 1.0, 10.0)
     assert schedule_restart(child, 1000.0, 1.0, 10.0) == 2.0
 
 
 def test_in_crash_loop_counts_crashes_in_the_window():
-    child = FakeChild()
+    child = role_state()
     for t in (0.0, 10.0, 20.0, 30.0, 40.0):
         child.crash_times.append(t)
     assert not in_crash_loop(child, 40.0, max_restarts=5, window_s=60.0)   # 5 is not more than 5
@@ -71,7 +66,7 @@ def test_in_crash_loop_counts_crashes_in_the_window():
 
 
 def test_crash_loop_through_schedule_restart():
-    child = FakeChild(started_at=0.0)
+    child = role_state(started_at=0.0)
     looping = []
     for i in range(4):
         schedule_restart(child, float(i), 0.1, 1.0)
@@ -87,7 +82,7 @@ def test_is_boot_error():
 
 # ---------------------------------------------------------------- hangs
 def test_hang_action_abort_then_kill_after_grace():
-    child = FakeChild()
+    child = role_state()
     assert hang_action(child, heartbeat_age_s=29.0, timeout_s=30.0, now=100.0) is None
     assert hang_action(child, 30.0, 30.0, now=100.0) is None            # not beyond the timeout
     assert hang_action(child, 31.0, 30.0, now=100.0) == signal.SIGABRT
@@ -99,18 +94,18 @@ def test_hang_action_abort_then_kill_after_grace():
 
 
 def test_hang_action_ignores_dead_children():
-    child = FakeChild(alive=False)
+    child = role_state(alive=False)
     assert hang_action(child, 1e9, 30.0, now=0.0) is None and child.abort_sent_at is None
 
 
 def test_hang_action_grace_is_the_module_constant(monkeypatch):
     monkeypatch.setattr(children, "ABORT_GRACE_S", 0.5)
-    child = FakeChild()
+    child = role_state()
     assert hang_action(child, 99.0, 1.0, now=10.0) == signal.SIGABRT
     assert hang_action(child, 99.0, 1.0, now=10.6) == signal.SIGKILL
 
 
-def test_start_resets_restart_and_abort_state(monkeypatch):
+def test_child_start_spawns_a_named_process(monkeypatch):
     class FakeProcess:
         pid, sentinel = 4321, 99
 
@@ -127,11 +122,19 @@ def test_start_resets_restart_and_abort_state(monkeypatch):
         Process = FakeProcess
 
     monkeypatch.setattr(children.mp, "get_context", lambda method: FakeContext)
-    child = Child(role="collector", restart_at=5.0, abort_sent_at=3.0)
+    child = Child(role="collector")
     child.start(target=None, args=())
     assert child.alive() and child.pid == 4321 and child.sentinel() == 99
     assert child.process.name == "rlinkd-collector"
-    assert child.restart_at is None and child.abort_sent_at is None and child.started_at > 0
+
+
+def test_mark_started_resets_restart_and_abort_state():
+    state = RoleState(role="collector", restart_at=5.0, abort_sent_at=3.0)
+    state.mark_started(7.0)
+    assert state.running and state.started_at == 7.0
+    assert state.restart_at is None and state.abort_sent_at is None
+    state.mark_exited(-9)
+    assert not state.running and state.last_exit == -9
 
 
 def test_child_without_process():

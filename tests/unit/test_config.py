@@ -373,3 +373,34 @@ def test_docs_markdown_shows_defaults():
     assert "| `(none)` |" in rows["`env.observation_space`"]
     assert "| `true` |" in rows["`sampling.force_on_policy`"]
     assert '| `""` |' in rows["`server.token`"]
+
+
+# ---------------------------------------------------------------- env.id
+@pytest.mark.parametrize("env_id", ["NoSuchEnv-v0", "not an id"])
+def test_unknown_env_id_is_a_config_error_naming_it(env_id):
+    from rlinkd.daemon.wiring import resolve_spaces
+    cfg = load_config(overrides=[("env", "id", env_id)], resolve_dirs=False)
+    with pytest.raises(ConfigError, match=f"env.id.*{env_id}"):
+        resolve_spaces(cfg)
+
+
+def test_env_that_fails_to_build_is_a_config_error(monkeypatch):
+    import gymnasium as gym
+
+    from rlinkd.daemon.wiring import resolve_spaces
+
+    def broken(env_id, **_kw):
+        raise RuntimeError("simulator library missing")
+    monkeypatch.setattr(gym, "make", broken)
+    cfg = load_config(overrides=[("env", "id", "CartPole-v1")], resolve_dirs=False)
+    with pytest.raises(ConfigError, match="env.id.*CartPole-v1.*simulator library missing"):
+        resolve_spaces(cfg)
+
+
+def test_explicit_spaces_need_no_gymnasium_env():
+    from rlinkd.daemon.wiring import resolve_spaces
+    cfg = load_config(overrides=[("env", "id", "NoSuchEnv-v0"),
+                                 ("env", "observation_space", {"type": "Discrete", "n": 3}),
+                                 ("env", "action_space", {"type": "Discrete", "n": 2})],
+                      resolve_dirs=False)
+    assert resolve_spaces(cfg) == (SpaceSpec.discrete(3), SpaceSpec.discrete(2))

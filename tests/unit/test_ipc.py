@@ -25,7 +25,7 @@ SAMPLES = [
                  children={"learner": m.ChildInfo(pid=2, restarts=0, alive=True, last_exit=None)},
                  last_checkpoint=m.CheckpointInfo(path="/x/ckpt-000001", weights_seq_no=3,
                                                   created_at=1.5),
-                 checkpoints_written=1, reload_generation=1,
+                 checkpoints_written=1, undelivered_messages=0, reload_generation=1,
                  last_reload=m.ReloadResult(generation=1, ok=True, at=2.0,
                                             applied={"ppo.lr": 0.01}, needs_restart=("env.id",),
                                             error=""),

@@ -38,3 +38,22 @@ def test_one_process_trains_and_checkpoints(inproc):
     assert ckpt.weights_seq_no == status["weights_seq_no"]
     assert ckpt.counters == {"env_steps": 1000, "episodes": status["episodes"]}
     assert {"learner.pt", "policy.onnx", "config.toml"} <= set(ckpt.manifest["files"])
+
+
+def test_checkpoint_carries_the_reloaded_config(inproc):
+    """After a SIGHUP reload the checkpoint holds the config in force, and its hash."""
+    import hashlib
+    import tomllib
+
+    from rlinkd.daemon import messages as m
+    from rlinkd.daemon.wiring import ROLES
+    changes = {"ppo.lr": 0.0005, "checkpoint.keep_checkpoints": 3}
+    for role in ROLES:  # what the supervisor sends after a reload
+        inproc.topo.inboxes[role].send(m.Reload(changes))
+    done = inproc.checkpoint()
+    assert done.ok, done.error
+    ckpt = store.verify(store.checkpoints_dir(inproc.cfg.state_dir) / "ckpt-000001")
+    text = (ckpt.path / "config.toml").read_bytes()
+    saved = tomllib.loads(text.decode())
+    assert saved["ppo"]["lr"] == 0.0005 and saved["checkpoint"]["keep_checkpoints"] == 3
+    assert ckpt.manifest["config_sha256"] == hashlib.sha256(text).hexdigest()
