@@ -209,7 +209,7 @@ def _rewrite_header(path, **fields):
 
 @pytest.mark.parametrize("fields, message", [
     ({"magic": b"XXXXXXXX"}, r"bad magic b'XXXXXXXX' in .*/ring: not an rlinkd step ring"),
-    ({"layout_version": 9}, r"layout_version mismatch in .*/ring: header has 9, expected 1"),
+    ({"layout_version": 9}, r"layout_version mismatch in .*/ring: header has 9, expected 2"),
     ({"record_bytes": 72}, r"record_bytes mismatch in .*/ring: header has 72, expected 64"),
     ({"capacity": 6}, r"capacity 6 in .*/ring is not a power of two"),
     ({"capacity": 16}, r"file size .* mismatch in .*/ring: header has 832, expected 1344"),
