@@ -305,8 +305,7 @@ class CollectorServer:
         self.draining = True
         await self.stop_accepting()
         frame = codec.encode(codec.Error(message=f"daemon shutting down: {reason}"))
-        timeout_s = drain_budget_s(self.cfg)
-        await asyncio.gather(*(_say_goodbye(w, frame, timeout_s) for w in list(self.writers.values())))
+        await say_goodbye_to_all(list(self.writers.values()), frame, drain_budget_s(self.cfg))
         for fut in self.waiters.values():
             if not fut.done():
                 fut.set_result(None)
@@ -320,6 +319,12 @@ ERROR; the rest covers the collector's exit and the supervisor's own steps."""
 def drain_budget_s(cfg: Config) -> float:
     """How long the shutdown drain waits for all clients together."""
     return cfg.daemon.shutdown_timeout_s * DRAIN_SHARE_OF_SHUTDOWN
+
+
+async def say_goodbye_to_all(writers: list[asyncio.StreamWriter], frame: bytes,
+                             timeout_s: float) -> None:
+    """Send ``frame`` to every writer at once and close them all within ``timeout_s``."""
+    await asyncio.gather(*(_say_goodbye(w, frame, timeout_s) for w in writers))
 
 
 async def _say_goodbye(writer: asyncio.StreamWriter, frame: bytes, timeout_s: float) -> None:
