@@ -89,8 +89,8 @@ def serve(state_dir: str, overrides: list[str]) -> int:
     topo = build_topology(cfg)
     stop = mp.get_context("spawn").Event()
     consumer = mp.get_context("spawn").Process(
-        target=drain_ring, args=(topo.episode_ring_path, topo.layout.sizes(), topo.episode_space_doorbell, stop),
-        daemon=True)
+        target=drain_ring, daemon=True,
+        args=(topo.episode_ring_path, topo.layout.sizes(), topo.episode_space_doorbell, stop))
     consumer.start()
     try:
         _publish_initial_weights(topo)

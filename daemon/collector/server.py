@@ -3,8 +3,9 @@
 One event loop serves every TCP and Unix-socket connection (>= 64 at once), writes
 validated records into the collector→connector ring (in ingest-id order, under one
 FIFO lock, awaiting space when the ring is full so a slow learner slows clients
-down instead of growing memory; the connector's space doorbell ends the wait), answers SET_STATE from ``WeightsCache``, and
-releases on-policy waiters when the learner says which ingest ids it trained on.
+down instead of growing memory; the connector's space doorbell ends the wait),
+answers SET_STATE from ``WeightsCache``, and releases on-policy waiters when the
+learner says which ingest ids it trained on.
 A bad frame costs only its own connection: ERROR reply, close, count, log.
 """
 from __future__ import annotations

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from rlinkd.client_lib.protocol.spaces import SpaceSpec
 from rlinkd.daemon.collector.core import CollectorCore
 from rlinkd.daemon.collector.status import RATE_WINDOW_S, RateMeter, StatusBuilder
 from rlinkd.daemon.config import load_config
-from rlinkd.client_lib.protocol.spaces import SpaceSpec
 from rlinkd.shm.records import StepLayout
 
 TICK_S = 0.05  # the collector's tick
