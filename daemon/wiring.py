@@ -58,6 +58,7 @@ class Topology:
     snapshot_path: str
     heartbeats: object  # multiprocessing.Array('d'), one monotonic timestamp per role
     episode_doorbell: SharedFd  # eventfd: collector rings it when the connector sleeps
+    episode_space_doorbell: SharedFd  # eventfd: connector rings it when the collector waits for space
     counters: object  # multiprocessing.Array('q'): COUNTERS, written only by the collector
     shm_prefix: str
     started_at: float = field(default_factory=time.time)
@@ -147,14 +148,18 @@ def build_topology(cfg: Config) -> Topology:
     BlobArea.create(path("snapshot"), cfg.checkpoint.snapshot_bytes).close()
     inboxes = {name: Inbox(name) for name in (*ROLES, "supervisor")}
     heartbeats = mp.get_context("spawn").Array("d", len(ROLES), lock=False)
+    # collector → connector: "records in the episode ring" (the connector announced sleep)
     doorbell = SharedFd(Doorbell.create().fileno())
+    # connector → collector: "space in the episode ring" (the collector announced it waits)
+    space_doorbell = SharedFd(Doorbell.create().fileno())
     # collector → checkpointer/supervisor: env_steps, episodes (survives collector restarts)
     counters = mp.get_context("spawn").Array("q", len(COUNTERS), lock=False)
     return Topology(cfg=cfg, obs_space=obs, act_space=act, policy_spec=spec, layout_sizes=layout.sizes(),
                     inboxes=inboxes, episode_ring_path=path("episodes"),
                     board_path=path("board"), slots_path=path("slots"),
                     snapshot_path=path("snapshot"), heartbeats=heartbeats,
-                    episode_doorbell=doorbell, counters=counters, shm_prefix=prefix)
+                    episode_doorbell=doorbell, episode_space_doorbell=space_doorbell,
+                    counters=counters, shm_prefix=prefix)
 
 
 def destroy_topology(topo: Topology) -> None:
@@ -169,6 +174,7 @@ def destroy_topology(topo: Topology) -> None:
     for inbox in topo.inboxes.values():
         inbox.close()
     topo.episode_doorbell.close()
+    topo.episode_space_doorbell.close()
 
 
 def _pow2(n: int) -> int:

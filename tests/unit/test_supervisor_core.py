@@ -408,7 +408,7 @@ def test_a_full_inbox_is_counted_and_logged_not_waited_on(shell):
     with capture_logs() as logs:
         shell._perform([Send("collector", m.Drain("stop")), Send("learner", m.Stop("stop"))])
     assert time.monotonic() - t0 < 1.0
-    assert shell.undelivered_messages == 1 and shell.info()["undelivered_messages"] == 1
+    assert shell.undelivered_messages == 1 and shell.info().undelivered_messages == 1
     [line] = events(logs, "message_undelivered")
     assert line["target"] == "collector" and line["kind"] == "Drain"
     assert shell.topo.inboxes["learner"].recv(1.0) == m.Stop("stop")
