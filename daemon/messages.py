@@ -9,6 +9,7 @@ dataclasses, never bare dicts; a float that may be NaN is declared ``float | Non
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -56,22 +57,34 @@ class LearnerState:
 
 @dataclass(frozen=True)
 class TrainStats:
-    """What one update measured (means over its minibatch steps). Policy lag is None when
-    no behaviour version was known; explained variance is None for constant targets."""
+    """What one update measured (means over its minibatch steps). A measurement that is not
+    finite (extreme data, constant targets for explained variance) is None; policy lag is
+    None when no behaviour version was known. Built by ``train_stats``."""
 
-    loss: float
-    policy_loss: float
-    value_loss: float
-    entropy: float
-    approx_kl: float
-    clip_frac: float
-    grad_norm: float
+    loss: float | None
+    policy_loss: float | None
+    value_loss: float | None
+    entropy: float | None
+    approx_kl: float | None
+    clip_frac: float | None
+    grad_norm: float | None
     explained_variance: float | None
     epochs: int
     n_rows: int
     update_time_s: float
     policy_lag_max: int | None
     policy_lag_mean: float | None
+
+
+MEASURED = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac",
+            "grad_norm", "explained_variance")
+
+
+def train_stats(stats: dict[str, float], lag: dict[str, int | float | None]) -> TrainStats:
+    """``Learner.update``'s stats and the batch's policy lag as the typed report."""
+    measured = {k: float(stats[k]) if math.isfinite(stats[k]) else None for k in MEASURED}
+    return TrainStats(**measured, epochs=int(stats["epochs"]), n_rows=int(stats["n_rows"]),
+                      update_time_s=float(stats["update_time_s"]), **lag)
 
 
 def learner_report(state: LearnerState | None, update: TrainStats | None) -> dict[str, Any]:

@@ -91,8 +91,13 @@ class CollectorProcess:
         self.server.shm.stop()
 
     def _on_inbox(self) -> None:
-        for msg in self.ctx.inbox.drain():
-            self.route(msg)
+        """Event-loop reader callback: a message that fails to decode or to dispatch ends the
+        role (CRASH, restarted) instead of being dropped by asyncio's callback logging."""
+        try:
+            for msg in self.ctx.inbox.drain():
+                self.route(msg)
+        except Exception as exc:  # noqa: BLE001 - handed to the process boundary, not swallowed
+            self.server.background.fail(exc)
 
     def _on_weights(self, msg: m.WeightsPublished) -> None:
         self.status.on_learner(msg)

@@ -76,8 +76,14 @@ class Background:
 
     def _done(self, task: asyncio.Task) -> None:
         self.tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None and self.fatal is None:
-            self.fatal = task.exception()
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self.fail(exc)
+
+    def fail(self, exc: BaseException) -> None:
+        """Record an unexpected failure (the first one wins); the shell stops and exits CRASH.
+        Also for plain callbacks (inbox reader), whose exceptions asyncio would only log."""
+        if self.fatal is None:
+            self.fatal = exc
             self.failed.set()
 
 

@@ -10,7 +10,6 @@ the slot states in shared memory are the truth about pending batches.
 from __future__ import annotations
 
 import io
-import math
 import time
 
 import structlog
@@ -102,7 +101,7 @@ class LearnerShell:
         update, trained_from = None, self.seq_no
         if rows > 0:
             try:
-                update = train_stats(self._update(slot, rows), meta.policy_lag(trained_from))
+                update = m.train_stats(self._update(slot, rows), meta.policy_lag(trained_from))
             except ValueError as exc:  # a batch the learner refuses (NaN, shapes): skip it
                 log.error("batch_rejected", slot=slot, rows=rows, error=str(exc))
                 self.rejected_batches += 1
@@ -156,17 +155,6 @@ class LearnerShell:
                                     m.Reload: self.on_reload,
                                     m.Stop: lambda _msg: self.ctx.stop.set()},
                         ignore=(m.BatchReady,))
-
-
-def train_stats(stats: dict[str, float], lag: dict) -> m.TrainStats:
-    """``Learner.update``'s stats and the batch's policy lag as the typed report."""
-    ev = stats["explained_variance"]
-    return m.TrainStats(
-        loss=stats["loss"], policy_loss=stats["policy_loss"], value_loss=stats["value_loss"],
-        entropy=stats["entropy"], approx_kl=stats["approx_kl"], clip_frac=stats["clip_frac"],
-        grad_norm=stats["grad_norm"], explained_variance=None if math.isnan(ev) else ev,
-        epochs=int(stats["epochs"]), n_rows=int(stats["n_rows"]),
-        update_time_s=stats["update_time_s"], **lag)
 
 
 def run(topo: Topology, ctx: RoleContext) -> ExitCode:
