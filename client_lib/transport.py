@@ -65,7 +65,7 @@ class RLlinkClient:
         self.max_message_bytes = max_message_bytes
         self.sock: socket.socket | None = None
 
-    def connect(self) -> "RLlinkClient":
+    def connect(self) -> RLlinkClient:
         if self.address.kind == "unix":
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self.timeout_s)
@@ -83,7 +83,7 @@ class RLlinkClient:
             self.sock.close()
             self.sock = None
 
-    def __enter__(self) -> "RLlinkClient":
+    def __enter__(self) -> RLlinkClient:
         return self if self.sock else self.connect()
 
     def __exit__(self, *exc) -> None:

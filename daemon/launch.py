@@ -131,7 +131,7 @@ class ServeProcess:
     info: dict = field(default_factory=dict)
     stop_timed_out: bool = False
 
-    def launch(self) -> "ServeProcess":
+    def launch(self) -> ServeProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(serve_command(self.state_dir, self.args), stdout=log,
@@ -155,7 +155,7 @@ class ServeProcess:
                           f"{self.log_tail()}")
 
     def start(self, timeout_s: float = 120.0,
-              until: Callable[[dict], bool] | None = None) -> "ServeProcess":
+              until: Callable[[dict], bool] | None = None) -> ServeProcess:
         """``launch()`` then ``wait_ready()``; a daemon that is not ready is stopped before
         the LaunchError propagates (no caller is left with a half-started daemon)."""
         self.launch()
@@ -211,7 +211,7 @@ class ServeProcess:
                 self.stop_timed_out = True
         return self.proc.returncode
 
-    def __enter__(self) -> "ServeProcess":
+    def __enter__(self) -> ServeProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -109,7 +109,7 @@ class Supervisor:
         try:
             self._perform(self.core.start_all(time.monotonic()))
             return self._loop()
-        except Exception:  # noqa: BLE001 - the supervisor's process boundary
+        except Exception:  # the supervisor's process boundary
             log.exception("supervisor_crashed")
             return int(ExitCode.CRASH)
 

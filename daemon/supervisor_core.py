@@ -19,8 +19,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import structlog
 

@@ -101,7 +101,7 @@ def resolve_spaces(cfg: Config) -> tuple[SpaceSpec, SpaceSpec]:
     import gymnasium as gym
     try:
         env = gym.make(cfg.env.id)
-    except Exception as exc:  # noqa: BLE001 - the gymnasium boundary: any failure is a config error
+    except Exception as exc:  # the gymnasium boundary: any failure is a config error
         raise ConfigError(f"env.id = {cfg.env.id!r}: gymnasium cannot make this environment "
                           f"({type(exc).__name__}: {exc})") from exc
     try:

@@ -101,7 +101,7 @@ class StepLayout:
         }
 
     @classmethod
-    def from_json(cls, spec: dict) -> "StepLayout":
+    def from_json(cls, spec: dict) -> StepLayout:
         """Inverse of ``to_json``; ValueError if ``record_bytes`` disagrees with the sizes."""
         layout = cls(spec["obs_size"], spec["action_size"], spec["dist_size"])
         if "record_bytes" in spec and spec["record_bytes"] != layout.record_bytes:

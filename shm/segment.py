@@ -59,7 +59,7 @@ class Segment:
         self._unlinked = False
 
     @classmethod
-    def create(cls, path: str, size_bytes: int, mode: int = 0o600) -> "Segment":
+    def create(cls, path: str, size_bytes: int, mode: int = 0o600) -> Segment:
         """Create a new zero-filled segment of ``size_bytes`` at ``path``.
 
         Fails with ``FileExistsError`` if the path exists (never reuses a stale
@@ -94,7 +94,7 @@ class Segment:
             raise
 
     @classmethod
-    def attach(cls, path: str) -> "Segment":
+    def attach(cls, path: str) -> Segment:
         """Map an existing segment read-write.
 
         Refuses (``SegmentOwnerError``) symlinks, non-regular files and files

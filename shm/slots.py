@@ -119,7 +119,7 @@ class BatchSlots:
 
     @classmethod
     def create(cls, path: str, columns: dict, capacity_rows: int, n_slots: int,
-               meta_fields: list[str] | tuple[str, ...] = (), mode: int = 0o600) -> "BatchSlots":
+               meta_fields: list[str] | tuple[str, ...] = (), mode: int = 0o600) -> BatchSlots:
         """Create all-FREE slots.  ``columns``: name -> (per-row shape, numpy dtype string)."""
         description = _describe(columns, capacity_rows, n_slots, meta_fields)
         desc_json = json.dumps(description).encode("utf-8")
@@ -132,7 +132,7 @@ class BatchSlots:
         return cls(segment, geometry)
 
     @classmethod
-    def attach(cls, path: str) -> "BatchSlots":
+    def attach(cls, path: str) -> BatchSlots:
         """Map existing slots after checking header and description (``LayoutError``)."""
         return Segment.open_checked(path, lambda segment: cls(segment, _check_header(segment)))
 

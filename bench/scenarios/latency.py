@@ -386,7 +386,7 @@ def _wait_ready(sock: socket.socket, proc: subprocess.Popen, t0: float, timeout_
     while time.monotonic() - t0 < timeout_s:
         try:
             data = sock.recv(4096)
-        except socket.timeout:
+        except TimeoutError:
             if proc.poll() is not None:
                 raise RuntimeError(f"rlinkd serve exited with {proc.returncode} before READY")
             continue

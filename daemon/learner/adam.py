@@ -9,7 +9,7 @@ all parameters); ``tests/test_learner_adam.py`` checks it against torch.optim.Ad
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
