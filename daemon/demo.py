@@ -34,12 +34,12 @@ def client_address(i: int, transport: str, info: dict, state_dir: Path) -> str:
 
 def start_clients(n: int, transport: str, info: dict, state_dir: Path,
                   seed: int = 0) -> list[subprocess.Popen]:
-    out = open(state_dir / "clients.log", "ab")
-    return [subprocess.Popen(rlinkd_command("client", "--env", "CartPole-v1",
-                                            "--seed", str(1000 + 100 * seed + i),
-                                            "--connect", client_address(i, transport, info, state_dir)),
-                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            for i in range(n)]
+    with open(state_dir / "clients.log", "ab") as out:  # each child keeps its own copy of the fd
+        return [subprocess.Popen(rlinkd_command("client", "--env", "CartPole-v1",
+                                                "--seed", str(1000 + 100 * seed + i),
+                                                "--connect", client_address(i, transport, info, state_dir)),
+                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                for i in range(n)]
 
 
 def progress_line(t: float, s: dict) -> str:
