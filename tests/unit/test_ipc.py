@@ -199,9 +199,9 @@ def test_router_refuses_an_incomplete_or_wrong_table(handlers, ignore, error):
 
 def test_reload_refuses_unknown_or_mistyped_keys_at_construction():
     from rlinkd.daemon.errors import ConfigError
-    with pytest.raises(ConfigError, match="ppo.lrr: not a reloadable"):
+    with pytest.raises(ConfigError, match=r"ppo\.lrr: not a reloadable"):
         m.Reload(changes={"ppo.lrr": 0.1})
-    with pytest.raises(ConfigError, match="ppo.lr"):
+    with pytest.raises(ConfigError, match=r"ppo\.lr"):
         m.Reload(changes={"ppo.lr": "fast"})
 
 
