@@ -388,7 +388,7 @@ def _wait_ready(sock: socket.socket, proc: subprocess.Popen, t0: float, timeout_
             data = sock.recv(4096)
         except TimeoutError:
             if proc.poll() is not None:
-                raise RuntimeError(f"rlinkd serve exited with {proc.returncode} before READY")
+                raise RuntimeError(f"rlinkd serve exited with {proc.returncode} before READY") from None
             continue
         if b"READY=1" in data.split(b"\n"):
             return time.monotonic() - t0

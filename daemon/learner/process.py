@@ -40,7 +40,7 @@ class LearnerShell:
             self.learner = Learner(topo.policy_spec, cfg.ppo, device=cfg.learner.device,
                                    seed=cfg.learner.seed, torch_threads=cfg.learner.torch_threads)
         except RuntimeError as exc:
-            raise BootError(f"cannot create the learner on device {cfg.learner.device!r}: {exc}")
+            raise BootError(f"cannot create the learner on device {cfg.learner.device!r}: {exc}") from exc
         self.board = WeightsBoard.attach(topo.board_path)
         self.slots = BatchSlots.attach(topo.slots_path)
         self.snapshot = BlobArea.attach(topo.snapshot_path)
