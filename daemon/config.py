@@ -393,9 +393,8 @@ def validate(cfg: Config) -> None:
     if len(str(cfg.socket_path)) > 100:
         raise ConfigError(f"daemon.runtime_dir: socket path {cfg.socket_path} is too long for "
                           "a Unix socket (max ~100 characters)")
-    if cfg.env.observation_space is None or cfg.env.action_space is None:
-        if not cfg.env.id:
-            raise ConfigError("env.id: give a gymnasium id or both explicit spaces")
+    if (cfg.env.observation_space is None or cfg.env.action_space is None) and not cfg.env.id:
+        raise ConfigError("env.id: give a gymnasium id or both explicit spaces")
 
 
 def is_loopback(host: str) -> bool:

@@ -14,6 +14,7 @@ Parameter layout (flat vector, in this order):
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass
 
@@ -116,7 +117,7 @@ class PolicySpec:
     def _layer_shapes(self, prefix: str, out_size: int) -> list[tuple[str, tuple[int, ...]]]:
         sizes = (self.obs_size, *self.hidden_sizes, out_size)
         layout = []
-        for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
             layout += [(f"{prefix}.{i}.weight", (n_out, n_in)), (f"{prefix}.{i}.bias", (n_out,))]
         return layout
 

@@ -105,7 +105,7 @@ class SegmentAssembler:
         ends = np.flatnonzero(rec["flags"] & FINAL_OBS)
         out, start = [], 0
         for end in ends:
-            parts = self.open.pop(stream, []) + [rec[start:end + 1]]
+            parts = [*self.open.pop(stream, []), rec[start:end + 1]]
             out.append(segment_from_records(np.concatenate(parts)))
             start = end + 1
         if start < len(rec):

@@ -125,7 +125,8 @@ class Learner:
                 ) -> tuple[list[dict[str, float]], list[torch.Tensor], int]:
         """Up to hp.num_epochs shuffled passes; (per-step stats, grad norms, epochs run)."""
         per_step, grad_norms, epochs = [], [], 0
-        for epochs in range(1, self.hp.num_epochs + 1):
+        while epochs < self.hp.num_epochs:
+            epochs += 1
             epoch_infos = []
             for idx in self._minibatches(n_rows):
                 epoch_infos.append(self._sgd_step(data, idx, grad_norms))
