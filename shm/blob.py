@@ -116,7 +116,8 @@ class BlobArea:
 
     def close(self) -> None:
         """Drop this process's mapping (idempotent)."""
-        self._seqlock = None
+        if not self.segment.closed:
+            del self._seqlock  # the view must go before the mapping can be unmapped
         self.segment.close()
 
     def unlink(self) -> None:

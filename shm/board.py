@@ -146,7 +146,8 @@ class WeightsBoard:
 
     def close(self) -> None:
         """Drop this process's mapping (idempotent)."""
-        self._seqlock = self._active = self._buffer_seq = self._buffers = None
+        if not self.segment.closed:  # the views must go before the mapping can be unmapped
+            del self._seqlock, self._active, self._buffer_seq, self._buffers
         self.segment.close()
 
     def unlink(self) -> None:

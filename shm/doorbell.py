@@ -78,7 +78,7 @@ class Doorbell:
         """Close the fd; idempotent."""
         fd, self._fd = self._fd, -1
         if fd >= 0:
-            self._poller = None
+            del self._poller
             os.close(fd)
 
     def __enter__(self) -> Doorbell:

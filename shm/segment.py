@@ -55,7 +55,7 @@ class Segment:
         self.size = len(mapping)
         self.created = created
         self._mapping: mmap.mmap | None = mapping
-        self.buf: memoryview | None = memoryview(mapping)
+        self._buf: memoryview | None = memoryview(mapping)
         self._unlinked = False
 
     @classmethod
@@ -121,8 +121,8 @@ class Segment:
         mapping cannot be unmapped yet (``BufferError``); we then just drop our
         references and the mapping goes away when the last view is collected.
         """
-        buf, mapping = self.buf, self._mapping
-        self.buf = self._mapping = None
+        buf, mapping = self._buf, self._mapping
+        self._buf = self._mapping = None
         if buf is not None:
             try:
                 buf.release()
@@ -143,6 +143,13 @@ class Segment:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+    @property
+    def buf(self) -> memoryview:
+        """Writable view over the whole file; ``ShmError`` once closed."""
+        if self._buf is None:
+            raise ShmError(f"segment {self.path} is closed")
+        return self._buf
 
     @property
     def mapping(self) -> mmap.mmap:

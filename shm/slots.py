@@ -211,7 +211,8 @@ class BatchSlots:
 
     def close(self) -> None:
         """Drop this process's mapping (idempotent).  Column views handed out keep it alive."""
-        self._next_seq = self._states = self._column_views = None
+        if not self.segment.closed:  # the views must go before the mapping can be unmapped
+            del self._next_seq, self._states, self._column_views
         self.segment.close()
 
     def unlink(self) -> None:
