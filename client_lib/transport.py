@@ -9,10 +9,13 @@ from __future__ import annotations
 import socket
 import ssl
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import urlparse
 
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.codec import Message
+
+ReplyT = TypeVar("ReplyT", bound=Message)
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
@@ -102,7 +105,7 @@ class RLlinkClient:
             raise ServerError(msg.message, retry=msg.message.startswith("daemon shutting down"))
         return msg
 
-    def request(self, msg: Message, expect: type) -> Message:
+    def request(self, msg: Message, expect: type[ReplyT]) -> ReplyT:
         self.send(msg)
         reply = self.recv()
         if not isinstance(reply, expect):

@@ -92,12 +92,14 @@ class SpaceSpec:
         return cls(kind="box", shape=shape, low=lo, high=hi)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> SpaceSpec:
+    def from_json(cls, d: object) -> SpaceSpec:
+        """From a decoded JSON value; ``SpaceError`` unless it is a valid space table."""
         if not isinstance(d, dict):
             raise SpaceError("a space must be a table/object")
         kind = str(d.get("type", "")).lower()
         if kind == "discrete":
-            return cls.discrete(d.get("n"))
+            n: Any = d.get("n")  # a JSON value; discrete() checks it
+            return cls.discrete(n)
         if kind == "box":
             if "shape" not in d:
                 raise SpaceError("Box needs a shape")
