@@ -75,11 +75,11 @@ def run_demo(args: argparse.Namespace) -> int:
         solved, status = watch(args, info, t0)
     finally:
         stop_processes(clients)
-        daemon.stop(30.0)
+        exit_code = daemon.stop(30.0)
     wall = time.monotonic() - t0
     summary = {"solved": solved, "wall_s": round(wall, 1), "env_steps": status.get("env_steps"),
                "episodes": status.get("episodes"), "weights_seq_no": status.get("weights_seq_no"),
                "return_mean_20": status.get("episode_return_mean_20"),
-               "daemon_exit": daemon.proc.returncode}
+               "daemon_exit": exit_code}
     print(("SOLVED " if solved else "NOT SOLVED ") + json.dumps(summary), flush=True)
-    return 0 if solved and daemon.proc.returncode == 0 else int(ExitCode.CRASH)
+    return 0 if solved and exit_code == 0 else int(ExitCode.CRASH)

@@ -28,6 +28,7 @@ import os
 import select
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
@@ -57,7 +58,7 @@ INTERRUPTED = core.INTERRUPTED
 class Supervisor:
     """One daemon instance. ``run()`` returns the process exit code."""
 
-    def __init__(self, cfg: Config, overrides: list = (), fresh: bool = False,
+    def __init__(self, cfg: Config, overrides: Sequence[tuple[str, str, object]] = (), fresh: bool = False,
                  notifier: Notifier | None = None) -> None:
         self.cfg, self.overrides, self.fresh = cfg, list(overrides), fresh
         self.notifier = notifier or Notifier()

@@ -107,7 +107,7 @@ class SegmentAssembler:
         for end in ends:
             parts = [*self.open.pop(stream, []), rec[start:end + 1]]
             out.append(segment_from_records(np.concatenate(parts)))
-            start = end + 1
+            start = int(end) + 1
         if start < len(rec):
             self.open.setdefault(stream, []).append(rec[start:])
             out.extend(self._cut_if_too_long(stream))
