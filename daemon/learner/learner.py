@@ -124,7 +124,9 @@ class Learner:
     def _epochs(self, data: dict[str, torch.Tensor], n_rows: int, on_step: Callable[[], None]
                 ) -> tuple[list[dict[str, float]], list[torch.Tensor], int]:
         """Up to hp.num_epochs shuffled passes; (per-step stats, grad norms, epochs run)."""
-        per_step, grad_norms, epochs = [], [], 0
+        per_step: list[dict[str, float]] = []
+        grad_norms: list[torch.Tensor] = []
+        epochs = 0
         while epochs < self.hp.num_epochs:
             epochs += 1
             epoch_infos = []
@@ -194,6 +196,7 @@ class Learner:
 
     def _actions(self, batch: dict[str, np.ndarray], n: int) -> np.ndarray:
         actions = np.asarray(batch["actions"])
+        shape: tuple[int, ...]
         if self.spec.is_box:
             shape, actions = (n, self.spec.action_size), actions.astype(np.float32)
         else:
@@ -222,7 +225,8 @@ class Learner:
         for name, value in changes.items():
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
-        self.hp = dataclasses.replace(self.hp, **changes)
+        self.hp = dataclasses.replace(self.hp, lr=changes.get("lr", self.hp.lr),
+                                      ent_coef=changes.get("ent_coef", self.hp.ent_coef))
         self._apply_lr()
 
     def _apply_lr(self) -> None:

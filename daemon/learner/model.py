@@ -30,6 +30,9 @@ class ActorCritic(nn.Module):
     running statistics into it. Initial weights come from `spec.init_flat(init_seed)`.
     """
 
+    obs_mean: torch.Tensor  # registered buffers, declared for the type checker
+    obs_std: torch.Tensor
+
     def __init__(self, spec: PolicySpec, init_seed: int = 0) -> None:
         super().__init__()
         self.spec = spec

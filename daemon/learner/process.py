@@ -18,6 +18,7 @@ import structlog
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.batch_schema import BatchMeta, read_columns
 from rlinkd.daemon.checkpoint.store import read_checkpoint_file
+from rlinkd.daemon.config import ConfigValue
 from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import BootError, RoleContext
@@ -144,7 +145,7 @@ class LearnerShell:
 
     def on_reload(self, msg: m.Reload) -> None:
         reload_level(msg.changes, "learner")
-        lr, ent = msg.changes.get("ppo.lr"), msg.changes.get("ppo.ent_coef")
+        lr, ent = _float_or_none(msg.changes.get("ppo.lr")), _float_or_none(msg.changes.get("ppo.ent_coef"))
         if lr is not None or ent is not None:
             self.learner.set_hparams(lr=lr, ent_coef=ent)
             log.info("hparams_reloaded", lr=lr, ent_coef=ent)
@@ -186,3 +187,8 @@ def run(topo: Topology, ctx: RoleContext) -> ExitCode:
         handle(msg)
     log.info("learner_stopped", seq_no=shell.seq_no, at=time.time())
     return ExitCode.OK
+
+
+def _float_or_none(value: ConfigValue | None) -> float | None:
+    """A reloaded number (its type was checked when the Reload was built) as a float."""
+    return None if value is None else float(value)
