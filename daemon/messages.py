@@ -268,7 +268,7 @@ class LearnerReady:
 # ---------------------------------------------------------------- routing
 def addressed_to(role: str) -> frozenset[type]:
     """Every message class whose declaration names ``role`` as a receiver."""
-    return frozenset(cls for cls in registered().values() if role in cls.RECEIVERS)
+    return frozenset(cls for cls in registered().values() if role in getattr(cls, "RECEIVERS", ()))
 
 
 class Router:

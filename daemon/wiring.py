@@ -16,6 +16,7 @@ topology, for debugging and for the in-process tests.
 """
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import secrets
@@ -56,9 +57,9 @@ class Topology:
     board_path: str
     slots_path: str
     snapshot_path: str
-    heartbeats: object  # multiprocessing.Array('d'), one monotonic timestamp per role
+    heartbeats: ctypes.Array[ctypes.c_double]  # mp Array('d', lock=False): a monotonic time per role
     episode_doorbell: SharedFd  # eventfd: collector rings it when the connector sleeps
-    counters: object  # multiprocessing.Array('q'): COUNTERS, written only by the collector
+    counters: ctypes.Array[ctypes.c_longlong]  # mp Array('q', lock=False): COUNTERS, collector-written
     shm_prefix: str
     started_at: float = field(default_factory=time.time)
     resume_checkpoint: str = ""

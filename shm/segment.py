@@ -223,7 +223,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def sweep_stale(directory: str, prefix: str) -> list[str]:
+def sweep_stale(directory: str | os.PathLike[str], prefix: str) -> list[str]:
     """Remove ``<prefix>.<pid>.*`` files of ours whose creator pid is dead.
 
     Called by the daemon at start-up (and by tests).  Files of other users,
