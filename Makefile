@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlinkd-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo test bench clean
+.PHONY: install demo lint test bench clean
 
 install: $(STAMP)
 
@@ -21,7 +21,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/rlinkd demo --clients 2
 
-test: $(STAMP)
+# ruff and mypy (configured in pyproject.toml) before the tests; CI runs `make test`.
+lint: $(STAMP)
+	$(PY) -m ruff check . && $(PY) -m mypy
+
+test: lint
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
