@@ -76,15 +76,21 @@ class TrainStats:
     policy_lag_mean: float | None
 
 
-MEASURED = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac",
-            "grad_norm", "explained_variance")
+def train_stats(stats: dict[str, float], lag_max: int | None, lag_mean: float | None) -> TrainStats:
+    """``Learner.update``'s stats and the batch's policy lag (``BatchMeta.policy_lag``) as
+    the typed report."""
+    return TrainStats(
+        loss=_finite(stats["loss"]), policy_loss=_finite(stats["policy_loss"]),
+        value_loss=_finite(stats["value_loss"]), entropy=_finite(stats["entropy"]),
+        approx_kl=_finite(stats["approx_kl"]), clip_frac=_finite(stats["clip_frac"]),
+        grad_norm=_finite(stats["grad_norm"]),
+        explained_variance=_finite(stats["explained_variance"]), epochs=int(stats["epochs"]),
+        n_rows=int(stats["n_rows"]), update_time_s=float(stats["update_time_s"]),
+        policy_lag_max=lag_max, policy_lag_mean=lag_mean)
 
 
-def train_stats(stats: dict[str, float], lag: dict[str, int | float | None]) -> TrainStats:
-    """``Learner.update``'s stats and the batch's policy lag as the typed report."""
-    measured = {k: float(stats[k]) if math.isfinite(stats[k]) else None for k in MEASURED}
-    return TrainStats(**measured, epochs=int(stats["epochs"]), n_rows=int(stats["n_rows"]),
-                      update_time_s=float(stats["update_time_s"]), **lag)
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
 
 
 def learner_report(state: LearnerState | None, update: TrainStats | None) -> dict[str, Any]:
@@ -281,7 +287,7 @@ class LearnerReady:
 # ---------------------------------------------------------------- routing
 def addressed_to(role: str) -> frozenset[type]:
     """Every message class whose declaration names ``role`` as a receiver."""
-    return frozenset(cls for cls in registered().values() if role in cls.RECEIVERS)
+    return frozenset(cls for cls in registered().values() if role in getattr(cls, "RECEIVERS", ()))
 
 
 class Router:

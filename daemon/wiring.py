@@ -16,6 +16,7 @@ topology, for debugging and for the in-process tests.
 """
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import secrets
@@ -56,10 +57,10 @@ class Topology:
     board_path: str
     slots_path: str
     snapshot_path: str
-    heartbeats: object  # multiprocessing.Array('d'), one monotonic timestamp per role
+    heartbeats: ctypes.Array[ctypes.c_double]  # mp Array('d', lock=False): a monotonic time per role
     episode_doorbell: SharedFd  # eventfd: collector rings it when the connector sleeps
     episode_space_doorbell: SharedFd  # eventfd: connector rings it when the collector waits for space
-    counters: object  # multiprocessing.Array('q'): COUNTERS, written only by the collector
+    counters: ctypes.Array[ctypes.c_longlong]  # mp Array('q', lock=False): COUNTERS, collector-written
     shm_prefix: str
     started_at: float = field(default_factory=time.time)
     resume_checkpoint: str = ""
@@ -102,7 +103,7 @@ def resolve_spaces(cfg: Config) -> tuple[SpaceSpec, SpaceSpec]:
     import gymnasium as gym
     try:
         env = gym.make(cfg.env.id)
-    except Exception as exc:  # noqa: BLE001 - the gymnasium boundary: any failure is a config error
+    except Exception as exc:  # the gymnasium boundary: any failure is a config error
         raise ConfigError(f"env.id = {cfg.env.id!r}: gymnasium cannot make this environment "
                           f"({type(exc).__name__}: {exc})") from exc
     try:

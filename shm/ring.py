@@ -125,7 +125,7 @@ class StepRing:
 
     @classmethod
     def create(cls, path: str, layout: StepLayout, capacity_records: int, doorbell: Doorbell | None = None,
-               mode: int = 0o600, space_doorbell: Doorbell | None = None) -> "StepRing":
+               mode: int = 0o600, space_doorbell: Doorbell | None = None) -> StepRing:
         """Create an empty ring (daemon side).  ``capacity_records`` must be a power of two."""
         if capacity_records < 1 or capacity_records & (capacity_records - 1):
             raise ValueError(f"ring capacity must be a power of two, got {capacity_records}")
@@ -138,7 +138,7 @@ class StepRing:
 
     @classmethod
     def attach(cls, path: str, expected_layout: StepLayout | None = None, doorbell: Doorbell | None = None,
-               role: str = "producer", space_doorbell: Doorbell | None = None) -> "StepRing":
+               role: str = "producer", space_doorbell: Doorbell | None = None) -> StepRing:
         """Map an existing ring after checking every header field (``LayoutError``).
 
         ``role`` ("producer", "consumer" or "observer") decides whether our pid
@@ -160,7 +160,8 @@ class StepRing:
     def close(self) -> None:
         """Drop this process's mapping (idempotent)."""
         self.write_step = _write_step_after_close
-        self._tail = self._head = self._sleeping = self._closed = self._waiting = self._raw = None
+        if not self.segment.closed:  # the views must go before the mapping can be unmapped
+            del self._tail, self._head, self._sleeping, self._closed, self._waiting, self._raw
         self.segment.close()
 
     def unlink(self) -> None:
@@ -244,7 +245,8 @@ class StepRing:
     def disarm_space_wait(self) -> None:
         """Producer, after waking: clear ``writer_waiting`` and drain the doorbell."""
         self._waiting[0] = 0
-        self.space_doorbell.drain()
+        if self.space_doorbell is not None:
+            self.space_doorbell.drain()
 
     def mark_closed(self) -> None:
         """Producer: no more records will follow; wakes a sleeping consumer."""

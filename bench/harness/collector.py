@@ -123,7 +123,7 @@ class IsolatedCollector:
         self.port = 0
         self.unix_socket = ""
 
-    def __enter__(self) -> "IsolatedCollector":
+    def __enter__(self) -> IsolatedCollector:
         cmd = [sys.executable, "-m", "bench.harness.collector", "--state-dir", self.state_dir,
                *set_args(self.overrides)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(

@@ -158,4 +158,4 @@ def run(topo: Topology, ctx: RoleContext) -> ExitCode:
     return ExitCode.OK
 
 
-__all__ = ["run", "CollectorProcess"]
+__all__ = ["CollectorProcess", "run"]

@@ -15,7 +15,8 @@ import os
 import socket
 import ssl
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 import numpy as np
 import structlog
@@ -27,6 +28,7 @@ from rlinkd.daemon.collector.status import StatusBuilder
 from rlinkd.daemon.collector.weights import WeightsCache
 from rlinkd.daemon.config import Config
 from rlinkd.shm.records import FLUSH, STREAM_END
+from rlinkd.shm.errors import ShmError
 from rlinkd.shm.ring import StepRing
 
 if TYPE_CHECKING:
@@ -98,7 +100,7 @@ class CollectorServer:
     """
 
     def __init__(self, core: CollectorCore, ring: StepRing, weights: WeightsCache,
-                 status: StatusBuilder, make_shm: Callable[["CollectorServer"], ShmIngestor],
+                 status: StatusBuilder, make_shm: Callable[[CollectorServer], ShmIngestor],
                  ssl_ctx: ssl.SSLContext | None = None,
                  on_ingest: Callable[[], None] = lambda: None) -> None:
         self.core, self.ring, self.weights, self.status = core, ring, weights, status
@@ -120,9 +122,10 @@ class CollectorServer:
     # ------------------------------------------------------------ listeners
     async def start(self) -> None:
         srv = self.cfg.server
-        tls = {"ssl": self.ssl_ctx, "ssl_handshake_timeout": srv.read_timeout_s} if self.ssl_ctx else {}
+        handshake_s = srv.read_timeout_s if self.ssl_ctx else None  # only meaningful with TLS
         tcp = await asyncio.start_server(lambda r, w: self._serve(r, w, "tcp"), srv.host,
-                                         srv.port, reuse_address=True, limit=1 << 20, **tls)
+                                         srv.port, reuse_address=True, limit=1 << 20,
+                                         ssl=self.ssl_ctx, ssl_handshake_timeout=handshake_s)
         self.port = tcp.sockets[0].getsockname()[1]
         path = str(self.cfg.socket_path)
         if os.path.exists(path):
@@ -194,6 +197,7 @@ class CollectorServer:
         if plan.newest_state:
             await self._send_state(session, writer)
         if plan.wait_for_training:
+            assert last_id is not None, "a plan waits for training only on records it ingested"
             await self.wait_for_training(session, last_id)
             await self._send_state(session, writer)
 
@@ -205,7 +209,9 @@ class CollectorServer:
         await self.first_weights.wait()
         self.weights.refresh()
         session.last_sent_seq = self.weights.seq_no
-        await self.send(writer, self.weights.frame)
+        frame = self.weights.frame
+        assert frame is not None, "first_weights is set only once a frame exists"
+        await self.send(writer, frame)
 
     async def _protocol_error(self, session: Session, writer: asyncio.StreamWriter,
                               exc: ProtocolError) -> None:
@@ -357,10 +363,16 @@ async def wait_for_space(ring: StepRing) -> None:
     if ring.arm_space_wait(1):
         ring.disarm_space_wait()
         return
+    if ring.space_doorbell is None:
+        raise ShmError(f"{ring!r} has no space doorbell to wait on")
     loop = asyncio.get_running_loop()
-    woke = loop.create_future()
+    woke: asyncio.Future[None] = loop.create_future()
     fd = ring.space_doorbell.fileno()
-    loop.add_reader(fd, lambda: woke.done() or woke.set_result(None))
+
+    def wake() -> None:
+        if not woke.done():
+            woke.set_result(None)
+    loop.add_reader(fd, wake)
     try:
         await asyncio.wait([woke], timeout=ring.max_sleep_slice_s)
     finally:

@@ -61,7 +61,7 @@ class ShmIngestor:
     ``doorbell_path``; ``start``/``stop`` register it with the running event loop.
     """
 
-    def __init__(self, server: "CollectorServer", clients: ShmClients, doorbell_path: Path,
+    def __init__(self, server: CollectorServer, clients: ShmClients, doorbell_path: Path,
                  attached_info: dict) -> None:
         self.server, self.clients = server, clients
         self.doorbell_path = doorbell_path

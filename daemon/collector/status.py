@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.collector.core import CollectorCore

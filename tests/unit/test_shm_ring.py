@@ -50,7 +50,7 @@ def test_full_ring_refuses_more_and_never_overwrites(ring):
 def test_write_batch_raises_ring_full_at_the_deadline(ring):
     ring.write_batch(numbered(0, 6))
     started = time.monotonic()
-    with pytest.raises(RingFull, match="did not fit within 0.2s"):
+    with pytest.raises(RingFull, match=r"did not fit within 0\.2s"):
         ring.write_batch(numbered(6, 3), timeout_s=0.2)
     assert time.monotonic() - started >= 0.19
     assert ring.readable_records() == 6  # all-or-nothing: nothing written
