@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlinkd-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo test bench clean
+.PHONY: install demo lint test bench clean
 
 install: $(STAMP)
 
@@ -21,7 +21,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/rlinkd demo --clients 2
 
-test: $(STAMP)
+# ruff and mypy (configured in pyproject.toml) before the tests; CI runs `make test`.
+# mypy cannot follow the editable install's import hook: build/typecheck/rlinkd/ links the
+# folders under their import names (rlinkd.daemon, rlinkd.shm, rlinkd.client_lib) for it.
+lint: $(STAMP)
+	mkdir -p build/typecheck/rlinkd
+	for pkg in daemon shm client_lib; do ln -sfn ../../../$$pkg build/typecheck/rlinkd/$$pkg; done
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+test: lint
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

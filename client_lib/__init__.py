@@ -7,7 +7,7 @@ their loop) and ``runner.run_env`` (any gymnasium env). Imports are lazy so that
 """
 from __future__ import annotations
 
-__all__ = ["connect", "run_env", "Agent", "RLlinkClient", "ServerError", "RLlinkError"]
+__all__ = ["Agent", "RLlinkClient", "RLlinkError", "ServerError", "connect", "run_env"]
 
 
 def __getattr__(name: str):

@@ -54,16 +54,19 @@ class Agent:
                  seed: int | None = None) -> None:
         self.link = link
         cfg, self.policy = link.open()
-        self.obs_space = cfg.observation_space or observation_space
-        self.act_space = cfg.action_space or action_space
-        if self.obs_space is None or self.act_space is None:
+        obs_space = cfg.observation_space or observation_space
+        act_space = cfg.action_space or action_space
+        if obs_space is None or act_space is None:
             raise ValueError("the server did not declare its spaces: pass observation_space "
                              "and action_space")
+        self.obs_space: SpaceSpec = obs_space
+        self.act_space: SpaceSpec = act_space
         self.env_steps_per_sample = cfg.env_steps_per_sample
         self.force_on_policy = cfg.force_on_policy
         self.explore = explore
         self.chooser = ActionChooser(self.act_space, seed)
-        self.buffer, self.done_fragments = FragmentBuffer(), []
+        self.buffer = FragmentBuffer()
+        self.done_fragments: list[EpisodeFragment] = []
         self.pending: tuple | None = None
         self.steps_since_send = 0
         self.steps_synced = 0  # steps in samples the server acknowledged (reply received)

@@ -39,6 +39,17 @@ class ReconnectingLink:
 
     reconnect_timeout_s: float
     reconnects: int
+    client: RLlinkClient | None
+
+    def describe(self) -> str:
+        """Where this link goes, for messages (each transport says it its own way)."""
+        raise NotImplementedError
+
+    def _client(self) -> RLlinkClient:
+        """The connected client; ConnectionError (so ``_with_retry`` reconnects) when there is none."""
+        if self.client is None:
+            raise ConnectionError(f"{self.describe()}: not connected")
+        return self.client
 
     def _with_retry(self, action):
         deadline, backoff = time.monotonic() + self.reconnect_timeout_s, 0.05
@@ -70,12 +81,12 @@ class TcpLink(ReconnectingLink):
 
     def open(self) -> tuple[LinkConfig, OnnxPolicy]:
         """Connect (retrying while the daemon is down), handshake, fetch the first weights."""
-        return self._with_retry(lambda: (self.config, self._policy(self.client.get_state())))
+        return self._with_retry(lambda: (self.config, self._policy(self._client().get_state())))
 
     def submit(self, fragments: list[EpisodeFragment], seq_no: int) -> OnnxPolicy | None:
         """Send a sample and return the weights that come back (re-sent after a reconnect)."""
         return self._with_retry(
-            lambda: self._policy(self.client.episodes_and_get_state(fragments, seq_no)))
+            lambda: self._policy(self._client().episodes_and_get_state(fragments, seq_no)))
 
     def send_only(self, fragments: list[EpisodeFragment], seq_no: int) -> None:
         if self.client is not None and fragments:
@@ -83,7 +94,8 @@ class TcpLink(ReconnectingLink):
 
     def session_key(self) -> str:
         """How the daemon's status names this connection (its ``peer``)."""
-        return str(self.client.sock.getsockname()) if self.client else ""
+        sock = self.client.sock if self.client else None
+        return str(sock.getsockname()) if sock else ""
 
     def close(self) -> None:
         if self.client is not None:

@@ -97,7 +97,7 @@ class ActionChooser:
             action_low=None if discrete else act_space.low,
             action_high=None if discrete else act_space.high)
 
-    def choose(self, dist: np.ndarray, explore: bool) -> tuple[np.ndarray, float]:
+    def choose(self, dist: np.ndarray, explore: bool) -> tuple[np.ndarray | np.integer, float]:
         """(action [A] or scalar int array, log-prob) from dist inputs [1, D]."""
         if self.space.is_discrete and explore:
             return self._sample_discrete(dist[0])
@@ -105,7 +105,7 @@ class ActionChooser:
                    else self.spec.greedy_actions(dist))
         return actions[0], float(self.spec.log_prob(dist, actions)[0])
 
-    def _sample_discrete(self, logits: np.ndarray) -> tuple[np.ndarray, float]:
+    def _sample_discrete(self, logits: np.ndarray) -> tuple[np.integer, float]:
         z = logits - logits.max()
         p = np.exp(z)
         p /= p.sum()
@@ -113,7 +113,7 @@ class ActionChooser:
         a = min(a, len(p) - 1)
         return np.int64(a), float(z[a] - np.log(np.exp(z).sum()))
 
-    def to_env(self, action: np.ndarray):
+    def to_env(self, action: np.ndarray | np.integer):
         """The action in the form a gymnasium env expects."""
         if self.space.is_discrete:
             return int(action)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from rlinkd.client_lib.agent import Agent, connect
 
@@ -41,10 +42,12 @@ def run_env(env: Any, address: str | Agent = "tcp://127.0.0.1:5555", *, steps: i
     called after each episode; ``should_stop(stats)`` is checked after each episode.
     The agent is closed at the end only if this call created it.
     """
-    own = not isinstance(address, Agent)
-    agent = connect(address, observation_space=env.observation_space,
-                    action_space=env.action_space, explore=explore, seed=seed,
-                    **connect_kwargs) if own else address
+    if isinstance(address, Agent):
+        agent, own = address, False
+    else:
+        agent, own = connect(address, observation_space=env.observation_space,
+                             action_space=env.action_space, explore=explore, seed=seed,
+                             **connect_kwargs), True
     stats = RunStats()
     try:
         obs, _ = env.reset(seed=seed)

@@ -92,22 +92,30 @@ class ShmLink(ReconnectingLink):
                                  SpaceSpec.from_json(cfg.action_space))
         self.client = client
 
+    def _attached(self) -> tuple[RLlinkClient, StepRing, WeightsBoard]:
+        """Socket, ring and board; ConnectionError (so ``_with_retry`` reconnects) when detached."""
+        if self.client is None or self.ring is None or self.board is None:
+            raise ConnectionError(f"{self.socket_path}: not attached")
+        return self.client, self.ring, self.board
+
     def _policy(self) -> BoardPolicy:
+        board = self._attached()[2]
         deadline = time.monotonic() + self.reconnect_timeout_s
-        while self.board.latest_seq_no() < 0 and time.monotonic() < deadline:
+        while board.latest_seq_no() < 0 and time.monotonic() < deadline:
             time.sleep(0.01)  # the learner is still starting
-        seq, flat = self.board.read()
+        seq, flat = board.read()
         return BoardPolicy(self.spec, flat, seq)
 
     def _submit(self, fragments, seq_no: int, get_state: bool) -> BoardPolicy | None:
+        client, ring, _ = self._attached()
         records = concat_records([fragment_records(f, self.layout, 0, seq_no) for f in fragments],
                                  self.layout.dtype)
-        self.ring.write_batch(records, timeout_s=WRITE_TIMEOUT_S)
+        ring.write_batch(records, timeout_s=WRITE_TIMEOUT_S)
         steps = sum(f.num_steps for f in fragments)
-        self.client.send(codec.SampleReady(env_steps=steps, get_state=get_state))
+        client.send(codec.SampleReady(env_steps=steps, get_state=get_state))
         if not get_state:
             return None
-        reply = self.client.recv()
+        reply = client.recv()
         if not isinstance(reply, codec.WeightsReady):
             raise ConnectionError(f"expected WEIGHTS_READY, got {reply.TYPE.value}")
         return self._policy() if reply.weights_seq_no != seq_no else None

@@ -9,10 +9,13 @@ from __future__ import annotations
 import socket
 import ssl
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import urlparse
 
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.codec import Message
+
+ReplyT = TypeVar("ReplyT", bound=Message)
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
@@ -65,7 +68,7 @@ class RLlinkClient:
         self.max_message_bytes = max_message_bytes
         self.sock: socket.socket | None = None
 
-    def connect(self) -> "RLlinkClient":
+    def connect(self) -> RLlinkClient:
         if self.address.kind == "unix":
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self.timeout_s)
@@ -83,7 +86,7 @@ class RLlinkClient:
             self.sock.close()
             self.sock = None
 
-    def __enter__(self) -> "RLlinkClient":
+    def __enter__(self) -> RLlinkClient:
         return self if self.sock else self.connect()
 
     def __exit__(self, *exc) -> None:
@@ -102,7 +105,7 @@ class RLlinkClient:
             raise ServerError(msg.message, retry=msg.message.startswith("daemon shutting down"))
         return msg
 
-    def request(self, msg: Message, expect: type) -> Message:
+    def request(self, msg: Message, expect: type[ReplyT]) -> ReplyT:
         self.send(msg)
         reply = self.recv()
         if not isinstance(reply, expect):

@@ -83,14 +83,13 @@ class BatchMeta:
         """TypeError when the slot's fields are not exactly ours."""
         return cls(**meta)
 
-    def policy_lag(self, trained_from: int) -> dict[str, int | float | None]:
+    def policy_lag(self, trained_from: int) -> tuple[int | None, float | None]:
         """How many versions older than ``trained_from`` (the weights the learner trains
-        from) the batch's data was: max and step-weighted mean; None when no version was known."""
+        from) the batch's data was: (max, step-weighted mean); Nones when no version was known."""
         if self.behaviour_steps <= 0:
-            return {"policy_lag_max": None, "policy_lag_mean": None}
+            return None, None
         mean = trained_from - self.behaviour_sum / self.behaviour_steps
-        return {"policy_lag_max": int(trained_from - self.behaviour_min),
-                "policy_lag_mean": round(mean, 3)}
+        return int(trained_from - self.behaviour_min), round(mean, 3)
 
 
 META_FIELDS = tuple(f.name for f in dataclasses.fields(BatchMeta))

@@ -96,7 +96,8 @@ class Child:
         return self.process is not None and self.process.is_alive()
 
     def sentinel(self) -> int | None:
-        return self.process.sentinel if self.alive() else None
+        process = self.process
+        return process.sentinel if process is not None and process.is_alive() else None
 
     def start(self, target, args: tuple) -> None:
         """Spawn ``target(*args)``; raises whatever ``Process.start`` raises (the caller's
@@ -117,8 +118,9 @@ class Child:
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` if the process is alive; a process that just died is no error."""
-        if self.alive():
+        pid = self.pid if self.alive() else None
+        if pid is not None:
             try:
-                os.kill(self.process.pid, sig)
+                os.kill(pid, sig)
             except ProcessLookupError:
                 pass

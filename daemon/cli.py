@@ -108,7 +108,9 @@ def serve_in_process(cfg) -> int:
     """``serve --in-process``: run until Ctrl-C, then stop every role thread."""
     from rlinkd.daemon.inprocess import InProcessDaemon
     daemon = InProcessDaemon(cfg).start()
-    print(f"rlinkd (in-process) listening on {daemon.listening.host}:{daemon.listening.port}; "
+    listening = daemon.listening
+    assert listening is not None, "InProcessDaemon.start() returns once the collector listens"
+    print(f"rlinkd (in-process) listening on {listening.host}:{listening.port}; "
           "Ctrl-C stops", flush=True)
     try:
         while True:

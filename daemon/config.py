@@ -14,6 +14,7 @@ import os
 import sys
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -343,7 +344,7 @@ def merge(base: dict[str, Any], section: str, key: str, value: Any) -> None:
 
 
 def load_config(path: str | os.PathLike | None = None,
-                overrides: list[tuple[str, str, Any]] = (), *,
+                overrides: Sequence[tuple[str, str, Any]] = (), *,
                 resolve_dirs: bool = True) -> Config:
     """Build and validate a Config from an optional TOML file plus overrides.
 
@@ -393,9 +394,8 @@ def validate(cfg: Config) -> None:
     if len(str(cfg.socket_path)) > 100:
         raise ConfigError(f"daemon.runtime_dir: socket path {cfg.socket_path} is too long for "
                           "a Unix socket (max ~100 characters)")
-    if cfg.env.observation_space is None or cfg.env.action_space is None:
-        if not cfg.env.id:
-            raise ConfigError("env.id: give a gymnasium id or both explicit spaces")
+    if (cfg.env.observation_space is None or cfg.env.action_space is None) and not cfg.env.id:
+        raise ConfigError("env.id: give a gymnasium id or both explicit spaces")
 
 
 def is_loopback(host: str) -> bool:
@@ -455,7 +455,7 @@ def check_reload_changes(changes: dict[str, Any]) -> None:
         section, _, key = dotted.partition(".")
         cls = SECTIONS.get(section)
         f = next((f for f in dataclasses.fields(cls) if f.name == key), None) if cls else None
-        if f is None or not f.metadata.get("reloadable"):
+        if cls is None or f is None or not f.metadata.get("reloadable"):
             raise ConfigError(f"{dotted}: not a reloadable setting")
         if _coerce(dotted, _hints(cls)[key], value) != value:
             raise ConfigError(f"{dotted}: {value!r} is not of the declared type")

@@ -34,12 +34,12 @@ def client_address(i: int, transport: str, info: dict, state_dir: Path) -> str:
 
 def start_clients(n: int, transport: str, info: dict, state_dir: Path,
                   seed: int = 0) -> list[subprocess.Popen]:
-    out = open(state_dir / "clients.log", "ab")
-    return [subprocess.Popen(rlinkd_command("client", "--env", "CartPole-v1",
-                                            "--seed", str(1000 + 100 * seed + i),
-                                            "--connect", client_address(i, transport, info, state_dir)),
-                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            for i in range(n)]
+    with open(state_dir / "clients.log", "ab") as out:  # each child keeps its own copy of the fd
+        return [subprocess.Popen(rlinkd_command("client", "--env", "CartPole-v1",
+                                                "--seed", str(1000 + 100 * seed + i),
+                                                "--connect", client_address(i, transport, info, state_dir)),
+                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                for i in range(n)]
 
 
 def progress_line(t: float, s: dict) -> str:
@@ -75,11 +75,11 @@ def run_demo(args: argparse.Namespace) -> int:
         solved, status = watch(args, info, t0)
     finally:
         stop_processes(clients)
-        daemon.stop(30.0)
+        exit_code = daemon.stop(30.0)
     wall = time.monotonic() - t0
     summary = {"solved": solved, "wall_s": round(wall, 1), "env_steps": status.get("env_steps"),
                "episodes": status.get("episodes"), "weights_seq_no": status.get("weights_seq_no"),
                "return_mean_20": status.get("episode_return_mean_20"),
-               "daemon_exit": daemon.proc.returncode}
+               "daemon_exit": exit_code}
     print(("SOLVED " if solved else "NOT SOLVED ") + json.dumps(summary), flush=True)
-    return 0 if solved and daemon.proc.returncode == 0 else int(ExitCode.CRASH)
+    return 0 if solved and exit_code == 0 else int(ExitCode.CRASH)

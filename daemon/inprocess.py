@@ -34,7 +34,7 @@ class InProcessDaemon:
         self.listening: m.Listening | None = None
         self.messages: list = []
 
-    def start(self, timeout_s: float = 60.0) -> "InProcessDaemon":
+    def start(self, timeout_s: float = 60.0) -> InProcessDaemon:
         self.cfg.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         for role in ROLES:
             thread = threading.Thread(target=self._run, args=(role,), name=f"rlinkd-{role}",
@@ -77,7 +77,7 @@ class InProcessDaemon:
         destroy_topology(self.topo)
         return self.exit_codes
 
-    def __enter__(self) -> "InProcessDaemon":
+    def __enter__(self) -> InProcessDaemon:
         return self.start()
 
     def __exit__(self, *exc) -> None:

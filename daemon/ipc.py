@@ -28,7 +28,8 @@ import socket
 import time
 import types
 import typing
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import orjson
 

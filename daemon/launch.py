@@ -131,7 +131,7 @@ class ServeProcess:
     info: dict = field(default_factory=dict)
     stop_timed_out: bool = False
 
-    def launch(self) -> "ServeProcess":
+    def launch(self) -> ServeProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(serve_command(self.state_dir, self.args), stdout=log,
@@ -141,10 +141,10 @@ class ServeProcess:
 
     def wait_ready(self, timeout_s: float = 120.0,
                    until: Callable[[dict], bool] | None = None) -> dict:
-        deadline = time.monotonic() + timeout_s
+        proc, deadline = self._launched(), time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise LaunchError(f"rlinkd serve exited with {self.proc.returncode} before it was "
+            if proc.poll() is not None:
+                raise LaunchError(f"rlinkd serve exited with {proc.returncode} before it was "
                                   f"ready; {self.log_path}:\n{self.log_tail()}")
             info = self._own_daemon_file()
             if info and (until is None or until(info)):
@@ -155,7 +155,7 @@ class ServeProcess:
                           f"{self.log_tail()}")
 
     def start(self, timeout_s: float = 120.0,
-              until: Callable[[dict], bool] | None = None) -> "ServeProcess":
+              until: Callable[[dict], bool] | None = None) -> ServeProcess:
         """``launch()`` then ``wait_ready()``; a daemon that is not ready is stopped before
         the LaunchError propagates (no caller is left with a half-started daemon)."""
         self.launch()
@@ -171,11 +171,16 @@ class ServeProcess:
             info = json.loads((self.state_dir / DAEMON_FILE).read_text())
         except (FileNotFoundError, json.JSONDecodeError):  # not yet, or mid-replace
             return None
-        return info if info.get("pid") == self.proc.pid else None
+        return info if info.get("pid") == self.pid else None
+
+    def _launched(self) -> subprocess.Popen:
+        if self.proc is None:
+            raise LaunchError("rlinkd serve has not been launched")
+        return self.proc
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self._launched().pid
 
     @property
     def port(self) -> int:
@@ -211,7 +216,7 @@ class ServeProcess:
                 self.stop_timed_out = True
         return self.proc.returncode
 
-    def __enter__(self) -> "ServeProcess":
+    def __enter__(self) -> ServeProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -9,6 +9,7 @@ dataclasses, never bare dicts; a float that may be NaN is declared ``float | Non
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -56,22 +57,40 @@ class LearnerState:
 
 @dataclass(frozen=True)
 class TrainStats:
-    """What one update measured (means over its minibatch steps). Policy lag is None when
-    no behaviour version was known; explained variance is None for constant targets."""
+    """What one update measured (means over its minibatch steps). A measurement that is not
+    finite (extreme data, constant targets for explained variance) is None; policy lag is
+    None when no behaviour version was known. Built by ``train_stats``."""
 
-    loss: float
-    policy_loss: float
-    value_loss: float
-    entropy: float
-    approx_kl: float
-    clip_frac: float
-    grad_norm: float
+    loss: float | None
+    policy_loss: float | None
+    value_loss: float | None
+    entropy: float | None
+    approx_kl: float | None
+    clip_frac: float | None
+    grad_norm: float | None
     explained_variance: float | None
     epochs: int
     n_rows: int
     update_time_s: float
     policy_lag_max: int | None
     policy_lag_mean: float | None
+
+
+def train_stats(stats: dict[str, float], lag_max: int | None, lag_mean: float | None) -> TrainStats:
+    """``Learner.update``'s stats and the batch's policy lag (``BatchMeta.policy_lag``) as
+    the typed report."""
+    return TrainStats(
+        loss=_finite(stats["loss"]), policy_loss=_finite(stats["policy_loss"]),
+        value_loss=_finite(stats["value_loss"]), entropy=_finite(stats["entropy"]),
+        approx_kl=_finite(stats["approx_kl"]), clip_frac=_finite(stats["clip_frac"]),
+        grad_norm=_finite(stats["grad_norm"]),
+        explained_variance=_finite(stats["explained_variance"]), epochs=int(stats["epochs"]),
+        n_rows=int(stats["n_rows"]), update_time_s=float(stats["update_time_s"]),
+        policy_lag_max=lag_max, policy_lag_mean=lag_mean)
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
 
 
 def learner_report(state: LearnerState | None, update: TrainStats | None) -> dict[str, Any]:
@@ -268,7 +287,7 @@ class LearnerReady:
 # ---------------------------------------------------------------- routing
 def addressed_to(role: str) -> frozenset[type]:
     """Every message class whose declaration names ``role`` as a receiver."""
-    return frozenset(cls for cls in registered().values() if role in cls.RECEIVERS)
+    return frozenset(cls for cls in registered().values() if role in getattr(cls, "RECEIVERS", ()))
 
 
 class Router:

@@ -106,7 +106,7 @@ def run_role(role: str, topo: Topology, ctx: RoleContext) -> int:
     except (BootError, ConfigError) as exc:
         log.error("boot_error", error=str(exc))
         return int(ExitCode.BOOT_ERROR)
-    except Exception:  # noqa: BLE001 - the process boundary: log it, exit CRASH, get restarted
+    except Exception:  # the process boundary: log it, exit CRASH, get restarted
         log.exception("role_crashed")
         return int(ExitCode.CRASH)
 

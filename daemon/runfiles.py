@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from rlinkd.client_lib.protocol.discovery import DAEMON_FILE, read_daemon_file  # noqa: F401 - shared lookup
+from rlinkd.client_lib.protocol.discovery import DAEMON_FILE, read_daemon_file
 from rlinkd.daemon.errors import ConfigError
 
 LOCK_FILE = "rlinkd.lock"

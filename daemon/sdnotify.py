@@ -35,8 +35,8 @@ class Notifier:
         if self._sock is None:
             return False
         # a newline inside a value would inject extra KEY=VALUE lines
-        payload = "\n".join(f"{k}={str(v).replace(chr(10), ' ')}" for k, v in fields.items())
-        payload = payload.encode()
+        text = "\n".join(f"{k}={str(v).replace(chr(10), ' ')}" for k, v in fields.items())
+        payload = text.encode()
         try:
             self._sock.sendto(payload, self.address)
             return True

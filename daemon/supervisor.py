@@ -28,7 +28,9 @@ import os
 import select
 import signal
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -57,14 +59,14 @@ INTERRUPTED = core.INTERRUPTED
 class Supervisor:
     """One daemon instance. ``run()`` returns the process exit code."""
 
-    def __init__(self, cfg: Config, overrides: list = (), fresh: bool = False,
+    def __init__(self, cfg: Config, overrides: Sequence[tuple[str, str, object]] = (), fresh: bool = False,
                  notifier: Notifier | None = None) -> None:
         self.cfg, self.overrides, self.fresh = cfg, list(overrides), fresh
         self.notifier = notifier or Notifier()
         self.core = core.SupervisorCore(cfg.daemon, START_ORDER)
         self.children = {role: Child(role) for role in START_ORDER}
         self.sig_queue: collections.deque[int] = collections.deque()
-        self.topo: Topology | None = None
+        self._topo: Topology | None = None
         self.exit_code: int | None = None
         self.ready_parts: set[str] = set()
         self.listening: m.Listening | None = None
@@ -82,13 +84,24 @@ class Supervisor:
         self.route = m.Router("supervisor", {
             m.Listening: self.on_listening, m.LearnerReady: self.on_learner_ready,
             m.CollectorStatus: self.on_collector_status, m.CheckpointDone: self.on_checkpoint_done})
-        self.performers = {core.Start: self._do_start, core.Kill: self._do_kill,
-                           core.Send: self._do_send, core.ShutdownBegun: self._do_shutdown_begun,
-                           core.Exit: self._do_exit}
+        self.performers: dict[type, Callable[[Any], None]] = {
+            core.Start: self._do_start, core.Kill: self._do_kill, core.Send: self._do_send,
+            core.ShutdownBegun: self._do_shutdown_begun, core.Exit: self._do_exit}
 
     @property
     def stopping(self) -> str | None:
         return self.core.stopping
+
+    @property
+    def topo(self) -> Topology:
+        """The shared topology, built by ``_prepare()`` before anything else uses it."""
+        if self._topo is None:
+            raise RuntimeError("the supervisor's topology is used before _prepare() built it")
+        return self._topo
+
+    @topo.setter
+    def topo(self, topo: Topology) -> None:
+        self._topo = topo
 
     # ------------------------------------------------------------ lifecycle
     def run(self) -> int:
@@ -109,7 +122,7 @@ class Supervisor:
         try:
             self._perform(self.core.start_all(time.monotonic()))
             return self._loop()
-        except Exception:  # noqa: BLE001 - the supervisor's process boundary
+        except Exception:  # the supervisor's process boundary
             log.exception("supervisor_crashed")
             return int(ExitCode.CRASH)
 
@@ -143,8 +156,8 @@ class Supervisor:
             child.signal(signal.SIGKILL)
             if child.process is not None and child.process.pid is not None:
                 child.process.join(2.0)
-        if self.topo is not None:
-            destroy_topology(self.topo)
+        if self._topo is not None:
+            destroy_topology(self._topo)
         Path(self.cfg.socket_path).unlink(missing_ok=True)
         remove_daemon_file(self.cfg.state_dir)
         self.metrics.close()
@@ -275,18 +288,19 @@ class Supervisor:
         if part in self.ready_parts and part != "listening":
             return
         self.ready_parts.add(part)
-        if {"listening", "learner"} <= self.ready_parts and self.listening is not None:
-            self._write_daemon_file()
+        listening = self.listening
+        if {"listening", "learner"} <= self.ready_parts and listening is not None:
+            self._write_daemon_file(listening)
             if "announced" not in self.ready_parts:
                 self.ready_parts.add("announced")
-                self.notifier.ready(f"listening on {self.listening.host}:{self.listening.port}")
-                log.info("ready", host=self.listening.host, port=self.listening.port,
-                         unix_socket=self.listening.unix_socket)
+                self.notifier.ready(f"listening on {listening.host}:{listening.port}")
+                log.info("ready", host=listening.host, port=listening.port,
+                         unix_socket=listening.unix_socket)
 
-    def _write_daemon_file(self) -> None:
+    def _write_daemon_file(self, listening: m.Listening) -> None:
         write_daemon_file(self.cfg.state_dir, {
-            "pid": os.getpid(), "unix_socket": self.listening.unix_socket,
-            "host": self.listening.host, "port": self.listening.port,
+            "pid": os.getpid(), "unix_socket": listening.unix_socket,
+            "host": listening.host, "port": listening.port,
             "state_dir": str(self.cfg.state_dir), "runtime_dir": str(self.cfg.runtime_dir),
             "shm_dir": self.cfg.daemon.shm_dir, "started_at": self.topo.started_at})
 

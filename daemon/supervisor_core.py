@@ -19,8 +19,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import structlog
 
@@ -180,7 +181,7 @@ class SupervisorCore:
         return []
 
     def _restarts_due(self, now: float) -> list[Action]:
-        actions = []
+        actions: list[Action] = []
         for role, state in self.roles.items():
             if not state.running and state.restart_at is not None and now >= state.restart_at:
                 state.restarts += 1
@@ -189,7 +190,7 @@ class SupervisorCore:
         return actions
 
     def _hangs(self, now: float, heartbeat_ages: Mapping[str, float]) -> list[Action]:
-        actions = []
+        actions: list[Action] = []
         for role, state in self.roles.items():  # a process is never silent longer than it lived
             age = min(heartbeat_ages.get(role, 0.0), now - state.started_at)
             sig = hang_action(state, age, self.settings.heartbeat_timeout_s, now)
@@ -227,7 +228,9 @@ class SupervisorCore:
             log.error("final_checkpoint_not_written", timed_out=timed_out, writers_alive=writers)
             self.final_ckpt_id = None
         self.phase = Phase.STOP
-        return [Send(role, m.Stop(self.stopping)) for role in self.roles]
+        reason = self.stopping
+        assert reason is not None, "the stop phases only follow begin_shutdown()"
+        return [Send(role, m.Stop(reason)) for role in self.roles]
 
     def _after_stop(self, now: float) -> list[Action]:
         running = [role for role, state in self.roles.items() if state.running]

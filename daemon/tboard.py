@@ -27,6 +27,7 @@ import struct
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any, BinaryIO
 
 FILE_VERSION = "brain.Event:2"
 
@@ -152,7 +153,7 @@ def _usable(value: object) -> float | None:
     try:
         value = float(value)
     except OverflowError:   # an int beyond double range
-        return math.inf if value > 0 else -math.inf
+        return -math.inf if value < 0 else math.inf
     return None if math.isnan(value) else value
 
 
@@ -180,12 +181,13 @@ class EventWriter:
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.rlinkd"
         self.path = directory / name
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        self._file = os.fdopen(os.open(self.path, flags, 0o600), "ab")
+        file = os.fdopen(os.open(self.path, flags, 0o600), "ab")
+        self._file: BinaryIO | None = file
         try:
             self._write(encode_event(time.time(), file_version=FILE_VERSION))
             self.flush()
         except OSError:
-            self._file.close()
+            file.close()
             raise
 
     @property
@@ -221,7 +223,7 @@ class EventWriter:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _open_file(self):
+    def _open_file(self) -> BinaryIO:
         if self._file is None:
             raise ValueError(f"EventWriter for {self.path} is closed")
         return self._file
@@ -245,12 +247,14 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
     raise ValueError("truncated or overlong protobuf varint")
 
 
-def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
-    """(field number, wire type, value) per field: varints as int, the others as bytes."""
+def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) per field: varints as int, the others as bytes
+    (the wire type says which, so the value is typed Any)."""
     pos = 0
     while pos < len(buf):
         key, pos = _read_varint(buf, pos)
         field, wire = key >> 3, key & 7
+        value: int | bytes
         if wire == _VARINT:
             value, pos = _read_varint(buf, pos)
         else:

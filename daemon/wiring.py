@@ -16,6 +16,7 @@ topology, for debugging and for the in-process tests.
 """
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import secrets
@@ -56,9 +57,10 @@ class Topology:
     board_path: str
     slots_path: str
     snapshot_path: str
-    heartbeats: object  # multiprocessing.Array('d'), one monotonic timestamp per role
+    heartbeats: ctypes.Array[ctypes.c_double]  # mp Array('d', lock=False): a monotonic time per role
     episode_doorbell: SharedFd  # eventfd: collector rings it when the connector sleeps
-    counters: object  # multiprocessing.Array('q'): COUNTERS, written only by the collector
+    episode_space_doorbell: SharedFd  # eventfd: connector rings it when the collector waits for space
+    counters: ctypes.Array[ctypes.c_longlong]  # mp Array('q', lock=False): COUNTERS, collector-written
     shm_prefix: str
     started_at: float = field(default_factory=time.time)
     resume_checkpoint: str = ""
@@ -101,7 +103,7 @@ def resolve_spaces(cfg: Config) -> tuple[SpaceSpec, SpaceSpec]:
     import gymnasium as gym
     try:
         env = gym.make(cfg.env.id)
-    except Exception as exc:  # noqa: BLE001 - the gymnasium boundary: any failure is a config error
+    except Exception as exc:  # the gymnasium boundary: any failure is a config error
         raise ConfigError(f"env.id = {cfg.env.id!r}: gymnasium cannot make this environment "
                           f"({type(exc).__name__}: {exc})") from exc
     try:
@@ -147,14 +149,18 @@ def build_topology(cfg: Config) -> Topology:
     BlobArea.create(path("snapshot"), cfg.checkpoint.snapshot_bytes).close()
     inboxes = {name: Inbox(name) for name in (*ROLES, "supervisor")}
     heartbeats = mp.get_context("spawn").Array("d", len(ROLES), lock=False)
+    # collector → connector: "records in the episode ring" (the connector announced sleep)
     doorbell = SharedFd(Doorbell.create().fileno())
+    # connector → collector: "space in the episode ring" (the collector announced it waits)
+    space_doorbell = SharedFd(Doorbell.create().fileno())
     # collector → checkpointer/supervisor: env_steps, episodes (survives collector restarts)
     counters = mp.get_context("spawn").Array("q", len(COUNTERS), lock=False)
     return Topology(cfg=cfg, obs_space=obs, act_space=act, policy_spec=spec, layout_sizes=layout.sizes(),
                     inboxes=inboxes, episode_ring_path=path("episodes"),
                     board_path=path("board"), slots_path=path("slots"),
                     snapshot_path=path("snapshot"), heartbeats=heartbeats,
-                    episode_doorbell=doorbell, counters=counters, shm_prefix=prefix)
+                    episode_doorbell=doorbell, episode_space_doorbell=space_doorbell,
+                    counters=counters, shm_prefix=prefix)
 
 
 def destroy_topology(topo: Topology) -> None:
@@ -169,6 +175,7 @@ def destroy_topology(topo: Topology) -> None:
     for inbox in topo.inboxes.values():
         inbox.close()
     topo.episode_doorbell.close()
+    topo.episode_space_doorbell.close()
 
 
 def _pow2(n: int) -> int:

@@ -55,7 +55,7 @@ class BlobArea:
         self._seqlock = segment.buf[SEQLOCK_OFFSET:SEQLOCK_OFFSET + 8].cast("Q")
 
     @classmethod
-    def create(cls, path: str, capacity_bytes: int, mode: int = 0o600) -> "BlobArea":
+    def create(cls, path: str, capacity_bytes: int, mode: int = 0o600) -> BlobArea:
         """Create an empty area (generation 0) able to hold ``capacity_bytes``."""
         if capacity_bytes < 1:
             raise ValueError(f"capacity must be >= 1 byte, got {capacity_bytes}")
@@ -66,7 +66,7 @@ class BlobArea:
         return cls(segment, capacity_bytes)
 
     @classmethod
-    def attach(cls, path: str) -> "BlobArea":
+    def attach(cls, path: str) -> BlobArea:
         """Map an existing area after checking its header (``LayoutError``)."""
         return Segment.open_checked(path, lambda segment: cls(segment, _check_header(segment)))
 
@@ -116,7 +116,8 @@ class BlobArea:
 
     def close(self) -> None:
         """Drop this process's mapping (idempotent)."""
-        self._seqlock = None
+        if not self.segment.closed:
+            del self._seqlock  # the view must go before the mapping can be unmapped
         self.segment.close()
 
     def unlink(self) -> None:

@@ -74,7 +74,7 @@ class WeightsBoard:
         )
 
     @classmethod
-    def create(cls, path: str, n_params: int, spec_json: bytes, mode: int = 0o600) -> "WeightsBoard":
+    def create(cls, path: str, n_params: int, spec_json: bytes, mode: int = 0o600) -> WeightsBoard:
         """Create an empty board (learner or daemon).  ``spec_json`` must be UTF-8 JSON <= 16 KiB."""
         if n_params < 1:
             raise ValueError(f"n_params must be >= 1, got {n_params}")
@@ -87,7 +87,7 @@ class WeightsBoard:
         return cls(segment, n_params)
 
     @classmethod
-    def attach(cls, path: str) -> "WeightsBoard":
+    def attach(cls, path: str) -> WeightsBoard:
         """Map an existing board after checking its header (``LayoutError``)."""
         return Segment.open_checked(path, lambda segment: cls(segment, _check_header(segment)))
 
@@ -146,7 +146,8 @@ class WeightsBoard:
 
     def close(self) -> None:
         """Drop this process's mapping (idempotent)."""
-        self._seqlock = self._active = self._buffer_seq = self._buffers = None
+        if not self.segment.closed:  # the views must go before the mapping can be unmapped
+            del self._seqlock, self._active, self._buffer_seq, self._buffers
         self.segment.close()
 
     def unlink(self) -> None:

@@ -27,11 +27,11 @@ class Doorbell:
         self._poller.register(fd, select.POLLIN)
 
     @classmethod
-    def create(cls) -> "Doorbell":
+    def create(cls) -> Doorbell:
         return cls(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
 
     @classmethod
-    def from_fd(cls, fd: int) -> "Doorbell":
+    def from_fd(cls, fd: int) -> Doorbell:
         """Wrap an eventfd received from another process (SCM_RIGHTS); takes ownership of ``fd``.
 
         ``ShmError`` if ``fd`` is not an eventfd (e.g. fds mixed up in transit).
@@ -78,10 +78,10 @@ class Doorbell:
         """Close the fd; idempotent."""
         fd, self._fd = self._fd, -1
         if fd >= 0:
-            self._poller = None
+            del self._poller
             os.close(fd)
 
-    def __enter__(self) -> "Doorbell":
+    def __enter__(self) -> Doorbell:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -8,7 +8,9 @@ records).  O, A and D are the obs, action and dist-input float counts::
                                             bit2 FINAL_OBS (only the last obs of a
                                             fragment: ends the fragment),
                                             bit3 FLUSH (marker, no step data),
-                                            bit4 HAS_LOGP, bit5 HAS_DIST, bit6 STREAM_END (marker: the stream's client went away)
+                                            bit4 HAS_LOGP, bit5 HAS_DIST,
+                                            bit6 STREAM_END (marker: the stream's
+                                            client went away)
     1           3      (pad)
     4           4      stream_id       u32  producer writes 0; the daemon fills it
     8           8      weights_seq_no  i64  policy version that chose the action, -1 unknown
@@ -101,11 +103,12 @@ class StepLayout:
         }
 
     @classmethod
-    def from_json(cls, spec: dict) -> "StepLayout":
+    def from_json(cls, spec: dict) -> StepLayout:
         """Inverse of ``to_json``; ValueError if ``record_bytes`` disagrees with the sizes."""
         layout = cls(spec["obs_size"], spec["action_size"], spec["dist_size"])
         if "record_bytes" in spec and spec["record_bytes"] != layout.record_bytes:
-            raise ValueError(f"record_bytes {spec['record_bytes']} does not match sizes in {spec} ({layout.record_bytes})")
+            raise ValueError(f"record_bytes {spec['record_bytes']} does not match sizes in {spec} "
+                             f"({layout.record_bytes})")
         return layout
 
     def sizes(self) -> tuple[int, int, int]:

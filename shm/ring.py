@@ -5,6 +5,13 @@ client process attaches (``StepRing.attach``) and produces.  Unread data is
 never overwritten: a full ring makes the producer fail (``RingFull``) or
 wait, never the consumer lose records.
 
+Sleep/wake-up works both ways, each with its own eventfd doorbell: a consumer
+with nothing to read announces ``reader_sleeping`` and sleeps on ``doorbell``
+(the producer rings it after publishing); a producer facing a full ring
+announces ``writer_waiting`` and sleeps on ``space_doorbell`` (the consumer
+rings it after freeing space).  Either doorbell may be None: that side then
+polls with backoff.
+
 Segment layout: ``RING_HEADER`` followed by ``capacity`` records of
 ``record_bytes`` (see ``shm.records``)::
 
@@ -26,7 +33,8 @@ Segment layout: ``RING_HEADER`` followed by ``capacity`` records of
     192     4     reader_sleeping  u32   consumer sets before sleeping; whoever wakes it clears
     196     60    (pad)
     256     4     closed           u32   producer  1 = no more data will come
-    260     60    (pad)
+    260     4     writer_waiting   u32   producer sets before waiting for space; whoever wakes it clears
+    264     56    (pad)
     320           records[capacity]      record i lives at slot i & (capacity - 1)
 
 ``tail - head`` is the number of unread records: 0 = empty, capacity = full.
@@ -50,16 +58,16 @@ from rlinkd.shm.records import StepLayout
 from rlinkd.shm.segment import Segment, check_field, check_magic, check_writer_pid
 
 RING_MAGIC = b"RLKRING1"
-RING_LAYOUT_VERSION = 1
-RING_HEADER = struct.Struct("<8sIIQIIIII20xQ56xQ56xI60xI60x")
+RING_LAYOUT_VERSION = 2  # 2: writer_waiting
+RING_HEADER = struct.Struct("<8sIIQIIIII20xQ56xQ56xI60xII56x")
 WRITER_PID_OFFSET, READER_PID_OFFSET = 24, 28
-TAIL_OFFSET, HEAD_OFFSET, SLEEPING_OFFSET, CLOSED_OFFSET = 64, 128, 192, 256
+TAIL_OFFSET, HEAD_OFFSET, SLEEPING_OFFSET, CLOSED_OFFSET, WAITING_OFFSET = 64, 128, 192, 256, 260
 _ROLE_PID_OFFSETS = {"producer": WRITER_PID_OFFSET, "consumer": READER_PID_OFFSET, "observer": None}
 RECORDS_OFFSET = RING_HEADER.size
 assert RECORDS_OFFSET == 320
 
 MAX_SLEEP_SLICE_S = 0.1
-"""Longest single doorbell wait: bounds a lost wake-up even with timeout None."""
+"""Longest single doorbell wait (either side): bounds a lost wake-up even with timeout None."""
 
 
 def _write_step_after_close(*args, **kwargs):
@@ -82,12 +90,19 @@ class StepRing:
     ``wait_writable``) and ``ValueError`` for wrong sizes.
     """
 
-    def __init__(self, segment: Segment, layout: StepLayout, doorbell: Doorbell | None) -> None:
+    def __init__(self, segment: Segment, layout: StepLayout, doorbell: Doorbell | None,
+                 space_doorbell: Doorbell | None = None) -> None:
         self.segment = segment
         self.path = segment.path
         self.layout = layout
         self.capacity = (segment.size - RECORDS_OFFSET) // layout.record_bytes
         self.doorbell = doorbell
+        """Consumer sleeps on it, producer rings it (None: the consumer polls)."""
+        self.space_doorbell = space_doorbell
+        """Producer sleeps on it for space, consumer rings it (None: the producer polls).
+        Both sides must hold it; a consumer holding it pays one fence per release."""
+        self.producer_sleeps = 0
+        """How often this producer announced a wait for space (diagnostics, tests)."""
         self.consumer_spin_s = 0.0
         """Busy-poll this long in ``wait_readable`` before sleeping (0 = never)."""
         self.max_sleep_slice_s = MAX_SLEEP_SLICE_S
@@ -97,6 +112,7 @@ class StepRing:
         self._head = buf[HEAD_OFFSET:HEAD_OFFSET + 8].cast("Q")
         self._sleeping = buf[SLEEPING_OFFSET:SLEEPING_OFFSET + 4].cast("I")
         self._closed = buf[CLOSED_OFFSET:CLOSED_OFFSET + 4].cast("I")
+        self._waiting = buf[WAITING_OFFSET:WAITING_OFFSET + 4].cast("I")
         records_area = np.frombuffer(buf, np.uint8, self.capacity * layout.record_bytes, RECORDS_OFFSET)
         self._raw = records_area.reshape(self.capacity, layout.record_bytes)
         self._no_records = np.empty(0, layout.dtype)
@@ -109,20 +125,20 @@ class StepRing:
 
     @classmethod
     def create(cls, path: str, layout: StepLayout, capacity_records: int, doorbell: Doorbell | None = None,
-               mode: int = 0o600) -> "StepRing":
+               mode: int = 0o600, space_doorbell: Doorbell | None = None) -> StepRing:
         """Create an empty ring (daemon side).  ``capacity_records`` must be a power of two."""
         if capacity_records < 1 or capacity_records & (capacity_records - 1):
             raise ValueError(f"ring capacity must be a power of two, got {capacity_records}")
         segment = Segment.create(path, RECORDS_OFFSET + capacity_records * layout.record_bytes, mode)
         pid = os.getpid()
         RING_HEADER.pack_into(segment.buf, 0, b"\0" * 8, RING_LAYOUT_VERSION, layout.record_bytes,
-                              capacity_records, pid, pid, *layout.sizes(), 0, 0, 0, 0)
+                              capacity_records, pid, pid, *layout.sizes(), 0, 0, 0, 0, 0)
         segment.buf[0:8] = RING_MAGIC  # last: a half-made header never looks valid
-        return cls(segment, layout, doorbell)
+        return cls(segment, layout, doorbell, space_doorbell)
 
     @classmethod
     def attach(cls, path: str, expected_layout: StepLayout | None = None, doorbell: Doorbell | None = None,
-               role: str = "producer") -> "StepRing":
+               role: str = "producer", space_doorbell: Doorbell | None = None) -> StepRing:
         """Map an existing ring after checking every header field (``LayoutError``).
 
         ``role`` ("producer", "consumer" or "observer") decides whether our pid
@@ -139,12 +155,13 @@ class StepRing:
         pid_offset = _ROLE_PID_OFFSETS[role]
         if pid_offset is not None:
             segment.buf[pid_offset:pid_offset + 4] = os.getpid().to_bytes(4, "little")
-        return cls(segment, layout, doorbell)
+        return cls(segment, layout, doorbell, space_doorbell)
 
     def close(self) -> None:
         """Drop this process's mapping (idempotent)."""
         self.write_step = _write_step_after_close
-        self._tail = self._head = self._sleeping = self._closed = self._raw = None
+        if not self.segment.closed:  # the views must go before the mapping can be unmapped
+            del self._tail, self._head, self._sleeping, self._closed, self._waiting, self._raw
         self.segment.close()
 
     def unlink(self) -> None:
@@ -155,7 +172,8 @@ class StepRing:
         """Decoded header fields (diagnostics)."""
         fields = RING_HEADER.unpack_from(self.segment.buf, 0)
         names = ("magic", "layout_version", "record_bytes", "capacity", "writer_pid", "reader_pid",
-                 "obs_size", "action_size", "dist_size", "tail", "head", "reader_sleeping", "closed")
+                 "obs_size", "action_size", "dist_size", "tail", "head", "reader_sleeping", "closed",
+                 "writer_waiting")
         return dict(zip(names, fields))
 
     def __repr__(self) -> str:
@@ -171,8 +189,8 @@ class StepRing:
         """Append ``records`` (an array of ``layout.dtype``); returns how many were written.
 
         ``timeout_s`` None: write what fits now (possibly 0) and return the
-        count.  Otherwise all-or-nothing: wait (short spin, then sleeps backing
-        off to 1 ms) until the whole batch fits, raising ``RingFull`` at the
+        count.  Otherwise all-or-nothing: wait (``wait_writable``) until the
+        whole batch fits, raising ``RingFull`` at the
         deadline.  One or two slice copies, one tail publication.
         """
         raw = self._raw_rows(records)
@@ -190,10 +208,45 @@ class StepRing:
         return count
 
     def wait_writable(self, n_records: int = 1, timeout_s: float | None = None) -> bool:
-        """Wait (spin, then backoff sleeps) until ``n_records`` fit; False at the deadline."""
+        """Wait until ``n_records`` fit; False at the deadline.
+
+        With a ``space_doorbell``: announce ``writer_waiting`` (``arm_space_wait``),
+        sleep on the doorbell in slices of at most ``max_sleep_slice_s`` (a lost
+        wake-up costs latency, never a hang).  Without one: spin, then backoff sleeps.
+        """
         if n_records > self.capacity:
             raise ValueError(f"{n_records} records can never fit in {self!r}")
-        return backoff_until(lambda: self.free_records() >= n_records, timeout_s)
+        if self.space_doorbell is None:
+            return backoff_until(lambda: self.free_records() >= n_records, timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self.free_records() < n_records:
+            remaining = self.max_sleep_slice_s if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if not self.arm_space_wait(n_records):
+                self.space_doorbell.wait(min(remaining, self.max_sleep_slice_s))
+            self.disarm_space_wait()
+        return True
+
+    def arm_space_wait(self, n_records: int = 1) -> bool:
+        """Producer, before sleeping on ``space_doorbell``: set ``writer_waiting``, fence, re-check.
+
+        Returns True if ``n_records`` fit meanwhile (then do not sleep).  Either way
+        call ``disarm_space_wait`` after (not) sleeping.  An event-loop producer awaits
+        the doorbell's fd instead of ``Doorbell.wait`` (bound it to ``max_sleep_slice_s``).
+        """
+        self._waiting[0] = 1
+        store_load_fence()
+        if self.free_records() >= n_records:
+            return True
+        self.producer_sleeps += 1
+        return False
+
+    def disarm_space_wait(self) -> None:
+        """Producer, after waking: clear ``writer_waiting`` and drain the doorbell."""
+        self._waiting[0] = 0
+        if self.space_doorbell is not None:
+            self.space_doorbell.drain()
 
     def mark_closed(self) -> None:
         """Producer: no more records will follow; wakes a sleeping consumer."""
@@ -250,8 +303,17 @@ class StepRing:
         out_raw[:first] = self._raw[start:start + first]
         if first < count:
             out_raw[first:] = self._raw[:count - first]
-        self._head[0] = head + count
+        self._release(head + count)
         return out
+
+    def _release(self, new_head: int) -> None:
+        """Consumer: publish ``head``; wake a producer that announced it waits for space."""
+        self._head[0] = new_head
+        if self.space_doorbell is not None:
+            store_load_fence()
+            if self._waiting[0]:
+                self._waiting[0] = 0
+                self.space_doorbell.ring()
 
     def _has_news(self) -> bool:
         return self._tail[0] != self._head[0] or self._closed[0] != 0

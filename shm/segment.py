@@ -55,11 +55,11 @@ class Segment:
         self.size = len(mapping)
         self.created = created
         self._mapping: mmap.mmap | None = mapping
-        self.buf: memoryview | None = memoryview(mapping)
+        self._buf: memoryview | None = memoryview(mapping)
         self._unlinked = False
 
     @classmethod
-    def create(cls, path: str, size_bytes: int, mode: int = 0o600) -> "Segment":
+    def create(cls, path: str, size_bytes: int, mode: int = 0o600) -> Segment:
         """Create a new zero-filled segment of ``size_bytes`` at ``path``.
 
         Fails with ``FileExistsError`` if the path exists (never reuses a stale
@@ -94,7 +94,7 @@ class Segment:
             raise
 
     @classmethod
-    def attach(cls, path: str) -> "Segment":
+    def attach(cls, path: str) -> Segment:
         """Map an existing segment read-write.
 
         Refuses (``SegmentOwnerError``) symlinks, non-regular files and files
@@ -121,8 +121,8 @@ class Segment:
         mapping cannot be unmapped yet (``BufferError``); we then just drop our
         references and the mapping goes away when the last view is collected.
         """
-        buf, mapping = self.buf, self._mapping
-        self.buf = self._mapping = None
+        buf, mapping = self._buf, self._mapping
+        self._buf = self._mapping = None
         if buf is not None:
             try:
                 buf.release()
@@ -143,6 +143,13 @@ class Segment:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+    @property
+    def buf(self) -> memoryview:
+        """Writable view over the whole file; ``ShmError`` once closed."""
+        if self._buf is None:
+            raise ShmError(f"segment {self.path} is closed")
+        return self._buf
 
     @property
     def mapping(self) -> mmap.mmap:
@@ -216,7 +223,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def sweep_stale(directory: str, prefix: str) -> list[str]:
+def sweep_stale(directory: str | os.PathLike[str], prefix: str) -> list[str]:
     """Remove ``<prefix>.<pid>.*`` files of ours whose creator pid is dead.
 
     Called by the daemon at start-up (and by tests).  Files of other users,

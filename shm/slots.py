@@ -119,7 +119,7 @@ class BatchSlots:
 
     @classmethod
     def create(cls, path: str, columns: dict, capacity_rows: int, n_slots: int,
-               meta_fields: list[str] | tuple[str, ...] = (), mode: int = 0o600) -> "BatchSlots":
+               meta_fields: list[str] | tuple[str, ...] = (), mode: int = 0o600) -> BatchSlots:
         """Create all-FREE slots.  ``columns``: name -> (per-row shape, numpy dtype string)."""
         description = _describe(columns, capacity_rows, n_slots, meta_fields)
         desc_json = json.dumps(description).encode("utf-8")
@@ -132,7 +132,7 @@ class BatchSlots:
         return cls(segment, geometry)
 
     @classmethod
-    def attach(cls, path: str) -> "BatchSlots":
+    def attach(cls, path: str) -> BatchSlots:
         """Map existing slots after checking header and description (``LayoutError``)."""
         return Segment.open_checked(path, lambda segment: cls(segment, _check_header(segment)))
 
@@ -211,7 +211,8 @@ class BatchSlots:
 
     def close(self) -> None:
         """Drop this process's mapping (idempotent).  Column views handed out keep it alive."""
-        self._next_seq = self._states = self._column_views = None
+        if not self.segment.closed:  # the views must go before the mapping can be unmapped
+            del self._next_seq, self._states, self._column_views
         self.segment.close()
 
     def unlink(self) -> None:

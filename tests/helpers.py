@@ -67,7 +67,7 @@ def peer_closed(sock: socket.socket, timeout_s: float = 5.0) -> bool:
                 return True
     except (ConnectionResetError, BrokenPipeError):
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 
@@ -80,7 +80,7 @@ class DaemonProcess(ServeProcess):
 
     seen_children: set = field(default_factory=set)
 
-    def start(self, timeout_s: float = 60.0) -> "DaemonProcess":
+    def start(self, timeout_s: float = 60.0) -> DaemonProcess:
         try:
             super().start(timeout_s)
         except LaunchError as exc:
@@ -159,7 +159,7 @@ class BackgroundClient:
         self.steps = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "BackgroundClient":
+    def start(self) -> BackgroundClient:
         self.thread.start()
         return self
 

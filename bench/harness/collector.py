@@ -33,11 +33,15 @@ from rlinkd.daemon.launch import set_args, stop_processes
 from bench.harness.common import REPO
 
 
-def drain_ring(ring_path: str, sizes: tuple[int, int, int], stop) -> None:
-    """Consumer process: read and discard every record until ``stop`` is set."""
+def drain_ring(ring_path: str, sizes: tuple[int, int, int], space_doorbell, stop) -> None:
+    """Consumer process: read and discard every record until ``stop`` is set; rings the
+    collector's space doorbell (``space_doorbell``: the topology's SharedFd) as the
+    connector does."""
+    from rlinkd.shm.doorbell import Doorbell
     from rlinkd.shm.records import StepLayout
     from rlinkd.shm.ring import StepRing
-    ring = StepRing.attach(ring_path, expected_layout=StepLayout(*sizes), role="consumer")
+    ring = StepRing.attach(ring_path, expected_layout=StepLayout(*sizes), role="consumer",
+                           space_doorbell=Doorbell.from_fd(space_doorbell.fd))
     try:
         while not stop.is_set():
             if not len(ring.read_batch(1 << 15)):
@@ -87,7 +91,8 @@ def serve(state_dir: str, overrides: list[str]) -> int:
     topo = build_topology(cfg)
     stop = mp.get_context("spawn").Event()
     consumer = mp.get_context("spawn").Process(
-        target=drain_ring, args=(topo.episode_ring_path, topo.layout.sizes(), stop), daemon=True)
+        target=drain_ring, daemon=True,
+        args=(topo.episode_ring_path, topo.layout.sizes(), topo.episode_space_doorbell, stop))
     consumer.start()
     try:
         _publish_initial_weights(topo)
@@ -118,7 +123,7 @@ class IsolatedCollector:
         self.port = 0
         self.unix_socket = ""
 
-    def __enter__(self) -> "IsolatedCollector":
+    def __enter__(self) -> IsolatedCollector:
         cmd = [sys.executable, "-m", "bench.harness.collector", "--state-dir", self.state_dir,
                *set_args(self.overrides)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(

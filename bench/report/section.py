@@ -136,7 +136,7 @@ def _relative_line(target: targets.RelativeTarget, label: str, theirs: list[dict
     bound = target.bound(values)
     met = [c for c, o in ours.items() if _median(o, key) is not None and target.met(_median(o, key), bound)]
     verdict = "met" if len(met) == len(ours) else "MISSED" if not met else f"met by {', '.join(met)} only"
-    show = (lambda v: f"{v:.1f} s") if key == "wall_s" else fmt_num  # noqa: E731
+    show = (lambda v: f"{v:.1f} s") if key == "wall_s" else fmt_num
     got = ", ".join(f"{c} {show(_median(o, key))}" for c, o in ours.items())
     return f"- {label}: {target.text()} (bound {show(bound)}): rlinkd {got} — **{verdict}**"
 

@@ -9,8 +9,8 @@ RLlib figure of the same measure (issue 5's comparisons).
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)

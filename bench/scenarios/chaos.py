@@ -56,10 +56,11 @@ def wait_until(predicate, timeout_s: float) -> float | None:
     return None
 
 
-def start_client(address: str, log) -> subprocess.Popen:
+def start_client(address: str, log_path: Path) -> subprocess.Popen:
+    """One client appending to ``log_path``; the parent's handle is closed once the child has it."""
     cmd = rlinkd_command("client", "--connect", address, "--report-every-s", "3600")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 class Chaos:
@@ -71,7 +72,7 @@ class Chaos:
         self.daemon = Daemon(["daemon.crash_loop_restarts=1000", "daemon.restart_backoff_s=0.2",
                               "checkpoint.checkpoint_interval_s=0"], state_dir=state).start()
         self.info = self.daemon.info
-        self.client_log = open(state / "clients.log", "ab")
+        self.client_log = state / "clients.log"
         self.addresses = ([f"tcp://127.0.0.1:{self.info['port']}"] * args.tcp_clients
                           + [f"shm:{state}"] * args.shm_clients)
         self.clients = [start_client(a, self.client_log) for a in self.addresses]
@@ -113,10 +114,7 @@ class Chaos:
                 "recovery_s": None if took is None else round(time.monotonic() - t0, 3)}
 
     def round(self) -> dict:
-        if self.rng.random() < 1 / 3:
-            result = self.kill_client()
-        else:
-            result = self.kill_role(self.rng.choice(ROLES))
+        result = self.kill_client() if self.rng.random() < 1 / 3 else self.kill_role(self.rng.choice(ROLES))
         os.kill(self.daemon.pid, signal.SIGUSR1)
         wait_until(self.healthy, self.args.recovery_timeout_s)
         time.sleep(self.rng.uniform(0.5, 2.0))

@@ -386,9 +386,9 @@ def _wait_ready(sock: socket.socket, proc: subprocess.Popen, t0: float, timeout_
     while time.monotonic() - t0 < timeout_s:
         try:
             data = sock.recv(4096)
-        except socket.timeout:
+        except TimeoutError:
             if proc.poll() is not None:
-                raise RuntimeError(f"rlinkd serve exited with {proc.returncode} before READY")
+                raise RuntimeError(f"rlinkd serve exited with {proc.returncode} before READY") from None
             continue
         if b"READY=1" in data.split(b"\n"):
             return time.monotonic() - t0

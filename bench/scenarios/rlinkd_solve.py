@@ -30,6 +30,7 @@ For every run: env steps/s = env steps / wall; peak summed RSS of every process 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -130,10 +131,7 @@ def client_run(transport: str, n_clients: int, timeout_s: float) -> dict:
     state_dir = daemon.state_dir
     address = f"tcp://127.0.0.1:{port}" if transport == "tcp" else f"shm:{state_dir}"
     t0 = time.monotonic()
-    clients = [subprocess.Popen([sys.executable, "-m", "bench.scenarios.solve_client", "--connect", address,
-                                 "--seed", str(1000 + i)], stdout=subprocess.PIPE,
-                                stderr=open(Path(state_dir) / f"client{i}.log", "ab"), text=True, cwd=REPO)
-               for i in range(n_clients)]
+    clients = [_start_solve_client(address, i, Path(state_dir)) for i in range(n_clients)]
     sampler = TreeSampler(daemon.pid, *[c.pid for c in clients]).start()
     pool = EpisodePool(n_clients)
     for i, c in enumerate(clients):
@@ -151,6 +149,14 @@ def client_run(transport: str, n_clients: int, timeout_s: float) -> dict:
     return measures(wall, pool.steps_at_solve if solved else sum(pool.steps_by_client), sampler, solved,
                     cpu_steps=sum(pool.steps_by_client)) | {
         "daemon_ready_s": ready_s, "daemon_exit": exit_code, "return_mean": mean}
+
+
+def _start_solve_client(address: str, i: int, state_dir: Path) -> subprocess.Popen:
+    """Client ``i`` (seed 1000 + i), episodes on a pipe, its log in ``state_dir/client{i}.log``."""
+    with open(state_dir / f"client{i}.log", "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "bench.scenarios.solve_client", "--connect", address,
+                                 "--seed", str(1000 + i)], stdout=subprocess.PIPE, stderr=log, text=True,
+                                cwd=REPO)
 
 
 def _time_to_ready(daemon: Daemon, t0: float) -> float | None:
@@ -251,9 +257,9 @@ def main() -> int:
     for transport, n in configs:
         key = f"{transport}x{n}"
         print(f"(i) own criterion, {key}", flush=True)
-        res["own"][key] = run_mode(key, lambda: own_run(transport, n, args.timeout_s), runs)
+        res["own"][key] = run_mode(key, functools.partial(own_run, transport, n, args.timeout_s), runs)
         print(f"(ii) client-side criterion, {key}", flush=True)
-        res["client"][key] = run_mode(key, lambda: client_run(transport, n, args.timeout_s), runs)
+        res["client"][key] = run_mode(key, functools.partial(client_run, transport, n, args.timeout_s), runs)
     if args.skip_rllib_client:
         pass
     elif not LEGACY_PYTHON.exists():

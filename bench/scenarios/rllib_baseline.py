@@ -95,7 +95,8 @@ def wait_ports_free(ports=(5555, 5556), timeout_s: float = 300.0, quiet_s: float
     ``ss -ltn``). Ray's EnvRunner actors outlive the signalled process group for a while, so
     wait until ``ss`` shows neither port for ``quiet_s`` in a row."""
     deadline, free_since = time.monotonic() + timeout_s, None
-    pattern = re.compile(r"127\.0\.0\.1:(%s)\s" % "|".join(map(str, ports)))
+    alternatives = "|".join(map(str, ports))
+    pattern = re.compile(rf"127\.0\.0\.1:({alternatives})\s")
     while time.monotonic() < deadline:
         out = subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
         if pattern.search(out):

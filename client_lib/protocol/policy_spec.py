@@ -14,6 +14,7 @@ Parameter layout (flat vector, in this order):
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass
 
@@ -83,10 +84,10 @@ class PolicySpec:
         if not self.obs_shape or math.prod(self.obs_shape) != self.obs_size:
             raise ValueError(f"obs_shape {self.obs_shape} does not hold obs_size={self.obs_size}")
         if self.action_kind == "box":
-            for bound in (self.action_low, self.action_high):
-                if bound is None or len(bound) != self.action_size:
-                    raise ValueError("box actions need action_low/action_high of action_size")
-            if any(lo > hi for lo, hi in zip(self.action_low, self.action_high)):
+            low, high = self.action_low, self.action_high
+            if low is None or high is None or len(low) != self.action_size or len(high) != self.action_size:
+                raise ValueError("box actions need action_low/action_high of action_size")
+            if any(lo > hi for lo, hi in zip(low, high)):
                 raise ValueError("action_low must not exceed action_high")
 
     # ----------------------------------------------------------------- description
@@ -115,14 +116,15 @@ class PolicySpec:
     # ----------------------------------------------------------------- flat weights
     def _layer_shapes(self, prefix: str, out_size: int) -> list[tuple[str, tuple[int, ...]]]:
         sizes = (self.obs_size, *self.hidden_sizes, out_size)
-        layout = []
-        for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layout: list[tuple[str, tuple[int, ...]]] = []
+        for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
             layout += [(f"{prefix}.{i}.weight", (n_out, n_in)), (f"{prefix}.{i}.bias", (n_out,))]
         return layout
 
     def param_layout(self) -> list[tuple[str, tuple[int, ...]]]:
         """(name, shape) of every tensor in the order of the shared flat float32 vector."""
-        layout = [("obs_mean", (self.obs_size,)), ("obs_std", (self.obs_size,))]
+        layout: list[tuple[str, tuple[int, ...]]] = [("obs_mean", (self.obs_size,)),
+                                                     ("obs_std", (self.obs_size,))]
         layout += self._layer_shapes("pi", self.action_size)
         if self.is_box:
             layout.append(("log_std", (self.action_size,)))

@@ -76,13 +76,13 @@ class SpaceSpec:
     n: int = 0
 
     @classmethod
-    def discrete(cls, n: int) -> "SpaceSpec":
+    def discrete(cls, n: int) -> SpaceSpec:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise SpaceError(f"Discrete n must be a positive integer, got {n!r}")
         return cls(kind="discrete", n=n)
 
     @classmethod
-    def box(cls, shape: tuple[int, ...] | list[int], low: Any = None, high: Any = None) -> "SpaceSpec":
+    def box(cls, shape: tuple[int, ...] | list[int], low: Any = None, high: Any = None) -> SpaceSpec:
         shape = _shape(shape)
         size = math.prod(shape)
         lo = _bounds(low, size, -math.inf, "low")
@@ -92,12 +92,14 @@ class SpaceSpec:
         return cls(kind="box", shape=shape, low=lo, high=hi)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "SpaceSpec":
+    def from_json(cls, d: object) -> SpaceSpec:
+        """From a decoded JSON value; ``SpaceError`` unless it is a valid space table."""
         if not isinstance(d, dict):
             raise SpaceError("a space must be a table/object")
         kind = str(d.get("type", "")).lower()
         if kind == "discrete":
-            return cls.discrete(d.get("n"))
+            n: Any = d.get("n")  # a JSON value; discrete() checks it
+            return cls.discrete(n)
         if kind == "box":
             if "shape" not in d:
                 raise SpaceError("Box needs a shape")
@@ -105,7 +107,7 @@ class SpaceSpec:
         raise SpaceError(f"unsupported space type {d.get('type')!r} (Box and Discrete are)")
 
     @classmethod
-    def from_gym(cls, space: Any) -> "SpaceSpec":
+    def from_gym(cls, space: Any) -> SpaceSpec:
         name = type(space).__name__
         if name == "Discrete":
             if int(getattr(space, "start", 0)) != 0:

@@ -76,19 +76,24 @@ def _index_of(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def list_checkpoints(root: Path) -> list[Path]:
-    """Checkpoint directories, newest (highest index) first."""
+def _indexed_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(index, directory) of every checkpoint, newest (highest index) first."""
     if not root.is_dir():
         return []
     found = [(i, p) for p in root.iterdir() if (i := _index_of(p)) is not None and p.is_dir()]
-    return [p for _, p in sorted(found, reverse=True)]
+    return sorted(found, reverse=True)
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Checkpoint directories, newest (highest index) first."""
+    return [p for _, p in _indexed_checkpoints(root)]
 
 
 def write_checkpoint(root: Path, files: dict[str, bytes], meta: dict) -> Checkpoint:
     """Write ``files`` + a manifest atomically as the next ``ckpt-NNNNNN``; returns it."""
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    existing = list_checkpoints(root)
-    index = (_index_of(existing[0]) + 1) if existing else 1
+    existing = _indexed_checkpoints(root)
+    index = existing[0][0] + 1 if existing else 1
     staging = root / f".staging-{index:06d}-{secrets.token_hex(4)}"
     staging.mkdir(mode=0o700)
     try:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hmac
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -192,10 +194,10 @@ class CollectorCore:
         session.waits_for_state = session.waits_for_state or on_policy
         return Plan(shm_sample=msg)
 
-    _HANDLERS = {codec.Ping: _ping, codec.GetConfig: _get_config, codec.GetState: _get_state,
-                 codec.Status: _status, codec.Episodes: _episodes,
-                 codec.EpisodesAndGetState: _episodes, codec.Attach: _attach,
-                 codec.SampleReady: _sample_ready}
+    _HANDLERS: ClassVar[dict[type, Callable[[CollectorCore, Session, Any], Plan]]] = {
+        codec.Ping: _ping, codec.GetConfig: _get_config, codec.GetState: _get_state,
+        codec.Status: _status, codec.Episodes: _episodes, codec.EpisodesAndGetState: _episodes,
+        codec.Attach: _attach, codec.SampleReady: _sample_ready}
 
     # ------------------------------------------------------------ ingestion
     def ingest(self, session: Session, msg: codec.Episodes) -> np.ndarray:

@@ -33,33 +33,45 @@ TICK_S = 0.05
 
 
 class CollectorProcess:
-    """Glue between the server, the inbox and the periodic tick."""
+    """Glue between the server, the inbox and the periodic tick.
+
+    Assembled in dependency order, everything through constructors: episode ring and
+    weights board (shared memory) → core → weights cache → status (core, weights) →
+    server (core, ring, weights, status, and a factory that builds its ``ShmIngestor``
+    from the server itself, which creates the doorbell FIFO). Nothing is set afterwards.
+    """
 
     def __init__(self, topo: Topology, ctx: RoleContext) -> None:
         self.topo, self.ctx = topo, ctx
         self.ring = StepRing.attach(topo.episode_ring_path, expected_layout=topo.layout,
-                                    doorbell=Doorbell.from_fd(topo.episode_doorbell.fd))
+                                    doorbell=Doorbell.from_fd(topo.episode_doorbell.fd),
+                                    space_doorbell=Doorbell.from_fd(topo.episode_space_doorbell.fd))
         self.board = WeightsBoard.attach(topo.board_path)
         core = CollectorCore(topo.cfg, topo.obs_space, topo.act_space, topo.layout,
                              topo.policy_spec.dist_size, topo.read_counters())
-        self.status = StatusBuilder(topo, core)
-        self.server = CollectorServer(core, self.ring, WeightsCache(self.board, topo.policy_spec),
-                                      self.status.build, server_context(topo.cfg.server),
+        weights = WeightsCache(self.board, topo.policy_spec)
+        self.status = StatusBuilder(topo, core, weights)
+        self.server = CollectorServer(core, self.ring, weights, self.status,
+                                      make_shm=self._make_shm_ingestor,
+                                      ssl_ctx=server_context(topo.cfg.server),
                                       on_ingest=lambda: topo.write_counters(core.counters()))
-        self.status.server = self.server
-        self.shm_clients = ShmClients(topo.cfg.daemon.shm_dir, topo.shm_prefix, topo.layout,
-                                      topo.obs_space, topo.act_space)
         self.done = asyncio.Event()
         self.route = m.Router("collector", {
             m.WeightsPublished: self._on_weights, m.ConnectorStats: self.status.on_connector,
             m.DaemonInfo: self.status.on_daemon_info, m.Drain: self._on_drain,
             m.Stop: self._on_drain, m.Reload: self._on_reload})
+        self.drain_started = False
+
+    def _make_shm_ingestor(self, server: CollectorServer) -> ShmIngestor:
+        """Called once, by ``CollectorServer.__init__``."""
+        topo = self.topo
+        clients = ShmClients(topo.cfg.daemon.shm_dir, topo.shm_prefix, topo.layout,
+                             topo.obs_space, topo.act_space)
+        return ShmIngestor(server, clients, topo.cfg.runtime_dir / "doorbell.fifo",
+                           attached_info(topo))
 
     async def main(self) -> None:
         await self.server.start()
-        self.server.shm = ShmIngestor(self.server, self.shm_clients,
-                                      self.topo.cfg.runtime_dir / "doorbell.fifo",
-                                      attached_info(self.topo))
         self.server.shm.start()
         self.ctx.send("supervisor", m.Listening(self.topo.cfg.server.host, self.server.port,
                                                 str(self.topo.cfg.socket_path)))
@@ -79,14 +91,22 @@ class CollectorProcess:
         self.server.shm.stop()
 
     def _on_inbox(self) -> None:
-        for msg in self.ctx.inbox.drain():
-            self.route(msg)
+        """Event-loop reader callback: a message that fails to decode or to dispatch ends the
+        role (CRASH, restarted) instead of being dropped by asyncio's callback logging."""
+        try:
+            for msg in self.ctx.inbox.drain():
+                self.route(msg)
+        except Exception as exc:  # noqa: BLE001 - handed to the process boundary, not swallowed
+            self.server.background.fail(exc)
 
     def _on_weights(self, msg: m.WeightsPublished) -> None:
         self.status.on_learner(msg)
         self.server.on_weights_published(msg.cutoff_ingest_id)
 
     def _on_drain(self, msg) -> None:
+        if self.drain_started:  # Drain, then Stop (or the stop flag): one drain
+            return
+        self.drain_started = True
         log.info("draining", reason=msg.reason)
         self.server.background.spawn(self._drain_then_finish(msg.reason))
 
@@ -105,6 +125,7 @@ class CollectorProcess:
             if self.ctx.stop.is_set():
                 self._on_drain(m.Drain("stop requested"))
                 return
+            self.status.on_tick()
             self.server.maybe_flush()
             self.server.shm.on_doorbell()  # safety net for a lost wake-up
             self.server.shm.reap_gone()
@@ -117,7 +138,7 @@ class CollectorProcess:
             await asyncio.sleep(TICK_S)
 
     def _report_status(self) -> None:
-        self.ctx.try_send("supervisor", self.status.summary())
+        self.ctx.try_send("supervisor", self.status.summary(self.server.port))
 
 
 def attached_info(topo: Topology) -> dict:
@@ -137,4 +158,4 @@ def run(topo: Topology, ctx: RoleContext) -> ExitCode:
     return ExitCode.OK
 
 
-__all__ = ["run", "CollectorProcess"]
+__all__ = ["CollectorProcess", "run"]

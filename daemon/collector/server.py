@@ -3,8 +3,9 @@
 One event loop serves every TCP and Unix-socket connection (>= 64 at once), writes
 validated records into the collector→connector ring (in ingest-id order, under one
 FIFO lock, awaiting space when the ring is full so a slow learner slows clients
-down instead of growing memory), answers SET_STATE from ``WeightsCache``, and
-releases on-policy waiters when the learner says which ingest ids it trained on.
+down instead of growing memory; the connector's space doorbell ends the wait),
+answers SET_STATE from ``WeightsCache``, and releases on-policy waiters when the
+learner says which ingest ids it trained on.
 A bad frame costs only its own connection: ERROR reply, close, count, log.
 """
 from __future__ import annotations
@@ -14,7 +15,8 @@ import os
 import socket
 import ssl
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 import numpy as np
 import structlog
@@ -22,12 +24,17 @@ import structlog
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.codec import ProtocolError
 from rlinkd.daemon.collector.core import CollectorCore, Plan, Session
+from rlinkd.daemon.collector.status import StatusBuilder
 from rlinkd.daemon.collector.weights import WeightsCache
+from rlinkd.daemon.config import Config
 from rlinkd.shm.records import FLUSH, STREAM_END
+from rlinkd.shm.errors import ShmError
 from rlinkd.shm.ring import StepRing
 
+if TYPE_CHECKING:
+    from rlinkd.daemon.collector.shm_server import ShmIngestor
+
 log = structlog.get_logger("collector")
-RING_POLL_S = 0.0005
 
 
 class RateLimit:
@@ -71,20 +78,33 @@ class Background:
 
     def _done(self, task: asyncio.Task) -> None:
         self.tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None and self.fatal is None:
-            self.fatal = task.exception()
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self.fail(exc)
+
+    def fail(self, exc: BaseException) -> None:
+        """Record an unexpected failure (the first one wins); the shell stops and exits CRASH.
+        Also for plain callbacks (inbox reader), whose exceptions asyncio would only log."""
+        if self.fatal is None:
+            self.fatal = exc
             self.failed.set()
 
 
 class CollectorServer:
-    """Owns the event-loop side of the collector. Built and run by ``collector.process``."""
+    """Owns the event-loop side of the collector. Built and run by ``collector.process``.
+
+    Everything arrives through the constructor: ``core`` (protocol semantics), ``ring``
+    (the episode ring, producer side, with its space doorbell), ``weights`` (SET_STATE
+    frames), ``status`` (answers STATUS), ``make_shm`` (called once, last, with this
+    server: builds the ``ShmIngestor`` for shared-memory clients), ``ssl_ctx`` (TLS or
+    None) and ``on_ingest`` (called after every ingest, e.g. to publish counters).
+    """
 
     def __init__(self, core: CollectorCore, ring: StepRing, weights: WeightsCache,
-                 status_fn: Callable[[], dict], ssl_ctx: ssl.SSLContext | None = None,
+                 status: StatusBuilder, make_shm: Callable[[CollectorServer], ShmIngestor],
+                 ssl_ctx: ssl.SSLContext | None = None,
                  on_ingest: Callable[[], None] = lambda: None) -> None:
-        self.core, self.ring, self.weights = core, ring, weights
+        self.core, self.ring, self.weights, self.status = core, ring, weights, status
         self.cfg = core.cfg
-        self.status_fn = status_fn
         self.on_ingest = on_ingest
         self.ssl_ctx = ssl_ctx
         self.ring_lock = asyncio.Lock()
@@ -95,16 +115,17 @@ class CollectorServer:
         self.servers: list[asyncio.AbstractServer] = []
         self.draining = False
         self.port = 0
-        self.shm = None  # ShmIngestor, set by the process shell when shm is enabled
         self.background = Background()
         self.error_log = RateLimit(per_s=10.0)
+        self.shm = make_shm(self)
 
     # ------------------------------------------------------------ listeners
     async def start(self) -> None:
         srv = self.cfg.server
-        tls = {"ssl": self.ssl_ctx, "ssl_handshake_timeout": srv.read_timeout_s} if self.ssl_ctx else {}
+        handshake_s = srv.read_timeout_s if self.ssl_ctx else None  # only meaningful with TLS
         tcp = await asyncio.start_server(lambda r, w: self._serve(r, w, "tcp"), srv.host,
-                                         srv.port, reuse_address=True, limit=1 << 20, **tls)
+                                         srv.port, reuse_address=True, limit=1 << 20,
+                                         ssl=self.ssl_ctx, ssl_handshake_timeout=handshake_s)
         self.port = tcp.sockets[0].getsockname()[1]
         path = str(self.cfg.socket_path)
         if os.path.exists(path):
@@ -168,7 +189,7 @@ class CollectorServer:
         if plan.reply is not None:
             await self.send(writer, plan.reply)
         if plan.status:
-            await self.send(writer, codec.encode(codec.StatusReport(status=self.status_fn())))
+            await self.send(writer, codec.encode(codec.StatusReport(status=self.status.build(self.port))))
         if plan.attach is not None:
             await self.send(writer, self.shm.attach_reply(session, plan.attach, writer))
         if plan.shm_sample is not None:
@@ -176,6 +197,7 @@ class CollectorServer:
         if plan.newest_state:
             await self._send_state(session, writer)
         if plan.wait_for_training:
+            assert last_id is not None, "a plan waits for training only on records it ingested"
             await self.wait_for_training(session, last_id)
             await self._send_state(session, writer)
 
@@ -187,7 +209,9 @@ class CollectorServer:
         await self.first_weights.wait()
         self.weights.refresh()
         session.last_sent_seq = self.weights.seq_no
-        await self.send(writer, self.weights.frame)
+        frame = self.weights.frame
+        assert frame is not None, "first_weights is set only once a frame exists"
+        await self.send(writer, frame)
 
     async def _protocol_error(self, session: Session, writer: asyncio.StreamWriter,
                               exc: ProtocolError) -> None:
@@ -209,7 +233,7 @@ class CollectorServer:
 
     def _forget(self, session: Session) -> None:
         self.core.close_session(session)
-        if session.is_shm and self.shm is not None:
+        if session.is_shm:
             self.shm.clients.leave(session.id)  # or the drain loop would spin on a session-less ring
         self.writers.pop(session.id, None)
         self.waiters.pop(session.id, None)
@@ -219,7 +243,7 @@ class CollectorServer:
 
     async def _end_stream(self, session: Session) -> None:
         """Take the rest of a shm client's ring, then tell the connector the stream ended."""
-        if session.is_shm and self.shm is not None:
+        if session.is_shm:
             await self.shm.detach(session)
         marker = np.zeros(1, self.ring.layout.dtype)
         marker["flags"], marker["stream_id"] = STREAM_END, session.stream_id
@@ -243,7 +267,7 @@ class CollectorServer:
             while done < n:
                 done += self.ring.write_batch(records[done:])
                 if done < n:
-                    await asyncio.sleep(RING_POLL_S)
+                    await wait_for_space(self.ring)
             return self.next_ingest_id - 1
 
     async def _write_flush_marker(self) -> None:
@@ -252,7 +276,7 @@ class CollectorServer:
         async with self.ring_lock:
             marker["ingest_id"] = self.next_ingest_id - 1
             while self.ring.write_batch(marker) == 0:
-                await asyncio.sleep(RING_POLL_S)
+                await wait_for_space(self.ring)
 
     # ------------------------------------------------------------ on-policy waits
     async def wait_for_training(self, session: Session, last_id: int) -> None:
@@ -283,20 +307,77 @@ class CollectorServer:
 
     # ------------------------------------------------------------ shutdown
     async def drain(self, reason: str) -> None:
-        """Stop accepting; every client gets ERROR with the reason and is disconnected."""
+        """Stop accepting; every client gets ERROR with the reason and is disconnected.
+
+        Called once by the process shell on Drain/Stop. All goodbyes run concurrently and
+        end within ``drain_budget_s(cfg)``: a client that does not take its ERROR by then
+        (it never reads, its buffers are full) has its connection aborted, so hundreds of
+        stalled clients cost one deadline, not one timeout each.
+        """
         self.draining = True
         await self.stop_accepting()
         frame = codec.encode(codec.Error(message=f"daemon shutting down: {reason}"))
-        for writer in list(self.writers.values()):
-            try:
-                writer.write(frame)
-                await asyncio.wait_for(writer.drain(), 1.0)
-            except (ConnectionError, asyncio.TimeoutError, RuntimeError):
-                pass
-            writer.close()
+        await say_goodbye_to_all(list(self.writers.values()), frame, drain_budget_s(self.cfg))
         for fut in self.waiters.values():
             if not fut.done():
                 fut.set_result(None)
+
+
+DRAIN_SHARE_OF_SHUTDOWN = 0.5
+"""Part of ``daemon.shutdown_timeout_s`` the collector gives its clients to take their
+ERROR; the rest covers the collector's exit and the supervisor's own steps."""
+
+
+def drain_budget_s(cfg: Config) -> float:
+    """How long the shutdown drain waits for all clients together."""
+    return cfg.daemon.shutdown_timeout_s * DRAIN_SHARE_OF_SHUTDOWN
+
+
+async def say_goodbye_to_all(writers: list[asyncio.StreamWriter], frame: bytes,
+                             timeout_s: float) -> None:
+    """Send ``frame`` to every writer at once and close them all within ``timeout_s``."""
+    await asyncio.gather(*(_say_goodbye(w, frame, timeout_s) for w in writers))
+
+
+async def _say_goodbye(writer: asyncio.StreamWriter, frame: bytes, timeout_s: float) -> None:
+    """Send ``frame`` and close; abort the connection if it is not flushed within ``timeout_s``.
+    Never raises for a broken or stalled peer (each client's fate is its own)."""
+    try:
+        writer.write(frame)
+        await asyncio.wait_for(writer.drain(), timeout_s)
+    except (ConnectionError, asyncio.TimeoutError, RuntimeError):
+        writer.transport.abort()  # close() would keep a stalled socket until its data is read
+        return
+    writer.close()
+
+
+async def wait_for_space(ring: StepRing) -> None:
+    """Event-loop producer: return once at least one record fits in ``ring`` (or after
+    one sleep slice; the caller loops until its records are written).
+
+    Announces the wait (``arm_space_wait``) and awaits the ring's space doorbell, which
+    the consumer rings after freeing space: no polling. A sleep lasts at most
+    ``ring.max_sleep_slice_s`` (bounds a lost wake-up). Called by ``ingest`` and the
+    flush marker, under the server's ring lock (one producer).
+    """
+    if ring.arm_space_wait(1):
+        ring.disarm_space_wait()
+        return
+    if ring.space_doorbell is None:
+        raise ShmError(f"{ring!r} has no space doorbell to wait on")
+    loop = asyncio.get_running_loop()
+    woke: asyncio.Future[None] = loop.create_future()
+    fd = ring.space_doorbell.fileno()
+
+    def wake() -> None:
+        if not woke.done():
+            woke.set_result(None)
+    loop.add_reader(fd, wake)
+    try:
+        await asyncio.wait([woke], timeout=ring.max_sleep_slice_s)
+    finally:
+        loop.remove_reader(fd)
+        ring.disarm_space_wait()
 
 
 def _set_nodelay(writer: asyncio.StreamWriter) -> None:

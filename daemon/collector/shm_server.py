@@ -54,9 +54,14 @@ def make_doorbell_fifo(path: Path) -> Doorbell:
 
 
 class ShmIngestor:
-    """Attach/drain/detach of shared-memory clients for one CollectorServer."""
+    """Attach/drain/detach of shared-memory clients for one CollectorServer.
 
-    def __init__(self, server: "CollectorServer", clients: ShmClients, doorbell_path: Path,
+    Built by the server's ``make_shm`` factory at the end of ``CollectorServer.__init__``
+    (``server``: ingest, sessions, writers, background tasks); creates the doorbell FIFO at
+    ``doorbell_path``; ``start``/``stop`` register it with the running event loop.
+    """
+
+    def __init__(self, server: CollectorServer, clients: ShmClients, doorbell_path: Path,
                  attached_info: dict) -> None:
         self.server, self.clients = server, clients
         self.doorbell_path = doorbell_path

@@ -9,24 +9,65 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.collector.core import CollectorCore
+from rlinkd.daemon.collector.weights import WeightsCache
 from rlinkd.daemon.wiring import Topology
+
+RATE_WINDOW_S = 10.0
+RATE_RESOLUTION_S = 0.5
+
+
+class RateMeter:
+    """Events per second over the last ``window_s``, from samples of a running total.
+
+    ``sample(now, total)`` is called on the collector's tick; a sample closer than
+    ``resolution_s`` to the previous one is skipped, so the window spans ``window_s``
+    whatever the call rate. ``per_s()`` only reads: asking never changes the answer.
+    """
+
+    def __init__(self, window_s: float = RATE_WINDOW_S, resolution_s: float = RATE_RESOLUTION_S) -> None:
+        self.window_s, self.resolution_s = window_s, resolution_s
+        self.samples: deque[tuple[float, int]] = deque(maxlen=int(window_s / resolution_s) + 2)
+
+    def sample(self, now: float, total: int) -> None:
+        if self.samples and now - self.samples[-1][0] < self.resolution_s:
+            return
+        self.samples.append((now, total))
+        while now - self.samples[0][0] > self.window_s:
+            self.samples.popleft()
+
+    def per_s(self) -> float:
+        """Average rate between the oldest and newest sample (0.0 before two samples)."""
+        if len(self.samples) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self.samples[0], self.samples[-1]
+        return (n1 - n0) / (t1 - t0)
 
 
 class StatusBuilder:
-    """Keeps the latest reports from the other roles; ``build()`` is cheap (called often)."""
+    """Keeps the latest reports from the other roles; ``build()`` is cheap (called often).
 
-    def __init__(self, topo: Topology, core: CollectorCore) -> None:
-        self.topo, self.core = topo, core
-        self.server = None  # set by the process shell (for the port and waiting clients)
+    Built by the process shell before the server (which answers STATUS with ``build``):
+    ``core`` for counters and sessions, ``weights`` for the served version, ``clock``
+    (monotonic seconds; injectable for tests) for the steps/s samples taken by ``on_tick``.
+    """
+
+    def __init__(self, topo: Topology, core: CollectorCore, weights: WeightsCache,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.topo, self.core, self.weights, self.clock = topo, core, weights, clock
         self.learner: m.LearnerState | None = None
         self.update: m.TrainStats | None = None
         self.trained_seq_no = -1
         self.connector: dict = {}
         self.daemon: dict = {}
-        self.rate_window: deque = deque(maxlen=64)
+        self.rate = RateMeter()
+
+    def on_tick(self) -> None:
+        """Collector tick (every ~50 ms): sample the ingested step count."""
+        self.rate.sample(self.clock(), self.core.env_steps)
 
     def on_learner(self, msg: m.WeightsPublished) -> None:
         """Every WeightsPublished carries the live hyperparameters (also after a reload);
@@ -51,38 +92,29 @@ class StatusBuilder:
     def on_daemon_info(self, msg: m.DaemonInfo) -> None:
         self.daemon = m.daemon_report(msg)
 
-    def steps_per_s(self) -> float:
-        """Ingested env steps per second over the last ~10 s."""
-        now = time.monotonic()
-        self.rate_window.append((now, self.core.env_steps))
-        while len(self.rate_window) > 2 and now - self.rate_window[0][0] > 10.0:
-            self.rate_window.popleft()
-        (t0, s0), (t1, s1) = self.rate_window[0], self.rate_window[-1]
-        return round((s1 - s0) / (t1 - t0), 1) if t1 > t0 else 0.0
-
-    def summary(self) -> m.CollectorStatus:
+    def summary(self, port: int) -> m.CollectorStatus:
         """What the supervisor gets every ``status_interval_s`` (TensorBoard, systemd)."""
-        return _summary_of(self.build(), self.learner, self.update)
+        return _summary_of(self.build(port), self.learner, self.update)
 
-    def build(self) -> dict:
+    def build(self, port: int) -> dict:
+        """The status dict; ``port`` is the TCP listener's (known once listening)."""
         core, stats = self.core, self.core.stats
-        weights = self.server.weights if self.server else None
         return {
             "env_steps": core.env_steps,
             "episodes": stats.episodes,
             "episode_return_mean": _round(stats.mean_return(100)),
             "episode_return_mean_20": _round(stats.mean_return(20)),
             "episode_len_mean": _round(stats.mean_length()),
-            "weights_seq_no": weights.seq_no if weights else -1,
+            "weights_seq_no": self.weights.seq_no,
             "clients": len(core.samplers()),
             "connections": len(core.sessions),
             "waiting_clients": sum(1 for s in core.samplers() if s.waiting_cutoff is not None),
             "dropped_episodes": self.connector.get("dropped_episodes", 0),
             "protocol_errors": core.protocol_errors,
             "uptime_s": round(time.time() - self.topo.started_at, 1),
-            "env_steps_per_s": self.steps_per_s(),
+            "env_steps_per_s": round(self.rate.per_s(), 1),
             "host": self.topo.cfg.server.host,
-            "port": self.server.port if self.server else 0,
+            "port": port,
             "unix_socket": str(self.topo.cfg.socket_path),
             "sessions": [{"id": s.id, "transport": s.transport, "peer": s.peer, "shm": s.is_shm,
                           "env_steps": s.env_steps} for s in core.samplers()],

@@ -40,7 +40,8 @@ class Connector:
         self.topo, self.ctx, cfg = topo, ctx, topo.cfg
         self.ring = StepRing.attach(topo.episode_ring_path, expected_layout=topo.layout,
                                     doorbell=Doorbell.from_fd(topo.episode_doorbell.fd),
-                                    role="consumer")
+                                    role="consumer",  # read_batch rings space_doorbell if the collector waits
+                                    space_doorbell=Doorbell.from_fd(topo.episode_space_doorbell.fd))
         self.board = WeightsBoard.attach(topo.board_path)
         self.slots = BatchSlots.attach(topo.slots_path)
         self.slots.reset_filling()

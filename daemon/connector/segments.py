@@ -105,9 +105,9 @@ class SegmentAssembler:
         ends = np.flatnonzero(rec["flags"] & FINAL_OBS)
         out, start = [], 0
         for end in ends:
-            parts = self.open.pop(stream, []) + [rec[start:end + 1]]
+            parts = [*self.open.pop(stream, []), rec[start:end + 1]]
             out.append(segment_from_records(np.concatenate(parts)))
-            start = end + 1
+            start = int(end) + 1
         if start < len(rec):
             self.open.setdefault(stream, []).append(rec[start:])
             out.extend(self._cut_if_too_long(stream))

@@ -9,7 +9,8 @@ all parameters); ``tests/test_learner_adam.py`` checks it against torch.optim.Ad
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -20,7 +21,8 @@ class Adam:
     def __init__(self, params: Iterable[torch.Tensor], lr: float, betas=(0.9, 0.999),
                  eps: float = 1e-8) -> None:
         self.params = [p for p in params if p.requires_grad]
-        self.param_groups = [{"lr": float(lr), "betas": tuple(betas), "eps": float(eps)}]
+        self.param_groups: list[dict[str, Any]] = [{"lr": float(lr), "betas": tuple(betas),
+                                                    "eps": float(eps)}]
         self.step_count = 0
         self.exp_avg = [torch.zeros_like(p) for p in self.params]      # m_t
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]   # v_t
@@ -36,7 +38,7 @@ class Adam:
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
         live = [i for i, p in enumerate(self.params) if p.grad is not None]
         params = [self.params[i] for i in live]
-        grads = [self.params[i].grad for i in live]
+        grads = [p.grad for p in params if p.grad is not None]  # all of them, by `live`
         m = [self.exp_avg[i] for i in live]
         v = [self.exp_avg_sq[i] for i in live]
         self.step_count += 1

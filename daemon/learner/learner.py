@@ -10,7 +10,8 @@ import dataclasses
 import math
 import random
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -123,8 +124,11 @@ class Learner:
     def _epochs(self, data: dict[str, torch.Tensor], n_rows: int, on_step: Callable[[], None]
                 ) -> tuple[list[dict[str, float]], list[torch.Tensor], int]:
         """Up to hp.num_epochs shuffled passes; (per-step stats, grad norms, epochs run)."""
-        per_step, grad_norms, epochs = [], [], 0
-        for epochs in range(1, self.hp.num_epochs + 1):
+        per_step: list[dict[str, float]] = []
+        grad_norms: list[torch.Tensor] = []
+        epochs = 0
+        while epochs < self.hp.num_epochs:
+            epochs += 1
             epoch_infos = []
             for idx in self._minibatches(n_rows):
                 epoch_infos.append(self._sgd_step(data, idx, grad_norms))
@@ -192,6 +196,7 @@ class Learner:
 
     def _actions(self, batch: dict[str, np.ndarray], n: int) -> np.ndarray:
         actions = np.asarray(batch["actions"])
+        shape: tuple[int, ...]
         if self.spec.is_box:
             shape, actions = (n, self.spec.action_size), actions.astype(np.float32)
         else:
@@ -220,7 +225,8 @@ class Learner:
         for name, value in changes.items():
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
-        self.hp = dataclasses.replace(self.hp, **changes)
+        self.hp = dataclasses.replace(self.hp, lr=changes.get("lr", self.hp.lr),
+                                      ent_coef=changes.get("ent_coef", self.hp.ent_coef))
         self._apply_lr()
 
     def _apply_lr(self) -> None:

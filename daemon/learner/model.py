@@ -6,6 +6,7 @@ Parameter and buffer names equal `PolicySpec.param_layout()` names, so `flat_wei
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -19,7 +20,7 @@ _LOG_2PI = math.log(2.0 * math.pi)
 
 def _linears(sizes: tuple[int, ...]) -> nn.ModuleList:
     """Linear layers sizes[0] -> sizes[1] -> ...; named `0`, `1`, ... inside the list."""
-    return nn.ModuleList(nn.Linear(n_in, n_out) for n_in, n_out in zip(sizes[:-1], sizes[1:]))
+    return nn.ModuleList(nn.Linear(n_in, n_out) for n_in, n_out in itertools.pairwise(sizes))
 
 
 class ActorCritic(nn.Module):
@@ -28,6 +29,9 @@ class ActorCritic(nn.Module):
     The normaliser (`obs_mean`, `obs_std` buffers) is not trained; the learner copies
     running statistics into it. Initial weights come from `spec.init_flat(init_seed)`.
     """
+
+    obs_mean: torch.Tensor  # registered buffers, declared for the type checker
+    obs_std: torch.Tensor
 
     def __init__(self, spec: PolicySpec, init_seed: int = 0) -> None:
         super().__init__()

@@ -10,7 +10,6 @@ the slot states in shared memory are the truth about pending batches.
 from __future__ import annotations
 
 import io
-import math
 import time
 
 import structlog
@@ -18,6 +17,7 @@ import structlog
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.batch_schema import BatchMeta, read_columns
 from rlinkd.daemon.checkpoint.store import read_checkpoint_file
+from rlinkd.daemon.config import ConfigValue
 from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import BootError, RoleContext
@@ -40,7 +40,7 @@ class LearnerShell:
             self.learner = Learner(topo.policy_spec, cfg.ppo, device=cfg.learner.device,
                                    seed=cfg.learner.seed, torch_threads=cfg.learner.torch_threads)
         except RuntimeError as exc:
-            raise BootError(f"cannot create the learner on device {cfg.learner.device!r}: {exc}")
+            raise BootError(f"cannot create the learner on device {cfg.learner.device!r}: {exc}") from exc
         self.board = WeightsBoard.attach(topo.board_path)
         self.slots = BatchSlots.attach(topo.slots_path)
         self.snapshot = BlobArea.attach(topo.snapshot_path)
@@ -102,7 +102,7 @@ class LearnerShell:
         update, trained_from = None, self.seq_no
         if rows > 0:
             try:
-                update = train_stats(self._update(slot, rows), meta.policy_lag(trained_from))
+                update = m.train_stats(self._update(slot, rows), *meta.policy_lag(trained_from))
             except ValueError as exc:  # a batch the learner refuses (NaN, shapes): skip it
                 log.error("batch_rejected", slot=slot, rows=rows, error=str(exc))
                 self.rejected_batches += 1
@@ -144,7 +144,7 @@ class LearnerShell:
 
     def on_reload(self, msg: m.Reload) -> None:
         reload_level(msg.changes, "learner")
-        lr, ent = msg.changes.get("ppo.lr"), msg.changes.get("ppo.ent_coef")
+        lr, ent = _float_or_none(msg.changes.get("ppo.lr")), _float_or_none(msg.changes.get("ppo.ent_coef"))
         if lr is not None or ent is not None:
             self.learner.set_hparams(lr=lr, ent_coef=ent)
             log.info("hparams_reloaded", lr=lr, ent_coef=ent)
@@ -156,17 +156,6 @@ class LearnerShell:
                                     m.Reload: self.on_reload,
                                     m.Stop: lambda _msg: self.ctx.stop.set()},
                         ignore=(m.BatchReady,))
-
-
-def train_stats(stats: dict[str, float], lag: dict) -> m.TrainStats:
-    """``Learner.update``'s stats and the batch's policy lag as the typed report."""
-    ev = stats["explained_variance"]
-    return m.TrainStats(
-        loss=stats["loss"], policy_loss=stats["policy_loss"], value_loss=stats["value_loss"],
-        entropy=stats["entropy"], approx_kl=stats["approx_kl"], clip_frac=stats["clip_frac"],
-        grad_norm=stats["grad_norm"], explained_variance=None if math.isnan(ev) else ev,
-        epochs=int(stats["epochs"]), n_rows=int(stats["n_rows"]),
-        update_time_s=stats["update_time_s"], **lag)
 
 
 def run(topo: Topology, ctx: RoleContext) -> ExitCode:
@@ -186,3 +175,8 @@ def run(topo: Topology, ctx: RoleContext) -> ExitCode:
         handle(msg)
     log.info("learner_stopped", seq_no=shell.seq_no, at=time.time())
     return ExitCode.OK
+
+
+def _float_or_none(value: ConfigValue | None) -> float | None:
+    """A reloaded number (its type was checked when the Reload was built) as a float."""
+    return None if value is None else float(value)

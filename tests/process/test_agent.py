@@ -45,11 +45,11 @@ def test_agent_reconnects_across_a_daemon_restart_without_losing_the_episode(dae
     env = gym.make("CartPole-v1")
     obs, _ = env.reset(seed=0)
     for _ in range(agent.env_steps_per_sample):  # one full sample, trained on
-        obs, done = _one_step(agent, env, obs)
+        obs, _ = _one_step(agent, env, obs)
     seq_before = agent.weights_seq_no
     assert seq_before >= 1
     for _ in range(100):  # an episode in progress, unsent
-        obs, done = _one_step(agent, env, obs)
+        obs, _ = _one_step(agent, env, obs)
     assert first.stop() == 0
     restarted = threading.Event()
 
@@ -60,7 +60,7 @@ def test_agent_reconnects_across_a_daemon_restart_without_losing_the_episode(dae
 
     threading.Thread(target=restart).start()
     for _ in range(agent.env_steps_per_sample - 100):  # step() blocks until reconnected
-        obs, done = _one_step(agent, env, obs)
+        obs, _ = _one_step(agent, env, obs)
     assert restarted.wait(60)
     assert agent.link.reconnects >= 1
     assert agent.weights_seq_no > seq_before  # monotonic across the restart

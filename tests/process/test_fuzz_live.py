@@ -507,8 +507,8 @@ def shaped_array(draw):
 def hostile_episode(draw) -> dict:
     """A valid episode with 1-3 fields replaced by odd shapes or types, or dropped."""
     episode = draw(valid_episode())
-    for key in draw(st.lists(st.sampled_from(sorted(episode) + ["action_logp",
-                                                                "action_dist_inputs", "extra"]),
+    for key in draw(st.lists(st.sampled_from([*sorted(episode), "action_logp",
+                                                               "action_dist_inputs", "extra"]),
                              min_size=1, max_size=3, unique=True)):
         how = draw(st.sampled_from(["array", "array", "value", "drop"]))
         if how == "drop":
@@ -752,7 +752,7 @@ def test_slow_clients_are_dropped_after_read_timeout(daemon_factory):
     for thread in threads:
         thread.join(60)
     count_cases("slow_clients", len(slow))
-    for (transport, payload, burst), (closed_after, received) in zip(slow, results):
+    for (transport, _payload, burst), (closed_after, received) in zip(slow, results):
         # one budget per frame from its first byte, whether header or body is slow
         assert read_timeout_s - 0.05 <= closed_after <= read_timeout_s + 1.5, (
             transport, burst, closed_after)

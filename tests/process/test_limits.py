@@ -7,6 +7,7 @@ idle_timeout_s (a silent connection is dropped; a talking one is not), and SIGTE
 from __future__ import annotations
 
 import signal
+import socket
 import time
 
 from tests.helpers import peer_closed, raw_connect, raw_recv, raw_send
@@ -66,3 +67,35 @@ def test_sigterm_sends_every_client_an_error_with_the_reason(daemon_factory):
         assert peer_closed(sock)
         sock.close()
     assert d.proc.wait(60) == 0
+
+
+def stalled_client(port: int, requests: int = 10) -> socket.socket:
+    """Handshakes, then asks for the weights again and again and never reads a reply: the
+    daemon's SET_STATE frames pile up until its writes to this client block."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
+    sock.settimeout(30)
+    sock.connect(("127.0.0.1", port))
+    assert ping(sock)["type"] == "PONG"
+    for _ in range(requests):
+        raw_send(sock, {"type": "GET_STATE"})
+    return sock
+
+
+def test_sigterm_with_100_stalled_clients_stays_within_the_shutdown_budget(daemon_factory):
+    budget_s = 5.0
+    d = daemon_factory("--set", f"daemon.shutdown_timeout_s={budget_s}",
+                       "--set", "server.read_timeout_s=300")  # the stalled sends outlive the test
+    stalled = [stalled_client(d.port) for _ in range(100)]
+    polite = raw_connect(d.port)
+    assert ping(polite)["type"] == "PONG"
+    started = time.monotonic()
+    d.signal(signal.SIGTERM)
+    reply = raw_recv(polite)
+    assert reply["type"] == "ERROR" and reply["message"].startswith("daemon shutting down"), reply
+    assert d.proc.wait(60) == 0
+    assert time.monotonic() - started < budget_s + 5.0  # the supervisor's own exit steps
+    assert "child_killed_at_deadline" not in d.log()
+    for sock in [*stalled, polite]:
+        sock.close()

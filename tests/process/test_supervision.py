@@ -44,8 +44,8 @@ def test_crash_loop_stops_the_daemon_with_one_clear_line(daemon_factory):
         pid = wait_for(lambda: connector_pid(d), 30, what="connector up")
         d.remember_children()
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: d.proc.poll() is not None or connector_pid(d) not in (None, pid), 30,
-                 what="restart or exit")
+        wait_for(lambda: d.proc.poll() is not None or connector_pid(d) not in (None, pid),  # noqa: B023 - polled before the loop moves on
+                 30, what="restart or exit")
     assert d.proc.wait(60) == 4  # ExitCode.CRASH_LOOP
     lines = [line for line in d.log().splitlines() if '"event": "crash_loop"' in line]
     assert len(lines) == 1 and "connector crashed more than 2 times" in lines[0]

@@ -49,7 +49,7 @@ class NotifyListener:
         while self.running:
             try:
                 data, ancillary, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(12))
-            except socket.timeout:
+            except TimeoutError:
                 continue
             msg = dict(line.split("=", 1) for line in data.decode().splitlines())
             msg["sender_pid"] = sender_pid(ancillary)

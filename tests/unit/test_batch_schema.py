@@ -82,6 +82,6 @@ def test_meta_is_exactly_the_slot_meta_fields():
 
 
 def test_policy_lag_is_measured_against_the_version_trained_from():
-    assert META.policy_lag(12) == {"policy_lag_max": 5, "policy_lag_mean": round(12 - 61 / 7, 3)}
+    assert META.policy_lag(12) == (5, round(12 - 61 / 7, 3))
     unknown = dataclasses.replace(META, behaviour_min=-1, behaviour_sum=0, behaviour_steps=0)
-    assert unknown.policy_lag(12) == {"policy_lag_max": None, "policy_lag_mean": None}
+    assert unknown.policy_lag(12) == (None, None)

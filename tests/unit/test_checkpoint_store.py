@@ -217,14 +217,14 @@ def test_read_checkpoint_file(tmp_path):
 def test_read_checkpoint_file_reverifies(tmp_path):
     (ckpt,) = write(tmp_path, 1)
     (ckpt.path / "config.toml").write_bytes(b"changed")       # another file: still refused
-    with pytest.raises(CheckpointError, match="config.toml does not match"):
+    with pytest.raises(CheckpointError, match=r"config\.toml does not match"):
         store.read_checkpoint_file(ckpt.path, "learner.pt")
 
 
 def test_read_checkpoint_file_unknown_name(tmp_path):
     (ckpt,) = write(tmp_path, 1)
     (ckpt.path / "extra.bin").write_bytes(b"not in the manifest")
-    with pytest.raises(CheckpointError, match="has no extra.bin"):
+    with pytest.raises(CheckpointError, match=r"has no extra\.bin"):
         store.read_checkpoint_file(ckpt.path, "extra.bin")
 
 
@@ -262,5 +262,5 @@ def test_manifest_without_files_has_no_files(tmp_path):
     del m["files"]
     manifest.write_text(json.dumps(m))
     assert store.verify(ckpt.path).index == 1
-    with pytest.raises(CheckpointError, match="has no learner.pt"):
+    with pytest.raises(CheckpointError, match=r"has no learner\.pt"):
         store.read_checkpoint_file(ckpt.path, "learner.pt")

@@ -76,7 +76,7 @@ def test_overrides_win_over_the_file(tmp_path):
 def test_missing_file_and_syntax_errors_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "nope.toml")
-    with pytest.raises(ConfigError, match="bad.toml"):
+    with pytest.raises(ConfigError, match=r"bad\.toml"):
         load_config(write(tmp_path, "[server\nport = 1", "bad.toml"))
 
 
@@ -273,7 +273,7 @@ def test_parse_override(text, expected):
 
 @pytest.mark.parametrize("text", ["server.port", "port=5", "=5", "serverport=1"])
 def test_parse_override_refuses_malformed(text):
-    with pytest.raises(ConfigError, match="expected section.key=value"):
+    with pytest.raises(ConfigError, match=r"expected section\.key=value"):
         parse_override(text)
 
 
@@ -393,7 +393,7 @@ def test_env_that_fails_to_build_is_a_config_error(monkeypatch):
         raise RuntimeError("simulator library missing")
     monkeypatch.setattr(gym, "make", broken)
     cfg = load_config(overrides=[("env", "id", "CartPole-v1")], resolve_dirs=False)
-    with pytest.raises(ConfigError, match="env.id.*CartPole-v1.*simulator library missing"):
+    with pytest.raises(ConfigError, match=r"env\.id.*CartPole-v1.*simulator library missing"):
         resolve_spaces(cfg)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -448,6 +449,7 @@ def test_pipeline_end_to_end_from_ring_records():
     batch = LearnerPipeline(DEFAULT_PIECES)(plan.segments, ctx())
     adv, targets = expected_gae(plan.segments, 0.9, 0.8)
     assert len(batch["advantages"]) == 7
+    np.testing.assert_allclose(batch["advantages"], adv, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(batch["value_targets"], targets, rtol=1e-5, atol=1e-6)
     obs = np.concatenate([f.obs[:-1] for f in frags]).astype(np.float32)
     np.testing.assert_array_equal(batch["obs"], to_features(obs, OBS))
@@ -457,7 +459,7 @@ def test_pipeline_end_to_end_from_ring_records():
 class DoubleRewards:
     """A user piece: records what it saw, doubles the rewards (before GAE)."""
 
-    seen: list[list[str]] = []
+    seen: ClassVar[list[list[str]]] = []  # shared: the pipeline makes the instance
 
     def __call__(self, batch, segments, ctx):
         DoubleRewards.seen.append(sorted(batch))

@@ -199,9 +199,9 @@ def test_router_refuses_an_incomplete_or_wrong_table(handlers, ignore, error):
 
 def test_reload_refuses_unknown_or_mistyped_keys_at_construction():
     from rlinkd.daemon.errors import ConfigError
-    with pytest.raises(ConfigError, match="ppo.lrr: not a reloadable"):
+    with pytest.raises(ConfigError, match=r"ppo\.lrr: not a reloadable"):
         m.Reload(changes={"ppo.lrr": 0.1})
-    with pytest.raises(ConfigError, match="ppo.lr"):
+    with pytest.raises(ConfigError, match=r"ppo\.lr"):
         m.Reload(changes={"ppo.lr": "fast"})
 
 
@@ -226,3 +226,33 @@ def test_only_frozen_dataclasses_can_be_messages():
         with pytest.raises(TypeError, match="must be a frozen dataclass"):
             ipc.message(to="learner")(cls)
     assert "Plain" not in ipc.registered() and "Mutable" not in ipc.registered()
+
+
+def test_train_stats_turn_non_finite_measurements_into_none_and_travel():
+    raw = {"loss": float("inf"), "policy_loss": -0.1, "value_loss": float("nan"), "entropy": 0.6,
+           "approx_kl": 0.0, "clip_frac": 0.0, "grad_norm": 1e39, "explained_variance": float("nan"),
+           "epochs": 10.0, "n_rows": 512.0, "update_time_s": 0.05}
+    stats = m.train_stats(raw, None, None)
+    assert stats.loss is None and stats.value_loss is None and stats.explained_variance is None
+    assert stats.grad_norm == 1e39 and stats.epochs == 10 and isinstance(stats.epochs, int)
+    msg = m.WeightsPublished(seq_no=1, cutoff_ingest_id=5, learner=STATE, update=stats)
+    assert ipc.decode(ipc.encode(msg)) == msg
+
+
+def test_a_bad_inbox_message_ends_the_collector_instead_of_vanishing():
+    """asyncio only logs exceptions of reader callbacks; the collector hands them to its
+    fatal-failure path (exit CRASH, restarted) so a lost WeightsPublished cannot strand clients."""
+    from types import SimpleNamespace
+
+    from rlinkd.daemon.collector.process import CollectorProcess
+    from rlinkd.daemon.collector.server import Background
+
+    class Inbox:
+        def drain(self):
+            return [m.BatchReady(slot=1)]  # addressed to the learner
+    shell = SimpleNamespace(ctx=SimpleNamespace(inbox=Inbox()),
+                            route=m.Router("collector", {cls: print for cls in m.addressed_to("collector")}),
+                            server=SimpleNamespace(background=Background()))
+    CollectorProcess._on_inbox(shell)
+    assert isinstance(shell.server.background.fatal, ipc.Misrouted)
+    assert shell.server.background.failed.is_set()

@@ -100,7 +100,7 @@ def read_until_last_publish(board, reader_progress, deadline_s):
         seq_no, _ = board.read(out)
         low, high = out.min(), out.max()
         assert low == high, f"torn read: values {low}..{high} in one copy"
-        assert seq_no == -1 and high == 0 or high == seq_no, f"seq_no {seq_no} labels data {high}"
+        assert (seq_no == -1 and high == 0) or high == seq_no, f"seq_no {seq_no} labels data {high}"
         assert seq_no >= previous, f"seq_no went backwards {previous} -> {seq_no}"
         previous = reader_progress.value = seq_no
         seen.add(seq_no)

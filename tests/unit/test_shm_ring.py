@@ -50,7 +50,7 @@ def test_full_ring_refuses_more_and_never_overwrites(ring):
 def test_write_batch_raises_ring_full_at_the_deadline(ring):
     ring.write_batch(numbered(0, 6))
     started = time.monotonic()
-    with pytest.raises(RingFull, match="did not fit within 0.2s"):
+    with pytest.raises(RingFull, match=r"did not fit within 0\.2s"):
         ring.write_batch(numbered(6, 3), timeout_s=0.2)
     assert time.monotonic() - started >= 0.19
     assert ring.readable_records() == 6  # all-or-nothing: nothing written
@@ -161,7 +161,7 @@ def _rewrite_header(path, **fields):
 
 @pytest.mark.parametrize("fields, message", [
     ({"magic": b"XXXXXXXX"}, r"bad magic b'XXXXXXXX' in .*/ring: not an rlinkd step ring"),
-    ({"layout_version": 9}, r"layout_version mismatch in .*/ring: header has 9, expected 1"),
+    ({"layout_version": 9}, r"layout_version mismatch in .*/ring: header has 9, expected 2"),
     ({"record_bytes": 72}, r"record_bytes mismatch in .*/ring: header has 72, expected 64"),
     ({"capacity": 6}, r"capacity 6 in .*/ring is not a power of two"),
     ({"capacity": 16}, r"file size .* mismatch in .*/ring: header has 832, expected 1344"),
@@ -182,3 +182,63 @@ def test_create_requires_a_power_of_two(shm_dir):
     with pytest.raises(ValueError, match="power of two"):
         StepRing.create(os.path.join(shm_dir, "bad"), LAYOUT, 12)
     assert os.listdir(shm_dir) == []
+
+
+# ---------------------------------------------------------------- producer waits for space (space doorbell)
+
+SLEEP_LONGER_THAN_TEST_S = 600.0  # only a doorbell ring can end such a sleep within the test's deadlines
+
+
+def free_space_once_producer_waits(ring, consumer_view, count):
+    """Consumer thread: wait (with a deadline) until the producer announced its wait, then read."""
+    deadline = time.monotonic() + 30.0
+    while not consumer_view.header()["writer_waiting"]:
+        assert time.monotonic() < deadline, "producer never announced its wait"
+        time.sleep(0.001)
+    consumer_view.read_batch(count)
+
+
+def test_full_ring_producer_sleeps_once_and_wakes_when_the_consumer_frees_space(shm_dir):
+    with Doorbell.create() as space:
+        producer = StepRing.create(os.path.join(shm_dir, "r"), LAYOUT, 8, space_doorbell=space)
+        consumer = StepRing.attach(producer.path, role="consumer", space_doorbell=space)
+        producer.max_sleep_slice_s = SLEEP_LONGER_THAN_TEST_S
+        producer.write_batch(numbered(0, 8))
+        thread = threading.Thread(target=free_space_once_producer_waits, args=(producer, consumer, 4))
+        thread.start()
+        assert producer.write_batch(numbered(8, 4), timeout_s=30.0) == 4  # only a ring ends the sleep in time
+        thread.join()
+        assert producer.producer_sleeps == 1  # one announced wait, no polling loop
+        assert producer.header()["writer_waiting"] == 0
+        assert_numbered(consumer.read_batch(8), 4)
+        consumer.close()
+        producer.close()
+
+
+def test_consumer_rings_the_space_doorbell_only_when_the_producer_waits(shm_dir):
+    with Doorbell.create() as space:
+        producer = StepRing.create(os.path.join(shm_dir, "r"), LAYOUT, 8, space_doorbell=space)
+        consumer = StepRing.attach(producer.path, role="consumer", space_doorbell=space)
+        producer.write_batch(numbered(0, 8))
+        consumer.read_batch(2)
+        assert space.drain() == 0  # nobody waited: no syscall
+        assert producer.arm_space_wait(8) is False and producer.producer_sleeps == 1
+        consumer.read_batch(1)
+        assert space.drain() == 1 and producer.header()["writer_waiting"] == 0
+        assert producer.arm_space_wait(1) is True  # space already there: do not sleep
+        producer.disarm_space_wait()
+        assert producer.producer_sleeps == 1
+        consumer.close()
+        producer.close()
+
+
+def test_wait_writable_with_space_doorbell_honours_the_deadline(shm_dir):
+    with Doorbell.create() as space:
+        ring = StepRing.create(os.path.join(shm_dir, "r"), LAYOUT, 8, space_doorbell=space)
+        ring.write_batch(numbered(0, 8))
+        started = time.monotonic()
+        assert ring.wait_writable(1, 0.05) is False
+        assert time.monotonic() - started >= 0.045
+        with pytest.raises(RingFull):
+            ring.write_batch(numbered(8, 1), timeout_s=0.01)
+        ring.close()

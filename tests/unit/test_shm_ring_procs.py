@@ -184,3 +184,45 @@ def test_sleeping_consumer_wakes_when_another_process_writes(shm_dir):
         ring.close()
         ring.unlink()
     assert len(latencies_us) == WAKEUPS
+
+
+# ---------------------------------------------------------------- space doorbell wake-up across processes
+
+SPACE_WAKEUPS = 1000
+
+
+def jittery_consumer(path, space_fd):
+    """Child: read the SPACE_WAKEUPS numbered records one at a time, each after a random
+    busy-wait, so each read lands anywhere in the producer's arm/re-check/sleep sequence."""
+    space = Doorbell.from_fd(space_fd.detach())
+    ring = StepRing.attach(path, LAYOUT, role="consumer", space_doorbell=space)
+    jitter = np.random.default_rng(1).uniform(0, 30e-6, SPACE_WAKEUPS)
+    deadline = time.monotonic() + 4 * WAKE_DEADLINE_S
+    for i in range(SPACE_WAKEUPS):
+        jitter_end = time.perf_counter() + jitter[i]
+        while time.perf_counter() < jitter_end:
+            pass
+        while not ring.readable_records():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"record {i} never written")
+        assert_numbered(ring.read_batch(1), i)
+    ring.close()
+
+
+def test_producer_waiting_for_space_wakes_when_another_process_reads(shm_dir):
+    with Doorbell.create() as space:
+        ring = StepRing.create(os.path.join(shm_dir, "space"), LAYOUT, 1, space_doorbell=space)
+        ring.max_sleep_slice_s = 10 * WAKE_DEADLINE_S  # only the doorbell can end a sleep in time
+        consumer = SPAWN.Process(target=jittery_consumer, daemon=True,
+                                 args=(ring.path, reduction.DupFd(space.fileno())))
+        consumer.start()
+        try:
+            for i in range(SPACE_WAKEUPS):  # capacity 1: every write after the first waits for a read
+                assert ring.write_batch(numbered(i, 1), timeout_s=WAKE_DEADLINE_S) == 1, "wake-up lost"
+        finally:
+            consumer.join(WAKE_DEADLINE_S)
+            consumer.terminate()
+        assert consumer.exitcode == 0
+        assert ring.producer_sleeps <= SPACE_WAKEUPS  # at most one announced wait per write: no polling
+        ring.close()
+        ring.unlink()

@@ -55,12 +55,12 @@ def test_full_cycle_and_oldest_ready_first(slots):
 
 
 def test_wrong_transitions_are_refused(slots):
-    with pytest.raises(ShmError, match="slot 0 of .* is FREE, expected FILLING"):
+    with pytest.raises(ShmError, match=r"slot 0 of .* is FREE, expected FILLING"):
         slots.mark_ready(0, 1)
     slot = slots.acquire_free()
     with pytest.raises(ShmError, match="is FILLING, expected TRAINING"):
         slots.release(slot)
-    with pytest.raises(ValueError, match="rows 17 outside 0..16"):
+    with pytest.raises(ValueError, match=r"rows 17 outside 0\.\.16"):
         slots.mark_ready(slot, 17)
     with pytest.raises(ValueError, match=r"unknown meta fields \['loss'\]"):
         slots.mark_ready(slot, 1, {"loss": 3})

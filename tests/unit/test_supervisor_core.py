@@ -7,6 +7,7 @@ import dataclasses
 import os
 import signal
 import time
+from typing import ClassVar
 
 import pytest
 from structlog.testing import capture_logs
@@ -370,7 +371,7 @@ def shell(tmp_path):
     from rlinkd.daemon.supervisor import Supervisor
 
     class FakeTopo:
-        inboxes = {name: Inbox(name) for name in (*ROLES, "supervisor")}
+        inboxes: ClassVar[dict] = {name: Inbox(name) for name in (*ROLES, "supervisor")}
 
     sup = Supervisor(load_config(overrides=[("daemon", "state_dir", str(tmp_path))]),
                      notifier=Notifier(""))

@@ -190,7 +190,7 @@ def test_unusable_directory_raises_oserror(tmp_path):
 def test_write_error_reaches_caller_and_close_still_closes(tmp_path):
     w = EventWriter(tmp_path)
     w._file.close()
-    w._file = open("/dev/full", "ab")             # every flush fails with ENOSPC
+    w._file = open("/dev/full", "ab")  # noqa: SIM115 - the writer owns it; every flush fails with ENOSPC
     w.add_scalars(1, {"x": 1.0})
     with pytest.raises(OSError):
         w.flush()

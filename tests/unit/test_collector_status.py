@@ -1,0 +1,75 @@
+"""daemon.collector.status: the steps/s figure does not depend on how often status is asked for."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.daemon.collector.core import CollectorCore
+from rlinkd.daemon.collector.status import RATE_WINDOW_S, RateMeter, StatusBuilder
+from rlinkd.daemon.config import load_config
+from rlinkd.shm.records import StepLayout
+
+TICK_S = 0.05  # the collector's tick
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_builder(clock: FakeClock) -> StatusBuilder:
+    cfg = load_config(resolve_dirs=False)
+    core = CollectorCore(cfg, SpaceSpec.box([2], -1.0, 1.0), SpaceSpec.discrete(2), StepLayout(2, 1, 2), 2)
+    topo = SimpleNamespace(cfg=cfg, started_at=time.time())
+    return StatusBuilder(topo, core, SimpleNamespace(seq_no=3), clock=clock)
+
+
+def run_rate(polls_per_second: int, seconds: int = 30, steps_per_s: int = 1000) -> float:
+    """Steady ingestion on the collector's ticks; status asked ``polls_per_second`` times
+    in one burst every second; the rate reported by the last poll."""
+    clock = FakeClock()
+    builder = make_builder(clock)
+    ticks_per_s = round(1 / TICK_S)
+    for _ in range(seconds):
+        for _ in range(ticks_per_s):
+            clock.now += TICK_S
+            builder.core.env_steps += steps_per_s // ticks_per_s
+            builder.on_tick()
+        for _ in range(polls_per_second):
+            status = builder.build(port=1)
+    return status["env_steps_per_s"]
+
+
+def test_rate_is_the_same_polled_once_or_1000_times_in_a_burst():
+    once, burst = run_rate(1), run_rate(1000)
+    assert once == pytest.approx(1000, rel=0.05)
+    assert burst == pytest.approx(once, rel=0.01)
+
+
+def test_rate_meter_window_spans_its_duration_whatever_the_sampling_rate():
+    dense, sparse = RateMeter(), RateMeter()
+    for i in range(4000):  # 40 s: 10 steps/s, then 100 steps/s for the last 20 s
+        now = i * 0.01
+        total = 10 * min(now, 20.0) + 100 * max(0.0, now - 20.0)
+        dense.sample(now, round(total))
+        if i % 100 == 0:
+            sparse.sample(now, round(total))
+    assert dense.samples[-1][0] - dense.samples[0][0] == pytest.approx(RATE_WINDOW_S, abs=0.6)
+    assert dense.per_s() == pytest.approx(100, rel=0.02)
+    assert sparse.per_s() == pytest.approx(100, rel=0.02)
+
+
+def test_rate_is_zero_before_two_samples_and_build_does_not_sample():
+    clock = FakeClock()
+    builder = make_builder(clock)
+    for _ in range(100):
+        clock.now += 1.0
+        builder.core.env_steps += 100
+        assert builder.build(port=1)["env_steps_per_s"] == 0.0
+    assert builder.build(port=7)["port"] == 7 and builder.build(port=7)["weights_seq_no"] == 3
