@@ -7,6 +7,7 @@ retry-with-backoff, so an Agent does not care which one it holds.
 """
 from __future__ import annotations
 
+import abc
 import time
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ class LinkConfig:
     action_space: SpaceSpec | None
 
 
-class ReconnectingLink:
+class ReconnectingLink(abc.ABC):
     """Reconnect-and-retry shared by the TCP and shared-memory links.
 
     ``_with_retry(action)`` (re)connects when needed and runs ``action``; on a lost
@@ -41,9 +42,17 @@ class ReconnectingLink:
     reconnects: int
     client: RLlinkClient | None
 
+    @abc.abstractmethod
     def describe(self) -> str:
         """Where this link goes, for messages (each transport says it its own way)."""
-        raise NotImplementedError
+
+    @abc.abstractmethod
+    def _connect(self) -> None:
+        """Connect and handshake; sets ``client`` (raises ConnectionError/OSError on failure)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Drop the connection (idempotent); the next ``_with_retry`` reconnects."""
 
     def _client(self) -> RLlinkClient:
         """The connected client; ConnectionError (so ``_with_retry`` reconnects) when there is none."""
