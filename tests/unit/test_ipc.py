@@ -5,6 +5,8 @@ import dataclasses
 import time
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import pytest
 
 from rlinkd.daemon import ipc
@@ -256,3 +258,51 @@ def test_a_bad_inbox_message_ends_the_collector_instead_of_vanishing():
     CollectorProcess._on_inbox(shell)
     assert isinstance(shell.server.background.fatal, ipc.Misrouted)
     assert shell.server.background.failed.is_set()
+
+
+# JSON values a corrupted or hostile inbox body might hold in any field.
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8)
+
+
+def mutate(node, data):
+    """Replace, drop or add one value somewhere in a decoded JSON body (nested included)."""
+    keys = sorted(node) if isinstance(node, dict) else range(len(node))
+    key = data.draw(st.sampled_from(list(keys)) | st.text(max_size=8) if isinstance(node, dict)
+                    else st.sampled_from(list(keys)), label="key") if len(keys) else None
+    child = node.get(key) if isinstance(node, dict) else (node[key] if key is not None else None)
+    if isinstance(child, (dict, list)) and child and data.draw(st.booleans(), label="descend"):
+        return mutate(child, data)
+    if key is None:
+        return None
+    if isinstance(node, dict) and data.draw(st.booleans(), label="drop"):
+        node.pop(key, None)
+    else:
+        node[key] = data.draw(json_values, label="value")
+    return None
+
+
+@settings(max_examples=600, deadline=None)
+@given(sample=st.sampled_from(SAMPLES), data=st.data())
+def test_decode_of_a_mutated_body_is_a_message_or_bad_message(sample, data):
+    body = orjson.loads(ipc.encode(sample))
+    mutate(body, data)
+    try:
+        got = ipc.decode(orjson.dumps(body))
+    except ipc.BadMessage:
+        return
+    assert type(got) in ipc.registered().values()
+    assert ipc.decode(ipc.encode(got)) == got  # whatever passed is a well-formed message
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=64))
+def test_decode_of_random_bytes_is_bad_message(data):
+    try:
+        got = ipc.decode(data)
+    except ipc.BadMessage:
+        return
+    assert type(got) in ipc.registered().values()

@@ -34,7 +34,9 @@ def make_core(**settings) -> SupervisorCore:
 
 
 def fresh(**ages) -> dict:
-    """Heartbeat ages: every role just beat, except those given."""
+    """Heartbeat ages: every role just beat, except those given (TypeError for a non-role)."""
+    if unknown := set(ages) - set(ROLES):
+        raise TypeError(f"not roles: {sorted(unknown)}")
     return {role: ages.get(role, 0.1) for role in ROLES}
 
 
