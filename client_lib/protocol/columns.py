@@ -1,0 +1,224 @@
+"""Values of a space ↔ leaf columns: the one conversion both transports and client_lib use.
+
+A *column set* (``Columns``) maps each leaf's key (``Leaf.key``: "" for a root leaf,
+"camera", "arm.joints", "0") to a time-major array ``[rows, *record_shape]`` in the leaf's
+record dtype. Step records, train batches and network inputs are all column sets.
+
+Accepted JSON (and native python/numpy) forms of ``rows`` steps of a space:
+
+- the RLlink form: a list of ``rows`` per-step values; one step of a Dict space is an object
+  keyed exactly like the space, of a Tuple a list, of a leaf a number or nested number list;
+- for a Dict space, also a *columnar* object ``{key: rows steps of that sub-space}``;
+- for a leaf, also one compact array (``protocol.compact``) or ndarray ``[rows, *shape]``,
+  or a list of per-step compact arrays.
+
+Every conversion validates (structure, dtype, shape, bounds, finiteness: one vectorised pass
+per leaf) and raises ``InvalidValue`` whose message names the leaf, e.g.
+``obs["camera"]: shape [64, 64, 3], space wants [84, 84, 3]``. Recursion follows the
+declared space (at most ``spaces.MAX_DEPTH`` levels), never the peer's JSON.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rlinkd.client_lib.protocol.compact import (COMPACT_MIN_BYTES, CompactError, decode_compact,
+                                                encode_compact, is_compact)
+from rlinkd.client_lib.protocol.spaces import (Dict, InvalidValue, LeafSpace, Space, Tuple,
+                                               path_display, path_key)
+
+Columns = dict[str, np.ndarray]
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def to_columns(value: Any, space: Space, rows: int, prefix: str) -> Columns:
+    """``rows`` steps of ``space`` (any accepted form) → validated leaf columns.
+
+    ``prefix`` starts every error path ("episodes[0].obs"). Raises InvalidValue."""
+    out: Columns = {}
+    _collect(value, space, (), rows, prefix, out)
+    return out
+
+
+def _collect(value: Any, space: Space, path: tuple, rows: int, prefix: str, out: Columns) -> None:
+    if isinstance(space, LeafSpace):
+        out[path_key(path)] = leaf_column(value, space, rows, path_display(prefix, path))
+    elif isinstance(space, Dict):
+        where = path_display(prefix, path)
+        if isinstance(value, Mapping) and not is_compact(value):  # columnar
+            _expect_keys(value, space, where)
+            for key, sub in space.spaces:
+                _collect(value[key], sub, (*path, key), rows, prefix, out)
+            return
+        steps = _steps(value, rows, where)
+        for step in steps:
+            if not isinstance(step, Mapping):
+                raise InvalidValue(f"{where}: each step must be an object keyed like the Dict space")
+            _expect_keys(step, space, where)
+        for key, sub in space.spaces:
+            _collect([s[key] for s in steps], sub, (*path, key), rows, prefix, out)
+    elif isinstance(space, Tuple):
+        where = path_display(prefix, path)
+        steps = _steps(value, rows, where)
+        width = len(space.spaces)
+        if not all(isinstance(s, (list, tuple)) and len(s) == width for s in steps):
+            raise InvalidValue(f"{where}: each step must be a list of {width} values (a Tuple)")
+        for i, sub in enumerate(space.spaces):
+            _collect([s[i] for s in steps], sub, (*path, i), rows, prefix, out)
+
+
+def _expect_keys(value: Mapping, space: Dict, where: str) -> None:
+    if set(value) != set(space.keys()):
+        missing = sorted(set(space.keys()) - set(value))
+        extra = sorted(str(k)[:32] for k in set(value) - set(space.keys()))
+        raise InvalidValue(f"{where}: keys do not match the Dict space (missing {missing}, "
+                           f"unexpected {extra})")
+
+
+def _steps(value: Any, rows: int, where: str) -> list | tuple:
+    if not isinstance(value, (list, tuple)):
+        raise InvalidValue(f"{where}: expected a list of {rows} steps")
+    if len(value) != rows:
+        raise InvalidValue(f"{where}: {len(value)} steps, expected {rows}")
+    return value
+
+
+def leaf_column(value: Any, space: LeafSpace, rows: int, what: str) -> np.ndarray:
+    """One leaf's ``rows`` steps → [rows, *record_shape] in the record dtype, validated."""
+    try:
+        arr = _as_array(value, what)
+    except _Ragged:
+        raise InvalidValue(_ragged_message(value, space, what)) from None
+    if arr.ndim == 1 and space.record_shape == (1,) and len(arr) == rows:
+        arr = arr.reshape(rows, 1)        # [T] for a one-element Box/MultiBinary
+    elif arr.ndim == 2 and space.record_shape == () and arr.shape[1:] == (1,):
+        arr = arr.reshape(len(arr))       # [T, 1] for a Discrete
+    elif arr.size == 0 and rows == 0:
+        arr = arr.reshape(0, *space.record_shape)
+    if arr.ndim == 0 or len(arr) != rows:
+        raise InvalidValue(f"{what}: {len(arr) if arr.ndim else 'a scalar, not'} steps, "
+                           f"expected {rows}")
+    error = space.check(arr, what) or _float32_range(arr, space, what)
+    if error:
+        raise InvalidValue(error)
+    return np.ascontiguousarray(arr, space.record_dtype)
+
+
+def _float32_range(arr: np.ndarray, space: LeafSpace, what: str) -> str | None:
+    """Float leaves are stored as float32: 1e308 would become inf."""
+    if (space.record_dtype.kind == "f" and arr.dtype.itemsize > 4 and arr.size
+            and np.abs(arr).max() > F32_MAX):
+        return f"{what}: values beyond the float32 range"
+    return None
+
+
+def _as_array(value: Any, what: str) -> np.ndarray:
+    """A JSON/native column → a numeric ndarray (no space checks yet)."""
+    try:
+        if isinstance(value, np.ndarray):
+            arr = value
+        elif is_compact(value):
+            arr = decode_compact(value, what)
+        elif isinstance(value, (list, tuple)) and value and is_compact(value[0]):
+            arr = np.stack([decode_compact(v, f"{what}[{i}]") if is_compact(v) else _not_compact(what)
+                            for i, v in enumerate(value)])
+        elif isinstance(value, (list, tuple)):
+            arr = np.asarray(value)
+        else:
+            raise InvalidValue(f"{what}: expected a list of steps")
+    except CompactError as exc:
+        raise InvalidValue(str(exc)) from None
+    except (ValueError, TypeError, OverflowError):
+        raise _Ragged from None
+    if arr.dtype.kind not in "biuf":
+        raise InvalidValue(f"{what}: values must be numbers")
+    return arr
+
+
+class _Ragged(Exception):
+    """numpy could not make one array of a list (steps of different shapes, or junk)."""
+
+
+def _ragged_message(value: Any, space: LeafSpace, what: str) -> str:
+    """Name the first step whose shape differs from the space's (or say it is not numeric)."""
+    for i, step in enumerate(value):
+        try:
+            shape = np.shape(step)
+        except (ValueError, TypeError):
+            break
+        if shape != space.record_shape:
+            return f"{what}[{i}]: shape {list(shape)}, space wants {list(space.record_shape)}"
+    return f"{what}: ragged or non-numeric values"
+
+
+def _not_compact(what: str) -> np.ndarray:
+    raise InvalidValue(f"{what}: mixes compact arrays and plain lists")
+
+
+# ---------------------------------------------------------------- actions
+def action_vector(columns: Columns, space: Space) -> np.ndarray:
+    """Validated action columns → float32 [T, action_size] (0-based indices for discrete
+    leaves), leaves concatenated in order."""
+    parts = [leaf.space.to_action_vector(columns[leaf.key]) for leaf in space.leaves()]
+    return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+
+
+def action_columns(vec: np.ndarray, space: Space) -> Columns:
+    """float32 [T, action_size] → action columns in record dtypes (inverse of action_vector;
+    Box values are clipped to their bounds)."""
+    out, at = {}, 0
+    for leaf in space.leaves():
+        width = leaf.space.action_width
+        out[leaf.key] = leaf.space.from_action_vector(np.asarray(vec)[:, at:at + width])
+        at += width
+    return out
+
+
+# ---------------------------------------------------------------- native values
+def native(columns: Columns, space: Space, row: int) -> Any:
+    """One step as a gymnasium env gives/takes it: dict for Dict, tuple for Tuple, int for
+    Discrete, ndarray for other leaves."""
+    return _native(columns, space, (), row)
+
+
+def _native(columns: Columns, space: Space, path: tuple, row: int) -> Any:
+    if isinstance(space, Dict):
+        return {k: _native(columns, s, (*path, k), row) for k, s in space.spaces}
+    if isinstance(space, Tuple):
+        return tuple(_native(columns, s, (*path, i), row) for i, s in enumerate(space.spaces))
+    value = columns[path_key(path)][row]
+    return int(value) if value.ndim == 0 else value
+
+
+# ---------------------------------------------------------------- to the wire
+def to_wire(columns: Columns, space: Space, compact: bool) -> Any:
+    """Column set → JSON-ready value. ``compact`` False: the plain RLlink per-step form (any
+    RLlink server reads it). True (the server announced ``compact_arrays``): Dict spaces
+    columnar, leaves of at least COMPACT_MIN_BYTES as compact arrays."""
+    if not compact:
+        return _per_step(columns, space, (), False)
+    return _columnar(columns, space, ())
+
+
+def _columnar(columns: Columns, space: Space, path: tuple) -> Any:
+    if isinstance(space, Dict):
+        return {k: _columnar(columns, s, (*path, k)) for k, s in space.spaces}
+    if isinstance(space, Tuple):
+        return _per_step(columns, space, path, True)
+    col = columns[path_key(path)]
+    return encode_compact(col) if col.nbytes >= COMPACT_MIN_BYTES else col
+
+
+def _per_step(columns: Columns, space: Space, path: tuple, compact: bool) -> list:
+    if isinstance(space, Dict):
+        parts = [_per_step(columns, s, (*path, k), compact) for k, s in space.spaces]
+        return [dict(zip(space.keys(), values)) for values in zip(*parts)]
+    if isinstance(space, Tuple):
+        parts = [_per_step(columns, s, (*path, i), compact) for i, s in enumerate(space.spaces)]
+        return [list(values) for values in zip(*parts)]
+    col = columns[path_key(path)]
+    if compact and len(col) and col[0].nbytes >= COMPACT_MIN_BYTES:
+        return [encode_compact(step) for step in col]
+    return col.tolist()
