@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from rlinkd.client_lib.policy import OnnxPolicy
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.codec import EpisodeFragment
-from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.client_lib.protocol.fragments import Fragment
+from rlinkd.client_lib.protocol.spaces import Space, space_from_json
 from rlinkd.client_lib.transport import Address, RLlinkClient, ServerError
 
 
@@ -24,8 +25,18 @@ class LinkConfig:
 
     env_steps_per_sample: int
     force_on_policy: bool
-    observation_space: SpaceSpec | None
-    action_space: SpaceSpec | None
+    observation_space: Space | None
+    action_space: Space | None
+    compact_arrays: bool = False  # the server reads compact arrays and columnar Dicts
+
+
+def server_config(cfg: codec.SetConfig) -> LinkConfig:
+    """A SET_CONFIG as a LinkConfig (SpaceError if the server's spaces are malformed)."""
+    return LinkConfig(
+        cfg.env_steps_per_sample, cfg.force_on_policy,
+        space_from_json(cfg.observation_space) if cfg.observation_space else None,
+        space_from_json(cfg.action_space) if cfg.action_space else None,
+        bool(cfg.compact_arrays))
 
 
 class ReconnectingLink(abc.ABC):
@@ -87,19 +98,30 @@ class TcpLink(ReconnectingLink):
         self.reconnect_timeout_s, self.timeout_s = reconnect_timeout_s, timeout_s
         self.client: RLlinkClient | None = None
         self.reconnects = 0
+        self.spaces: tuple[Space, Space] | None = None
+
+    def use_spaces(self, obs_space: Space, act_space: Space) -> None:
+        """The spaces fragments are sent in (the Agent calls this once after ``open``)."""
+        self.spaces = (obs_space, act_space)
+
+    def _wire(self, fragments: list[Fragment]) -> list[EpisodeFragment]:
+        if self.spaces is None:
+            raise RuntimeError("use_spaces() must be called before sending fragments")
+        compact = self.config.compact_arrays
+        return [f.to_wire(*self.spaces, compact=compact) for f in fragments]
 
     def open(self) -> tuple[LinkConfig, OnnxPolicy]:
         """Connect (retrying while the daemon is down), handshake, fetch the first weights."""
         return self._with_retry(lambda: (self.config, self._policy(self._client().get_state())))
 
-    def submit(self, fragments: list[EpisodeFragment], seq_no: int) -> OnnxPolicy | None:
+    def submit(self, fragments: list[Fragment], seq_no: int) -> OnnxPolicy | None:
         """Send a sample and return the weights that come back (re-sent after a reconnect)."""
-        return self._with_retry(
-            lambda: self._policy(self._client().episodes_and_get_state(fragments, seq_no)))
+        return self._with_retry(lambda: self._policy(
+            self._client().episodes_and_get_state(self._wire(fragments), seq_no)))
 
-    def send_only(self, fragments: list[EpisodeFragment], seq_no: int) -> None:
+    def send_only(self, fragments: list[Fragment], seq_no: int) -> None:
         if self.client is not None and fragments:
-            self.client.episodes(fragments, seq_no)
+            self.client.episodes(self._wire(fragments), seq_no)
 
     def session_key(self) -> str:
         """How the daemon's status names this connection (its ``peer``)."""
@@ -119,10 +141,7 @@ class TcpLink(ReconnectingLink):
         client.connect()
         client.ping(self.token)
         cfg = client.get_config()
-        self.config = LinkConfig(
-            cfg.env_steps_per_sample, cfg.force_on_policy,
-            SpaceSpec.from_json(cfg.observation_space) if cfg.observation_space else None,
-            SpaceSpec.from_json(cfg.action_space) if cfg.action_space else None)
+        self.config = server_config(cfg)
         self.client = client
 
     @staticmethod

@@ -18,12 +18,11 @@ import os
 import time
 
 from rlinkd.client_lib.protocol import codec
-from rlinkd.client_lib.links import LinkConfig, ReconnectingLink, TcpLink
+from rlinkd.client_lib.links import LinkConfig, ReconnectingLink, TcpLink, server_config
 from rlinkd.client_lib.protocol.discovery import local_socket
 from rlinkd.client_lib.policy import BoardPolicy
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.records import concat_records, fragment_records
-from rlinkd.client_lib.protocol.spaces import SpaceSpec
 from rlinkd.client_lib.transport import Address, RLlinkClient, parse_address
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.doorbell import Doorbell
@@ -53,6 +52,9 @@ class ShmLink(ReconnectingLink):
     def submit(self, fragments, seq_no: int) -> BoardPolicy | None:
         """Write the sample into the ring, ask for weights, read them from the board."""
         return self._with_retry(lambda: self._submit(fragments, seq_no, get_state=True))
+
+    def use_spaces(self, obs_space, act_space) -> None:
+        """Records carry the spaces' leaves as the daemon laid them out: nothing to do."""
 
     def send_only(self, fragments, seq_no: int) -> None:
         if self.client is not None and fragments:
@@ -87,9 +89,7 @@ class ShmLink(ReconnectingLink):
         self.board = WeightsBoard.attach(attached.board_path)
         self.spec = PolicySpec.from_json(attached.policy_spec)
         self.layout = layout
-        self.config = LinkConfig(cfg.env_steps_per_sample, cfg.force_on_policy,
-                                 SpaceSpec.from_json(cfg.observation_space),
-                                 SpaceSpec.from_json(cfg.action_space))
+        self.config = server_config(cfg)
         self.client = client
 
     def _attached(self) -> tuple[RLlinkClient, StepRing, WeightsBoard]:

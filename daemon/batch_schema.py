@@ -11,17 +11,22 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.client_lib.protocol.spaces import field_name
 
-DTYPE = "float32"  # every column; discrete actions travel as float indices
+DTYPE = "float32"  # every column but the observations; discrete actions travel as indices
+OBS = "obs"        # the batch key holding the observation Columns (leaf key -> [N, ...])
+OBS_PREFIX = "obs:"  # slot column of one observation leaf: "obs:" + its record field name
 
 
 @dataclass(frozen=True)
 class Column:
-    """One train-batch column: ``width(spec)`` numbers per row, or one (``width`` None)."""
+    """One train-batch column besides the observations: ``width(spec)`` numbers per row,
+    or one (``width`` None)."""
 
     name: str
     width: Callable[[PolicySpec], int] | None
@@ -29,38 +34,47 @@ class Column:
 
 
 COLUMNS = (
-    Column("obs", lambda spec: spec.obs_size, "s_t as network features (Discrete: one-hot)"),
-    Column("actions", lambda spec: spec.action_size if spec.is_box else 1,
-           "a_t: the Box vector, or the Discrete index"),
+    Column("actions", lambda spec: spec.act_space.action_size,
+           "a_t: the float32 action vector (0-based indices for discrete leaves)"),
     Column("logp", None, "log pi(a_t | s_t) under the behaviour (or batch-build) weights"),
     Column("advantages", None, "GAE advantages, normalised per batch when configured"),
     Column("value_targets", None, "advantages + values: the critic's regression targets"),
     Column("values", None, "V(s_t) under the weights the batch was built with"),
 )
-COLUMN_NAMES = tuple(c.name for c in COLUMNS)
+COLUMN_NAMES = (OBS, *(c.name for c in COLUMNS))
+"""Every key a train batch holds (``OBS`` maps to a dict of leaf columns)."""
 PER_ROW_COLUMNS = tuple(c.name for c in COLUMNS if c.width is None)
 
 
 def slot_columns(spec: PolicySpec) -> dict[str, tuple[tuple[int, ...], str]]:
-    """``{name: (per-row shape, dtype)}`` in slot layout order, for ``BatchSlots.create``."""
-    return {c.name: (() if c.width is None else (c.width(spec),), DTYPE) for c in COLUMNS}
+    """``{name: (per-row shape, dtype)}`` in slot layout order, for ``BatchSlots.create``:
+    one column per observation leaf in the leaf's record dtype (a uint8 image stays uint8),
+    then the declared COLUMNS."""
+    obs = {OBS_PREFIX + field_name(leaf.key): (leaf.space.record_shape, leaf.space.record_dtype.str)
+           for leaf in spec.obs_space.leaves()}
+    return {**obs, **{c.name: (() if c.width is None else (c.width(spec),), DTYPE)
+                      for c in COLUMNS}}
 
 
-def write_columns(views: dict[str, np.ndarray], batch: dict[str, np.ndarray]) -> int:
+def write_columns(views: dict[str, np.ndarray], batch: dict[str, Any], spec: PolicySpec) -> int:
     """Connector: copy the declared columns of a pipeline ``batch`` into a slot's column
     views (other pipeline columns stay behind); return the row count. KeyError on a missing
     column, ValueError when the batch does not fit the slot."""
-    rows = len(batch[COLUMN_NAMES[0]])
-    for name in COLUMN_NAMES:
-        target = views[name][:rows]
-        target[...] = np.asarray(batch[name]).reshape(target.shape)
+    rows = len(batch["actions"])
+    for leaf in spec.obs_space.leaves():
+        views[OBS_PREFIX + field_name(leaf.key)][:rows] = batch[OBS][leaf.key]
+    for c in COLUMNS:
+        target = views[c.name][:rows]
+        target[...] = np.asarray(batch[c.name]).reshape(target.shape)
     return rows
 
 
-def read_columns(views: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+def read_columns(views: dict[str, np.ndarray], rows: int, spec: PolicySpec) -> dict[str, Any]:
     """Learner: copies of the first ``rows`` rows of every declared column (the slot is
     released, and may be refilled, while the copies are still in use)."""
-    return {name: np.array(views[name][:rows]) for name in COLUMN_NAMES}
+    obs = {leaf.key: np.array(views[OBS_PREFIX + field_name(leaf.key)][:rows])
+           for leaf in spec.obs_space.leaves()}
+    return {OBS: obs, **{c.name: np.array(views[c.name][:rows]) for c in COLUMNS}}
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlinkd.client_lib.protocol.discovery import default_state_dir
-from rlinkd.client_lib.protocol.spaces import SpaceSpec, SpaceError
+from rlinkd.client_lib.protocol.spaces import Space, SpaceError, space_from_json
 from rlinkd.daemon.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -76,11 +76,15 @@ class EnvConfig:
 
     id: str = setting("CartPole-v1", "gymnasium id whose spaces the daemon trains for "
                       "(ignored when both spaces are given explicitly).")
-    observation_space: SpaceSpec | None = setting(None, "Explicit observation space, e.g. "
-                                                  "`{type = \"Box\", low = -1.0, high = 1.0, "
-                                                  "shape = [4]}`.")
-    action_space: SpaceSpec | None = setting(None, "Explicit action space, e.g. "
-                                             "`{type = \"Discrete\", n = 2}`.")
+    observation_space: Space | None = setting(None, "Explicit observation space, e.g. "
+                                              "`{type = \"Box\", low = -1.0, high = 1.0, "
+                                              "shape = [4]}` (any form of the space table in "
+                                              "the README).")
+    action_space: Space | None = setting(None, "Explicit action space, e.g. "
+                                         "`{type = \"Discrete\", n = 2}`.")
+    action_mask_key: str = setting("", "Key of a Dict observation holding the legal-action "
+                                   "mask (MultiBinary, one entry per discrete choice); empty: "
+                                   "no masking.")
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,14 @@ class PPOConfig:
                                             "the critic MLPs.")
     activation: str = setting("tanh", "Hidden activation.", choices=("tanh", "relu"))
     log_std_init: float = setting(0.0, "Initial log-std of Gaussian (Box) policies.")
+    cnn_channels: tuple[int, ...] = setting((), "Output channels of each conv layer of image "
+                                            "encoders; empty: a default chosen by image size.")
+    cnn_kernels: tuple[int, ...] = setting((), "Kernel size of each conv layer (one per "
+                                           "cnn_channels entry).")
+    cnn_strides: tuple[int, ...] = setting((), "Stride of each conv layer (one per "
+                                           "cnn_channels entry).")
+    cnn_dense: int = setting(0, "Width of the dense layer after the convolutions; 0: the "
+                             "default for the image size.", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -234,7 +246,7 @@ def _coerce(key: str, hint: Any, value: Any) -> Any:
         if value is None or value == {}:
             return None
         return _coerce(key, next(a for a in args if a is not type(None)), value)
-    if hint is SpaceSpec:
+    if hint is Space:
         return _coerce_space(key, value)
     if origin is tuple:
         if isinstance(value, str):
@@ -271,13 +283,13 @@ def _coerce_scalar(key: str, hint: type, value: Any) -> Any:
     raise ConfigError(f"{key}: expected {hint.__name__}, got {value!r}")
 
 
-def _coerce_space(key: str, value: Any) -> SpaceSpec:
-    if isinstance(value, SpaceSpec):
+def _coerce_space(key: str, value: Any) -> Space:
+    if isinstance(value, Space):
         return value
     if not isinstance(value, dict):
         raise ConfigError(f"{key}: expected a table such as {{type = \"Discrete\", n = 2}}")
     try:
-        return SpaceSpec.from_json(value)
+        return space_from_json(value)
     except SpaceError as exc:
         raise ConfigError(f"{key}: {exc}") from None
 
@@ -304,7 +316,7 @@ def _build_section(name: str, cls: type, values: dict[str, Any]) -> Any:
     for key, value in values.items():
         full = f"{name}.{key}"
         coerced = _coerce(full, hints[key], value)
-        if coerced is not None and not isinstance(coerced, (tuple, SpaceSpec)):
+        if coerced is not None and not isinstance(coerced, (tuple, Space)):
             _check_limits(full, fields[key], coerced)
         kwargs[key] = coerced
     return cls(**kwargs)
@@ -480,13 +492,27 @@ def _toml_value(value: Any) -> str:
         return _toml_string(value)
     if isinstance(value, tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, SpaceSpec):
-        table = value.to_json()
-        if not value.is_discrete:  # TOML has inf (JSON's null for it is not TOML)
-            table.update(low=value.low, high=value.high)
-        return "{ " + ", ".join(f"{k} = {_toml_value(tuple(v) if isinstance(v, list) else v)}"
-                                for k, v in table.items()) + " }"
+    if isinstance(value, Space):
+        return _toml_table(value.to_json())
     return repr(value)
+
+
+def _toml_table(table: dict) -> str:
+    """A space's JSON form as an inline TOML table (JSON's null bounds become ±inf: TOML
+    has infinities, not null)."""
+    def item(key: str, v: Any) -> str:
+        if isinstance(v, dict):
+            return _toml_table(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(item(key, x) for x in v) + "]"
+        if v is None:
+            return "-inf" if key == "low" else "inf"
+        return _toml_value(v)
+    return "{ " + ", ".join(f"{_toml_key(k)} = {item(k, v)}" for k, v in table.items()) + " }"
+
+
+def _toml_key(key: str) -> str:
+    return key if key.replace("_", "").replace("-", "").isalnum() else _toml_string(key)
 
 
 def to_toml(cfg: Config) -> str:

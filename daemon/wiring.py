@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
-from rlinkd.client_lib.protocol.spaces import SpaceError, SpaceSpec
+from rlinkd.client_lib.protocol.spaces import Space, SpaceError, record_fields, space_from_gym
 from rlinkd.daemon.batch_schema import META_FIELDS, slot_columns
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.errors import ConfigError
@@ -48,10 +48,10 @@ class Topology:
     """Everything the roles share. Made by ``build_topology``, owned by the supervisor."""
 
     cfg: Config
-    obs_space: SpaceSpec
-    act_space: SpaceSpec
+    obs_space: Space
+    act_space: Space
     policy_spec: PolicySpec
-    layout_sizes: tuple[int, int, int]  # StepLayout(obs, action, dist) sizes
+    layout_json: dict  # StepLayout.to_json(): per-leaf obs fields, action and dist sizes
     inboxes: dict[str, Inbox]
     episode_ring_path: str
     board_path: str
@@ -68,7 +68,7 @@ class Topology:
     @property
     def layout(self) -> StepLayout:
         """The step-record layout (rebuilt per process: it holds a compiled struct)."""
-        return StepLayout(*self.layout_sizes)
+        return StepLayout.from_json(self.layout_json)
 
     def heartbeat(self, role: str) -> None:
         """Called by each role's loop at least every second or so."""
@@ -90,12 +90,12 @@ class Topology:
         return [self.episode_ring_path, self.board_path, self.slots_path, self.snapshot_path]
 
 
-def resolve_spaces(cfg: Config) -> tuple[SpaceSpec, SpaceSpec]:
+def resolve_spaces(cfg: Config) -> tuple[Space, Space]:
     """Spaces from the config's explicit descriptions, else from the gymnasium id.
 
     Called once at start (by ``build_topology``). Raises ``ConfigError`` naming
     ``env.id`` when gymnasium cannot build that environment or its spaces are not
-    Box/Discrete: the CLI prints one line and exits 78, as for any config mistake.
+    supported: the CLI prints one line and exits 78, as for any config mistake.
     """
     obs, act = cfg.env.observation_space, cfg.env.action_space
     if obs is not None and act is not None:
@@ -107,37 +107,40 @@ def resolve_spaces(cfg: Config) -> tuple[SpaceSpec, SpaceSpec]:
         raise ConfigError(f"env.id = {cfg.env.id!r}: gymnasium cannot make this environment "
                           f"({type(exc).__name__}: {exc})") from exc
     try:
-        return (obs or SpaceSpec.from_gym(env.observation_space),
-                act or SpaceSpec.from_gym(env.action_space))
+        return (obs or space_from_gym(env.observation_space),
+                act or space_from_gym(env.action_space))
     except SpaceError as exc:
         raise ConfigError(f"env.id = {cfg.env.id!r}: {exc}") from exc
     finally:
         env.close()
 
 
-def make_policy_spec(cfg: Config, obs: SpaceSpec, act: SpaceSpec) -> PolicySpec:
-    """The network every process agrees on (flat weight layout, ONNX graph)."""
-    return PolicySpec(
-        obs_size=obs.feature_size, obs_shape=(obs.n,) if obs.is_discrete else obs.shape,
-        action_kind="discrete" if act.is_discrete else "box",
-        action_size=act.n if act.is_discrete else act.flat_size,
-        action_low=None if act.is_discrete else act.low,
-        action_high=None if act.is_discrete else act.high,
-        hidden_sizes=cfg.ppo.hidden_sizes, activation=cfg.ppo.activation,
-        log_std_init=cfg.ppo.log_std_init)
+def make_policy_spec(cfg: Config, obs: Space, act: Space) -> PolicySpec:
+    """The network every process agrees on (flat weight layout, ONNX graph). ConfigError
+    when the spaces and the [ppo]/[env] network settings do not fit together (an action
+    mask of the wrong size, a conv stack larger than the image, an integer Box action)."""
+    p = cfg.ppo
+    try:
+        return PolicySpec(obs, act, hidden_sizes=p.hidden_sizes, activation=p.activation,
+                          log_std_init=p.log_std_init, cnn_channels=p.cnn_channels,
+                          cnn_kernels=p.cnn_kernels, cnn_strides=p.cnn_strides,
+                          cnn_dense=p.cnn_dense, action_mask_key=cfg.env.action_mask_key)
+    except (SpaceError, ValueError) as exc:
+        raise ConfigError(f"env/ppo: {exc}") from exc
 
 
 def build_topology(cfg: Config) -> Topology:
     """Create every inbox and segment of one daemon instance (called once, by the supervisor)."""
     obs, act = resolve_spaces(cfg)
     spec = make_policy_spec(cfg, obs, act)
-    layout = StepLayout(obs.flat_size, act.flat_size, spec.dist_size)
+    layout = StepLayout(record_fields(obs), act.action_size, spec.dist_size)
     shm_dir = Path(cfg.daemon.shm_dir)
     sweep_stale(shm_dir, SHM_PREFIX)
     prefix = f"{SHM_PREFIX}.{os.getpid()}.{secrets.token_hex(4)}"
     path = lambda name: str(shm_dir / f"{prefix}.{name}")  # noqa: E731
     # collector → connector: every validated step, in ingest order (bounded: backpressure)
-    ring = StepRing.create(path("episodes"), layout, _pow2(cfg.sampling.episode_ring_records))
+    ring = StepRing.create(path("episodes"), layout, ring_records(cfg.sampling.episode_ring_records,
+                                                                  layout.record_bytes))
     ring.close()
     # learner → collector (SET_STATE), connector (values), shm clients (inference)
     WeightsBoard.create(path("board"), spec.n_params(), _spec_json(spec)).close()
@@ -155,7 +158,7 @@ def build_topology(cfg: Config) -> Topology:
     space_doorbell = SharedFd(Doorbell.create().fileno())
     # collector → checkpointer/supervisor: env_steps, episodes (survives collector restarts)
     counters = mp.get_context("spawn").Array("q", len(COUNTERS), lock=False)
-    return Topology(cfg=cfg, obs_space=obs, act_space=act, policy_spec=spec, layout_sizes=layout.sizes(),
+    return Topology(cfg=cfg, obs_space=obs, act_space=act, policy_spec=spec, layout_json=layout.to_json(),
                     inboxes=inboxes, episode_ring_path=path("episodes"),
                     board_path=path("board"), slots_path=path("slots"),
                     snapshot_path=path("snapshot"), heartbeats=heartbeats,
@@ -180,6 +183,17 @@ def destroy_topology(topo: Topology) -> None:
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+EPISODE_RING_MAX_BYTES = 1 << 30
+
+
+def ring_records(configured: int, record_bytes: int) -> int:
+    """The episode ring's capacity: ``sampling.episode_ring_records`` rounded up to a power
+    of two, but at most EPISODE_RING_MAX_BYTES of records (an 84x84x3 image record is
+    21 KB: 2**17 of them would be 2.8 GB) and at least 1024 records."""
+    cap = max(1024, 1 << ((EPISODE_RING_MAX_BYTES // record_bytes).bit_length() - 1))
+    return min(_pow2(configured), cap)
 
 
 def _spec_json(spec: PolicySpec) -> bytes:

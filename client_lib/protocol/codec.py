@@ -14,7 +14,7 @@ Frame layout (exactly as the RLlink seed specifies)::
 
 Messages are frozen dataclasses keyed by ``MessageType``; the core never passes
 bare dicts. Extensions only ever *add* keys to the seed's messages (SET_CONFIG:
-``observation_space``, ``action_space``, ``protocol_version``; SET_STATE:
+``observation_space``, ``action_space``, ``protocol_version``, ``compact_arrays``; SET_STATE:
 ``onnx_sha256``; PING: ``token``) or add new message types that a plain client
 never receives unless it sends them first, so a client written from the seed
 alone works unchanged.
@@ -29,10 +29,12 @@ from typing import Any, ClassVar
 import numpy as np
 import orjson
 
+from rlinkd.client_lib.protocol.compact import CompactError, decode_compact, is_compact
+
 HEADER = struct.Struct("8s")
 HEADER_BYTES = HEADER.size
 MAX_ENCODABLE_BYTES = 99_999_999  # eight decimal digits
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: composite spaces, compact arrays (SET_CONFIG compact_arrays)
 _NUMERIC_KINDS = frozenset("biuf")
 
 
@@ -112,6 +114,7 @@ class SetConfig(Message):
     observation_space: dict | None = None
     action_space: dict | None = None
     protocol_version: int | None = None
+    compact_arrays: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -129,15 +132,18 @@ class SetState(Message):
 
 @dataclass(frozen=True)
 class EpisodeFragment:
-    """One episode (or a piece of one): obs has one more row than actions/rewards.
+    """One episode (or a piece of one) as it travels: obs has one more step than actions.
 
-    A fragment that is neither terminated nor truncated is continued by the same
-    connection's next fragment, whose first observation repeats this one's last.
+    ``obs`` and ``actions`` hold the JSON value as received (or as built for sending): a
+    list of per-step values, a columnar object, or compact arrays (``protocol.columns`` says
+    which forms; the collector converts them against its spaces). A fragment that is neither
+    terminated nor truncated is continued by the same connection's next fragment, whose
+    first observation repeats this one's last.
     """
 
-    obs: np.ndarray            # [T+1, *obs_shape] float64 as parsed
-    actions: np.ndarray        # [T] or [T, *action_shape]
-    rewards: np.ndarray        # [T] float64
+    obs: Any                   # T+1 steps of the observation space
+    actions: Any               # T steps of the action space
+    rewards: np.ndarray        # [T] float64 as parsed
     is_terminated: bool
     is_truncated: bool
     action_logp: np.ndarray | None = None         # [T]
@@ -347,7 +353,13 @@ def _get(obj: dict, key: str, kinds: tuple[type, ...], *, required: bool = True,
 
 
 def _numeric_array(value: Any, what: str) -> np.ndarray:
-    """A JSON list → numpy float64 array; refuses ragged, nested-object or string data."""
+    """A JSON list (or compact array) → numpy float64 array; refuses ragged, nested-object
+    or string data."""
+    if is_compact(value):
+        try:
+            return decode_compact(value, what).astype(np.float64)
+        except CompactError as exc:
+            raise BadMessage(str(exc)) from None
     if not isinstance(value, list):
         raise BadMessage(f"{what} must be a list")
     try:
@@ -364,9 +376,9 @@ def decode_fragment(obj: Any, index: int) -> EpisodeFragment:
     where = f"episodes[{index}]"
     if not isinstance(obj, dict):
         raise BadMessage(f"{where} must be an object")
-    obs = _numeric_array(_get(obj, "obs", (list,), where=where), f"{where}.obs")
-    actions = _numeric_array(_get(obj, "actions", (list,), where=where), f"{where}.actions")
-    rewards = _numeric_array(_get(obj, "rewards", (list,), where=where), f"{where}.rewards")
+    obs = _get(obj, "obs", (list, dict), where=where)
+    actions = _get(obj, "actions", (list, dict), where=where)
+    rewards = _numeric_array(_get(obj, "rewards", (list, dict), where=where), f"{where}.rewards")
     frag = EpisodeFragment(
         obs=obs, actions=actions, rewards=rewards,
         is_terminated=_get(obj, "is_terminated", (bool,), where=where),
@@ -386,9 +398,9 @@ def _check_lengths(f: EpisodeFragment, where: str) -> None:
     t = len(f.rewards)
     if f.rewards.ndim != 1:
         raise BadMessage(f"{where}.rewards must be a flat list of numbers")
-    if len(f.obs) != t + 1:
+    if isinstance(f.obs, list) and len(f.obs) != t + 1:  # other forms: checked by the spaces
         raise BadMessage(f"{where}: obs has {len(f.obs)} entries, expected len(rewards)+1 = {t + 1}")
-    if len(f.actions) != t:
+    if isinstance(f.actions, list) and len(f.actions) != t:
         raise BadMessage(f"{where}: actions has {len(f.actions)} entries, rewards {t}")
     for name in ("action_logp", "action_dist_inputs"):
         arr = getattr(f, name)
@@ -429,6 +441,7 @@ def _decode_simple(cls: type) -> Any:
 _FIELD_KINDS: dict[str, tuple[type, ...]] = {
     "token": (str,), "env_steps_per_sample": (int,), "force_on_policy": (bool,),
     "observation_space": (dict,), "action_space": (dict,), "protocol_version": (int,),
+    "compact_arrays": (bool,),
     "weights_seq_no": (int,), "onnx_file": (str,), "onnx_sha256": (str,), "message": (str,),
     "status": (dict,), "pid": (int,), "capacity_records": (int,), "ring_path": (str,),
     "board_path": (str,), "doorbell_path": (str,), "layout": (dict,), "policy_spec": (dict,), "env_steps": (int,),

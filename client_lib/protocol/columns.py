@@ -165,6 +165,19 @@ def action_vector(columns: Columns, space: Space) -> np.ndarray:
     return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
 
 
+def check_action_vector(vec: np.ndarray, space: Space, what: str) -> str | None:
+    """Error unless float32 action vectors [T, action_size] (as step records and the shared-
+    memory transport carry them) hold valid values for every action leaf."""
+    at = 0
+    for leaf in space.leaves():
+        width = leaf.space.action_width
+        error = leaf.space.check_action_vector(vec[:, at:at + width], leaf.display(what))
+        if error:
+            return error
+        at += width
+    return None
+
+
 def action_columns(vec: np.ndarray, space: Space) -> Columns:
     """float32 [T, action_size] → action columns in record dtypes (inverse of action_vector;
     Box values are clipped to their bounds)."""

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlinkd.client_lib.protocol.codec import EpisodeFragment
+from rlinkd.client_lib.protocol.columns import Columns
+from rlinkd.client_lib.protocol.fragments import Fragment
+from rlinkd.client_lib.protocol.spaces import Space, field_name
 from rlinkd.shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED, StepLayout
 
 
-def fragment_records(frag: EpisodeFragment, layout: StepLayout, stream_id: int = 0,
+def fragment_records(frag: Fragment, layout: StepLayout, stream_id: int = 0,
                      weights_seq_no: int = -1) -> np.ndarray:
     """T step records + 1 FINAL_OBS record for a validated fragment (ingest ids unset).
 
@@ -20,11 +22,11 @@ def fragment_records(frag: EpisodeFragment, layout: StepLayout, stream_id: int =
     """
     t = frag.num_steps
     rec = np.zeros(t + 1, dtype=layout.dtype)
-    rec["obs"] = frag.obs.reshape(t + 1, layout.obs_size)
+    write_obs(rec, frag.obs)
     rec["stream_id"] = stream_id
     rec["weights_seq_no"] = weights_seq_no
     rec["reward"][:t] = frag.rewards
-    rec["action"][:t] = frag.actions.reshape(t, layout.action_size)  # no -1: t may be 0
+    rec["action"][:t] = frag.actions
     step_flags = 0
     if frag.action_logp is not None:
         rec["logp"][:t] = frag.action_logp
@@ -36,6 +38,23 @@ def fragment_records(frag: EpisodeFragment, layout: StepLayout, stream_id: int =
     end_flags = (TERMINATED if frag.is_terminated else 0) | (TRUNCATED if frag.is_truncated else 0)
     rec["flags"][t] = FINAL_OBS | end_flags
     return rec
+
+
+def write_obs(rec: np.ndarray, obs: Columns) -> None:
+    """Copy observation columns into records' obs fields (each leaf in its own dtype)."""
+    fields = rec["obs"]
+    for key, column in obs.items():
+        fields[field_name(key)] = column
+
+
+def read_obs(rec: np.ndarray, space: Space) -> Columns:
+    """The records' observation columns of ``space``, keyed by leaf key (views, no copy)."""
+    return obs_columns(rec["obs"], space)
+
+
+def obs_columns(obs: np.ndarray, space: Space) -> Columns:
+    """A structured array of obs fields (``rec["obs"]``) as leaf columns (views)."""
+    return {leaf.key: obs[field_name(leaf.key)] for leaf in space.leaves()}
 
 
 def concat_records(parts: list[np.ndarray], dtype: np.dtype) -> np.ndarray:

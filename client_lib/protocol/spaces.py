@@ -194,6 +194,10 @@ class LeafSpace(Space):
     def check(self, values: np.ndarray, what: str) -> str | None:
         """Error (naming ``what``) unless ``values`` [T, *record_shape] all lie in the space."""
 
+    def check_action_vector(self, vec: np.ndarray, what: str) -> str | None:
+        """Error unless ``vec`` [T, action_width] holds valid action-vector entries."""
+        raise SpaceError(f"{type(self).__name__} cannot be an action space")
+
     def to_action_vector(self, values: np.ndarray) -> np.ndarray:
         """Validated values [T, *record_shape] → float32 [T, action_width] (indices)."""
         raise SpaceError(f"{type(self).__name__} {self.to_json()} cannot be an action space")
@@ -317,6 +321,9 @@ class Box(LeafSpace):
     def to_action_vector(self, values: np.ndarray) -> np.ndarray:
         return np.asarray(values, np.float32).reshape(len(values), self.action_width)
 
+    def check_action_vector(self, vec: np.ndarray, what: str) -> str | None:
+        return self.check(vec.reshape(len(vec), *self.shape), what)
+
     def from_action_vector(self, vec: np.ndarray) -> np.ndarray:
         clipped = np.clip(vec, self.low_array.reshape(-1), self.high_array.reshape(-1))
         return clipped.astype(np.float32).reshape(len(vec), *self.shape)
@@ -382,6 +389,9 @@ class Discrete(LeafSpace):
     def to_action_vector(self, values: np.ndarray) -> np.ndarray:
         return (np.asarray(values, np.float64) - self.start).astype(np.float32).reshape(-1, 1)
 
+    def check_action_vector(self, vec: np.ndarray, what: str) -> str | None:
+        return _check_integers(vec[:, 0], np.asarray(0), np.asarray(self.n), what)
+
     def from_action_vector(self, vec: np.ndarray) -> np.ndarray:
         return np.rint(vec[:, 0]).astype(np.int64) + self.start
 
@@ -434,6 +444,9 @@ class MultiDiscrete(LeafSpace):
     def to_action_vector(self, values: np.ndarray) -> np.ndarray:
         return (np.asarray(values, np.float64) - np.asarray(self.start)).astype(np.float32)
 
+    def check_action_vector(self, vec: np.ndarray, what: str) -> str | None:
+        return _check_integers(vec, np.zeros(len(self.nvec)), np.asarray(self.nvec), what)
+
     def from_action_vector(self, vec: np.ndarray) -> np.ndarray:
         return np.rint(vec).astype(np.int64) + np.asarray(self.start, np.int64)
 
@@ -482,6 +495,9 @@ class MultiBinary(LeafSpace):
 
     def to_action_vector(self, values: np.ndarray) -> np.ndarray:
         return np.asarray(values, np.float32).reshape(len(values), self.n)
+
+    def check_action_vector(self, vec: np.ndarray, what: str) -> str | None:
+        return self.check(vec.reshape(len(vec), *self.shape), what)
 
     def from_action_vector(self, vec: np.ndarray) -> np.ndarray:
         return (vec > 0.5).astype(np.int8).reshape(len(vec), *self.shape)
@@ -646,8 +662,13 @@ def space_from_gym(space: Any) -> Space:
                      f"(Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple are)")
 
 
+def field_name(key: str) -> str:
+    """The step-record field (and train-batch column suffix) of the leaf with ``key``: the
+    key itself, "obs" for a root leaf."""
+    return key or "obs"
+
+
 def record_fields(space: Space) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
-    """``StepLayout`` obs fields: (name, dtype str, per-step shape) per leaf, in leaf order.
-    A root leaf is named "obs"."""
-    return tuple((leaf.key or "obs", leaf.space.record_dtype.str, leaf.space.record_shape)
+    """``StepLayout`` obs fields: (name, dtype str, per-step shape) per leaf, in leaf order."""
+    return tuple((field_name(leaf.key), leaf.space.record_dtype.str, leaf.space.record_shape)
                  for leaf in space.leaves())

@@ -18,8 +18,9 @@ import numpy as np
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.codec import BadMessage, Message
 from rlinkd.client_lib.protocol.records import concat_records, fragment_records
-from rlinkd.client_lib.protocol.spaces import SpaceSpec
-from rlinkd.daemon.collector.ingest import EpisodeStats, EpisodeTracker, Limits, validate_fragment
+
+from rlinkd.daemon.collector.ingest import (EpisodeStats, EpisodeTracker, Limits, Spaces,
+                                           validate_fragment)
 from rlinkd.daemon.config import Config
 from rlinkd.shm.records import StepLayout
 
@@ -94,11 +95,10 @@ class WaitBook:
 class CollectorCore:
     """Protocol semantics and counters. Called only from the collector's event loop."""
 
-    def __init__(self, cfg: Config, obs_space: SpaceSpec, act_space: SpaceSpec,
-                 layout: StepLayout, dist_size: int, counters: dict | None = None) -> None:
+    def __init__(self, cfg: Config, spaces: Spaces, layout: StepLayout,
+                 counters: dict | None = None) -> None:
         self.cfg = cfg
-        self.obs_space, self.act_space = obs_space, act_space
-        self.layout, self.dist_size = layout, dist_size
+        self.spaces, self.layout = spaces, layout
         self.limits = Limits(cfg.server.max_episode_steps, cfg.server.max_obs_floats)
         self.sessions: dict[int, Session] = {}
         self.waits = WaitBook(cfg.sampling.max_wait_for_batch_s)
@@ -158,9 +158,9 @@ class CollectorCore:
         s = self.cfg.sampling
         reply = codec.SetConfig(env_steps_per_sample=s.env_steps_per_sample,
                                 force_on_policy=s.force_on_policy,
-                                observation_space=self.obs_space.to_json(),
-                                action_space=self.act_space.to_json(),
-                                protocol_version=codec.PROTOCOL_VERSION)
+                                observation_space=self.spaces.obs.to_json(),
+                                action_space=self.spaces.act.to_json(),
+                                protocol_version=codec.PROTOCOL_VERSION, compact_arrays=True)
         return Plan(reply=codec.encode(reply))
 
     def _get_state(self, session: Session, msg: codec.GetState) -> Plan:
@@ -202,8 +202,7 @@ class CollectorCore:
     # ------------------------------------------------------------ ingestion
     def ingest(self, session: Session, msg: codec.Episodes) -> np.ndarray:
         """Validate every fragment first (all or nothing), then convert and count."""
-        frags = [validate_fragment(f, self.obs_space, self.act_space, self.dist_size,
-                                   self.limits, f"episodes[{i}]")
+        frags = [validate_fragment(f, self.spaces, self.limits, f"episodes[{i}]")
                  for i, f in enumerate(msg.episodes)]
         seq = msg.weights_seq_no if msg.weights_seq_no is not None else session.last_sent_seq
         parts = [fragment_records(f, self.layout, session.stream_id, seq) for f in frags]

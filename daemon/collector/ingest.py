@@ -8,13 +8,17 @@ there), so TCP and shared-memory clients feed the connector one record format
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from rlinkd.client_lib.protocol.codec import BadMessage, EpisodeFragment
-from rlinkd.client_lib.protocol.spaces import SpaceSpec, check_values
+from rlinkd.client_lib.protocol.columns import Columns
+from rlinkd.client_lib.protocol.fragments import Fragment, from_wire
+from rlinkd.client_lib.protocol.masking import MaskSpec, check_actions, check_masks
+from rlinkd.client_lib.protocol.spaces import InvalidValue, Space
 
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -30,40 +34,55 @@ class Limits:
     max_obs_floats: int
 
 
-def _shape_time_major(values: np.ndarray, space: SpaceSpec) -> np.ndarray:
-    """Accept [T] for single-element Box spaces (and an empty [0] list for any Box);
-    Discrete values stay [T]."""
-    if not space.is_discrete and values.ndim == 1 and (space.flat_size == 1 or not values.size):
-        return values.reshape(len(values), *space.shape)
-    return values
+@dataclass(frozen=True)
+class Spaces:
+    """What a fragment is validated against (made once per collector)."""
+
+    obs: Space
+    act: Space
+    dist_size: int
+    mask: MaskSpec | None = None
+
+    @property
+    def obs_elements(self) -> int:
+        """Numbers in one observation (all leaves)."""
+        return sum(math.prod(leaf.space.record_shape) for leaf in self.obs.leaves())
 
 
-def validate_fragment(frag: EpisodeFragment, obs_space: SpaceSpec, act_space: SpaceSpec,
-                      dist_size: int, limits: Limits, where: str) -> EpisodeFragment:
-    """Check a fragment against spaces and limits; returns it with normalised shapes.
+def validate_fragment(frag: EpisodeFragment, spaces: Spaces, limits: Limits,
+                      where: str) -> Fragment:
+    """Convert a received fragment to canonical form, checking it against the spaces (every
+    leaf: structure, dtype, shape, bounds, finiteness), the action mask and the limits.
 
-    Raises InvalidEpisode (an ERROR reply for that client only).
+    Raises InvalidEpisode naming the bad leaf (an ERROR reply for that client only).
     """
     if frag.num_steps > limits.max_episode_steps:
         raise InvalidEpisode(f"{where}: {frag.num_steps} steps exceed max_episode_steps="
                              f"{limits.max_episode_steps}")
-    if obs_space.flat_size > limits.max_obs_floats:
+    if spaces.obs_elements > limits.max_obs_floats:
         raise InvalidEpisode(f"{where}: observations exceed max_obs_floats")
-    obs = _shape_time_major(frag.obs, obs_space)
-    actions = _shape_time_major(frag.actions, act_space)
-    errors = (check_values(obs, obs_space, f"{where}.obs"),
-              check_values(actions, act_space, f"{where}.actions"),
-              _check_finite(obs, f"{where}.obs"),  # unbounded Box dims: float32 range
-              _check_finite(actions, f"{where}.actions"),
-              _check_finite(frag.rewards, f"{where}.rewards"),
-              _check_optional(frag.action_logp, (frag.num_steps,), f"{where}.action_logp"),
-              _check_optional(frag.action_dist_inputs, (frag.num_steps, dist_size),
-                              f"{where}.action_dist_inputs"))
-    error = next((e for e in errors if e), None)
+    try:
+        canonical = from_wire(frag, spaces.obs, spaces.act, where)
+    except InvalidValue as exc:
+        raise InvalidEpisode(str(exc)) from None
+    error = (_check_finite(frag.rewards, f"{where}.rewards")
+             or _check_optional(frag.action_logp, (frag.num_steps,), f"{where}.action_logp")
+             or _check_optional(frag.action_dist_inputs, (frag.num_steps, spaces.dist_size),
+                                f"{where}.action_dist_inputs")
+             or _check_mask(canonical, spaces.mask, where))
     if error:
         raise InvalidEpisode(error)
-    return EpisodeFragment(obs, actions, frag.rewards, frag.is_terminated, frag.is_truncated,
-                           frag.action_logp, frag.action_dist_inputs)
+    return canonical
+
+
+def _check_mask(frag: Fragment, mask: MaskSpec | None, where: str) -> str | None:
+    """Every step's mask leaves a choice, and no action takes a masked choice."""
+    if mask is None:
+        return None
+    masks = frag.obs[mask.key]                                  # [T+1, m]
+    what = f'{where}.obs["{mask.key}"]'
+    return (check_masks(masks[:-1], mask, what)
+            or check_actions(masks[:-1], frag.actions, mask, f"{where}.actions"))
 
 
 def _check_finite(values: np.ndarray, what: str) -> str | None:
@@ -94,10 +113,10 @@ class EpisodeTracker:
 
     open_return: float = 0.0
     open_length: int = 0
-    last_obs: np.ndarray | None = None
+    last_obs: Columns | None = None
 
-    def add(self, frag: EpisodeFragment) -> list[tuple[float, int]]:
-        continues = self.last_obs is not None and np.array_equal(frag.obs[0], self.last_obs)
+    def add(self, frag: Fragment) -> list[tuple[float, int]]:
+        continues = self.last_obs is not None and frag.first_obs_equals(self.last_obs, -1)
         if not continues:
             self.open_return, self.open_length = 0.0, 0
         self.open_return += float(frag.rewards.sum())
@@ -106,7 +125,7 @@ class EpisodeTracker:
             done = [(self.open_return, self.open_length)]
             self.open_return, self.open_length, self.last_obs = 0.0, 0, None
             return done
-        self.last_obs = frag.obs[-1].copy()
+        self.last_obs = {key: col[-1:].copy() for key, col in frag.obs.items()}
         return []
 
 

@@ -12,8 +12,10 @@ import time
 
 import structlog
 
+from rlinkd.client_lib.protocol.masking import mask_spec
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.collector.core import CollectorCore
+from rlinkd.daemon.collector.ingest import Spaces
 from rlinkd.daemon.collector.server import CollectorServer
 from rlinkd.daemon.collector.shm_clients import ShmClients
 from rlinkd.daemon.collector.shm_server import ShmIngestor
@@ -47,8 +49,9 @@ class CollectorProcess:
                                     doorbell=Doorbell.from_fd(topo.episode_doorbell.fd),
                                     space_doorbell=Doorbell.from_fd(topo.episode_space_doorbell.fd))
         self.board = WeightsBoard.attach(topo.board_path)
-        core = CollectorCore(topo.cfg, topo.obs_space, topo.act_space, topo.layout,
-                             topo.policy_spec.dist_size, topo.read_counters())
+        self.spaces = Spaces(topo.obs_space, topo.act_space, topo.policy_spec.dist_size,
+                             mask_spec(topo.obs_space, topo.act_space, topo.cfg.env.action_mask_key))
+        core = CollectorCore(topo.cfg, self.spaces, topo.layout, topo.read_counters())
         weights = WeightsCache(self.board, topo.policy_spec)
         self.status = StatusBuilder(topo, core, weights)
         self.server = CollectorServer(core, self.ring, weights, self.status,
@@ -65,8 +68,7 @@ class CollectorProcess:
     def _make_shm_ingestor(self, server: CollectorServer) -> ShmIngestor:
         """Called once, by ``CollectorServer.__init__``."""
         topo = self.topo
-        clients = ShmClients(topo.cfg.daemon.shm_dir, topo.shm_prefix, topo.layout,
-                             topo.obs_space, topo.act_space)
+        clients = ShmClients(topo.cfg.daemon.shm_dir, topo.shm_prefix, topo.layout, self.spaces)
         return ShmIngestor(server, clients, topo.cfg.runtime_dir / "doorbell.fifo",
                            attached_info(topo))
 

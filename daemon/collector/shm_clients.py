@@ -11,7 +11,6 @@ the client's socket closes (exit, crash, SIGKILL) its ring is unlinked at once.
 """
 from __future__ import annotations
 
-import functools
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -19,8 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from rlinkd.client_lib.protocol.spaces import SpaceSpec, tolerance
-from rlinkd.daemon.collector.ingest import InvalidEpisode
+from rlinkd.client_lib.protocol.columns import Columns, check_action_vector
+from rlinkd.client_lib.protocol.masking import MaskSpec, check_actions, check_masks
+from rlinkd.client_lib.protocol.records import read_obs
+from rlinkd.client_lib.protocol.spaces import Space
+from rlinkd.daemon.collector.ingest import InvalidEpisode, Spaces
 from rlinkd.shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED, StepLayout
 from rlinkd.shm.ring import StepRing, arm_sleep
 
@@ -43,18 +45,26 @@ class ShmSession:
     leaving: bool = False          # its connection closed: only the detach drain reads it now
 
 
-def ring_capacity(requested: int | None) -> int:
+DEFAULT_RING_BYTES = 64 << 20
+MAX_RING_BYTES = 256 << 20
+
+
+def ring_capacity(requested: int | None, record_bytes: int) -> int:
+    """A client ring's records: what it asked for (else the default), a power of two, at
+    least 1024, at most MAX_RING_RECORDS and MAX_RING_BYTES (the default also at most
+    DEFAULT_RING_BYTES: image records are ~21 KB each)."""
+    limit = MAX_RING_BYTES if requested else DEFAULT_RING_BYTES
+    by_bytes = 1 << max(10, (limit // record_bytes).bit_length() - 1)
     n = min(max(int(requested or DEFAULT_RING_RECORDS), 1024), MAX_RING_RECORDS)
-    return 1 << (n - 1).bit_length()
+    return min(1 << (n - 1).bit_length(), by_bytes)
 
 
 class ShmClients:
     """Rings of attached clients, keyed by session id. Used only by the event loop."""
 
-    def __init__(self, shm_dir: str, prefix: str, layout: StepLayout, obs_space: SpaceSpec,
-                 act_space: SpaceSpec) -> None:
+    def __init__(self, shm_dir: str, prefix: str, layout: StepLayout, spaces: Spaces) -> None:
         self.shm_dir, self.prefix = Path(shm_dir), prefix
-        self.layout, self.obs_space, self.act_space = layout, obs_space, act_space
+        self.layout, self.spaces = layout, spaces
         self.sessions: dict[int, ShmSession] = {}
         self.remove_orphans()
 
@@ -68,7 +78,8 @@ class ShmClients:
     def attach(self, session_id: int, capacity: int | None, pid: int | None = None) -> StepRing:
         """Create the ring for one client (0600, our user). Called on ATTACH."""
         name = f"{self.prefix}.client-{session_id}-{secrets.token_hex(4)}"
-        ring = StepRing.create(str(self.shm_dir / name), self.layout, ring_capacity(capacity),
+        ring = StepRing.create(str(self.shm_dir / name), self.layout,
+                               ring_capacity(capacity, self.layout.record_bytes),
                                mode=0o600)
         self.sessions[session_id] = ShmSession(ring, pid)
         return ring
@@ -113,7 +124,7 @@ class ShmClients:
                                  f"{shm.ring.capacity}")
         rec = shm.ring.read_batch(min(max_records, unread))  # the client may move tail meanwhile
         if len(rec):
-            validate_records(rec, self.obs_space, self.act_space)
+            validate_records(rec, self.spaces)
         return rec
 
     def readable(self) -> list[int]:
@@ -171,9 +182,6 @@ class ShmClients:
             self.detach(sid)
 
 
-FLOATS_OFFSET = 24  # reward, logp, obs, action, dist: consecutive float32 from here
-
-
 def pid_alive(pid: int) -> bool:
     """False once the process has exited (a zombie not yet reaped counts as exited)."""
     try:
@@ -184,70 +192,42 @@ def pid_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-def validate_records(rec: np.ndarray, obs_space: SpaceSpec, act_space: SpaceSpec) -> None:
-    """Every record must carry known flags, finite float32 fields and values in the spaces.
+def validate_records(rec: np.ndarray, spaces: Spaces) -> None:
+    """Every record must carry known flags, finite floats and values inside the spaces.
 
     Contract for producers: every float field of every record is finite (fields that do
-    not apply are written as zeros). Works on one contiguous float32 view of the block —
-    a few vectorised passes, ~20 ns per record — because this runs for every record a
+    not apply are written as zeros); the action of a FINAL_OBS record is not checked.
+    Vectorised: a few numpy passes per leaf, because this runs for every record a
     shared-memory client writes. Raises InvalidEpisode naming the first problem.
     """
-    raw = np.ascontiguousarray(rec).view(np.uint8).reshape(len(rec), rec.dtype.itemsize)
-    flags = raw[:, 0]
+    flags = rec["flags"]
     if np.any(flags & np.uint8(0xFF ^ CLIENT_FLAGS)):
         raise InvalidEpisode("ring record with unknown or reserved flags")
     if np.any(((flags & (TERMINATED | TRUNCATED)) != 0) & ((flags & FINAL_OBS) == 0)):
         raise InvalidEpisode("TERMINATED/TRUNCATED set on a record that is not FINAL_OBS")
-    o, a = obs_space.flat_size, act_space.flat_size
-    floats = raw[:, FLOATS_OFFSET:].view(np.float32)[:, :rec.dtype["dist"].shape[0] + 2 + o + a]
-    if not np.isfinite(floats).all():
-        raise InvalidEpisode("ring record contains NaN or Inf (or a value beyond float32)")
-    steps = (flags & FINAL_OBS) == 0
-    error = (_out_of_space(floats[:, 2:2 + o], obs_space, None, "ring obs")
-             or _out_of_space(floats[:, 2 + o:2 + o + a], act_space, steps, "ring actions"))
+    for name in ("reward", "logp", "action", "dist"):
+        if not np.isfinite(rec[name]).all():
+            raise InvalidEpisode(f"ring record {name} contains NaN or Inf")
+    steps = rec[(flags & FINAL_OBS) == 0]
+    obs = read_obs(rec, spaces.obs)
+    error = (_check_obs(obs, spaces.obs)
+             or check_action_vector(steps["action"], spaces.act, "ring actions")
+             or _check_ring_mask(read_obs(steps, spaces.obs), steps["action"], spaces.mask))
     if error:
         raise InvalidEpisode(error)
 
 
-def _out_of_space(values: np.ndarray, space: SpaceSpec, rows: np.ndarray | None,
-                  what: str) -> str | None:
-    """values [N, k] (flattened) against a space; ``rows`` masks the records that count."""
-    if space.is_discrete:
-        v = values[:, 0]
-        bad = (v != np.floor(v)) | (v < 0) | (v >= space.n)
-        message = f"{what}: values must be integers in [0, {space.n})"
-        if rows is not None:
-            bad &= rows
-        return message if bad.any() else None
-    if _box_violated(values, space, rows):
-        return f"{what}: values outside the declared Box bounds"
+def _check_obs(obs: Columns, space: Space) -> str | None:
+    for leaf in space.leaves():
+        error = leaf.space.check(obs[leaf.key], leaf.display("ring obs"))
+        if error:
+            return error
     return None
 
 
-def _box_violated(values: np.ndarray, space: SpaceSpec, rows: np.ndarray | None) -> bool:
-    """Column by column over the bounded dimensions (1-D strided reductions are ~5x faster
-    than a broadcast 2-D compare); a broadcast compare when there are many of them."""
-    low, high = _bounds(space)
-    cols = np.flatnonzero(np.isfinite(low) | np.isfinite(high))
-    if len(cols) > 32:
-        bad = ((values < low) | (values > high)).any(axis=1)
-        return bool((bad & rows).any() if rows is not None else bad.any())
-    for j in cols:
-        col = values[:, j]
-        if rows is None:
-            if col.min() < low[j] or col.max() > high[j]:
-                return True
-        elif (((col < low[j]) | (col > high[j])) & rows).any():
-            return True
-    return False
-
-
-@functools.lru_cache(maxsize=16)
-def _bounds(space: SpaceSpec) -> tuple[np.ndarray, np.ndarray]:
-    """float32 bounds widened by the same tolerance as ``client_lib.protocol.spaces``."""
-    low, high = np.asarray(space.low, np.float64), np.asarray(space.high, np.float64)
-    return ((low - tolerance(low)).astype(np.float32), (high + tolerance(high)).astype(np.float32))
-
-
-def _shape(space: SpaceSpec) -> tuple[int, ...]:
-    return () if space.is_discrete else space.shape
+def _check_ring_mask(obs: Columns, actions: np.ndarray, mask: MaskSpec | None) -> str | None:
+    if mask is None:
+        return None
+    what = f'ring obs["{mask.key}"]'
+    return (check_masks(obs[mask.key], mask, what)
+            or check_actions(obs[mask.key], actions, mask, "ring actions"))

@@ -11,9 +11,10 @@ Users add their own piece by import path in the config
 instantiated with no arguments. Pieces run in the connector process (numpy only:
 values and log-probs come from the weights board via ``client_lib.protocol.policy_spec``).
 
-Batch columns produced (rows = steps): obs [N, O], actions [N, A], rewards [N],
-logp [N], values [N], next_values [N], terminated [N], segment_end [N],
-advantages [N], value_targets [N].
+Batch columns produced (rows = steps): obs (leaf key -> [N, *leaf shape], each leaf in its
+record dtype), actions [N, A], rewards [N], logp [N], values [N], next_values [N],
+terminated [N], segment_end [N], advantages [N], value_targets [N]; final_obs (leaf key ->
+[S, ...]: the bootstrap observation of each segment).
 """
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ from typing import Any
 import numpy as np
 
 from rlinkd.client_lib.protocol import policy_spec as ps
-from rlinkd.client_lib.protocol.spaces import SpaceSpec, to_features
+from rlinkd.client_lib.protocol.records import obs_columns
+from rlinkd.client_lib.protocol.spaces import Space
 from rlinkd.daemon.connector.gae import compute_gae
 from rlinkd.daemon.connector.segments import Segment
 from rlinkd.daemon.errors import ConfigError
 
-Batch = dict[str, np.ndarray]
+Batch = dict[str, Any]
 Piece = Callable[[Batch, list[Segment], "PipelineContext"], Batch]
 
 
@@ -38,8 +40,8 @@ Piece = Callable[[Batch, list[Segment], "PipelineContext"], Batch]
 class PipelineContext:
     """What pieces may use: spaces, the network spec, current weights, PPO constants."""
 
-    obs_space: SpaceSpec
-    act_space: SpaceSpec
+    obs_space: Space
+    act_space: Space
     spec: ps.PolicySpec
     weights: np.ndarray
     weights_seq_no: int
@@ -49,10 +51,17 @@ class PipelineContext:
 
 
 def add_observations(batch: Batch, segments: list[Segment], ctx: PipelineContext) -> Batch:
-    """obs [N, O] features of every acting step; final_obs [S, O] for bootstrapping."""
-    batch["obs"] = np.concatenate([to_features(s.obs[:-1], ctx.obs_space) for s in segments])
-    batch["final_obs"] = np.concatenate([to_features(s.obs[-1:], ctx.obs_space) for s in segments])
+    """obs: leaf columns [N, ...] of every acting step; final_obs [S, ...] for bootstrapping."""
+    steps = np.concatenate([s.obs[:-1] for s in segments])   # structured [N]
+    finals = np.concatenate([s.obs[-1:] for s in segments])  # structured [S]
+    batch["obs"] = {k: np.ascontiguousarray(v) for k, v in _leaves(steps, ctx).items()}
+    batch["final_obs"] = {k: np.ascontiguousarray(v) for k, v in _leaves(finals, ctx).items()}
     return batch
+
+
+def _leaves(obs: np.ndarray, ctx: PipelineContext) -> dict[str, np.ndarray]:
+    """A structured obs array (the records' obs field) as leaf columns."""
+    return obs_columns(obs, ctx.obs_space)
 
 
 def add_columns(batch: Batch, segments: list[Segment], ctx: PipelineContext) -> Batch:
@@ -76,17 +85,17 @@ def add_old_logp(batch: Batch, segments: list[Segment], ctx: PipelineContext) ->
     has = np.concatenate([s.has_logp for s in segments])
     if not has.all():
         missing = ~has
-        dist = ps.actor_forward(ctx.spec, ctx.weights, batch["obs"][missing])
-        actions = _policy_actions(batch["actions"][missing], ctx)
-        logp[missing] = ps.log_prob(ctx.spec, dist, actions)
+        obs = {k: v[missing] for k, v in batch["obs"].items()}
+        dist = ctx.spec.actor_forward(ctx.weights, obs)
+        logp[missing] = ctx.spec.log_prob(dist, batch["actions"][missing])
     batch["logp"] = logp
     return batch
 
 
 def add_values(batch: Batch, segments: list[Segment], ctx: PipelineContext) -> Batch:
     """values [N] = V(s_t); next_values [N] = V(s_{t+1}), V(final obs) at segment ends."""
-    values = ps.value_forward(ctx.spec, ctx.weights, batch["obs"])
-    final_values = ps.value_forward(ctx.spec, ctx.weights, batch["final_obs"])
+    values = ctx.spec.value_forward(ctx.weights, batch["obs"])
+    final_values = ctx.spec.value_forward(ctx.weights, batch["final_obs"])
     next_values = np.empty_like(values)
     next_values[:-1] = values[1:]
     next_values[batch["segment_end"]] = final_values
@@ -106,12 +115,6 @@ def normalize_advantages(batch: Batch, segments: list[Segment], ctx: PipelineCon
         adv = batch["advantages"]
         batch["advantages"] = ((adv - adv.mean()) / (adv.std() + 1e-8)).astype(np.float32)
     return batch
-
-
-def _policy_actions(actions: np.ndarray, ctx: PipelineContext) -> np.ndarray:
-    if ctx.act_space.is_discrete:
-        return actions.reshape(-1).astype(np.int64)
-    return actions
 
 
 BUILTIN_PIECES: dict[str, Piece] = {

@@ -92,7 +92,8 @@ class Connector:
         pctx = PipelineContext(self.topo.obs_space, self.topo.act_space, self.topo.policy_spec,
                                self.weights, seq, cfg.ppo.gamma, cfg.ppo.gae_lambda,
                                cfg.ppo.normalize_advantages)
-        return write_columns(self.slots.columns(slot), self.pipeline(segments, pctx))
+        return write_columns(self.slots.columns(slot), self.pipeline(segments, pctx),
+                             self.topo.policy_spec)
 
     def _maybe_report(self) -> None:
         now = time.monotonic()

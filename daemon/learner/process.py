@@ -118,7 +118,7 @@ class LearnerShell:
         """One update, heart-beating after every minibatch step: a long update (a big
         network on a CPU) is progress, not a hang; a learner stuck inside one step still
         falls silent and gets SIGABRT after daemon.heartbeat_timeout_s."""
-        batch = read_columns(self.slots.columns(slot), rows)
+        batch = read_columns(self.slots.columns(slot), rows, self.topo.policy_spec)
         stats = self.learner.update(batch, on_step=self.ctx.heartbeat)
         return {k: float(v) for k, v in stats.items()}
 
