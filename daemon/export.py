@@ -111,7 +111,7 @@ def find_checkpoint(state_dir: Path, checkpoint: str | os.PathLike | None = None
     the newest checkpoint under ``state_dir`` that verifies (``warn`` hears about each
     newer one skipped). CheckpointError if there is none or the named one does not verify."""
     if checkpoint is not None:
-        path = Path(checkpoint).expanduser()
+        path = Path(checkpoint).expanduser().absolute()
         if not path.exists():
             raise CheckpointError(f"no such checkpoint: {path}")
         return store.verify(path.parent if path.is_file() else path)
