@@ -1,4 +1,4 @@
-"""``rlinkd`` command line: serve, client, status, demo, checkpoint, reload, config.
+"""``rlinkd`` command line: serve, client, status, demo, checkpoint, reload, export, config.
 
 The serve flags are shorthands for config keys (``--port`` = ``server.port``);
 ``--set section.key=value`` reaches every other key, so the TOML file, the CLI and
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlinkd.daemon.errors import ConfigError, ExitCode
+from rlinkd.daemon.errors import CheckpointError, ConfigError, ExitCode, ExportError, UnknownPolicyError
 from rlinkd.daemon.runfiles import query_status
 
 SERVE_SHORTHANDS = {"host": "server.host", "port": "server.port", "env": "env.id",
@@ -26,59 +26,110 @@ def _add_state_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", help="the daemon's state directory (default: as `serve`)")
 
 
+def _add_timeout(p: argparse.ArgumentParser, default: float, what: str) -> None:
+    p.add_argument("--timeout-s", type=float, default=default,
+                   help=f"give up after this many seconds {what} (default: %(default)g)")
+
+
+def _add_shorthand(p: argparse.ArgumentParser, attr: str, dotted: str) -> None:
+    """``serve --ATTR`` for config key ``dotted``: type and help from its declaration."""
+    from rlinkd.daemon.config import key_declaration
+    hint, f = key_declaration(dotted)
+    doc = f.metadata["doc"].replace("%", "%%")  # argparse %-formats help texts
+    convert = hint if hint in (int, float) else str
+    p.add_argument(f"--{attr.replace('_', '-')}", type=convert, help=f"{doc} (config key {dotted})")
+
+
+def _add_overrides(p: argparse.ArgumentParser, whose: str) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help=f"set any config key for {whose}; the value is TOML (a bare word is "
+                        "a string); repeatable; `rlinkd config --docs` lists the keys")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from rlinkd.daemon.version import package_version
     parser = argparse.ArgumentParser(prog="rlinkd", description="RL training daemon for "
                                      "external simulators (RLlink over TCP, shared memory).")
+    parser.add_argument("--version", action="version", version=f"rlinkd {package_version()}",
+                        help="print rlinkd's version and exit")
     sub = parser.add_subparsers(dest="verb", required=True)
-    serve = sub.add_parser("serve", help="run the daemon in the foreground")
+    _add_serve(sub.add_parser("serve", help="run the daemon in the foreground"))
+    _add_client(sub.add_parser("client", help="run a gymnasium env as an RLlink client"))
+
+    status = sub.add_parser("status", help="show the running daemon's status")
+    status.add_argument("--json", action="store_true", help="the full status as JSON")
+    _add_state_dir(status)
+
+    _add_demo(sub.add_parser("demo", help="daemon + local CartPole clients until solved"))
+    for verb, text in (("checkpoint", "checkpoint now (SIGUSR1) and wait for it"),
+                       ("reload", "re-read the config file (SIGHUP) and wait for the result")):
+        p = sub.add_parser(verb, help=text)
+        _add_timeout(p, 120.0, "waiting for the daemon's answer")
+        _add_state_dir(p)
+    _add_export(sub.add_parser("export", help="write a checkpoint's policy as ONNX + JSON "
+                               "space description"))
+
+    config = sub.add_parser("config", help="print the effective config or the key reference")
+    config.add_argument("--config", help="TOML config file to read (default: built-in defaults)")
+    config.add_argument("--docs", action="store_true", help="markdown table of every key")
+    return parser
+
+
+def _add_serve(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--config", help="TOML config file")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--env", help="gymnasium id whose spaces to train for")
-    serve.add_argument("--state-dir")
-    serve.add_argument("--runtime-dir")
-    serve.add_argument("--log-level")
-    serve.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    for attr, dotted in SERVE_SHORTHANDS.items():
+        _add_shorthand(serve, attr, dotted)
+    _add_overrides(serve, "this run (over --config; the flags above win over --set)")
     serve.add_argument("--fresh", action="store_true", help="ignore existing checkpoints")
     serve.add_argument("--in-process", action="store_true",
                        help="debugging: every role as a thread of one process (no restarts)")
 
-    client = sub.add_parser("client", help="run a gymnasium env as an RLlink client")
-    client.add_argument("--env", default="CartPole-v1")
+
+def _add_client(client: argparse.ArgumentParser) -> None:
+    client.add_argument("--env", default="CartPole-v1",
+                        help="gymnasium id of the environment to run (default: %(default)s)")
     client.add_argument("--connect", default="tcp://127.0.0.1:5555",
                         help="tcp://HOST:PORT, unix:///PATH, shm or auto")
-    client.add_argument("--steps", type=int)
-    client.add_argument("--episodes", type=int)
-    client.add_argument("--token")
-    client.add_argument("--seed", type=int)
+    client.add_argument("--steps", type=int, help="stop after this many env steps "
+                        "(default: run until stopped)")
+    client.add_argument("--episodes", type=int, help="stop after this many episodes "
+                        "(default: run until stopped)")
+    client.add_argument("--token", help="the daemon's shared secret (`server.token`), if set")
+    client.add_argument("--seed", type=int, help="seeds the env resets and the action sampling")
     client.add_argument("--greedy", action="store_true", help="no exploration")
-    client.add_argument("--report-every-s", type=float, default=5.0)
+    client.add_argument("--report-every-s", type=float, default=5.0,
+                        help="seconds between JSON progress lines (default: %(default)g)")
     _add_state_dir(client)
 
-    status = sub.add_parser("status", help="show the running daemon's status")
-    status.add_argument("--json", action="store_true")
-    _add_state_dir(status)
 
-    demo = sub.add_parser("demo", help="daemon + local CartPole clients until solved")
-    demo.add_argument("--clients", type=int, default=2)
-    demo.add_argument("--transport", choices=("tcp", "shm", "mixed"), default="tcp")
-    demo.add_argument("--target", type=float, default=450.0)
-    demo.add_argument("--timeout-s", type=float, default=900.0)
-    demo.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+def _add_demo(demo: argparse.ArgumentParser) -> None:
+    demo.add_argument("--clients", type=int, default=2,
+                      help="CartPole client processes to start (default: %(default)s)")
+    demo.add_argument("--transport", choices=("tcp", "shm", "mixed"), default="tcp",
+                      help="how the clients connect; mixed alternates TCP and shared memory "
+                           "(default: %(default)s)")
+    demo.add_argument("--target", type=float, default=450.0,
+                      help="stop, solved, once the mean return of the last 20 episodes "
+                           "reaches this (default: %(default)g)")
+    _add_timeout(demo, 900.0, "if the target is not reached")
+    _add_overrides(demo, "the demo's daemon")
     demo.add_argument("--state-dir", help="keep the demo's state here (default: a temp dir)")
     demo.add_argument("--seed", type=int, default=0,
                       help="seeds the learner and (offset per client) the clients")
 
-    for verb, text in (("checkpoint", "checkpoint now (SIGUSR1) and wait for it"),
-                       ("reload", "re-read the config file (SIGHUP) and wait for the result")):
-        p = sub.add_parser(verb, help=text)
-        p.add_argument("--timeout-s", type=float, default=120.0)
-        _add_state_dir(p)
 
-    config = sub.add_parser("config", help="print the effective config or the key reference")
-    config.add_argument("--config")
-    config.add_argument("--docs", action="store_true", help="markdown table of every key")
-    return parser
+def _add_export(export: argparse.ArgumentParser) -> None:
+    source = export.add_mutually_exclusive_group()
+    source.add_argument("--state-dir", help="export the newest valid checkpoint of this state "
+                        "directory (default: as `serve`)")
+    source.add_argument("--checkpoint", metavar="PATH",
+                        help="export this checkpoint (a ckpt-NNNNNN directory) instead")
+    export.add_argument("--policy", default="default", metavar="NAME",
+                        help="which policy to export (default: %(default)s, the only one "
+                             "until multi-agent training exists)")
+    export.add_argument("--out", required=True, metavar="FILE.onnx",
+                        help="the ONNX file to write; its description goes beside it as "
+                             "FILE.json (replaced atomically if they exist)")
 
 
 def serve_overrides(args: argparse.Namespace) -> list:
@@ -197,6 +248,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from rlinkd.daemon.export import export_policy
+    state_dir = state_dir_of(args)
+    warn = lambda text: print(f"rlinkd: skipping {text}", file=sys.stderr)  # noqa: E731
+    try:
+        result = export_policy(args.out, state_dir, args.checkpoint, args.policy, warn)
+    except CheckpointError as exc:
+        return _fail(str(exc), ExitCode.NO_INPUT)
+    except UnknownPolicyError as exc:
+        return _fail(str(exc), ExitCode.USAGE)
+    except ExportError as exc:
+        return _fail(str(exc), ExitCode.CANT_CREATE)
+    print(f"wrote {result.onnx_path} and {result.sidecar_path} (weights_seq_no "
+          f"{result.weights_seq_no}, from {result.checkpoint})")
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     from rlinkd.daemon.config import docs_markdown, load_config, to_toml
     print(docs_markdown() if args.docs else to_toml(load_config(args.config)), end="")
@@ -209,7 +277,8 @@ def _fail(message: str, code: int) -> int:
 
 
 VERBS = {"serve": cmd_serve, "client": cmd_client, "status": cmd_status, "demo": cmd_demo,
-         "checkpoint": cmd_checkpoint, "reload": cmd_reload, "config": cmd_config}
+         "checkpoint": cmd_checkpoint, "reload": cmd_reload, "export": cmd_export,
+         "config": cmd_config}
 
 
 THREAD_POOL_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")

@@ -540,3 +540,14 @@ def docs_markdown() -> str:
             doc = f.metadata["doc"].replace("|", "\\|")
             rows.append(f"| `{name}.{f.name}` | `{default}` | {reload_mark} | {doc} |")
     return "\n".join(rows) + "\n"
+
+
+def key_declaration(dotted: str) -> tuple[Any, dataclasses.Field]:
+    """(type hint, field) of the config key ``section.key``: what a CLI shorthand flag for
+    that key takes its type and help text from. ConfigError if there is no such key."""
+    section, _, key = dotted.partition(".")
+    cls = SECTIONS.get(section)
+    found = [f for f in dataclasses.fields(cls) if f.name == key] if cls else []
+    if cls is None or not found:
+        raise ConfigError(f"{dotted}: no such config key")
+    return _hints(cls)[key], found[0]

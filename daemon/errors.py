@@ -22,12 +22,23 @@ class CheckpointError(RlinkdError):
     """A checkpoint could not be written, or one on disk does not verify."""
 
 
+class UnknownPolicyError(RlinkdError):
+    """A command names a policy the daemon does not have (``rlinkd export --policy``)."""
+
+
+class ExportError(RlinkdError):
+    """An exported file cannot be written (bad output path, no permission, disk full)."""
+
+
 class ExitCode(enum.IntEnum):
     """Exit codes of the supervisor and of every child process.
 
     The supervisor restarts a child that exits with ``CRASH`` (or is killed by a
     signal); ``BOOT_ERROR`` and ``CONFIG`` mean "restarting will not help" and stop
-    the restart loop, so the daemon exits non-zero instead of crash-looping.
+    the restart loop, so the daemon exits non-zero instead of crash-looping. The
+    offline commands (``rlinkd export``) use the sysexits.h codes for their input
+    (``NO_INPUT``: no checkpoint, or one that does not verify) and output
+    (``CANT_CREATE``); a bad request is ``USAGE``, as for argparse's own errors.
     """
 
     OK = 0
@@ -37,4 +48,6 @@ class ExitCode(enum.IntEnum):
     CRASH_LOOP = 4
     NOT_RUNNING = 5
     TIMEOUT = 6
+    NO_INPUT = 66  # EX_NOINPUT from sysexits.h
+    CANT_CREATE = 73  # EX_CANTCREAT
     CONFIG = 78  # EX_CONFIG from sysexits.h

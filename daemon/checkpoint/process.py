@@ -9,9 +9,9 @@ old ones, and reports ``CheckpointDone``. The learner never waits on disk I/O.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from dataclasses import dataclass
-from importlib import metadata
 
 import numpy as np
 import structlog
@@ -21,21 +21,16 @@ from rlinkd.daemon import messages as m
 from rlinkd.daemon.checkpoint import store
 from rlinkd.daemon.config import Config, apply_changes, to_toml
 from rlinkd.daemon.errors import CheckpointError, ExitCode
+from rlinkd.daemon.export import POLICY_FILE, policy_description
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import RoleContext
+from rlinkd.daemon.version import package_version
 from rlinkd.daemon.wiring import Topology
 from rlinkd.shm.blob import BlobArea
 from rlinkd.shm.board import WeightsBoard
 
 log = structlog.get_logger("checkpointer")
 SNAPSHOT_TIMEOUT_S = 60.0
-
-
-def package_version() -> str:
-    try:
-        return metadata.version("rlinkd")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 @dataclass
@@ -58,6 +53,8 @@ class Checkpointer:
         self.snapshot = BlobArea.attach(topo.snapshot_path)
         self.board = WeightsBoard.attach(topo.board_path)
         self._onnx: OnnxWeightWriter | None = None  # built at the first checkpoint (imports onnx)
+        description = policy_description(topo.obs_space, topo.act_space, topo.policy_spec)
+        self.policy_json = json.dumps(description, indent=1, sort_keys=True).encode()
         self.pending: dict[int, Pending] = {}
 
     def on_request(self, req: m.CheckpointRequest) -> None:
@@ -88,7 +85,7 @@ class Checkpointer:
         if generation != snap.generation:
             raise CheckpointError("snapshot area was overwritten before it could be saved")
         config_text = to_toml(self.cfg).encode()
-        files = {"learner.pt": payload, "config.toml": config_text}
+        files = {"learner.pt": payload, "config.toml": config_text, POLICY_FILE: self.policy_json}
         seq, flat = self.board.read(np.empty(self.topo.policy_spec.n_params(), np.float32))
         if seq == snap.seq_no:
             self._onnx = self._onnx or OnnxWeightWriter(self.topo.policy_spec)

@@ -4,7 +4,9 @@ Layout under ``<state_dir>/checkpoints/``::
 
     ckpt-000042/            one directory per checkpoint, index strictly increasing
         learner.pt          torch.save of plain tensors/containers (weights_only loadable)
-        policy.onnx         the current policy, for deployment without rlinkd
+        policy.onnx         the current policy, for deployment without rlinkd (absent when the
+                            weights board had moved on before the checkpointer read it)
+        policy.json         spaces and PolicySpec of that policy (daemon.export.policy_description)
         config.toml         the effective config
         manifest.json       written last: format, versions, config hash, counters,
                             weights_seq_no, sha256 + size of every other file

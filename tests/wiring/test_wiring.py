@@ -1,6 +1,8 @@
 """Tier 2: the real wiring with every role as a thread of the test process."""
 from __future__ import annotations
 
+import json
+
 import gymnasium as gym
 import pytest
 
@@ -37,7 +39,22 @@ def test_one_process_trains_and_checkpoints(inproc):
     ckpt = store.verify(store.checkpoints_dir(inproc.cfg.state_dir) / "ckpt-000001")
     assert ckpt.weights_seq_no == status["weights_seq_no"]
     assert ckpt.counters == {"env_steps": 1000, "episodes": status["episodes"]}
-    assert {"learner.pt", "policy.onnx", "config.toml"} <= set(ckpt.manifest["files"])
+    assert {"learner.pt", "policy.onnx", "config.toml", "policy.json"} <= set(ckpt.manifest["files"])
+
+
+def test_export_of_a_real_checkpoint_equals_its_policy_onnx(inproc, tmp_path):
+    """`rlinkd export` rebuilds the actor from learner.pt + policy.json; the checkpointer wrote
+    policy.onnx from the weights board at the same weights_seq_no: the bytes must agree."""
+    from rlinkd.daemon.export import export_policy
+    run_env(gym.make("CartPole-v1"), f"tcp://127.0.0.1:{inproc.listening.port}", steps=400, seed=0)
+    done = inproc.checkpoint()
+    assert done.ok, done.error
+    result = export_policy(tmp_path / "p.onnx", inproc.cfg.state_dir)
+    assert result.weights_seq_no == done.seq_no >= 1 and str(result.checkpoint) == done.path
+    assert result.onnx_path.read_bytes() == (result.checkpoint / "policy.onnx").read_bytes()
+    meta = json.loads(result.sidecar_path.read_text())
+    assert meta["observation_space"] == inproc.topo.obs_space.to_json()
+    assert meta["policy_spec"] == inproc.topo.policy_spec.to_json()
 
 
 def test_checkpoint_carries_the_reloaded_config(inproc):

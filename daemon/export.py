@@ -1,0 +1,247 @@
+"""``rlinkd export``: a checkpoint's policy as a standalone ONNX file plus its description.
+
+Offline and pure apart from file I/O (no daemon, no shared memory): find the checkpoint,
+read its weights and space description, build the ONNX actor, write both files atomically.
+Called once per ``rlinkd export``; every failure is one of three errors, which the CLI
+turns into one line and an exit code: ``CheckpointError`` (no checkpoint, or one that does
+not verify or cannot be read), ``UnknownPolicyError`` (``--policy``), ``ExportError``
+(the output cannot be written).
+
+Files written, for ``--out DIR/NAME.onnx``:
+
+    DIR/NAME.onnx    the actor: input ``onnx::Gemm_0`` [batch, *obs_shape] float32,
+                     output ``action_dist_inputs`` [batch, dist_size] float32
+    DIR/NAME.json    its description (``sidecar_path``: the ``.onnx`` suffix replaced, any
+                     other name gets ``.json`` appended), keys:
+        format_version     SIDECAR_FORMAT_VERSION
+        policy             the policy's name ("default")
+        observation_space  SpaceSpec JSON (``SpaceSpec.from_json`` reads it back)
+        action_space       SpaceSpec JSON
+        policy_spec        PolicySpec JSON (``PolicySpec.from_json``)
+        onnx               {file, sha256, input, output, output_layout, opset}
+        weights_seq_no     the weights version the checkpoint holds
+        checkpoint         {path, index}
+        rlinkd_version     the version that exported it
+
+Where the description comes from: checkpoints carry ``policy.json`` (``POLICY_FILE``:
+the spaces and policy spec the daemon trained with, written by the checkpointer).
+Checkpoints written before that file existed are described from their ``config.toml``
+the way the daemon itself derives them (``wiring.resolve_spaces``/``make_policy_spec``;
+an ``env.id``-only config then needs gymnasium to build that environment).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlinkd.client_lib.protocol.policy_spec import (ONNX_INPUT_NAME, ONNX_OPSET, ONNX_OUTPUT_NAME,
+                                                    OnnxWeightWriter, PolicySpec)
+from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.daemon.checkpoint import store
+from rlinkd.daemon.errors import CheckpointError, ConfigError, ExportError, UnknownPolicyError
+from rlinkd.daemon.version import package_version
+
+DEFAULT_POLICY = "default"
+POLICY_NAMES = (DEFAULT_POLICY,)  # one policy per daemon until multi-agent training exists
+POLICY_FILE = "policy.json"
+POLICY_FILE_FORMAT_VERSION = 1
+SIDECAR_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """A checkpoint's policy, ready to export: spaces, network description and weights."""
+
+    obs_space: SpaceSpec
+    act_space: SpaceSpec
+    spec: PolicySpec
+    flat: np.ndarray  # float32 [spec.n_params()], spec.param_layout() order
+    weights_seq_no: int
+    checkpoint: store.Checkpoint
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    onnx_path: Path
+    sidecar_path: Path
+    weights_seq_no: int
+    checkpoint: Path
+
+
+# ---------------------------------------------------------------- the checkpoint's policy.json
+def policy_description(obs: SpaceSpec, act: SpaceSpec, spec: PolicySpec) -> dict[str, Any]:
+    """The spaces and network of a policy as JSON-safe data: ``policy.json`` in a checkpoint
+    (built once by the checkpointer) and the core of the exported sidecar."""
+    return {"format_version": POLICY_FILE_FORMAT_VERSION, "observation_space": obs.to_json(),
+            "action_space": act.to_json(), "policy_spec": spec.to_json()}
+
+
+def read_policy_description(d: object, where: str) -> tuple[SpaceSpec, SpaceSpec, PolicySpec]:
+    """Inverse of ``policy_description``; CheckpointError naming ``where`` if malformed."""
+    try:
+        if not isinstance(d, dict) or d.get("format_version") != POLICY_FILE_FORMAT_VERSION:
+            raise ValueError("unknown format")
+        return (SpaceSpec.from_json(d["observation_space"]), SpaceSpec.from_json(d["action_space"]),
+                PolicySpec.from_json(d["policy_spec"]))
+    except (KeyError, TypeError, ValueError) as exc:  # SpaceError is a ValueError
+        raise CheckpointError(f"{where}: malformed policy description ({exc})") from None
+
+
+# ---------------------------------------------------------------- finding and reading
+def check_policy_name(name: str) -> None:
+    """UnknownPolicyError unless ``name`` is a policy checkpoints hold (today: "default")."""
+    if name not in POLICY_NAMES:
+        raise UnknownPolicyError(f"unknown policy {name!r} (this daemon trains one policy: "
+                                 f"{', '.join(repr(n) for n in POLICY_NAMES)})")
+
+
+def find_checkpoint(state_dir: Path, checkpoint: str | os.PathLike | None = None,
+                    warn: Callable[[str], None] | None = None) -> store.Checkpoint:
+    """``checkpoint`` (a ``ckpt-NNNNNN`` directory or a file in one), verified; without it,
+    the newest checkpoint under ``state_dir`` that verifies (``warn`` hears about each
+    newer one skipped). CheckpointError if there is none or the named one does not verify."""
+    if checkpoint is not None:
+        path = Path(checkpoint).expanduser().absolute()
+        if not path.exists():
+            raise CheckpointError(f"no such checkpoint: {path}")
+        return store.verify(path.parent if path.is_file() else path)
+    root = store.checkpoints_dir(state_dir)
+    found = store.latest_valid(root, warn)
+    if found is None:
+        raise CheckpointError(f"no valid checkpoint in {root}")
+    return found
+
+
+def load_policy(ckpt: store.Checkpoint) -> LoadedPolicy:
+    """Spaces, spec and weights of a verified checkpoint; CheckpointError if unreadable."""
+    obs, act, spec = _description(ckpt)
+    flat, seq_no = _flat_weights(ckpt, spec)
+    return LoadedPolicy(obs, act, spec, flat, seq_no, ckpt)
+
+
+def _description(ckpt: store.Checkpoint) -> tuple[SpaceSpec, SpaceSpec, PolicySpec]:
+    if POLICY_FILE in ckpt.manifest.get("files", {}):
+        raw = store.read_checkpoint_file(ckpt.path, POLICY_FILE)
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise CheckpointError(f"{ckpt.path / POLICY_FILE}: not JSON ({exc})") from None
+        return read_policy_description(data, str(ckpt.path / POLICY_FILE))
+    return _description_from_config(ckpt)
+
+
+def _description_from_config(ckpt: store.Checkpoint) -> tuple[SpaceSpec, SpaceSpec, PolicySpec]:
+    """For checkpoints older than ``policy.json``: derive it as the daemon did at start."""
+    from rlinkd.daemon.config import load_config
+    from rlinkd.daemon.wiring import make_policy_spec, resolve_spaces
+    store.read_checkpoint_file(ckpt.path, "config.toml")  # verified; CheckpointError if absent
+    try:
+        cfg = load_config(ckpt.path / "config.toml", resolve_dirs=False)
+        obs, act = resolve_spaces(cfg)
+    except ConfigError as exc:
+        raise CheckpointError(f"{ckpt.path}: has no {POLICY_FILE} and its config.toml does not "
+                              f"describe the policy ({exc})") from None
+    return obs, act, make_policy_spec(cfg, obs, act)
+
+
+def _flat_weights(ckpt: store.Checkpoint, spec: PolicySpec) -> tuple[np.ndarray, int]:
+    """The learner's model tensors from ``learner.pt`` as one layout-ordered float32 vector,
+    and the weights_seq_no they were published as."""
+    import torch
+    payload = store.read_checkpoint_file(ckpt.path, "learner.pt")
+    try:
+        state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+        model, seq_no = state["learner"]["model"], int(state["weights_seq_no"])
+    except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{ckpt.path / 'learner.pt'}: unreadable learner state "
+                              f"({type(exc).__name__}: {exc})") from None
+    parts = []
+    for name, shape in spec.param_layout():
+        tensor = model.get(name) if isinstance(model, dict) else None
+        if tensor is None or tuple(tensor.shape) != shape:
+            raise CheckpointError(f"{ckpt.path / 'learner.pt'}: model tensor {name} does not "
+                                  f"match the policy spec (expected shape {shape})")
+        parts.append(tensor.detach().to(torch.float32).reshape(-1).numpy())
+    return np.concatenate(parts).astype(np.float32, copy=False), seq_no
+
+
+# ---------------------------------------------------------------- writing
+def sidecar_path(onnx_path: Path) -> Path:
+    """``NAME.onnx`` -> ``NAME.json``; any other name gets ``.json`` appended."""
+    if onnx_path.suffix == ".onnx":
+        return onnx_path.with_suffix(".json")
+    return onnx_path.with_name(onnx_path.name + ".json")
+
+
+def sidecar(policy: LoadedPolicy, name: str, onnx_name: str, onnx_bytes: bytes) -> dict[str, Any]:
+    """The JSON written beside the ONNX file (layout in the module docstring)."""
+    layout = "mean_then_log_std" if policy.spec.is_box else "logits"
+    onnx = {"file": onnx_name, "sha256": hashlib.sha256(onnx_bytes).hexdigest(),
+            "input": ONNX_INPUT_NAME, "output": ONNX_OUTPUT_NAME, "output_layout": layout,
+            "opset": ONNX_OPSET}
+    description = policy_description(policy.obs_space, policy.act_space, policy.spec)
+    return dict(description, format_version=SIDECAR_FORMAT_VERSION, policy=name, onnx=onnx,
+                weights_seq_no=policy.weights_seq_no,
+                checkpoint={"path": str(policy.checkpoint.path), "index": policy.checkpoint.index},
+                rlinkd_version=package_version())
+
+
+def write_files(files: dict[Path, bytes]) -> None:
+    """Write every file atomically: all go to temporary names in their directories (fsynced)
+    first, then each is renamed into place, in order. ExportError naming the path on any
+    OSError; the temporary files are removed then (files already renamed stay)."""
+    staged: list[tuple[Path, Path]] = []
+    target = Path()
+    try:
+        for target, data in files.items():
+            staged.append((target.with_name(f".{target.name}.tmp-{secrets.token_hex(4)}"), target))
+            _write_new(staged[-1][0], data)
+        for tmp, target in staged:
+            os.replace(tmp, target)
+            _fsync_dir(target.parent)
+    except OSError as exc:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise ExportError(f"cannot write {target}: {exc.strerror or exc}") from None
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    with open(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def export_policy(out: str | os.PathLike, state_dir: Path, checkpoint: str | os.PathLike | None = None,
+                  policy: str = DEFAULT_POLICY,
+                  warn: Callable[[str], None] | None = None) -> ExportResult:
+    """``rlinkd export``: the policy of ``checkpoint`` (default: the newest valid one under
+    ``state_dir``) to ``out`` and its sidecar. Raises the errors listed in the module doc."""
+    check_policy_name(policy)
+    loaded = load_policy(find_checkpoint(state_dir, checkpoint, warn))
+    onnx_path = Path(out).expanduser()
+    onnx_bytes = OnnxWeightWriter(loaded.spec).encode(loaded.flat)
+    meta = sidecar(loaded, policy, onnx_path.name, onnx_bytes)
+    json_path = sidecar_path(onnx_path)
+    write_files({onnx_path: onnx_bytes,
+                 json_path: (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode()})
+    return ExportResult(onnx_path, json_path, loaded.weights_seq_no, loaded.checkpoint.path)
