@@ -15,8 +15,8 @@ Files written, for ``--out DIR/NAME.onnx``:
                      other name gets ``.json`` appended), keys:
         format_version     SIDECAR_FORMAT_VERSION
         policy             the policy's name ("default")
-        observation_space  SpaceSpec JSON (``SpaceSpec.from_json`` reads it back)
-        action_space       SpaceSpec JSON
+        observation_space  space JSON (``Space.from_json`` reads it back)
+        action_space       space JSON
         policy_spec        PolicySpec JSON (``PolicySpec.from_json``)
         onnx               {file, sha256, input, output, output_layout, opset}
         weights_seq_no     the weights version the checkpoint holds
@@ -46,7 +46,7 @@ import numpy as np
 
 from rlinkd.client_lib.protocol.policy_spec import (ONNX_INPUT_NAME, ONNX_OPSET, ONNX_OUTPUT_NAME,
                                                     OnnxWeightWriter, PolicySpec)
-from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.client_lib.protocol.spaces import Space, space_from_json
 from rlinkd.daemon.checkpoint import store
 from rlinkd.daemon.errors import CheckpointError, ConfigError, ExportError, UnknownPolicyError
 from rlinkd.daemon.version import package_version
@@ -62,8 +62,8 @@ SIDECAR_FORMAT_VERSION = 1
 class LoadedPolicy:
     """A checkpoint's policy, ready to export: spaces, network description and weights."""
 
-    obs_space: SpaceSpec
-    act_space: SpaceSpec
+    obs_space: Space
+    act_space: Space
     spec: PolicySpec
     flat: np.ndarray  # float32 [spec.n_params()], spec.param_layout() order
     weights_seq_no: int
@@ -79,19 +79,19 @@ class ExportResult:
 
 
 # ---------------------------------------------------------------- the checkpoint's policy.json
-def policy_description(obs: SpaceSpec, act: SpaceSpec, spec: PolicySpec) -> dict[str, Any]:
+def policy_description(obs: Space, act: Space, spec: PolicySpec) -> dict[str, Any]:
     """The spaces and network of a policy as JSON-safe data: ``policy.json`` in a checkpoint
     (built once by the checkpointer) and the core of the exported sidecar."""
     return {"format_version": POLICY_FILE_FORMAT_VERSION, "observation_space": obs.to_json(),
             "action_space": act.to_json(), "policy_spec": spec.to_json()}
 
 
-def read_policy_description(d: object, where: str) -> tuple[SpaceSpec, SpaceSpec, PolicySpec]:
+def read_policy_description(d: object, where: str) -> tuple[Space, Space, PolicySpec]:
     """Inverse of ``policy_description``; CheckpointError naming ``where`` if malformed."""
     try:
         if not isinstance(d, dict) or d.get("format_version") != POLICY_FILE_FORMAT_VERSION:
             raise ValueError("unknown format")
-        return (SpaceSpec.from_json(d["observation_space"]), SpaceSpec.from_json(d["action_space"]),
+        return (space_from_json(d["observation_space"]), space_from_json(d["action_space"]),
                 PolicySpec.from_json(d["policy_spec"]))
     except (KeyError, TypeError, ValueError) as exc:  # SpaceError is a ValueError
         raise CheckpointError(f"{where}: malformed policy description ({exc})") from None
@@ -129,7 +129,7 @@ def load_policy(ckpt: store.Checkpoint) -> LoadedPolicy:
     return LoadedPolicy(obs, act, spec, flat, seq_no, ckpt)
 
 
-def _description(ckpt: store.Checkpoint) -> tuple[SpaceSpec, SpaceSpec, PolicySpec]:
+def _description(ckpt: store.Checkpoint) -> tuple[Space, Space, PolicySpec]:
     if POLICY_FILE in ckpt.manifest.get("files", {}):
         raw = store.read_checkpoint_file(ckpt.path, POLICY_FILE)
         try:
@@ -140,7 +140,7 @@ def _description(ckpt: store.Checkpoint) -> tuple[SpaceSpec, SpaceSpec, PolicySp
     return _description_from_config(ckpt)
 
 
-def _description_from_config(ckpt: store.Checkpoint) -> tuple[SpaceSpec, SpaceSpec, PolicySpec]:
+def _description_from_config(ckpt: store.Checkpoint) -> tuple[Space, Space, PolicySpec]:
     """For checkpoints older than ``policy.json``: derive it as the daemon did at start."""
     from rlinkd.daemon.config import load_config
     from rlinkd.daemon.wiring import make_policy_spec, resolve_spaces
