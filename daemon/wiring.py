@@ -51,7 +51,7 @@ class Topology:
     obs_space: SpaceSpec
     act_space: SpaceSpec
     policy_spec: PolicySpec
-    layout_sizes: tuple[int, int, int]  # StepLayout(obs, action, dist) sizes
+    layout_sizes: tuple  # StepLayout(*layout_sizes): (obs_fields, action_size, dist_size), picklable
     inboxes: dict[str, Inbox]
     episode_ring_path: str
     board_path: str
@@ -131,7 +131,7 @@ def build_topology(cfg: Config) -> Topology:
     """Create every inbox and segment of one daemon instance (called once, by the supervisor)."""
     obs, act = resolve_spaces(cfg)
     spec = make_policy_spec(cfg, obs, act)
-    layout = StepLayout(obs.flat_size, act.flat_size, spec.dist_size)
+    layout = StepLayout.flat(obs.flat_size, act.flat_size, spec.dist_size)
     shm_dir = Path(cfg.daemon.shm_dir)
     sweep_stale(shm_dir, SHM_PREFIX)
     prefix = f"{SHM_PREFIX}.{os.getpid()}.{secrets.token_hex(4)}"

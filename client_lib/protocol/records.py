@@ -15,12 +15,18 @@ def fragment_records(frag: EpisodeFragment, layout: StepLayout, stream_id: int =
                      weights_seq_no: int = -1) -> np.ndarray:
     """T step records + 1 FINAL_OBS record for a validated fragment (ingest ids unset).
 
+    ``frag.obs``: an array [T+1, ...] of the single obs field's values (any shape with that
+    many values per step), or a mapping {field name: array [T+1, *field shape]}.
+
     The FINAL_OBS record holds the fragment's last observation and says how it ended
     (TERMINATED, TRUNCATED, or neither: cut, continued by the next fragment).
     """
     t = frag.num_steps
     rec = np.zeros(t + 1, dtype=layout.dtype)
-    rec["obs"] = frag.obs.reshape(t + 1, layout.obs_size)
+    obs = frag.obs
+    if isinstance(obs, np.ndarray) and len(layout.obs_fields) == 1:  # flattened single field
+        obs = obs.reshape(t + 1, *layout.obs_fields[0][2])
+    layout.write_obs(rec["obs"], obs)
     rec["stream_id"] = stream_id
     rec["weights_seq_no"] = weights_seq_no
     rec["reward"][:t] = frag.rewards

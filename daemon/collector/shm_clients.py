@@ -191,6 +191,11 @@ def validate_records(rec: np.ndarray, obs_space: SpaceSpec, act_space: SpaceSpec
     not apply are written as zeros). Works on one contiguous float32 view of the block —
     a few vectorised passes, ~20 ns per record — because this runs for every record a
     shared-memory client writes. Raises InvalidEpisode naming the first problem.
+
+    Scope: flat layouts (``StepLayout.flat``: one float32 obs field, records that are
+    float32 from byte 24 on), which is what the daemon builds from a ``SpaceSpec``.
+    Layouts with other obs dtypes (uint8 images, integer leaves) are validated per field
+    by the space module, which knows each leaf's bounds.
     """
     raw = np.ascontiguousarray(rec).view(np.uint8).reshape(len(rec), rec.dtype.itemsize)
     flags = raw[:, 0]

@@ -27,7 +27,7 @@ import numpy as np
 from rlinkd.client_lib.protocol import policy_spec as ps
 from rlinkd.client_lib.protocol.spaces import SpaceSpec, to_features
 from rlinkd.daemon.connector.gae import compute_gae
-from rlinkd.daemon.connector.segments import Segment
+from rlinkd.daemon.connector.segments import Segment, obs_values
 from rlinkd.daemon.errors import ConfigError
 
 Batch = dict[str, np.ndarray]
@@ -50,8 +50,9 @@ class PipelineContext:
 
 def add_observations(batch: Batch, segments: list[Segment], ctx: PipelineContext) -> Batch:
     """obs [N, O] features of every acting step; final_obs [S, O] for bootstrapping."""
-    batch["obs"] = np.concatenate([to_features(s.obs[:-1], ctx.obs_space) for s in segments])
-    batch["final_obs"] = np.concatenate([to_features(s.obs[-1:], ctx.obs_space) for s in segments])
+    obs = [obs_values(s.obs) for s in segments]
+    batch["obs"] = np.concatenate([to_features(o[:-1], ctx.obs_space) for o in obs])
+    batch["final_obs"] = np.concatenate([to_features(o[-1:], ctx.obs_space) for o in obs])
     return batch
 
 

@@ -20,7 +20,7 @@ class Segment:
     """One episode fragment, as arrays."""
 
     stream_id: int
-    obs: np.ndarray          # [T+1, O] raw flattened observations
+    obs: np.ndarray          # [T+1] records' obs: structured, one field per obs field (see obs_values)
     actions: np.ndarray      # [T, A]
     rewards: np.ndarray      # [T]
     logp: np.ndarray         # [T] (meaningful where has_logp)
@@ -37,6 +37,14 @@ class Segment:
     @property
     def first_ingest_id(self) -> int:
         return int(self.ingest_ids[0])
+
+
+def obs_values(obs: np.ndarray) -> np.ndarray:
+    """A segment's observations as a plain array when the layout has a single obs field
+    (e.g. [T+1, O] float32 for a flat layout); any other array is returned unchanged
+    (structured: ``obs[name]`` per field)."""
+    names = obs.dtype.names
+    return obs[names[0]] if names is not None and len(names) == 1 else obs
 
 
 def segment_from_records(rec: np.ndarray) -> Segment:
