@@ -12,8 +12,8 @@ announces ``writer_waiting`` and sleeps on ``space_doorbell`` (the consumer
 rings it after freeing space).  Either doorbell may be None: that side then
 polls with backoff.
 
-Segment layout: ``RING_HEADER`` followed by ``capacity`` records of
-``record_bytes`` (see ``shm.records``)::
+Segment layout: ``RING_HEADER``, the step layout's description, then
+``capacity`` records of ``record_bytes`` (see ``shm.records``)::
 
     offset  size  field            type  written by
     0       8     magic            8s    creator   b"RLKRING1"
@@ -22,10 +22,8 @@ Segment layout: ``RING_HEADER`` followed by ``capacity`` records of
     16      8     capacity         u64   creator   records, a power of two
     24      4     writer_pid       u32   producer  (creator's pid until a producer attaches)
     28      4     reader_pid       u32   consumer  (creator's pid until a consumer attaches)
-    32      4     obs_size         u32   creator
-    36      4     action_size      u32   creator
-    40      4     dist_size        u32   creator
-    44      20    (pad to cache line)
+    32      4     layout_bytes     u32   creator   L, length of the layout description at 320
+    36      28    (pad to cache line)
     64      8     tail             u64   producer  records ever written
     72      56    (pad: tail owns its cache line)
     128     8     head             u64   consumer  records ever consumed
@@ -35,7 +33,11 @@ Segment layout: ``RING_HEADER`` followed by ``capacity`` records of
     256     4     closed           u32   producer  1 = no more data will come
     260     4     writer_waiting   u32   producer sets before waiting for space; whoever wakes it clears
     264     56    (pad)
-    320           records[capacity]      record i lives at slot i & (capacity - 1)
+    320     L     layout           creator   ``layout_description(layout)``: the StepLayout's JSON
+                                             (obs fields with dtypes and shapes, action and dist
+                                             sizes, record_bytes), compact, sorted keys, ASCII
+    R             records[capacity]      R = ``records_offset(layout)`` = 320 + L rounded up to 64;
+                                         record i lives at slot i & (capacity - 1)
 
 ``tail - head`` is the number of unread records: 0 = empty, capacity = full.
 The u64 counters never wrap in practice (584 years at 1e9 records/s).
@@ -44,6 +46,7 @@ See ``shm._sync`` for the memory-ordering argument.
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import time
@@ -58,16 +61,29 @@ from rlinkd.shm.records import StepLayout
 from rlinkd.shm.segment import Segment, check_field, check_magic, check_writer_pid
 
 RING_MAGIC = b"RLKRING1"
-RING_LAYOUT_VERSION = 2  # 2: writer_waiting
-RING_HEADER = struct.Struct("<8sIIQIIIII20xQ56xQ56xI60xII56x")
+RING_LAYOUT_VERSION = 3  # 2: writer_waiting; 3: full layout description (obs dtypes/shapes) replaces 3 sizes
+RING_HEADER = struct.Struct("<8sIIQIII28xQ56xQ56xI60xII56x")
 WRITER_PID_OFFSET, READER_PID_OFFSET = 24, 28
 TAIL_OFFSET, HEAD_OFFSET, SLEEPING_OFFSET, CLOSED_OFFSET, WAITING_OFFSET = 64, 128, 192, 256, 260
 _ROLE_PID_OFFSETS = {"producer": WRITER_PID_OFFSET, "consumer": READER_PID_OFFSET, "observer": None}
-RECORDS_OFFSET = RING_HEADER.size
-assert RECORDS_OFFSET == 320
+HEADER_BYTES = RING_HEADER.size
+"""Fixed header; the layout description follows at this offset."""
+assert HEADER_BYTES == 320
+MAX_LAYOUT_BYTES = 1 << 16
+"""Longest layout description ``attach`` accepts (256 fields with long names fit easily)."""
 
 MAX_SLEEP_SLICE_S = 0.1
 """Longest single doorbell wait (either side): bounds a lost wake-up even with timeout None."""
+
+
+def layout_description(layout: StepLayout) -> bytes:
+    """The bytes a ring header stores at ``HEADER_BYTES``: canonical JSON of ``layout.to_json()``."""
+    return json.dumps(layout.to_json(), sort_keys=True, separators=(",", ":")).encode("ascii")
+
+
+def records_offset(layout: StepLayout) -> int:
+    """Offset of record 0 in a ring of this layout (64-aligned, after the layout description)."""
+    return (HEADER_BYTES + len(layout_description(layout)) + 63) & ~63
 
 
 def _write_step_after_close(*args, **kwargs):
@@ -80,14 +96,19 @@ class StepRing:
     Not thread-safe: one thread produces, one (possibly other) thread consumes.
 
     ``write_step(flags, obs, action, reward, logp=None, dist=None, weights_seq_no=-1) -> None``
-    is the producer's single-step fast path (an instance attribute generated
-    per layout by ``shm._stepwriter``; call it once per env step).  obs /
-    action / dist: sequences or 1-D numpy arrays of the layout's sizes (a
-    plain number for a 1-float action).  Sets HAS_LOGP / HAS_DIST when
-    ``logp`` / ``dist`` are given; ``flags`` carries the rest.  Publishes the
-    record at once and rings the doorbell if the consumer sleeps.  Raises
-    ``RingFull`` at once, writing nothing, when the ring is full (see
-    ``wait_writable``) and ``ValueError`` for wrong sizes.
+    is the producer's single-step path (an instance attribute built per layout
+    by ``shm._stepwriter``; call it once per env step).  action / dist:
+    sequences or 1-D numpy arrays of the layout's sizes (a plain number for a
+    1-float action).  obs: for a flat layout (one float32 field, the generated
+    fast path) a sequence or numpy array of its values; for any other layout a
+    mapping {field name: array of the field's shape}, or, for a single field,
+    that array -- copied in the field's dtype (``StepLayout.write_obs``: uint8
+    stays uint8).  Sets HAS_LOGP / HAS_DIST when ``logp`` / ``dist`` are
+    given; ``flags`` carries the rest.  Publishes the record at once and rings
+    the doorbell if the consumer sleeps.  Raises ``RingFull`` at once, writing
+    nothing, when the ring is full (see ``wait_writable``) and ``ValueError``
+    for wrong sizes, shapes, keys or values that do not fit a field (nothing
+    is published then).
     """
 
     def __init__(self, segment: Segment, layout: StepLayout, doorbell: Doorbell | None,
@@ -95,7 +116,8 @@ class StepRing:
         self.segment = segment
         self.path = segment.path
         self.layout = layout
-        self.capacity = (segment.size - RECORDS_OFFSET) // layout.record_bytes
+        self.records_offset = records_offset(layout)
+        self.capacity = (segment.size - self.records_offset) // layout.record_bytes
         self.doorbell = doorbell
         """Consumer sleeps on it, producer rings it (None: the consumer polls)."""
         self.space_doorbell = space_doorbell
@@ -113,11 +135,11 @@ class StepRing:
         self._sleeping = buf[SLEEPING_OFFSET:SLEEPING_OFFSET + 4].cast("I")
         self._closed = buf[CLOSED_OFFSET:CLOSED_OFFSET + 4].cast("I")
         self._waiting = buf[WAITING_OFFSET:WAITING_OFFSET + 4].cast("I")
-        records_area = np.frombuffer(buf, np.uint8, self.capacity * layout.record_bytes, RECORDS_OFFSET)
+        records_area = np.frombuffer(buf, np.uint8, self.capacity * layout.record_bytes, self.records_offset)
         self._raw = records_area.reshape(self.capacity, layout.record_bytes)
         self._no_records = np.empty(0, layout.dtype)
         bind = compile_step_writer(layout)
-        self.write_step = bind(layout.struct.pack_into, segment.mapping, RECORDS_OFFSET, layout.record_bytes,
+        self.write_step = bind(layout.struct.pack_into, segment.mapping, self.records_offset, layout.record_bytes,
                                self.capacity, self._tail, self._head, self._sleeping, self._wake_reader,
                                self.__repr__)
 
@@ -129,10 +151,12 @@ class StepRing:
         """Create an empty ring (daemon side).  ``capacity_records`` must be a power of two."""
         if capacity_records < 1 or capacity_records & (capacity_records - 1):
             raise ValueError(f"ring capacity must be a power of two, got {capacity_records}")
-        segment = Segment.create(path, RECORDS_OFFSET + capacity_records * layout.record_bytes, mode)
+        description = layout_description(layout)
+        segment = Segment.create(path, records_offset(layout) + capacity_records * layout.record_bytes, mode)
         pid = os.getpid()
         RING_HEADER.pack_into(segment.buf, 0, b"\0" * 8, RING_LAYOUT_VERSION, layout.record_bytes,
-                              capacity_records, pid, pid, *layout.sizes(), 0, 0, 0, 0, 0)
+                              capacity_records, pid, pid, len(description), 0, 0, 0, 0, 0)
+        segment.buf[HEADER_BYTES:HEADER_BYTES + len(description)] = description
         segment.buf[0:8] = RING_MAGIC  # last: a half-made header never looks valid
         return cls(segment, layout, doorbell, space_doorbell)
 
@@ -172,7 +196,7 @@ class StepRing:
         """Decoded header fields (diagnostics)."""
         fields = RING_HEADER.unpack_from(self.segment.buf, 0)
         names = ("magic", "layout_version", "record_bytes", "capacity", "writer_pid", "reader_pid",
-                 "obs_size", "action_size", "dist_size", "tail", "head", "reader_sleeping", "closed",
+                 "layout_bytes", "tail", "head", "reader_sleeping", "closed",
                  "writer_waiting")
         return dict(zip(names, fields))
 
@@ -372,21 +396,46 @@ def disarm_sleep(rings) -> None:
 def _check_header(segment: Segment, expected: StepLayout | None) -> StepLayout:
     """Validate every creator-written header field; returns the ring's layout."""
     path, size = segment.path, segment.size
-    if size < RECORDS_OFFSET:
-        raise LayoutError(f"{path} is {size} bytes, smaller than a ring header ({RECORDS_OFFSET})")
-    (magic, version, record_bytes, capacity, writer_pid, _reader_pid, obs_size, action_size,
-     dist_size) = RING_HEADER.unpack_from(segment.buf, 0)[:9]
+    if size < HEADER_BYTES:
+        raise LayoutError(f"{path} is {size} bytes, smaller than a ring header ({HEADER_BYTES})")
+    (magic, version, record_bytes, capacity, writer_pid, _reader_pid,
+     layout_bytes) = RING_HEADER.unpack_from(segment.buf, 0)[:7]
     check_magic(path, magic, RING_MAGIC, "step ring")
     check_field(path, "layout_version", version, RING_LAYOUT_VERSION)
     check_writer_pid(path, writer_pid)
     if capacity < 1 or capacity & (capacity - 1):
         raise LayoutError(f"capacity {capacity} in {path} is not a power of two")
-    try:
-        layout = StepLayout(obs_size, action_size, dist_size)
-    except ValueError as exc:
-        raise LayoutError(f"bad step sizes in {path}: {exc}") from exc
+    layout = _read_layout(segment, layout_bytes)
     check_field(path, "record_bytes", record_bytes, layout.record_bytes)
-    check_field(path, "file size (header + capacity * record_bytes)", size, RECORDS_OFFSET + capacity * record_bytes)
-    if expected is not None:
-        check_field(path, "step layout (obs, action, dist sizes)", layout.sizes(), expected.sizes())
+    check_field(path, "file size (records offset + capacity * record_bytes)", size,
+                records_offset(layout) + capacity * record_bytes)
+    if expected is not None and layout != expected:
+        raise LayoutError(f"step layout mismatch in {path}: {_layout_difference(layout, expected)}")
     return layout
+
+
+def _read_layout(segment: Segment, length: int) -> StepLayout:
+    """The layout description at ``HEADER_BYTES``; LayoutError unless it is canonical valid JSON."""
+    path = segment.path
+    if not 0 < length <= min(MAX_LAYOUT_BYTES, segment.size - HEADER_BYTES):
+        raise LayoutError(f"layout_bytes {length} in {path} out of range (1..{MAX_LAYOUT_BYTES}, within the file)")
+    raw = bytes(segment.buf[HEADER_BYTES:HEADER_BYTES + length])
+    try:
+        layout = StepLayout.from_json(json.loads(raw.decode("ascii")))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise LayoutError(f"bad step layout description in {path}: {exc}") from exc
+    if layout_description(layout) != raw:
+        raise LayoutError(f"step layout description in {path} is not in canonical form")
+    return layout
+
+
+def _layout_difference(found: StepLayout, expected: StepLayout) -> str:
+    """First difference between two layouts, for the attach error message."""
+    for i, (a, b) in enumerate(zip(found.obs_fields, expected.obs_fields)):
+        if a != b:
+            return f"obs field {i}: header has {a!r}, expected {b!r}"
+    if len(found.obs_fields) != len(expected.obs_fields):
+        return (f"header has {len(found.obs_fields)} obs fields, expected {len(expected.obs_fields)} "
+                f"({found!r} vs {expected!r})")
+    return (f"header has action/dist sizes {(found.action_size, found.dist_size)}, "
+            f"expected {(expected.action_size, expected.dist_size)}")

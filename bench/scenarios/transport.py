@@ -82,7 +82,7 @@ def cartpole_spaces():
     from rlinkd.shm.records import StepLayout
     env = gym.make("CartPole-v1")
     try:
-        return SpaceSpec.from_gym(env.observation_space), SpaceSpec.from_gym(env.action_space), StepLayout(4, 1, 2)
+        return SpaceSpec.from_gym(env.observation_space), SpaceSpec.from_gym(env.action_space), StepLayout.flat(4, 1, 2)
     finally:
         env.close()
 
@@ -93,7 +93,7 @@ def episode_block(layout, n_episodes: int) -> np.ndarray:
     rng = np.random.default_rng(0)
     per = EPISODE_STEPS + 1
     rec = layout.empty(n_episodes * per)
-    rec["obs"] = rng.uniform(-0.2, 0.2, (len(rec), 4))
+    rec["obs"]["obs"] = rng.uniform(-0.2, 0.2, (len(rec), 4))
     rec["action"][:, 0] = rng.integers(0, 2, len(rec))
     rec["reward"], rec["logp"], rec["dist"] = 1.0, -0.69, 0.05
     rec["weights_seq_no"] = 0
@@ -202,7 +202,7 @@ def shm_producer(conn, ring_path: str, fifo_path: str, mode: str, n_steps: int,
     from rlinkd.shm.doorbell import Doorbell
     from rlinkd.shm.records import StepLayout
     from rlinkd.shm.ring import StepRing
-    layout = StepLayout(4, 1, 2)
+    layout = StepLayout.flat(4, 1, 2)
     fifo = os.open(fifo_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     ring = StepRing.attach(ring_path, expected_layout=layout, doorbell=Doorbell(fifo))  # FIFO doorbell, as ShmLink
     if mode == "single":
@@ -392,7 +392,7 @@ def wakeup_latency(kind: str, n: int) -> dict:
     from rlinkd.shm.doorbell import Doorbell
     from rlinkd.shm.records import StepLayout
     from rlinkd.shm.ring import StepRing
-    layout = StepLayout(4, 1, 2)
+    layout = StepLayout.flat(4, 1, 2)
     tmp = tempfile.mkdtemp(prefix="rlinkd-bench-lat-")
     ring = StepRing.create(f"{SHM_DIR}/rlinkdbench{os.getpid()}x{secrets.token_hex(3)}.lat", layout, 1024)
     if kind == "fifo":

@@ -17,6 +17,9 @@ def fragment_records(frag: Fragment, layout: StepLayout, stream_id: int = 0,
                      weights_seq_no: int = -1) -> np.ndarray:
     """T step records + 1 FINAL_OBS record for a validated fragment (ingest ids unset).
 
+    ``frag.obs``: an array [T+1, ...] of the single obs field's values (any shape with that
+    many values per step), or a mapping {field name: array [T+1, *field shape]}.
+
     The FINAL_OBS record holds the fragment's last observation and says how it ended
     (TERMINATED, TRUNCATED, or neither: cut, continued by the next fragment).
     """

@@ -20,7 +20,7 @@ class Segment:
     """One episode fragment, as arrays."""
 
     stream_id: int
-    obs: np.ndarray          # [T+1, O] raw flattened observations
+    obs: np.ndarray          # [T+1] the records' obs: structured, one field per leaf
     actions: np.ndarray      # [T, A]
     rewards: np.ndarray      # [T]
     logp: np.ndarray         # [T] (meaningful where has_logp)

@@ -63,7 +63,7 @@ class Oracle:
         obs, act = resolve_spaces(cfg)
         spec = make_policy_spec(cfg, obs, act)
         self.max_bytes = cfg.server.max_message_bytes
-        self.core = CollectorCore(cfg, obs, act, StepLayout(obs.flat_size, act.flat_size,
+        self.core = CollectorCore(cfg, obs, act, StepLayout.flat(obs.flat_size, act.flat_size,
                                                             spec.dist_size), spec.dist_size)
 
     def replies(self, payload: bytes, transport: str) -> list[tuple[str, str]]:

@@ -26,19 +26,20 @@ from rlinkd.client_lib.protocol.spaces import SpaceSpec
 from rlinkd.daemon.collector.ingest import InvalidEpisode
 from rlinkd.daemon.collector.shm_clients import ShmClients
 from rlinkd.shm.records import FINAL_OBS, StepLayout
-from rlinkd.shm.ring import HEAD_OFFSET, RECORDS_OFFSET, TAIL_OFFSET, StepRing
+from rlinkd.shm.ring import HEAD_OFFSET, TAIL_OFFSET, StepRing, records_offset
 from tests.helpers import raw_recv, raw_send
 
 OBS, ACT = SpaceSpec.box((4,), low=-5.0, high=5.0), SpaceSpec.discrete(2)
-LAYOUT = StepLayout(4, 1, 2)
+LAYOUT = StepLayout.flat(4, 1, 2)
 RING_RECORDS = 1024
+RECORDS_OFFSET = records_offset(LAYOUT)
 RING_BYTES = RECORDS_OFFSET + RING_RECORDS * LAYOUT.record_bytes
 
 
 def valid_records(n: int) -> np.ndarray:
     """``n`` steps of one episode fragment plus its final observation."""
     rec = LAYOUT.empty(n + 1)
-    rec["obs"] = np.linspace(-0.4, 0.4, 4 * (n + 1), dtype=np.float32).reshape(n + 1, 4)
+    rec["obs"]["obs"] = np.linspace(-0.4, 0.4, 4 * (n + 1), dtype=np.float32).reshape(n + 1, 4)
     rec["action"][:, 0] = np.arange(n + 1) % 2
     rec["reward"][:n] = 1.0
     rec["flags"][n] = FINAL_OBS

@@ -370,9 +370,10 @@ UNPICKLING_MODULES = ("pickle", "marshal", "dill", "cloudpickle", "shelve")
 # (file, what) pairs allowed, each with its reason:
 ALLOWED = {
     # The single-step ring writer is generated code: the template's only substitutions are
-    # identifier lists and sizes built from StepLayout's three sizes, which StepLayout
+    # identifier lists and sizes built from three integers of a flat StepLayout (the float
+    # count of its one obs field, action and dist sizes), which StepLayout checks and
     # coerces with int() (and _names() runs range() on them first). No peer byte, string
-    # or name reaches the source; it is a code-generation speed-up, not deserialisation.
+    # or field name reaches the source; it is a code-generation speed-up, not deserialisation.
     ("shm/_stepwriter.py", "exec("),
 }
 # Not source-visible, and not a wire: multiprocessing's spawn pickles the wiring the

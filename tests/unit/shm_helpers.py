@@ -8,7 +8,7 @@ import numpy as np
 
 from rlinkd.shm.records import StepLayout
 
-LAYOUT = StepLayout(4, 1, 2)
+LAYOUT = StepLayout.flat(4, 1, 2)
 
 
 def numbered(start, count):
@@ -16,7 +16,7 @@ def numbered(start, count):
     records = LAYOUT.empty(count)
     numbers = np.arange(start, start + count)
     records["weights_seq_no"] = numbers
-    records["obs"][:, 0] = numbers
+    records["obs"]["obs"][:, 0] = numbers
     records["reward"] = numbers * 0.5
     return records
 
@@ -25,7 +25,7 @@ def assert_numbered(records, start):
     """Raise AssertionError unless ``records`` are exactly those numbered from ``start``."""
     numbers = np.arange(start, start + len(records))
     if not (np.array_equal(records["weights_seq_no"], numbers)
-            and np.array_equal(records["obs"][:, 0], numbers.astype(np.float32))
+            and np.array_equal(records["obs"]["obs"][:, 0], numbers.astype(np.float32))
             and np.array_equal(records["reward"], (numbers * 0.5).astype(np.float32))):
         raise AssertionError(f"expected records {start}..{start + len(records) - 1}, got "
                              f"{records['weights_seq_no'][:8].tolist()}...")

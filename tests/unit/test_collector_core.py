@@ -18,7 +18,7 @@ from rlinkd.shm.records import FINAL_OBS, TERMINATED, StepLayout
 
 OBS = SpaceSpec.box([2], -10.0, 10.0)
 ACT = SpaceSpec.discrete(3)
-LAYOUT = StepLayout(2, 1, 3)
+LAYOUT = StepLayout.flat(2, 1, 3)
 
 
 def make_core(*overrides, counters=None) -> CollectorCore:
@@ -98,8 +98,8 @@ def test_episodes_ingests_without_replying():
     assert (rec["weights_seq_no"] == 4).all()
     assert list(rec["flags"] & FINAL_OBS) == [0, 0, 0, FINAL_OBS, 0, 0, FINAL_OBS]
     assert rec["flags"][-1] & TERMINATED
-    np.testing.assert_array_equal(rec["obs"][3], np.float32([0.6, 0.7]))  # first's final obs
-    np.testing.assert_array_equal(rec["obs"][4], np.float32([5.0, 5.1]))  # second's reset obs
+    np.testing.assert_array_equal(rec["obs"]["obs"][3], np.float32([0.6, 0.7]))  # first's final obs
+    np.testing.assert_array_equal(rec["obs"]["obs"][4], np.float32([5.0, 5.1]))  # second's reset obs
     assert session.is_sampler and session.env_steps == 5 and core.env_steps == 5
     assert core.stats.episodes == 1 and list(core.stats.lengths) == [2]
     assert core.counters() == {"env_steps": 5, "episodes": 1}
@@ -265,15 +265,15 @@ def test_should_flush_not_again_for_the_same_data():
 
 # ---------------------------------------------------------------- concat_records
 def test_concat_records_keeps_the_padded_dtype():
-    layout = StepLayout(3, 1, 0)  # 45 bytes of fields, padded to 48
+    layout = StepLayout.flat(3, 1, 0)  # 45 bytes of fields, padded to 48
     assert layout.dtype.itemsize == 48
     parts = [layout.empty(2), layout.empty(0), layout.empty(3)]
     for i, part in enumerate(parts):
         part["stream_id"] = i + 1
-        part["obs"] = np.arange(len(part) * 3).reshape(-1, 3) + 10 * i
+        part["obs"]["obs"] = np.arange(len(part) * 3).reshape(-1, 3) + 10 * i
     out = concat_records(parts, layout.dtype)
     assert out.dtype == layout.dtype and out.dtype.itemsize == 48 and len(out) == 5
     assert np.concatenate(parts).dtype != layout.dtype  # why concat_records exists
     assert list(out["stream_id"]) == [1, 1, 3, 3, 3]
-    np.testing.assert_array_equal(out["obs"][2:], np.arange(9).reshape(3, 3) + 20)
+    np.testing.assert_array_equal(out["obs"]["obs"][2:], np.arange(9).reshape(3, 3) + 20)
     assert len(concat_records([], layout.dtype)) == 0

@@ -16,7 +16,7 @@ from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.records import StepLayout
 from rlinkd.shm.ring import StepRing
 
-LAYOUT = StepLayout(2, 1, 2)
+LAYOUT = StepLayout.flat(2, 1, 2)
 
 
 class FakeTransport:

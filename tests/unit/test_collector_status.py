@@ -25,7 +25,7 @@ class FakeClock:
 
 def make_builder(clock: FakeClock) -> StatusBuilder:
     cfg = load_config(resolve_dirs=False)
-    core = CollectorCore(cfg, SpaceSpec.box([2], -1.0, 1.0), SpaceSpec.discrete(2), StepLayout(2, 1, 2), 2)
+    core = CollectorCore(cfg, SpaceSpec.box([2], -1.0, 1.0), SpaceSpec.discrete(2), StepLayout.flat(2, 1, 2), 2)
     topo = SimpleNamespace(cfg=cfg, started_at=time.time())
     return StatusBuilder(topo, core, SimpleNamespace(seq_no=3), clock=clock)
 

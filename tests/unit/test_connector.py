@@ -23,7 +23,7 @@ from rlinkd.shm.records import FLUSH, StepLayout
 
 OBS = SpaceSpec.box([2], -10.0, 10.0)
 ACT = SpaceSpec.discrete(3)
-LAYOUT = StepLayout(2, 1, 0)
+LAYOUT = StepLayout.flat(2, 1, 0)
 DEFAULT_PIECES = ("observations", "columns", "old_logp", "values", "gae", "normalize_advantages")
 
 
@@ -62,7 +62,7 @@ def test_segment_from_one_fragment():
     rec = with_ids(fragment_records(f, LAYOUT, stream_id=4, weights_seq_no=6), 10)
     (seg,) = SegmentAssembler().add(rec)
     assert seg.stream_id == 4 and seg.num_steps == 3 and seg.terminated and not seg.truncated
-    np.testing.assert_array_equal(seg.obs, f.obs.astype(np.float32))
+    np.testing.assert_array_equal(seg.obs["obs"], f.obs.astype(np.float32))
     np.testing.assert_array_equal(seg.actions[:, 0], f.actions)
     np.testing.assert_allclose(seg.rewards, f.rewards, rtol=1e-6)
     np.testing.assert_allclose(seg.logp, f.action_logp, rtol=1e-6)
@@ -129,7 +129,7 @@ def test_interleaved_streams_with_flush_markers(seed, n_streams):
         assert len(segs) == len(frags)
         for seg, f in zip(segs, frags):
             assert seg.num_steps == f.num_steps and len(seg.obs) == f.num_steps + 1
-            np.testing.assert_array_equal(seg.obs, f.obs.astype(np.float32))
+            np.testing.assert_array_equal(seg.obs["obs"], f.obs.astype(np.float32))
             np.testing.assert_array_equal(seg.actions[:, 0], f.actions)
             assert (seg.terminated, seg.truncated) == (f.is_terminated, f.is_truncated)
             assert seg.has_logp.tolist() == [f.action_logp is not None] * f.num_steps
@@ -328,8 +328,8 @@ def expected_gae(segments, gamma, lam, rewards_scale=1.0):
     """Per-segment GAE with explicit loops and the same numpy value function."""
     adv_all, tgt_all = [], []
     for s in segments:
-        values = SPEC.value_forward(WEIGHTS, s.obs[:-1]).astype(np.float64)
-        v_final = float(SPEC.value_forward(WEIGHTS, s.obs[-1:])[0])
+        values = SPEC.value_forward(WEIGHTS, s.obs["obs"][:-1]).astype(np.float64)
+        v_final = float(SPEC.value_forward(WEIGHTS, s.obs["obs"][-1:])[0])
         boot = 0.0 if s.terminated else v_final
         nxt = np.append(values[1:], boot)
         r = s.rewards.astype(np.float64) * rewards_scale
@@ -352,10 +352,10 @@ def test_pipeline_columns_and_gae_bootstrap():
     assert batch["segment_end"].tolist() == [False, False, True, False, True, True]
     assert batch["terminated"].tolist() == [False, False, False, False, True, False]
     assert batch["segment_lengths"].tolist() == [3, 2, 1]
-    np.testing.assert_array_equal(batch["obs"][3:5], segs[1].obs[:-1])
+    np.testing.assert_array_equal(batch["obs"][3:5], segs[1].obs["obs"][:-1])
 
-    v_final = [float(SPEC.value_forward(WEIGHTS, s.obs[-1:])[0]) for s in segs]
-    values = np.concatenate([SPEC.value_forward(WEIGHTS, s.obs[:-1]) for s in segs])
+    v_final = [float(SPEC.value_forward(WEIGHTS, s.obs["obs"][-1:])[0]) for s in segs]
+    values = np.concatenate([SPEC.value_forward(WEIGHTS, s.obs["obs"][:-1]) for s in segs])
     np.testing.assert_allclose(batch["values"], values, rtol=1e-6)
     # next_values: V(final obs) at every segment end (the terminated one is zeroed in GAE)
     np.testing.assert_allclose(batch["next_values"][[2, 4, 5]], v_final, rtol=1e-6)
@@ -375,7 +375,7 @@ def test_pipeline_columns_and_gae_bootstrap():
 def test_old_logp_recomputed_only_where_missing():
     segs = three_segments()
     batch = LearnerPipeline(DEFAULT_PIECES)(segs, ctx())
-    obs = np.concatenate([s.obs[:-1] for s in segs])
+    obs = np.concatenate([s.obs["obs"][:-1] for s in segs])
     acts = np.concatenate([s.actions for s in segs])[:, 0].astype(np.int64)
     dist = SPEC.actor_forward(WEIGHTS, obs)
     fresh = SPEC.log_prob(dist, acts)

@@ -16,7 +16,7 @@ ACT = SpaceSpec.discrete(3)
 BOX_ACT = SpaceSpec.box([2], -1.0, 1.0)
 DIST = 3
 LIMITS = Limits(max_episode_steps=50, max_obs_floats=100)
-LAYOUT = StepLayout(2, 1, DIST)
+LAYOUT = StepLayout.flat(2, 1, DIST)
 
 
 def fragment(t: int = 3, *, obs=None, actions=None, rewards=None, terminated=False,
@@ -102,15 +102,15 @@ def test_discrete_observations_and_column_actions():
 
 
 @pytest.mark.parametrize("act_space, layout", [
-    (ACT, LAYOUT), (SpaceSpec.box([1], -1.0, 1.0), StepLayout(2, 1, 2)),
-    (BOX_ACT, StepLayout(2, 2, 4))])
+    (ACT, LAYOUT), (SpaceSpec.box([1], -1.0, 1.0), StepLayout.flat(2, 1, 2)),
+    (BOX_ACT, StepLayout.flat(2, 2, 4))])
 def test_zero_step_fragment_is_valid_and_becomes_one_final_record(act_space, layout):
     """obs = [o], no steps: e.g. a truncation noticed right after a cut. Valid RLlink."""
     f = fragment(0, obs=[[1.0, 2.0]], actions=[], rewards=[], truncated=True)
     out = validate(f, act_space=act_space, dist_size=layout.dist_size)
     rec = fragment_records(out, layout, stream_id=5, weights_seq_no=2)
     assert len(rec) == 1 and rec["flags"][0] == FINAL_OBS | TRUNCATED
-    np.testing.assert_array_equal(rec["obs"][0], [1.0, 2.0])
+    np.testing.assert_array_equal(rec["obs"]["obs"][0], [1.0, 2.0])
 
 
 # ---------------------------------------------------------------- fragment_records
@@ -121,7 +121,7 @@ def test_fragment_records_layout():
     assert rec.dtype == LAYOUT.dtype and len(rec) == 4
     assert (rec["stream_id"] == 7).all() and (rec["weights_seq_no"] == 42).all()
     assert (rec["ingest_id"] == 0).all()
-    np.testing.assert_array_equal(rec["obs"], f.obs.astype(np.float32))
+    np.testing.assert_array_equal(rec["obs"]["obs"], f.obs.astype(np.float32))
     np.testing.assert_array_equal(rec["reward"], [0.5, 1.0, 1.5, 0.0])
     np.testing.assert_array_equal(rec["action"][:, 0], [0, 1, 2, 0])
     np.testing.assert_array_equal(rec["logp"], np.float32([-1.0, -0.5, -0.25, 0.0]))
@@ -144,7 +144,7 @@ def test_fragment_records_end_flags_and_no_optional_columns(terminated, truncate
 
 
 def test_fragment_records_box_actions_flattened():
-    layout = StepLayout(2, 2, 4)
+    layout = StepLayout.flat(2, 2, 4)
     f = validate(fragment(2, actions=[[0.5, -0.5], [1.0, -1.0]]), act_space=BOX_ACT, dist_size=4)
     rec = fragment_records(f, layout, 3, 0)
     np.testing.assert_array_equal(rec["action"][:2], [[0.5, -0.5], [1.0, -1.0]])

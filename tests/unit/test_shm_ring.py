@@ -11,7 +11,7 @@ import pytest
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.errors import LayoutError, RingFull, ShmError
 from rlinkd.shm.records import FLUSH, HAS_DIST, HAS_LOGP, TERMINATED, StepLayout
-from rlinkd.shm.ring import RING_HEADER, StepRing, arm_sleep, disarm_sleep
+from rlinkd.shm.ring import RING_HEADER, StepRing, arm_sleep, disarm_sleep, records_offset
 from tests.unit.shm_helpers import LAYOUT, assert_numbered, numbered
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_write_step_accepts_lists_arrays_scalars_and_sets_has_flags(ring):
     out = ring.read_batch(3)
     np.testing.assert_array_equal(out["flags"], [TERMINATED, HAS_LOGP | HAS_DIST, FLUSH | HAS_DIST])
     np.testing.assert_array_equal(out["weights_seq_no"], [7, -1, -1])
-    np.testing.assert_array_equal(out["obs"], [[0, 1, 2, 3], [4, 5, 6, 7], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(out["obs"]["obs"], [[0, 1, 2, 3], [4, 5, 6, 7], [0, 0, 0, 0]])
     np.testing.assert_array_equal(out["action"][:, 0], [1, 2, 3])
     np.testing.assert_array_equal(out["dist"], [[0, 0], [0.5, 0.25], [1, 2]])
     np.testing.assert_array_equal(out["logp"], [0, -0.25, 0])
@@ -97,7 +97,7 @@ def test_write_step_rejects_wrong_sizes_without_writing(ring, obs, action, dist,
 
 def test_write_batch_rejects_foreign_dtypes(ring):
     with pytest.raises(TypeError, match="1-D array"):
-        ring.write_batch(StepLayout(5, 1, 2).empty(2))
+        ring.write_batch(StepLayout.flat(5, 1, 2).empty(2))
 
 
 def test_wait_readable_deadline_and_closed(shm_dir):
@@ -159,12 +159,16 @@ def _rewrite_header(path, **fields):
         file.write(struct.pack("<8sIIQI", *values.values()))
 
 
+RECORDS_AT = records_offset(LAYOUT)
+
+
 @pytest.mark.parametrize("fields, message", [
     ({"magic": b"XXXXXXXX"}, r"bad magic b'XXXXXXXX' in .*/ring: not an rlinkd step ring"),
-    ({"layout_version": 9}, r"layout_version mismatch in .*/ring: header has 9, expected 2"),
+    ({"layout_version": 2}, r"layout_version mismatch in .*/ring: header has 2, expected 3"),
     ({"record_bytes": 72}, r"record_bytes mismatch in .*/ring: header has 72, expected 64"),
     ({"capacity": 6}, r"capacity 6 in .*/ring is not a power of two"),
-    ({"capacity": 16}, r"file size .* mismatch in .*/ring: header has 832, expected 1344"),
+    ({"capacity": 16}, rf"file size .* mismatch in .*/ring: header has {RECORDS_AT + 512}, "
+                       rf"expected {RECORDS_AT + 1024}"),
     ({"writer_pid": 0}, r"writer_pid 0 in .*/ring: header was never completed"),
 ])
 def test_attach_refuses_bad_headers_with_a_clear_message(ring, fields, message):
@@ -174,8 +178,9 @@ def test_attach_refuses_bad_headers_with_a_clear_message(ring, fields, message):
 
 
 def test_attach_refuses_an_unexpected_layout(ring):
-    with pytest.raises(LayoutError, match=r"step layout .* header has \(4, 1, 2\), expected \(8, 1, 2\)"):
-        StepRing.attach(ring.path, expected_layout=StepLayout(8, 1, 2))
+    with pytest.raises(LayoutError, match=r"step layout mismatch .* obs field 0: header has \('obs', '<f4', \(4,\)\), "
+                                          r"expected \('obs', '<f4', \(8,\)\)"):
+        StepRing.attach(ring.path, expected_layout=StepLayout.flat(8, 1, 2))
 
 
 def test_create_requires_a_power_of_two(shm_dir):
