@@ -1,102 +1,192 @@
 """Torch twin of `client_lib.protocol.policy_spec.PolicySpec`: the actor-critic the learner trains.
 
-Parameter and buffer names equal `PolicySpec.param_layout()` names, so `flat_weights()` /
-`load_flat()` round-trip with the numpy and ONNX forwards of the same spec.
+`ActorCritic(spec)` interprets the spec's op list (`spec.ops()`, see `netops`) with torch —
+the same description the numpy and ONNX forwards run — and `TorchActionDist` is the torch
+twin of `client_lib.protocol.distributions.ActionDist` over the same components.
+
+Parameters are registered under the layout names with "." replaced by ":" (torch forbids
+dots; ":" never occurs in a layout name, so the mapping `torch_names` is one-to-one). The
+normalisers' statistics are buffers (not trained); everything else is an nn.Parameter,
+registered in layout order. `flat_weights()` / `load_flat()` round-trip `param_layout()`.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
+from rlinkd.client_lib.protocol import netops as N
+from rlinkd.client_lib.protocol.distributions import Component
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 
 _LOG_2PI = math.log(2.0 * math.pi)
+Obs = Mapping[str, torch.Tensor] | torch.Tensor
+Env = dict[str, torch.Tensor]
+_Impl = Callable[[N.Op, Env, Mapping[str, torch.Tensor]], torch.Tensor]
 
 
-def _linears(sizes: tuple[int, ...]) -> nn.ModuleList:
-    """Linear layers sizes[0] -> sizes[1] -> ...; named `0`, `1`, ... inside the list."""
-    return nn.ModuleList(nn.Linear(n_in, n_out) for n_in, n_out in itertools.pairwise(sizes))
+def torch_name(layout_name: str) -> str:
+    """The registered torch name of a layout parameter."""
+    return layout_name.replace(".", ":")
+
+
+def _conv(op: N.Conv, env: Env, p: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return F.conv2d(env[op.x], p[op.weight], p[op.bias], stride=op.stride)
+
+
+def _one_hot(op: N.OneHot, env: Env, p: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    x = env[op.x]
+    cols = torch.as_tensor(op.columns, dtype=torch.long, device=x.device)
+    vals = torch.as_tensor(op.values, dtype=x.dtype, device=x.device)
+    return (x[:, cols] == vals).float()
+
+
+def _mask(op: N.Mask, env: Env, p: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    legal = env[op.mask][:, op.start:op.stop] != 0
+    return torch.where(legal, env[op.x], torch.full_like(env[op.x], N.MASKED_LOGIT))
+
+
+_IMPLS: dict[type, _Impl] = {
+    N.Cast: lambda op, env, p: env[op.x].float(),
+    N.Scale: lambda op, env, p: env[op.x] * op.factor,
+    N.Normalize: lambda op, env, p: (env[op.x] - p[op.mean]) / p[op.std],
+    N.OneHot: _one_hot,  # type: ignore[dict-item]
+    N.Flatten: lambda op, env, p: env[op.x].reshape(env[op.x].shape[0], -1),
+    N.ToNCHW: lambda op, env, p: env[op.x].permute(0, 3, 1, 2),
+    N.Conv: _conv,  # type: ignore[dict-item]
+    N.Linear: lambda op, env, p: F.linear(env[op.x], p[op.weight], p[op.bias]),
+    N.Act: lambda op, env, p: torch.tanh(env[op.x]) if op.kind == "tanh" else torch.relu(env[op.x]),
+    N.Concat: lambda op, env, p: torch.cat([env[x] for x in op.xs], dim=1),
+    N.Slice: lambda op, env, p: env[op.x][:, op.start:op.stop],
+    N.Tile: lambda op, env, p: p[op.param].expand(env[op.x].shape[0], -1),
+    N.Mask: _mask,  # type: ignore[dict-item]
+}
+"""One torch implementation per op (the numpy and ONNX ones are in client_lib)."""
+
+
+class TorchActionDist:
+    """log-prob and entropy of the product distribution, torch (autograd) side."""
+
+    def __init__(self, comps: tuple[Component, ...], action_size: int) -> None:
+        self.comps, self.action_size = comps, action_size
+
+    def log_prob_entropy(self, dist: torch.Tensor, actions: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log pi(a|s) [N], entropy [N]) from dist inputs [N, D], actions [N, A] (indices)."""
+        a = actions.reshape(dist.shape[0], self.action_size).to(dist.dtype)
+        logp = dist.new_zeros(dist.shape[0])
+        ent = dist.new_zeros(dist.shape[0])
+        for c in self.comps:
+            x = dist[:, c.dist:c.dist + c.width]
+            if c.kind == "categorical":
+                log_probs = torch.log_softmax(x, dim=1)
+                idx = a[:, c.action:c.action + 1].round().long()
+                logp = logp + log_probs.gather(1, idx)[:, 0]
+                ent = ent - (log_probs.exp() * log_probs).sum(dim=1)
+            elif c.kind == "bernoulli":
+                bits = a[:, c.action:c.action + c.width]
+                logp = logp + (bits * x - F.softplus(x)).sum(dim=1)
+                ent = ent + (F.softplus(x) - x * torch.sigmoid(x)).sum(dim=1)
+            else:
+                log_std = dist[:, c.dist + c.width:c.dist + 2 * c.width]
+                z = (a[:, c.action:c.action + c.width] - x) * torch.exp(-log_std)
+                logp = logp + (-0.5 * z.square() - log_std - 0.5 * _LOG_2PI).sum(dim=1)
+                ent = ent + (log_std + 0.5 * (1.0 + _LOG_2PI)).sum(dim=1)
+        return logp, ent
 
 
 class ActorCritic(nn.Module):
-    """MLP actor `pi` and critic `vf` behind a fixed observation normaliser.
-
-    The normaliser (`obs_mean`, `obs_std` buffers) is not trained; the learner copies
-    running statistics into it. Initial weights come from `spec.init_flat(init_seed)`.
-    """
-
-    obs_mean: torch.Tensor  # registered buffers, declared for the type checker
-    obs_std: torch.Tensor
+    """The spec's network in torch. Observations: leaf key -> tensor [N, *record_shape] in
+    the record dtype (a bare tensor for a root leaf; float leaves may come flattened).
+    Initial weights come from `spec.init_flat(init_seed)`; the normalisers' buffers are
+    the identity until the learner copies running statistics in."""
 
     def __init__(self, spec: PolicySpec, init_seed: int = 0) -> None:
         super().__init__()
         self.spec = spec
-        self.register_buffer("obs_mean", torch.zeros(spec.obs_size))
-        self.register_buffer("obs_std", torch.ones(spec.obs_size))
-        self.pi = _linears((spec.obs_size, *spec.hidden_sizes, spec.action_size))
-        if spec.is_box:
-            self.log_std = nn.Parameter(torch.zeros(spec.action_size))
-        self.vf = _linears((spec.obs_size, *spec.hidden_sizes, 1))
-        self._act = torch.tanh if spec.activation == "tanh" else torch.relu
+        self.torch_names = {p.name: torch_name(p.name) for p in spec.net.params}
+        for p in spec.net.params:
+            zeros = torch.zeros(p.shape)
+            if p.trainable:
+                self.register_parameter(self.torch_names[p.name], nn.Parameter(zeros))
+            else:
+                self.register_buffer(self.torch_names[p.name], zeros)
+        self._plans = {outs: spec.net.needed(outs)
+                       for outs in ((N.DIST,), (N.VALUE,), (N.DIST, N.VALUE))}
+        self.dist = TorchActionDist(spec.action_components, spec.action_size)
         self.load_flat(spec.init_flat(np.random.default_rng(init_seed)))
 
-    def _mlp(self, layers: nn.ModuleList, obs: torch.Tensor) -> torch.Tensor:
-        x = (obs.reshape(-1, self.spec.obs_size) - self.obs_mean) / self.obs_std  # [N, obs]
-        for layer in layers[:-1]:
-            x = self._act(layer(x))
-        return layers[-1](x)
+    def _layout_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {**dict(self.named_parameters()), **dict(self.named_buffers())}
+        return {name: tensors[tn] for name, tn in self.torch_names.items()}
 
-    def dist_inputs(self, obs: torch.Tensor) -> torch.Tensor:
-        """[N, dist_size]: logits, or concat(mean, log_std) for box actions."""
-        out = self._mlp(self.pi, obs)  # [N, A]
-        if self.spec.is_box:
-            out = torch.cat([out, self.log_std.expand_as(out)], dim=1)
-        return out
+    def run(self, obs: Obs, outputs: tuple[str, ...]) -> list[torch.Tensor]:
+        """The op list for `outputs` ((DIST,), (VALUE,) or (DIST, VALUE)); KeyError on a
+        missing observation leaf."""
+        if not isinstance(obs, Mapping):
+            obs = {"": obs}
+        params, env = self._layout_tensors(), {}
+        for op in self._plans[outputs]:
+            if isinstance(op, N.Input):
+                x = obs[op.key]
+                env[op.out] = (x.reshape(x.shape[0], *op.shape)
+                               if x.dim() != 1 + len(op.shape) else x)
+            else:
+                env[op.out] = _IMPLS[type(op)](op, env, params)  # type: ignore[attr-defined]
+        return [env[name] for name in outputs]
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
+    def dist_inputs(self, obs: Obs) -> torch.Tensor:
+        """[N, dist_size] in the `action_dist_inputs` layout."""
+        return self.run(obs, (N.DIST,))[0]
+
+    def value(self, obs: Obs) -> torch.Tensor:
         """State values [N]."""
-        return self._mlp(self.vf, obs)[:, 0]
+        return self.run(obs, (N.VALUE,))[0][:, 0]
 
-    def log_prob_entropy(self, obs: torch.Tensor, actions: torch.Tensor
+    def log_prob_entropy(self, obs: Obs, actions: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log pi(a|s) [N], entropy [N]); discrete actions int64 [N], box float [N, A]."""
-        out = self._mlp(self.pi, obs)
-        if self.spec.is_box:
-            log_std = self.log_std.expand_as(out)  # [N, A]
-            z = (actions.reshape(out.shape) - out) * torch.exp(-log_std)
-            logp = (-0.5 * z.square() - log_std - 0.5 * _LOG_2PI).sum(dim=1)
-            return logp, (log_std + 0.5 * (1.0 + _LOG_2PI)).sum(dim=1)
-        log_probs = torch.log_softmax(out, dim=1)  # [N, n]
-        logp = log_probs.gather(1, actions.reshape(-1, 1).long())[:, 0]
-        return logp, -(log_probs.exp() * log_probs).sum(dim=1)
+        """(log pi(a|s) [N], entropy [N]); actions [N, action_size] indices/floats."""
+        return self.dist.log_prob_entropy(self.dist_inputs(obs), actions)
 
-    def _named_tensors(self) -> dict[str, torch.Tensor]:
-        return {**dict(self.named_parameters()), **dict(self.named_buffers())}
+    def evaluate(self, obs: Obs, actions: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log-prob [N], entropy [N], value [N]) in one pass (shared encoders run once)."""
+        dist, value = self.run(obs, (N.DIST, N.VALUE))
+        logp, ent = self.dist.log_prob_entropy(dist, actions)
+        return logp, ent, value[:, 0]
 
     @torch.no_grad()
     def flat_weights(self) -> np.ndarray:
         """All weights as one float32 vector in `spec.param_layout()` order (a copy)."""
-        tensors = self._named_tensors()
+        tensors = self._layout_tensors()
         flat = torch.cat([tensors[name].reshape(-1) for name, _ in self.spec.param_layout()])
         return flat.to(device="cpu", dtype=torch.float32).numpy().copy()
 
     @torch.no_grad()
     def load_flat(self, flat: np.ndarray) -> None:
         """Overwrite every weight from a layout-ordered vector; ValueError on a wrong size."""
-        tensors = self._named_tensors()
+        tensors = self._layout_tensors()
         for name, value in self.spec.split_flat(np.asarray(flat, np.float32)).items():
             tensors[name].copy_(torch.from_numpy(np.ascontiguousarray(value)))
 
     @torch.no_grad()
+    def set_normalizer(self, key: str, mean: np.ndarray, std: np.ndarray) -> None:
+        """Copy running statistics of observation leaf `key` into its normaliser buffers
+        (shapes as `spec.normalizers()` says); KeyError for a leaf without a normaliser."""
+        entry = {n.key: n for n in self.spec.normalizers()}[key]
+        tensors = self._layout_tensors()
+        for name, value in ((entry.mean, mean), (entry.std, std)):
+            target = tensors[name]
+            target.copy_(torch.as_tensor(value, dtype=torch.float32).reshape(target.shape))
+
     def set_obs_normalization(self, mean: np.ndarray, std: np.ndarray) -> None:
-        """Copy normaliser statistics [obs_size] into the buffers."""
-        self.obs_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
-        self.obs_std.copy_(torch.as_tensor(std, dtype=torch.float32))
+        """`set_normalizer` for a root observation leaf (the MLP-era spelling)."""
+        self.set_normalizer("", mean, std)
 
 
 class ObsNormalizer:
