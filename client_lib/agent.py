@@ -21,16 +21,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rlinkd.client_lib.links import TcpLink
-from rlinkd.client_lib.policy import ActionChooser, observation_features
-from rlinkd.client_lib.protocol.codec import EpisodeFragment
-from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.client_lib.policy import ActionChooser
+from rlinkd.client_lib.protocol.columns import to_columns
+from rlinkd.client_lib.protocol.fragments import Fragment
+from rlinkd.client_lib.protocol.spaces import Space, space_from_gym
 from rlinkd.client_lib.shm_client import open_local_link
 from rlinkd.client_lib.transport import parse_address
 
 
 @dataclass
 class FragmentBuffer:
-    """Steps of the episode in progress since the last send."""
+    """Steps of the episode in progress since the last send: observation columns of one
+    row each, float32 action vectors, rewards, log-probs and dist inputs."""
 
     obs: list = field(default_factory=list)
     actions: list = field(default_factory=list)
@@ -38,9 +40,10 @@ class FragmentBuffer:
     logp: list = field(default_factory=list)
     dist: list = field(default_factory=list)
 
-    def to_fragment(self, terminated: bool, truncated: bool) -> EpisodeFragment:
-        return EpisodeFragment(
-            obs=np.stack(self.obs), actions=np.stack(self.actions),
+    def to_fragment(self, terminated: bool, truncated: bool) -> Fragment:
+        obs = {key: np.concatenate([o[key] for o in self.obs]) for key in self.obs[0]}
+        return Fragment(
+            obs=obs, actions=np.stack(self.actions).astype(np.float32),
             rewards=np.asarray(self.rewards, np.float64), is_terminated=terminated,
             is_truncated=truncated, action_logp=np.asarray(self.logp, np.float32),
             action_dist_inputs=np.stack(self.dist).astype(np.float32))
@@ -49,8 +52,8 @@ class FragmentBuffer:
 class Agent:
     """One simulated agent talking to rlinkd (or any RLlink server)."""
 
-    def __init__(self, link, observation_space: SpaceSpec | None = None,
-                 action_space: SpaceSpec | None = None, explore: bool = True,
+    def __init__(self, link, observation_space: Space | None = None,
+                 action_space: Space | None = None, explore: bool = True,
                  seed: int | None = None) -> None:
         self.link = link
         cfg, self.policy = link.open()
@@ -59,14 +62,15 @@ class Agent:
         if obs_space is None or act_space is None:
             raise ValueError("the server did not declare its spaces: pass observation_space "
                              "and action_space")
-        self.obs_space: SpaceSpec = obs_space
-        self.act_space: SpaceSpec = act_space
+        self.obs_space: Space = obs_space
+        self.act_space: Space = act_space
+        link.use_spaces(obs_space, act_space)
         self.env_steps_per_sample = cfg.env_steps_per_sample
         self.force_on_policy = cfg.force_on_policy
         self.explore = explore
         self.chooser = ActionChooser(self.act_space, seed)
         self.buffer = FragmentBuffer()
-        self.done_fragments: list[EpisodeFragment] = []
+        self.done_fragments: list[Fragment] = []
         self.pending: tuple | None = None
         self.steps_since_send = 0
         self.steps_synced = 0  # steps in samples the server acknowledged (reply received)
@@ -76,12 +80,15 @@ class Agent:
         return self.policy.weights_seq_no
 
     def act(self, obs, explore: bool | None = None):
-        """Choose an action for ``obs`` with the local policy (no network round trip)."""
-        x = observation_features(obs, self.obs_space)
+        """Choose an action for ``obs`` (its native form: an array, a dict of arrays for a
+        Dict space, a tuple for a Tuple space) with the local policy, no network round trip.
+        Returns the action in its native form. ``spaces.InvalidValue`` if ``obs`` does not
+        fit the observation space."""
+        x = to_columns([obs], self.obs_space, 1, "obs")
         dist = self.policy.dist_inputs(x)
         action, logp = self.chooser.choose(dist, self.explore if explore is None else explore)
         if not self.buffer.obs:
-            self.buffer.obs.append(np.asarray(obs))
+            self.buffer.obs.append(x)
         self.pending = (action, logp, dist[0])
         return self.chooser.to_env(action)
 
@@ -96,7 +103,7 @@ class Agent:
         b.logp.append(logp)
         b.dist.append(dist)
         b.rewards.append(float(reward))
-        b.obs.append(np.asarray(next_obs))
+        b.obs.append(to_columns([next_obs], self.obs_space, 1, "next_obs"))
         self.steps_since_send += 1
         if terminated or truncated:
             self.done_fragments.append(b.to_fragment(bool(terminated), bool(truncated)))
@@ -115,7 +122,7 @@ class Agent:
         self.steps_synced += sum(f.num_steps for f in fragments)
         self.steps_since_send = 0
 
-    def _take_fragments(self) -> list[EpisodeFragment]:
+    def _take_fragments(self) -> list[Fragment]:
         fragments, self.done_fragments = self.done_fragments, []
         if self.buffer.actions:  # cut mid-episode: continue it in the next message
             fragments.append(self.buffer.to_fragment(False, False))
@@ -151,7 +158,7 @@ def connect(address: str = "tcp://127.0.0.1:5555", *, token: str | None = None,
     return Agent(link, obs, act, explore=explore, seed=seed)
 
 
-def _as_spec(space) -> SpaceSpec | None:
-    if space is None or isinstance(space, SpaceSpec):
+def _as_spec(space) -> Space | None:
+    if space is None or isinstance(space, Space):
         return space
-    return SpaceSpec.from_gym(space)
+    return space_from_gym(space)

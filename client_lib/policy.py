@@ -15,8 +15,14 @@ import hashlib
 import numpy as np
 
 from rlinkd.client_lib.protocol import codec
-from rlinkd.client_lib.protocol.policy_spec import PolicySpec
-from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.client_lib.protocol.columns import Columns, action_columns, native
+from rlinkd.client_lib.protocol.distributions import ActionDist, components
+from rlinkd.client_lib.protocol.netnumpy import NumpyNet
+from rlinkd.client_lib.protocol.netonnx import OnnxWeightWriter
+from rlinkd.client_lib.protocol import netops
+from rlinkd.client_lib.protocol.netops import DIST
+from rlinkd.client_lib.protocol.policy_spec import ONNX_OUTPUT_NAME, PolicySpec
+from rlinkd.client_lib.protocol.spaces import Space
 
 ONNX_INPUT = "onnx::Gemm_0"
 
@@ -29,92 +35,83 @@ def decode_onnx(msg: codec.SetState) -> bytes:
     return data
 
 
-def observation_features(obs, space: SpaceSpec) -> np.ndarray:
-    """One observation → the model input [1, *shape] float32 (Discrete: one-hot)."""
-    if space.is_discrete:
-        x = np.zeros((1, space.n), np.float32)
-        x[0, int(obs)] = 1.0
-        return x
-    return np.asarray(obs, np.float32).reshape(1, *space.shape)
+def onnx_input_key(name: str) -> str:
+    """The observation leaf an ONNX input feeds: "onnx::Gemm_0" (a flat Box, as RLlib
+    exports it) and "obs" are the root leaf, "obs.<key>" is leaf <key> (see README,
+    "Networks and ONNX")."""
+    if name in (ONNX_INPUT, "obs"):
+        return ""
+    if name.startswith("obs."):
+        return name[4:]
+    raise ValueError(f"ONNX input {name!r} is not an observation leaf")
+
+
+def has_conv(spec: PolicySpec) -> bool:
+    """Whether the network has convolutions (then it runs in onnxruntime, not numpy)."""
+    return any(isinstance(op, netops.Conv) for op in spec.ops())
+
+
+def _session(model: bytes):
+    """A single-threaded CPU onnxruntime session (a simulator runs many of these)."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 class OnnxPolicy:
     """An onnxruntime session on one weights version."""
 
     def __init__(self, msg: codec.SetState) -> None:
-        import onnxruntime as ort
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(decode_onnx(msg), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = _session(decode_onnx(msg))
         self.output = self.session.get_outputs()[0].name
+        self.inputs = {i.name: onnx_input_key(i.name) for i in self.session.get_inputs()}
         self.weights_seq_no = msg.weights_seq_no
 
-    def dist_inputs(self, x: np.ndarray) -> np.ndarray:
-        return self.session.run([self.output], {ONNX_INPUT: x})[0]
+    def dist_inputs(self, obs: Columns) -> np.ndarray:
+        """[N, dist_size] for observation columns (leaf key -> [N, ...], record dtypes)."""
+        feed = {name: obs[key] for name, key in self.inputs.items()}
+        return self.session.run([self.output], feed)[0]
 
 
 class BoardPolicy:
-    """The actor's numpy forward pass on flat board weights (shared-memory clients).
-
-    Layers are extracted once per weights version (transposed, contiguous), so one
-    step costs a few small matmuls (~15 µs for 64x64), not a re-split of the vector.
-    Matches ``PolicySpec.actor_forward`` exactly.
-    """
+    """The actor on flat board weights (shared-memory clients): the spec's numpy forward,
+    compiled once per weights version (~15 us a step for a 64x64 MLP). Networks with
+    convolutions run in onnxruntime instead (a numpy im2col convolution costs
+    milliseconds per step: see README, "Networks and ONNX")."""
 
     def __init__(self, spec: PolicySpec, flat: np.ndarray, weights_seq_no: int) -> None:
         self.spec, self.flat, self.weights_seq_no = spec, flat, weights_seq_no
-        p = spec.split_flat(flat)
-        self.mean, self.inv_std = p["obs_mean"].copy(), (1.0 / p["obs_std"]).astype(np.float32)
-        n = len(spec.hidden_sizes) + 1
-        self.layers = [(np.ascontiguousarray(p[f"pi.{i}.weight"].T), p[f"pi.{i}.bias"].copy())
-                       for i in range(n)]
-        self.log_std = p["log_std"].copy() if spec.is_box else None
-        self.act = np.tanh if spec.activation == "tanh" else (lambda v: np.maximum(v, 0.0))
+        self.conv = has_conv(spec)
+        if self.conv:
+            self._onnx = _session(OnnxWeightWriter(spec).encode(flat))
+            self._names = {i.name: onnx_input_key(i.name) for i in self._onnx.get_inputs()}
+        else:
+            self._net = NumpyNet(spec, flat, (DIST,))
 
-    def dist_inputs(self, x: np.ndarray) -> np.ndarray:
-        h = (x.reshape(len(x), -1) - self.mean) * self.inv_std  # [N, obs_size]
-        for i, (w, b) in enumerate(self.layers):
-            h = h @ w + b
-            if i < len(self.layers) - 1:
-                h = self.act(h)
-        if self.log_std is not None:
-            h = np.concatenate([h, np.broadcast_to(self.log_std, h.shape)], axis=1)
-        return h.astype(np.float32, copy=False)
+    def dist_inputs(self, obs: Columns) -> np.ndarray:
+        if self.conv:
+            feed = {name: obs[key] for name, key in self._names.items()}
+            return self._onnx.run([ONNX_OUTPUT_NAME], feed)[0]
+        return self._net.run(obs)[DIST]
 
 
 class ActionChooser:
-    """Sampling/greedy action selection for one action space."""
+    """Sampling/greedy action selection over the product distribution of an action space.
+    Actions are float32 index vectors [action_size] (``columns.action_columns`` turns them
+    into native values)."""
 
-    def __init__(self, act_space: SpaceSpec, seed: int | None = None) -> None:
+    def __init__(self, act_space: Space, seed: int | None = None) -> None:
         self.space = act_space
         self.rng = np.random.default_rng(seed)
-        discrete = act_space.is_discrete
-        self.spec = PolicySpec(
-            obs_size=1, obs_shape=(1,), action_kind="discrete" if discrete else "box",
-            action_size=act_space.n if discrete else act_space.flat_size,
-            action_low=None if discrete else act_space.low,
-            action_high=None if discrete else act_space.high)
+        self.dist = ActionDist(components(act_space))
 
-    def choose(self, dist: np.ndarray, explore: bool) -> tuple[np.ndarray | np.integer, float]:
-        """(action [A] or scalar int array, log-prob) from dist inputs [1, D]."""
-        if self.space.is_discrete and explore:
-            return self._sample_discrete(dist[0])
-        actions = (self.spec.sample_actions(dist, self.rng) if explore
-                   else self.spec.greedy_actions(dist))
-        return actions[0], float(self.spec.log_prob(dist, actions)[0])
+    def choose(self, dist: np.ndarray, explore: bool) -> tuple[np.ndarray, float]:
+        """(action vector [A] float32, its log-prob) from dist inputs [1, D]."""
+        actions = self.dist.sample(dist, self.rng) if explore else self.dist.greedy(dist)
+        return actions[0], float(self.dist.log_prob(dist, actions)[0])
 
-    def _sample_discrete(self, logits: np.ndarray) -> tuple[np.integer, float]:
-        z = logits - logits.max()
-        p = np.exp(z)
-        p /= p.sum()
-        a = int(np.searchsorted(np.cumsum(p), self.rng.random() * p.sum(), side="right"))
-        a = min(a, len(p) - 1)
-        return np.int64(a), float(z[a] - np.log(np.exp(z).sum()))
-
-    def to_env(self, action: np.ndarray | np.integer):
+    def to_env(self, action: np.ndarray):
         """The action in the form a gymnasium env expects."""
-        if self.space.is_discrete:
-            return int(action)
-        return np.asarray(action, np.float32).reshape(self.space.shape)
+        return native(action_columns(action[None], self.space), self.space, 0)

@@ -165,14 +165,14 @@ def _flat_weights(ckpt: store.Checkpoint, spec: PolicySpec) -> tuple[np.ndarray,
     except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{ckpt.path / 'learner.pt'}: unreadable learner state "
                               f"({type(exc).__name__}: {exc})") from None
-    parts = []
-    for name, shape in spec.param_layout():
-        tensor = model.get(name) if isinstance(model, dict) else None
-        if tensor is None or tuple(tensor.shape) != shape:
-            raise CheckpointError(f"{ckpt.path / 'learner.pt'}: model tensor {name} does not "
-                                  f"match the policy spec (expected shape {shape})")
-        parts.append(tensor.detach().to(torch.float32).reshape(-1).numpy())
-    return np.concatenate(parts).astype(np.float32, copy=False), seq_no
+    from rlinkd.daemon.learner.model import ActorCritic
+    net = ActorCritic(spec)
+    try:
+        net.load_state_dict(model)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{ckpt.path / 'learner.pt'}: the model does not match the policy "
+                              f"spec ({str(exc)[:200]})") from None
+    return net.flat_weights(), seq_no
 
 
 # ---------------------------------------------------------------- writing

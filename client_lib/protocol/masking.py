@@ -40,7 +40,7 @@ def mask_spec(obs_space: Space, act_space: Space, key: str) -> MaskSpec | None:
     such MultiBinary key or its size is not the number of categorical logits."""
     if not key:
         return None
-    if not isinstance(obs_space, Dict) or key not in obs_space.keys():
+    if not isinstance(obs_space, Dict) or key not in obs_space:
         raise SpaceError(f"action_mask_key {key!r}: the observation space must be a Dict "
                          f"with that key")
     leaf = obs_space[key]

@@ -28,7 +28,7 @@ def _const(consts: list, name: str, value: np.ndarray) -> str:
     return name
 
 
-def _nodes(op: N.Op, consts: list) -> list:  # noqa: C901 - one case per op
+def _nodes(op: N.Op, consts: list) -> list:
     """The ONNX nodes computing `op` (constants appended to `consts`)."""
     from onnx import TensorProto
     from onnx.helper import make_node as node

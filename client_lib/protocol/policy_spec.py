@@ -48,8 +48,17 @@ from rlinkd.client_lib.protocol.spaces import Leaf, Space, space_from_json
 
 ONNX_INPUT_NAME = netops.ROOT_FLOAT_INPUT  # the input name RLlib's ONNX clients feed
 ONNX_OUTPUT_NAME = DIST
-__all__ = ["ONNX_INPUT_NAME", "ONNX_OUTPUT_NAME", "ONNX_OPSET", "ONNX_IR_VERSION", "PolicySpec",
-           "NormalizedLeaf", "OnnxWeightWriter", "build_onnx_model", "NumpyNet"]
+__all__ = [
+    "ONNX_INPUT_NAME",
+    "ONNX_IR_VERSION",
+    "ONNX_OPSET",
+    "ONNX_OUTPUT_NAME",
+    "NormalizedLeaf",
+    "NumpyNet",
+    "OnnxWeightWriter",
+    "PolicySpec",
+    "build_onnx_model",
+]
 _TUPLE_FIELDS = ("hidden_sizes", "cnn_channels", "cnn_kernels", "cnn_strides",
                  "encoder_hidden_sizes")
 

@@ -527,6 +527,9 @@ class Dict(Space):
     def __getitem__(self, key: str) -> Space:
         return dict(self.spaces)[key]
 
+    def __contains__(self, key: object) -> bool:
+        return any(k == key for k, _ in self.spaces)
+
     def keys(self) -> tuple[str, ...]:
         return tuple(k for k, _ in self.spaces)
 

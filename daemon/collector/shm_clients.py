@@ -198,12 +198,8 @@ def validate_records(rec: np.ndarray, spaces: Spaces) -> None:
     Contract for producers: every float field of every record is finite (fields that do
     not apply are written as zeros); the action of a FINAL_OBS record is not checked.
     Vectorised: a few numpy passes per leaf, because this runs for every record a
-    shared-memory client writes. Raises InvalidEpisode naming the first problem.
-
-    Scope: flat layouts (``StepLayout.flat``: one float32 obs field, records that are
-    float32 from byte 24 on), which is what the daemon builds from a ``SpaceSpec``.
-    Layouts with other obs dtypes (uint8 images, integer leaves) are validated per field
-    by the space module, which knows each leaf's bounds.
+    shared-memory client writes. Raises InvalidEpisode naming the first problem. The
+    leaf checks are the spaces' own (the same ones TCP episodes pass).
     """
     flags = rec["flags"]
     if np.any(flags & np.uint8(0xFF ^ CLIENT_FLAGS)):

@@ -17,13 +17,14 @@ import numpy as np
 import torch
 
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
-from rlinkd.daemon.batch_schema import COLUMN_NAMES, PER_ROW_COLUMNS
+from rlinkd.client_lib.protocol.columns import check_action_vector
+from rlinkd.daemon.batch_schema import COLUMN_NAMES, OBS, PER_ROW_COLUMNS
 from rlinkd.daemon.config import PPOConfig
 from rlinkd.daemon.learner.adam import Adam
 from rlinkd.daemon.learner.model import ActorCritic, ObsNormalizer
 from rlinkd.daemon.learner.ppo import ppo_loss
 
-STATE_FORMAT_VERSION = 1
+STATE_FORMAT_VERSION = 2  # 2: per-leaf normalisers, networks described by spaces
 _STAT_KEYS = ("loss", "pg_loss", "vf_loss", "entropy", "approx_kl", "clip_frac")
 
 
@@ -83,7 +84,8 @@ class Learner:
         self.device = resolve_device(device)
         self.model = ActorCritic(spec, init_seed=seed).to(self.device)
         self.optimizer = _make_adam(self.model, hp.lr)
-        self.normalizer = ObsNormalizer(spec.obs_size) if hp.normalize_observations else None
+        self.normalizers = ({n.key: ObsNormalizer(math.prod(n.shape)) for n in spec.normalizers()}
+                            if hp.normalize_observations else {})
         self.updates = 0
         self.trained_steps = 0
         self._rng = np.random.default_rng((seed, 1))  # minibatch shuffling
@@ -96,7 +98,7 @@ class Learner:
         train batch; `on_step()` after every minibatch step (the process heart-beats from it,
         so an update is never silent for longer than one minibatch step).
 
-        `batch` holds numpy arrays (see ``batch_schema.COLUMNS``): obs [N, obs_size], actions
+        `batch` holds numpy arrays (see ``batch_schema.COLUMNS``): obs (leaf key -> [N, ...]), actions
         [N] or [N, A], logp, advantages (already normalised), value_targets, values, each [N].
         Stops after the epoch whose mean approx_kl exceeds hp.target_kl (0 = never);
         at least one epoch always runs. Raises ValueError on missing keys, wrong shapes or
@@ -105,12 +107,12 @@ class Learner:
         start = time.perf_counter()
         data = self._to_tensors(batch)
         backup = self.model.flat_weights()
-        n_rows = data["obs"].shape[0]
+        n_rows = data["actions"].shape[0]
         per_step, grad_norms, epochs = self._epochs(data, n_rows, on_step)
         if not np.all(np.isfinite(self.model.flat_weights())):
             self._restore(backup)
             raise ValueError("the update produced non-finite weights; batch rejected")
-        self._fold_into_normalizer(batch["obs"])
+        self._fold_into_normalizers(batch[OBS])
         self.updates += 1
         self.trained_steps += n_rows
         stats = {k: float(np.mean([info[k] for info in per_step])) for k in _STAT_KEYS}
@@ -155,11 +157,11 @@ class Learner:
         perm = torch.from_numpy(self._rng.permutation(n_rows)).to(self.device)
         return list(torch.tensor_split(perm, math.ceil(n_rows / self.hp.minibatch_size)))
 
-    def _sgd_step(self, data: dict[str, torch.Tensor], idx: torch.Tensor,
+    def _sgd_step(self, data: dict[str, Any], idx: torch.Tensor,
                   grad_norms: list[torch.Tensor]) -> dict[str, float]:
-        mb = {k: v[idx] for k, v in data.items()}
-        new_logp, entropy = self.model.log_prob_entropy(mb["obs"], mb["actions"])  # [B], [B]
-        new_values = self.model.value(mb["obs"])                                  # [B]
+        mb = {k: v[idx] for k, v in data.items() if k != OBS}
+        obs = {k: v[idx] for k, v in data[OBS].items()}
+        new_logp, entropy, new_values = self.model.evaluate(obs, mb["actions"])  # [B] each
         hp = self.hp
         loss, info = ppo_loss(new_logp, mb["logp"], mb["advantages"], new_values,
                               mb["value_targets"], entropy, clip_coef=hp.clip_coef,
@@ -174,38 +176,58 @@ class Learner:
         self.optimizer.step()
         return info
 
-    def _to_tensors(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """Validate and move the whole batch to the device once."""
+    def _to_tensors(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Validate and move the whole batch to the device once (observation leaves in
+        their record dtypes: a uint8 image crosses to the GPU as uint8)."""
         missing = [k for k in COLUMN_NAMES if k not in batch]
         if missing:
             raise ValueError(f"batch is missing {missing}")
-        obs = np.asarray(batch["obs"], np.float32)
-        n = obs.shape[0] if obs.ndim else 0
-        if n == 0 or obs.size != n * self.spec.obs_size:
-            raise ValueError(f"obs has shape {obs.shape}, expected [N>0, {self.spec.obs_size}]")
-        arrays = {"obs": obs.reshape(n, self.spec.obs_size), "actions": self._actions(batch, n)}
+        obs = self._observations(batch[OBS])
+        n = len(next(iter(obs.values())))
+        arrays = {"actions": self._actions(batch, n)}
         for key in PER_ROW_COLUMNS:
             arrays[key] = np.asarray(batch[key], np.float32)
             if arrays[key].shape != (n,):
                 raise ValueError(f"{key} has shape {arrays[key].shape}, expected ({n},)")
-        for key, array in arrays.items():
-            if array.dtype.kind == "f" and not np.isfinite(array).all():
+            if not np.isfinite(arrays[key]).all():
                 raise ValueError(f"batch[{key!r}] contains NaN or inf")
-        return {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device)
-                for k, v in arrays.items()}
+        tensors: dict[str, Any] = {k: self._tensor(v) for k, v in arrays.items()}
+        tensors[OBS] = {k: self._tensor(v) for k, v in obs.items()}
+        return tensors
 
-    def _actions(self, batch: dict[str, np.ndarray], n: int) -> np.ndarray:
-        actions = np.asarray(batch["actions"])
-        shape: tuple[int, ...]
-        if self.spec.is_box:
-            shape, actions = (n, self.spec.action_size), actions.astype(np.float32)
-        else:
-            shape, actions = (n,), np.rint(actions).astype(np.int64)
-        if actions.size != math.prod(shape):
-            raise ValueError(f"actions have shape {actions.shape}, expected {shape}")
-        actions = actions.reshape(shape)
-        if not self.spec.is_box and ((actions < 0) | (actions >= self.spec.action_size)).any():
-            raise ValueError(f"discrete actions outside [0, {self.spec.action_size})")
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
+    def _observations(self, obs: Any) -> dict[str, np.ndarray]:
+        """Every observation leaf [N>0, *record_shape] in its record dtype, rows agreeing,
+        values inside the space (the connector and collector validated them: a failure
+        here is a bug upstream, refused rather than trained on)."""
+        if not isinstance(obs, dict):
+            raise ValueError("batch['obs'] must map leaf keys to arrays")
+        out, rows = {}, set()
+        for leaf in self.spec.obs_space.leaves():
+            values = np.asarray(obs.get(leaf.key, np.empty(0)))
+            error = (values.ndim == 0 or values.shape[1:] != leaf.space.record_shape
+                     or values.dtype != leaf.space.record_dtype)
+            if error or leaf.space.check(values, leaf.display("obs")):
+                raise ValueError(f"{leaf.display('batch obs')}: {values.dtype} "
+                                 f"{list(values.shape)} does not fit the observation space")
+            out[leaf.key] = values
+            rows.add(len(values))
+        if len(rows) != 1 or 0 in rows:
+            raise ValueError(f"observation leaves have row counts {sorted(rows)}, expected one N > 0")
+        return out
+
+    def _actions(self, batch: dict[str, Any], n: int) -> np.ndarray:
+        """float32 [N, action_size] action vectors, each leaf's part valid."""
+        space = self.spec.act_space
+        actions = np.asarray(batch["actions"], np.float32)
+        if actions.size != n * space.action_size:
+            raise ValueError(f"actions have shape {actions.shape}, expected ({n}, {space.action_size})")
+        actions = actions.reshape(n, space.action_size)
+        error = check_action_vector(actions, space, "batch actions")
+        if error:
+            raise ValueError(error)
         return actions
 
     # ----------------------------------------------------------------- weights and knobs
@@ -233,19 +255,18 @@ class Learner:
         for group in self.optimizer.param_groups:
             group["lr"] = float(self.hp.lr)
 
-    def _fold_into_normalizer(self, obs: np.ndarray) -> None:
-        """Fold obs [N, obs_size] into the running statistics and copy them into the model
-        (no-op when normalize_observations is off). Called by `update`, AFTER its SGD steps:
-        the batch's logp and values were computed with the published weights, whose
-        normaliser buffers are part of them; training under those same buffers makes the
-        PPO ratio exactly 1 at the first minibatch and clips the value loss around the
-        baseline the values really came from. Moving the normaliser first would make every
-        batch look off-policy by the normaliser's shift. The new statistics then ship with
-        the weights published after this update, so the next batch is consistent again."""
-        if self.normalizer is None:
-            return
-        self.normalizer.update(obs)
-        self.model.set_obs_normalization(self.normalizer.mean, self.normalizer.std)
+    def _fold_into_normalizers(self, obs: dict[str, np.ndarray]) -> None:
+        """Fold each normalised leaf's values [N, ...] into its running statistics and copy
+        them into the model (no-op when normalize_observations is off). Called by `update`,
+        AFTER its SGD steps: the batch's logp and values were computed with the published
+        weights, whose normaliser buffers are part of them; training under those same
+        buffers makes the PPO ratio exactly 1 at the first minibatch and clips the value loss
+        around the baseline the values really came from. Moving the normaliser first would
+        make every batch look off-policy by the normaliser's shift. The new statistics then
+        ship with the weights published after this update, so the next batch is consistent."""
+        for key, normalizer in self.normalizers.items():
+            normalizer.update(np.asarray(obs[key], np.float64).reshape(len(obs[key]), -1))
+            self.model.set_normalizer(key, normalizer.mean, normalizer.std)
 
     # ----------------------------------------------------------------- checkpointing
     def state_dict(self) -> dict:
@@ -255,7 +276,7 @@ class Learner:
             "format_version": STATE_FORMAT_VERSION,
             "model": _cpu_clone(self.model.state_dict()),
             "optimizer": _cpu_clone(self.optimizer.state_dict()),
-            "normalizer": self.normalizer.state_dict() if self.normalizer else None,
+            "normalizers": {k: n.state_dict() for k, n in self.normalizers.items()},
             "ent_coef": self.hp.ent_coef,  # informational: `load_state_dict` keeps its own
             "updates": self.updates,
             "trained_steps": self.trained_steps,
@@ -274,8 +295,9 @@ class Learner:
         self.model.load_state_dict(d["model"])
         self.optimizer.load_state_dict(d["optimizer"])
         self._apply_lr()
-        if self.normalizer is not None and d["normalizer"] is not None:
-            self.normalizer.load_state_dict(d["normalizer"])
+        for key, state in d["normalizers"].items():
+            if key in self.normalizers:
+                self.normalizers[key].load_state_dict(state)
         self.updates, self.trained_steps = int(d["updates"]), int(d["trained_steps"])
         self._set_rng_state(d["rng"])
         return {"lr": float(d["optimizer"]["param_groups"][0]["lr"]),
