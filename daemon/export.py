@@ -124,12 +124,15 @@ def find_checkpoint(state_dir: Path, checkpoint: str | os.PathLike | None = None
 
 def load_policy(ckpt: store.Checkpoint) -> LoadedPolicy:
     """Spaces, spec and weights of a verified checkpoint; CheckpointError if unreadable."""
-    obs, act, spec = _description(ckpt)
+    obs, act, spec = describe_checkpoint(ckpt)
     flat, seq_no = _flat_weights(ckpt, spec)
     return LoadedPolicy(obs, act, spec, flat, seq_no, ckpt)
 
 
-def _description(ckpt: store.Checkpoint) -> tuple[Space, Space, PolicySpec]:
+def describe_checkpoint(ckpt: store.Checkpoint) -> tuple[Space, Space, PolicySpec]:
+    """The spaces and network a checkpoint was trained for (its ``policy.json``; derived
+    from its ``config.toml`` for checkpoints older than that file). CheckpointError if
+    neither describes it."""
     if POLICY_FILE in ckpt.manifest.get("files", {}):
         raw = store.read_checkpoint_file(ckpt.path, POLICY_FILE)
         try:

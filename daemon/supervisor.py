@@ -41,7 +41,9 @@ from rlinkd.daemon.checkpoint import store
 from rlinkd.daemon.children import Child
 from rlinkd.daemon.config import (Config, ConfigError, apply_changes, load_config,
                                   reloadable_changes, reloadable_values)
-from rlinkd.daemon.errors import ExitCode
+from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.daemon.errors import CheckpointError, ExitCode
+from rlinkd.daemon.export import describe_checkpoint
 from rlinkd.daemon.metrics import TensorBoardMetrics
 from rlinkd.daemon.roles import child_main
 from rlinkd.daemon.roster import ROLES, START_ORDER
@@ -54,6 +56,22 @@ HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
 LOOP_WAIT_S = 0.25
 SYSTEMD_STATUS_EVERY_S = 2.0
 INTERRUPTED = core.INTERRUPTED
+
+
+def check_resume_matches(resume: store.Checkpoint, spec: PolicySpec) -> None:
+    """ConfigError (exit 78) when the checkpoint to resume was trained for other spaces or
+    another network than the config describes: never load it silently into a network it
+    does not fit. ``--fresh`` starts without it."""
+    try:
+        _, _, saved = describe_checkpoint(resume)
+    except CheckpointError as exc:
+        raise ConfigError(f"cannot resume from {resume.path}: {exc} (start with --fresh to "
+                          f"ignore checkpoints)") from None
+    if saved.to_json() != spec.to_json():
+        changed = sorted(k for k, v in spec.to_json().items() if saved.to_json().get(k) != v)
+        raise ConfigError(f"checkpoint {resume.path} was trained for different spaces or "
+                          f"network ({', '.join(changed)} differ from this config): restore the "
+                          f"config, or start with --fresh to ignore checkpoints")
 
 
 class Supervisor:
@@ -135,6 +153,7 @@ class Supervisor:
         self.cfg.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.topo = build_topology(self.cfg)
         if resume is not None:
+            check_resume_matches(resume, self.topo.policy_spec)
             self.topo.resume_checkpoint = str(resume.path)
             self.topo.write_counters(resume.counters)
             self.last_checkpoint = m.CheckpointInfo(str(resume.path), resume.weights_seq_no,

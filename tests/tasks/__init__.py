@@ -1,0 +1,1 @@
+"""Small tasks shipped with the tests (gymnasium environments with test-sized budgets)."""
