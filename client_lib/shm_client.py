@@ -9,9 +9,10 @@ Handshake on the daemon's Unix socket (RLlink framing): PING, GET_CONFIG, ATTACH
 ATTACHED names the weights board and the doorbell FIFO, and is followed by one byte
 carrying the client's own ring as a file descriptor (SCM_RIGHTS): a memfd the daemon
 created and sealed so that nobody can shrink or grow it. The client verifies the
-seals and every header before use (``attach_fd`` refuses a wrong magic/version/layout). Samples are written into the ring as step
-records in one batch; SAMPLE_READY asks for weights; WEIGHTS_READY says which version
-to read from the board (numpy forward pass, no torch, no onnxruntime needed).
+seals and every header before use (``attach_fd`` refuses a wrong magic/version/layout).
+Samples are written into the ring as step records in one batch; SAMPLE_READY asks for
+weights; WEIGHTS_READY says which version to read from the board (numpy forward pass,
+no torch, no onnxruntime needed).
 """
 from __future__ import annotations
 
