@@ -62,7 +62,7 @@ class Segment:
     ``attach``.  ``buf`` is a writable memoryview over the whole file.  The file
     descriptor is closed right after mapping (the mapping keeps the memory),
     except for a sealed memfd made by ``create_sealed``: its creator keeps
-    ``fd`` (to pass it on) until ``close``.  The ``path`` of a memfd segment
+    ``fd`` (to pass it on) until ``close_fd`` or ``close``.  The ``path`` of a memfd segment
     is ``memfd:<name>`` (a label; ``unlink`` has nothing to remove).
     """
 
@@ -71,7 +71,7 @@ class Segment:
         self.size = len(mapping)
         self.created = created
         self.fd = fd
-        """The sealed memfd, held by its creator until ``close``; None otherwise."""
+        """The sealed memfd, held by its creator until ``close_fd``/``close``; None otherwise."""
         self._mapping: mmap.mmap | None = mapping
         self._buf: memoryview | None = memoryview(mapping)
         self._unlinked = path.startswith(MEMFD_PATH_PREFIX)  # a memfd has no name to unlink
@@ -107,7 +107,7 @@ class Segment:
         Called by the collector for each shared-memory client's ring.  Memory is
         reserved as in ``create`` (``ShmError`` when there is none); an ``OSError``
         means memfds or sealing are unavailable here (seccomp, old kernel).  The
-        returned segment holds ``fd`` (close-on-exec) until ``close``.
+        returned segment holds ``fd`` (close-on-exec) until ``close_fd`` or ``close``.
         """
         if size_bytes <= 0:
             raise ValueError(f"segment size must be positive, got {size_bytes}")
@@ -180,6 +180,13 @@ class Segment:
             os.close(fd)
         return cls(path, mapping, created=False)
 
+    def close_fd(self) -> None:
+        """Close the memfd held since ``create_sealed`` once it has been handed on; the
+        mapping stays (idempotent; nothing to do for file segments)."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
     def close(self) -> None:
         """Drop this object's mapping (and its memfd, if it holds one); idempotent.
 
@@ -187,10 +194,9 @@ class Segment:
         mapping cannot be unmapped yet (``BufferError``); we then just drop our
         references and the mapping goes away when the last view is collected.
         """
-        buf, mapping, fd = self._buf, self._mapping, self.fd
-        self._buf = self._mapping = self.fd = None
-        if fd is not None:
-            os.close(fd)
+        self.close_fd()
+        buf, mapping = self._buf, self._mapping
+        self._buf = self._mapping = None
         if buf is not None:
             try:
                 buf.release()

@@ -132,6 +132,7 @@ class ShmIngestor:
                                                  **self.attached_info)))
         assert ring.segment.fd is not None, "create_sealed keeps the memfd open"
         await send_fd(writer, ring.segment.fd, self.server.cfg.server.read_timeout_s)
+        ring.segment.close_fd()  # one descriptor fewer per client; our mapping stays
 
     async def detach(self, session: Session) -> None:
         """The client went away: take what it wrote, then close its ring."""

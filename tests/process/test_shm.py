@@ -129,7 +129,7 @@ def test_a_client_cannot_shrink_its_ring_and_the_collector_keeps_running(daemon)
         # a second descriptor, opened through the collector's own fd table, is no way round
         sealed = [f"/proc/{before['pid']}/fd/{fd}" for fd in os.listdir(f"/proc/{before['pid']}/fd")
                   if attached["ring_name"] in os.readlink(f"/proc/{before['pid']}/fd/{fd}")]
-        assert sealed  # ours, and the dup that Python's mmap keeps
+        assert sealed  # the descriptor Python's mmap keeps beside the collector's mapping
         reopened = os.open(sealed[0], os.O_RDWR)
         with pytest.raises(PermissionError):
             os.ftruncate(reopened, 0)

@@ -156,6 +156,9 @@ def test_from_fd_maps_the_creators_memory_and_takes_the_descriptor():
     peer = Segment.from_fd(fd, "rlk.t")
     try:
         assert _closed(fd) and peer.path == "memfd:rlk.t" and peer.size == 4096
+        held = creator.fd
+        creator.close_fd()  # handed on: the creator's mapping stays
+        assert creator.fd is None and _closed(held)
         peer.buf[0:3] = b"abc"
         assert bytes(creator.buf[0:3]) == b"abc"
     finally:
