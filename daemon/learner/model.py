@@ -125,6 +125,10 @@ class ActorCritic(nn.Module):
         tensors = {**dict(self.named_parameters()), **dict(self.named_buffers())}
         return {name: tensors[tn] for name, tn in self.torch_names.items()}
 
+    def tensor(self, name: str) -> torch.Tensor:
+        """The parameter or buffer of layout name `name` (KeyError if none)."""
+        return self._layout_tensors()[name]
+
     def run(self, obs: Obs, outputs: tuple[str, ...]) -> list[torch.Tensor]:
         """The op list for `outputs` ((DIST,), (VALUE,) or (DIST, VALUE)); KeyError on a
         missing observation leaf."""

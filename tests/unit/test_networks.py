@@ -329,6 +329,16 @@ def test_garbage_in_masked_raw_logits_changes_nothing():
     np.testing.assert_array_equal(garbage, dist)
     np.testing.assert_array_equal(MASKED.log_prob(garbage, actions), MASKED.log_prob(dist, actions))
     np.testing.assert_array_equal(MASKED.entropy(garbage), MASKED.entropy(dist))
+    t_obs = {k: torch.from_numpy(v) for k, v in obs.items()}
+    torch_results = []
+    for weights in (flat, _head_bias_garbage(flat, masked_cols)):
+        model = ActorCritic(MASKED)
+        model.load_flat(weights)
+        with torch.no_grad():
+            torch_results.append((model.dist_inputs(t_obs),
+                                  *model.log_prob_entropy(t_obs, torch.from_numpy(actions))))
+    for plain, noisy in zip(*torch_results):
+        assert torch.equal(plain, noisy)
     changed = _masked_dist(_head_bias_garbage(flat, legal_cols[:1]), obs)
     assert np.abs(changed - dist).max() > 1.0  # garbage in a legal logit does show
 
