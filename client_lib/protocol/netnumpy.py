@@ -32,7 +32,7 @@ def _conv(x: np.ndarray, w2: np.ndarray, b: np.ndarray, k: int, stride: int) -> 
     return (cols @ w2 + b).reshape(n, oh, ow, -1).transpose(0, 3, 1, 2)
 
 
-def _compile(op: N.Op, p: Mapping[str, np.ndarray]) -> Step:  # noqa: C901 - one case per op
+def _compile(op: N.Op, p: Mapping[str, np.ndarray]) -> Step:
     """A closure computing `op` from the environment of values (weights bound now)."""
     if isinstance(op, N.Cast):
         return lambda env: env[op.x].astype(np.float32)
@@ -86,7 +86,7 @@ class NumpyNet:
         ops = spec.net.needed(outputs)
         self.outputs = outputs
         self.inputs = tuple(op for op in ops if isinstance(op, N.Input))
-        self._steps = [(op.out, _compile(op, params))  # type: ignore[attr-defined]
+        self._steps = [(op.out, _compile(op, params))
                        for op in ops if not isinstance(op, N.Input)]
 
     def run(self, obs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

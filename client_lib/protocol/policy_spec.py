@@ -48,8 +48,17 @@ from rlinkd.client_lib.protocol.spaces import Leaf, Space, space_from_json
 
 ONNX_INPUT_NAME = netops.ROOT_FLOAT_INPUT  # the input name RLlib's ONNX clients feed
 ONNX_OUTPUT_NAME = DIST
-__all__ = ["ONNX_INPUT_NAME", "ONNX_OUTPUT_NAME", "ONNX_OPSET", "ONNX_IR_VERSION", "PolicySpec",
-           "NormalizedLeaf", "OnnxWeightWriter", "build_onnx_model", "NumpyNet"]
+__all__ = [
+    "ONNX_INPUT_NAME",
+    "ONNX_IR_VERSION",
+    "ONNX_OPSET",
+    "ONNX_OUTPUT_NAME",
+    "NormalizedLeaf",
+    "NumpyNet",
+    "OnnxWeightWriter",
+    "PolicySpec",
+    "build_onnx_model",
+]
 _TUPLE_FIELDS = ("hidden_sizes", "cnn_channels", "cnn_kernels", "cnn_strides",
                  "encoder_hidden_sizes")
 
@@ -118,7 +127,7 @@ class PolicySpec:
     @property
     def net(self) -> Net:
         """The lowered network (built once, at construction)."""
-        return self._net  # type: ignore[attr-defined, no-any-return]
+        return self._net  # type: ignore[attr-defined]
 
     def ops(self) -> tuple[netops.Op, ...]:
         return self.net.ops
@@ -149,7 +158,7 @@ class PolicySpec:
 
     @property
     def action_dist(self) -> ActionDist:
-        return self._dist  # type: ignore[attr-defined, no-any-return]
+        return self._dist  # type: ignore[attr-defined]
 
     @property
     def action_size(self) -> int:
