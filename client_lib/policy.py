@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -69,8 +70,10 @@ class OnnxPolicy:
         self.inputs = {i.name: onnx_input_key(i.name) for i in self.session.get_inputs()}
         self.weights_seq_no = msg.weights_seq_no
 
-    def dist_inputs(self, obs: Columns) -> np.ndarray:
-        """[N, dist_size] for observation columns (leaf key -> [N, ...], record dtypes)."""
+    def dist_inputs(self, obs: Columns | np.ndarray) -> np.ndarray:
+        """[N, dist_size] for observation columns (leaf key -> [N, ...], record dtypes; a
+        bare array for a root leaf)."""
+        obs = obs if isinstance(obs, Mapping) else {"": obs}
         feed = {name: obs[key] for name, key in self.inputs.items()}
         return self.session.run([self.output], feed)[0]
 
@@ -90,7 +93,9 @@ class BoardPolicy:
         else:
             self._net = NumpyNet(spec, flat, (DIST,))
 
-    def dist_inputs(self, obs: Columns) -> np.ndarray:
+    def dist_inputs(self, obs: Columns | np.ndarray) -> np.ndarray:
+        """[N, dist_size] for observation columns (or a bare array for a root leaf)."""
+        obs = obs if isinstance(obs, Mapping) else {"": obs}
         if self.conv:
             feed = {name: obs[key] for name, key in self._names.items()}
             return self._onnx.run([ONNX_OUTPUT_NAME], feed)[0]

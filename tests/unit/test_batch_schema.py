@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.client_lib.protocol.spaces import Box
 from rlinkd.daemon import batch_schema as schema
 from rlinkd.daemon.batch_schema import BatchMeta
 from rlinkd.daemon.connector.pipeline import LearnerPipeline
@@ -18,8 +19,7 @@ from rlinkd.daemon.config import PPOConfig
 from rlinkd.shm.slots import BatchSlots
 from tests.unit.test_connector import DEFAULT_PIECES, SPEC, ctx, three_segments
 
-BOX = PolicySpec(obs_size=3, obs_shape=(3,), action_kind="box", action_size=2,
-                 action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
+BOX = PolicySpec(Box((3,)), Box((2,), low=-1.0, high=1.0))
 META = BatchMeta(ingest_cutoff=41, episodes=3, dropped_episodes=1, values_seq_no=9,
                  behaviour_min=7, behaviour_sum=3 * 7 + 4 * 10, behaviour_steps=7)
 

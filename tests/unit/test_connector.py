@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from rlinkd.client_lib.protocol import policy_spec as ps
 from rlinkd.client_lib.protocol.codec import EpisodeFragment
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
-from rlinkd.client_lib.protocol.spaces import SpaceSpec, to_features
+from rlinkd.client_lib.protocol.spaces import Box, Discrete, SpaceSpec, to_features
 from rlinkd.client_lib.protocol.records import fragment_records
 from rlinkd.daemon.connector import pipeline as pipeline_mod
 from rlinkd.daemon.connector.builder import BatchBuilder, behaviour_versions
@@ -303,8 +303,7 @@ def test_cutoff_contract(seed, capacity, lag):
 
 
 # ---------------------------------------------------------------- pipeline
-SPEC = PolicySpec(obs_size=2, obs_shape=(2,), action_kind="discrete", action_size=3,
-                  hidden_sizes=(8, 8))
+SPEC = PolicySpec(Box((2,)), Discrete(3), hidden_sizes=(8, 8))
 WEIGHTS = SPEC.init_flat(np.random.default_rng(7))
 # a critic head with real weights (init uses gain 1.0 but biases are 0; make V clearly non-zero)
 SPEC.split_flat(WEIGHTS)["vf.2.bias"][:] = 0.75
@@ -399,8 +398,7 @@ def test_old_logp_not_recomputed_when_all_present(monkeypatch):
 
 def test_box_actions_logp_recomputed():
     act = SpaceSpec.box([2], -1.0, 1.0)
-    spec = PolicySpec(obs_size=2, obs_shape=(2,), action_kind="box", action_size=2,
-                      action_low=(-1.0, -1.0), action_high=(1.0, 1.0), hidden_sizes=(4,))
+    spec = PolicySpec(Box((2,)), Box((2,), low=-1.0, high=1.0), hidden_sizes=(4,))
     weights = spec.init_flat(np.random.default_rng(0))
     seg = Segment(stream_id=1, obs=np.float32([[0, 0], [0.5, 0.5], [1, 1]]),
                   actions=np.float32([[0.1, -0.2], [0.9, 0.0]]), rewards=np.float32([1, 2]),
@@ -414,8 +412,7 @@ def test_box_actions_logp_recomputed():
 
 def test_discrete_observations_are_one_hot():
     obs_space = SpaceSpec.discrete(4)
-    spec = PolicySpec(obs_size=4, obs_shape=(4,), action_kind="discrete", action_size=3,
-                      hidden_sizes=(4,))
+    spec = PolicySpec(Discrete(4), Discrete(3), hidden_sizes=(4,))  # one-hot is in the network now
     weights = spec.init_flat(np.random.default_rng(1))
     seg = Segment(stream_id=1, obs=np.float32([[3], [0], [2]]), actions=np.float32([[1], [2]]),
                   rewards=np.float32([1, 1]), logp=np.float32([-1, -1]),
