@@ -49,7 +49,8 @@ BAD = {
                           'obs["image"][1]: shape [3, 4, 1], space wants [4, 4, 1]'),
     "pixel out of range": (episodes(obs=[step_obs(), dict(step_obs(), image=[[[300]] * 4] * 4)]),
                            'obs["image"]'),
-    "NaN in a float leaf": (episodes(obs=[step_obs(), step_obs(vec=(float("nan"), 0.0))]),
+    "NaN in a float leaf": (episodes(obs={"image": [IMAGE.tolist()] * 2, "action_mask": [ALL_LEGAL] * 2,
+                                          "vec": compact(np.array([[0, 0], [np.nan, 0]], np.float32))}),
                             'obs["vec"]: contains NaN'),
     "discrete out of bounds": (episodes(actions=([3, 0],)), "actions"),
     "compact wrong byte length": (episodes(obs={"image": compact(np.stack([IMAGE] * 2),
@@ -112,14 +113,18 @@ def test_an_agent_never_takes_a_masked_choice(composite_daemon):
     agent = connect(f"tcp://127.0.0.1:{composite_daemon.port}", seed=1)
     rng = np.random.default_rng(0)
     seen = np.zeros(5, int)
-    for _ in range(600):
+
+    def observe() -> dict:
         mask = np.concatenate([rng.permutation([1, 0, 0]), rng.permutation([1, 0])]).astype(np.int8)
-        obs = {"image": rng.integers(0, 256, (4, 4, 1), dtype=np.uint8),
-               "vec": rng.uniform(-1, 1, 2).astype(np.float32), "action_mask": mask}
-        action = agent.act(obs)
+        return {"image": rng.integers(0, 256, (4, 4, 1), dtype=np.uint8),
+                "vec": rng.uniform(-1, 1, 2).astype(np.float32), "action_mask": mask}
+    obs = observe()
+    for _ in range(600):
+        action, mask = agent.act(obs), obs["action_mask"]
         assert mask[action[0]] == 1 and mask[3 + action[1]] == 1, (mask, action)
         seen[action[0]] += 1
         seen[3 + action[1]] += 1
+        obs = observe()
         agent.step(0.0, obs, terminated=False, truncated=False)
     agent.close()
     assert (seen > 0).all()  # every choice was taken when it was the legal one

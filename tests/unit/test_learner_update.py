@@ -209,7 +209,7 @@ def test_checkpoint_round_trip_gives_bit_identical_updates(spec):
         assert stats_a == stats_b
         np.testing.assert_array_equal(restored.flat_weights(), original.flat_weights())
     assert (restored.updates, restored.trained_steps) == (3, 3 * 512)
-    assert restored.normalizer.count == original.normalizer.count == 3 * 512
+    assert restored.normalizers[""].count == original.normalizers[""].count == 3 * 512
 
 
 def test_state_dict_is_a_snapshot():
@@ -290,7 +290,7 @@ def test_normaliser_moves_after_the_update_so_the_first_ratio_is_one():
                                       for name, _ in CARTPOLE.param_layout()])
             logp = CARTPOLE.log_prob(CARTPOLE.actor_forward(shifted, batch["obs"]), batch["actions"])
             assert np.abs(logp - batch["logp"]).mean() > 0.1
-    assert learner.normalizer.count == 3 * 512
+    assert learner.normalizers[""].count == 3 * 512
 
 
 def test_update_reports_progress_after_every_minibatch_step():
