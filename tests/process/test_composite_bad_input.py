@@ -16,9 +16,14 @@ pytestmark = pytest.mark.process
 
 CONFIG = """
 [env]
-observation_space = { type = "Dict", spaces = { image = { type = "Box", shape = [4, 4, 1], dtype = "uint8", low = 0, high = 255 }, vec = { type = "Box", shape = [2], low = -1.0, high = 1.0 }, action_mask = { type = "MultiBinary", n = 5 } } }
 action_space = { type = "MultiDiscrete", nvec = [3, 2] }
 action_mask_key = "action_mask"
+
+[env.observation_space]
+type = "Dict"
+spaces.image = { type = "Box", shape = [4, 4, 1], dtype = "uint8", low = 0, high = 255 }
+spaces.vec = { type = "Box", shape = [2], low = -1.0, high = 1.0 }
+spaces.action_mask = { type = "MultiBinary", n = 5 }
 """
 IMAGE = np.arange(16, dtype=np.uint8).reshape(4, 4, 1)
 ALL_LEGAL = [1, 1, 1, 1, 1]

@@ -62,7 +62,7 @@ def test_dict_image_observation_and_multidiscrete_action_learn(daemon_factory, t
         assert isinstance(action, np.ndarray) and action.shape == (2,)
         next_obs, reward, terminated, truncated, _ = env.step(action)
         agent.step(reward, next_obs, terminated, truncated)
-        recent = (recent + [reward])[-2000:]
+        recent = [*recent[-1999:], reward]
         obs = next_obs if not (terminated or truncated) else env.reset()[0]
         if step % 2000 == 1999 and np.mean(recent) >= TARGET_REWARD:
             break
