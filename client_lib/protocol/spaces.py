@@ -368,7 +368,7 @@ class Discrete(LeafSpace):
 
     record_dtype = np.dtype("<i8")
     record_shape = ()
-    action_width = 1  # type: ignore[assignment]
+    action_width = 1
 
     @property
     def dist_width(self) -> int:
@@ -629,11 +629,16 @@ def _tuple_from_json(d: Mapping) -> Tuple:
     return Tuple(tuple(space_from_json(v) for v in spaces))
 
 
+def _field(d: Mapping, key: str, default: Any = None) -> Any:
+    """A JSON value to hand to a family's constructor, which checks it."""
+    return d.get(key, default)
+
+
 _FROM_JSON = {
     "box": _box_from_json,
-    "discrete": lambda d: Discrete(d.get("n"), d.get("start", 0)),
-    "multidiscrete": lambda d: MultiDiscrete(d.get("nvec"), d.get("start")),
-    "multibinary": lambda d: MultiBinary(d.get("n")),
+    "discrete": lambda d: Discrete(_field(d, "n"), _field(d, "start", 0)),
+    "multidiscrete": lambda d: MultiDiscrete(_field(d, "nvec"), _field(d, "start")),
+    "multibinary": lambda d: MultiBinary(_field(d, "n")),
     "dict": _dict_from_json,
     "tuple": _tuple_from_json,
 }
