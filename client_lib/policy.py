@@ -114,8 +114,25 @@ class ActionChooser:
 
     def choose(self, dist: np.ndarray, explore: bool) -> tuple[np.ndarray, float]:
         """(action vector [A] float32, its log-prob) from dist inputs [1, D]."""
+        if explore and self._single_categorical:
+            return self._sample_categorical(dist[0])
         actions = self.dist.sample(dist, self.rng) if explore else self.dist.greedy(dist)
         return actions[0], float(self.dist.log_prob(dist, actions)[0])
+
+    @property
+    def _single_categorical(self) -> bool:
+        comps = self.dist.comps
+        return len(comps) == 1 and comps[0].kind == "categorical"
+
+    def _sample_categorical(self, logits: np.ndarray) -> tuple[np.ndarray, float]:
+        """The one-Discrete case (CartPole's) in plain numpy on one row: ~4x faster than
+        the general product distribution, same distribution and log-prob."""
+        z = logits.astype(np.float64) - logits.max()
+        p = np.exp(z)
+        total = p.sum()
+        a = min(int(np.searchsorted(np.cumsum(p), self.rng.random() * total, side="right")),
+                len(p) - 1)
+        return np.array([a], np.float32), float(z[a] - np.log(total))
 
     def to_env(self, action: np.ndarray):
         """The action in the form a gymnasium env expects."""

@@ -311,12 +311,17 @@ class Box(LeafSpace):
             return f"{what}: values outside the declared Box bounds"
         return None
 
-    def _slack_bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        """Float bounds widened by BOUND_TOLERANCE relative to their magnitude (float32
-        rounding of a bound must not refuse a valid value); integer bounds are exact."""
+    @cached_property
+    def _slack(self) -> tuple[np.ndarray, np.ndarray]:
         if not self.is_float:
             return self.low_array, self.high_array
         return self.low_array - tolerance(self.low_array), self.high_array + tolerance(self.high_array)
+
+    def _slack_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Float bounds widened by BOUND_TOLERANCE relative to their magnitude (float32
+        rounding of a bound must not refuse a valid value); integer bounds are exact.
+        Computed once per space (this runs for every fragment and every act())."""
+        return self._slack
 
     def to_action_vector(self, values: np.ndarray) -> np.ndarray:
         return np.asarray(values, np.float32).reshape(len(values), self.action_width)
