@@ -130,6 +130,8 @@ def _as_array(value: Any, what: str) -> np.ndarray:
             raise InvalidValue(f"{what}: expected a list of steps")
     except CompactError as exc:
         raise InvalidValue(str(exc)) from None
+    except InvalidValue:
+        raise
     except (ValueError, TypeError, OverflowError):
         raise _Ragged from None
     if arr.dtype.kind not in "biuf":
