@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from rlinkd.client_lib.protocol.masking import MASKED_LOGIT as MASKED_LOGIT  # re-exported
 from rlinkd.client_lib.protocol.spaces import Box, Discrete, MultiBinary, MultiDiscrete
 
 DIST = "action_dist_inputs"   # the actor output (ONNX output name)
