@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -51,11 +52,11 @@ def has_conv(spec: PolicySpec) -> bool:
     return any(isinstance(op, netops.Conv) for op in spec.ops())
 
 
-def _session(model: bytes):
-    """A single-threaded CPU onnxruntime session (a simulator runs many of these)."""
+def session(model: bytes, threads: int = 1):
+    """A CPU onnxruntime session on ``threads`` threads (one: a simulator runs many)."""
     import onnxruntime as ort
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
@@ -64,13 +65,15 @@ class OnnxPolicy:
     """An onnxruntime session on one weights version."""
 
     def __init__(self, msg: codec.SetState) -> None:
-        self.session = _session(decode_onnx(msg))
+        self.session = session(decode_onnx(msg))
         self.output = self.session.get_outputs()[0].name
         self.inputs = {i.name: onnx_input_key(i.name) for i in self.session.get_inputs()}
         self.weights_seq_no = msg.weights_seq_no
 
-    def dist_inputs(self, obs: Columns) -> np.ndarray:
-        """[N, dist_size] for observation columns (leaf key -> [N, ...], record dtypes)."""
+    def dist_inputs(self, obs: Columns | np.ndarray) -> np.ndarray:
+        """[N, dist_size] for observation columns (leaf key -> [N, ...], record dtypes; a
+        bare array for a root leaf)."""
+        obs = obs if isinstance(obs, Mapping) else {"": obs}
         feed = {name: obs[key] for name, key in self.inputs.items()}
         return self.session.run([self.output], feed)[0]
 
@@ -85,12 +88,14 @@ class BoardPolicy:
         self.spec, self.flat, self.weights_seq_no = spec, flat, weights_seq_no
         self.conv = has_conv(spec)
         if self.conv:
-            self._onnx = _session(OnnxWeightWriter(spec).encode(flat))
+            self._onnx = session(OnnxWeightWriter(spec).encode(flat))
             self._names = {i.name: onnx_input_key(i.name) for i in self._onnx.get_inputs()}
         else:
             self._net = NumpyNet(spec, flat, (DIST,))
 
-    def dist_inputs(self, obs: Columns) -> np.ndarray:
+    def dist_inputs(self, obs: Columns | np.ndarray) -> np.ndarray:
+        """[N, dist_size] for observation columns (or a bare array for a root leaf)."""
+        obs = obs if isinstance(obs, Mapping) else {"": obs}
         if self.conv:
             feed = {name: obs[key] for name, key in self._names.items()}
             return self._onnx.run([ONNX_OUTPUT_NAME], feed)[0]

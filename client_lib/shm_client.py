@@ -6,15 +6,18 @@
     agent = connect("auto")                 # shm when a daemon runs here, else TCP
 
 Handshake on the daemon's Unix socket (RLlink framing): PING, GET_CONFIG, ATTACH →
-ATTACHED names the client's own ring (created by the daemon, 0600), the weights board
-and the doorbell FIFO. The client verifies every header before use (``attach``
-refuses a wrong magic/version/layout). Samples are written into the ring as step
-records in one batch; SAMPLE_READY asks for weights; WEIGHTS_READY says which version
-to read from the board (numpy forward pass, no torch, no onnxruntime needed).
+ATTACHED names the weights board and the doorbell FIFO, and is followed by one byte
+carrying the client's own ring as a file descriptor (SCM_RIGHTS): a memfd the daemon
+created and sealed so that nobody can shrink or grow it. The client verifies the
+seals and every header before use (``attach_fd`` refuses a wrong magic/version/layout).
+Samples are written into the ring as step records in one batch; SAMPLE_READY asks for
+weights; WEIGHTS_READY says which version to read from the board (numpy forward pass,
+no torch, no onnxruntime needed).
 """
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 from rlinkd.client_lib.protocol import codec
@@ -23,7 +26,7 @@ from rlinkd.client_lib.protocol.discovery import local_socket
 from rlinkd.client_lib.policy import BoardPolicy
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.records import concat_records, fragment_records
-from rlinkd.client_lib.transport import Address, RLlinkClient, parse_address
+from rlinkd.client_lib.transport import Address, RLlinkClient, RLlinkError, parse_address
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.records import StepLayout
@@ -79,13 +82,11 @@ class ShmLink(ReconnectingLink):
         client = RLlinkClient(Address("unix", path=self.socket_path)).connect()
         client.ping(self.token)
         cfg = client.get_config()
-        attached = client.request(codec.Attach(pid=os.getpid(),
-                                               capacity_records=self.capacity_records),
-                                  codec.Attached)
+        attached, ring_fd = request_ring(client, self.capacity_records)
         layout = StepLayout.from_json(attached.layout)
+        self.ring = StepRing.attach_fd(ring_fd, attached.ring_name, expected_layout=layout)
         fifo = os.open(attached.doorbell_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        self.ring = StepRing.attach(attached.ring_path, expected_layout=layout,
-                                    doorbell=Doorbell(fifo), role="producer")  # FIFO doorbell
+        self.ring.doorbell = Doorbell(fifo)  # FIFO doorbell: the collector sleeps on its read end
         self.board = WeightsBoard.attach(attached.board_path)
         self.spec = PolicySpec.from_json(attached.policy_spec)
         self.layout = layout
@@ -121,6 +122,34 @@ class ShmLink(ReconnectingLink):
         return self._policy() if reply.weights_seq_no != seq_no else None
 
 
+def request_ring(client: RLlinkClient, capacity_records: int | None = None) -> tuple[codec.Attached, int]:
+    """ATTACH on a connected Unix-socket client: the ATTACHED reply and the ring's descriptor.
+
+    The caller owns the descriptor (close-on-exec; ``StepRing.attach_fd`` takes it over).
+    ``ServerError`` if the daemon refuses, ``ConnectionError`` if it closes.
+    """
+    attached = client.request(codec.Attach(pid=os.getpid(), capacity_records=capacity_records),
+                              codec.Attached)
+    assert client.sock is not None, "request() needs a connected client"
+    return attached, receive_ring_fd(client.sock)
+
+
+def receive_ring_fd(sock: socket.socket) -> int:
+    """The byte after ATTACHED and the one descriptor it carries (see ``codec.Attached``).
+
+    ``ConnectionError`` if the daemon closed; ``RLlinkError`` (descriptors closed) for
+    anything but ``RING_FD_BYTE`` with exactly one descriptor.
+    """
+    data, fds, flags, _ = socket.recv_fds(sock, 1, 1, socket.MSG_CMSG_CLOEXEC)
+    if not data:
+        raise ConnectionError("daemon closed the connection before sending the ring")
+    if data != codec.RING_FD_BYTE or len(fds) != 1 or flags & socket.MSG_CTRUNC:
+        for fd in fds:
+            os.close(fd)
+        raise RLlinkError(f"expected the ring descriptor after ATTACHED, got {data!r} with {len(fds)} fds")
+    return fds[0]
+
+
 def open_local_link(address: str, token: str | None = None, reconnect_timeout_s: float = 120.0,
                     capacity_records: int | None = None):
     """``shm``, ``shm:<state_dir>``, ``auto``, ``auto:<state_dir>`` or ``unix:///path`` → a link."""
@@ -140,4 +169,4 @@ def open_local_link(address: str, token: str | None = None, reconnect_timeout_s:
     return ShmLink(socket_path, token, reconnect_timeout_s, capacity_records)
 
 
-__all__ = ["ShmLink", "open_local_link"]
+__all__ = ["ShmLink", "open_local_link", "request_ring"]

@@ -1,7 +1,8 @@
 """An eventfd used to wake one sleeping consumer across processes.
 
-The daemon creates one ``Doorbell`` per consumer and passes its fd to
-producers over SCM_RIGHTS; a producer rings it only when the consumer has
+The daemon creates one ``Doorbell`` per consumer and its roles inherit the fd
+at spawn (shared-memory clients ring a FIFO wrapped in a ``Doorbell`` instead,
+see ``daemon.collector.shm_server``); a producer rings it only when the consumer has
 announced that it is going to sleep (see ``StepRing``), so the syscall is
 off the hot path.  The counter semantics of eventfd make rings idempotent:
 any number of rings before a ``drain`` wake the waiter once.

@@ -148,17 +148,17 @@ class StepRing:
     @classmethod
     def create(cls, path: str, layout: StepLayout, capacity_records: int, doorbell: Doorbell | None = None,
                mode: int = 0o600, space_doorbell: Doorbell | None = None) -> StepRing:
-        """Create an empty ring (daemon side).  ``capacity_records`` must be a power of two."""
-        if capacity_records < 1 or capacity_records & (capacity_records - 1):
-            raise ValueError(f"ring capacity must be a power of two, got {capacity_records}")
-        description = layout_description(layout)
-        segment = Segment.create(path, records_offset(layout) + capacity_records * layout.record_bytes, mode)
-        pid = os.getpid()
-        RING_HEADER.pack_into(segment.buf, 0, b"\0" * 8, RING_LAYOUT_VERSION, layout.record_bytes,
-                              capacity_records, pid, pid, len(description), 0, 0, 0, 0, 0)
-        segment.buf[HEADER_BYTES:HEADER_BYTES + len(description)] = description
-        segment.buf[0:8] = RING_MAGIC  # last: a half-made header never looks valid
-        return cls(segment, layout, doorbell, space_doorbell)
+        """Create an empty ring file at ``path`` (daemon side).  ``capacity_records``: a power of two."""
+        segment = Segment.create(path, ring_bytes(layout, capacity_records), mode)
+        return cls(_format(segment, layout, capacity_records), layout, doorbell, space_doorbell)
+
+    @classmethod
+    def create_sealed(cls, name: str, layout: StepLayout, capacity_records: int) -> StepRing:
+        """Create an empty ring in a sealed memfd (``Segment.create_sealed``): for a producer
+        we do not trust to keep its size.  The collector calls it on ATTACH and passes
+        ``ring.segment.fd`` to the client, which maps it with ``attach_fd``."""
+        segment = Segment.create_sealed(name, ring_bytes(layout, capacity_records))
+        return cls(_format(segment, layout, capacity_records), layout, None)
 
     @classmethod
     def attach(cls, path: str, expected_layout: StepLayout | None = None, doorbell: Doorbell | None = None,
@@ -168,10 +168,21 @@ class StepRing:
         ``role`` ("producer", "consumer" or "observer") decides whether our pid
         is recorded as writer_pid / reader_pid (informational only).
         """
-        if role not in _ROLE_PID_OFFSETS:
-            raise ValueError(f"role must be producer, consumer or observer, got {role!r}")
-        segment = Segment.attach(path)
+        return cls._adopt(Segment.attach(path), expected_layout, doorbell, role, space_doorbell)
+
+    @classmethod
+    def attach_fd(cls, fd: int, name: str, expected_layout: StepLayout | None = None,
+                  doorbell: Doorbell | None = None, role: str = "producer") -> StepRing:
+        """Map a sealed ring received as ``fd`` (``Segment.from_fd``: takes ownership of ``fd``,
+        refuses it without size seals), then check its header like ``attach``."""
+        return cls._adopt(Segment.from_fd(fd, name), expected_layout, doorbell, role, None)
+
+    @classmethod
+    def _adopt(cls, segment: Segment, expected_layout: StepLayout | None, doorbell: Doorbell | None,
+               role: str, space_doorbell: Doorbell | None) -> StepRing:
+        """Check a freshly mapped segment's header and record our pid; closes it on failure."""
         try:
+            _check_role(role)
             layout = _check_header(segment, expected_layout)
         except BaseException:
             segment.close()
@@ -391,6 +402,30 @@ def disarm_sleep(rings) -> None:
     """Clear ``reader_sleeping`` on every ring (consumer, after waking)."""
     for ring in rings:
         ring._sleeping[0] = 0
+
+
+def ring_bytes(layout: StepLayout, capacity_records: int) -> int:
+    """Segment size of a ring; ``ValueError`` unless ``capacity_records`` is a power of two."""
+    if capacity_records < 1 or capacity_records & (capacity_records - 1):
+        raise ValueError(f"ring capacity must be a power of two, got {capacity_records}")
+    return records_offset(layout) + capacity_records * layout.record_bytes
+
+
+def _format(segment: Segment, layout: StepLayout, capacity_records: int) -> Segment:
+    """Write a new ring's header into a zero-filled segment (magic last: a half-made header
+    never looks valid); returns the segment."""
+    pid = os.getpid()
+    description = layout_description(layout)
+    RING_HEADER.pack_into(segment.buf, 0, b"\0" * 8, RING_LAYOUT_VERSION, layout.record_bytes,
+                          capacity_records, pid, pid, len(description), 0, 0, 0, 0, 0)
+    segment.buf[HEADER_BYTES:HEADER_BYTES + len(description)] = description
+    segment.buf[0:8] = RING_MAGIC
+    return segment
+
+
+def _check_role(role: str) -> None:
+    if role not in _ROLE_PID_OFFSETS:
+        raise ValueError(f"role must be producer, consumer or observer, got {role!r}")
 
 
 def _check_header(segment: Segment, expected: StepLayout | None) -> StepLayout:

@@ -1,10 +1,19 @@
-"""Shared-memory segments as files in a tmpfs directory.
+"""Shared-memory segments: files in a tmpfs directory, or sealed memfds.
 
 A ``Segment`` is a file (by default under ``/dev/shm``, but callers may pass
 any directory, e.g. a systemd ``RuntimeDirectory`` on tmpfs) mapped
 ``MAP_SHARED`` into every process that opens it.  We do not use
 ``multiprocessing.shared_memory``: its resource tracker unlinks segments it
 did not create and warns spuriously on Python 3.11.
+
+A segment shared with a process we do not trust to keep its size (a
+shared-memory client's ring) is a *sealed memfd* instead (``create_sealed``):
+anonymous (no path anyone could open), sized once, then sealed with
+``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``.  The seals belong to the file,
+not to a descriptor: every ``ftruncate`` of it, by anyone, fails with EPERM,
+so no holder can make a peer's mapping fault with SIGBUS.  The creator passes
+``fd`` over a Unix socket (SCM_RIGHTS); the receiver maps it with ``from_fd``,
+which refuses a descriptor that lacks those seals.
 
 Naming convention: segment file names embed the creating process id as
 ``<prefix>.<pid>.<anything>`` (see ``segment_name``) so that ``sweep_stale``
@@ -23,6 +32,7 @@ fields, checked by ``check_magic``/``check_field`` on attach::
 from __future__ import annotations
 
 import errno
+import fcntl
 import mmap
 import os
 import stat
@@ -33,6 +43,9 @@ DEFAULT_DIRECTORY = "/dev/shm"
 
 _CREATE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
 _ATTACH_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+"""Seals of every ``create_sealed`` segment: its size is fixed for good (writes stay allowed)."""
+MEMFD_PATH_PREFIX = "memfd:"
 
 
 def segment_name(prefix: str, role: str, pid: int | None = None) -> str:
@@ -47,16 +60,21 @@ class Segment:
 
     Created once by the owning process (``create``), opened by peers with
     ``attach``.  ``buf`` is a writable memoryview over the whole file.  The file
-    descriptor is closed right after mapping (the mapping keeps the memory).
+    descriptor is closed right after mapping (the mapping keeps the memory),
+    except for a sealed memfd made by ``create_sealed``: its creator keeps
+    ``fd`` (to pass it on) until ``close_fd`` or ``close``.  The ``path`` of a memfd segment
+    is ``memfd:<name>`` (a label; ``unlink`` has nothing to remove).
     """
 
-    def __init__(self, path: str, mapping: mmap.mmap, created: bool) -> None:
+    def __init__(self, path: str, mapping: mmap.mmap, created: bool, fd: int | None = None) -> None:
         self.path = path
         self.size = len(mapping)
         self.created = created
+        self.fd = fd
+        """The sealed memfd, held by its creator until ``close_fd``/``close``; None otherwise."""
         self._mapping: mmap.mmap | None = mapping
         self._buf: memoryview | None = memoryview(mapping)
-        self._unlinked = False
+        self._unlinked = path.startswith(MEMFD_PATH_PREFIX)  # a memfd has no name to unlink
 
     @classmethod
     def create(cls, path: str, size_bytes: int, mode: int = 0o600) -> Segment:
@@ -81,6 +99,54 @@ class Segment:
         finally:
             os.close(fd)
         return cls(path, mapping, created=True)
+
+    @classmethod
+    def create_sealed(cls, name: str, size_bytes: int) -> Segment:
+        """Create a zero-filled memfd of ``size_bytes`` whose size nobody can change.
+
+        Called by the collector for each shared-memory client's ring.  Memory is
+        reserved as in ``create`` (``ShmError`` when there is none); an ``OSError``
+        means memfds or sealing are unavailable here (seccomp, old kernel).  The
+        returned segment holds ``fd`` (close-on-exec) until ``close_fd`` or ``close``.
+        """
+        if size_bytes <= 0:
+            raise ValueError(f"segment size must be positive, got {size_bytes}")
+        path = MEMFD_PATH_PREFIX + name
+        fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size_bytes)
+            _reserve(fd, path, size_bytes)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SIZE_SEALS)
+            mapping = mmap.mmap(fd, size_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, mapping, created=True, fd=fd)
+
+    @classmethod
+    def from_fd(cls, fd: int, name: str) -> Segment:
+        """Map a sealed memfd received from its creator (SCM_RIGHTS); takes ownership of ``fd``.
+
+        ``fd`` is closed before returning, whatever happens (the mapping keeps the memory).
+        Refuses (``SegmentOwnerError``) anything but a regular file of our uid, and
+        (``LayoutError``) an empty file or one without ``SIZE_SEALS`` -- a file whose size
+        could change under our mapping.  ``name`` only labels errors and ``path``.
+        """
+        path = MEMFD_PATH_PREFIX + name
+        try:
+            info = os.fstat(fd)
+            _check_ownership(path, info)
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+            if seals & SIZE_SEALS != SIZE_SEALS:
+                raise LayoutError(f"{path}: seals {seals:#x} lack {SIZE_SEALS:#x}; its size could change")
+            mapping = mmap.mmap(fd, info.st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:  # F_GET_SEALS on something that is not a shmem file
+                raise LayoutError(f"{path}: not a sealable memfd ({exc})") from exc
+            raise
+        finally:
+            os.close(fd)
+        return cls(path, mapping, created=False)
 
     @classmethod
     def open_checked(cls, path: str, build):
@@ -114,13 +180,21 @@ class Segment:
             os.close(fd)
         return cls(path, mapping, created=False)
 
+    def close_fd(self) -> None:
+        """Close the memfd held since ``create_sealed`` once it has been handed on; the
+        mapping stays (idempotent; nothing to do for file segments)."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
     def close(self) -> None:
-        """Drop this object's mapping; idempotent.
+        """Drop this object's mapping (and its memfd, if it holds one); idempotent.
 
         If numpy arrays or memoryviews derived from ``buf`` are still alive the
         mapping cannot be unmapped yet (``BufferError``); we then just drop our
         references and the mapping goes away when the last view is collected.
         """
+        self.close_fd()
         buf, mapping = self._buf, self._mapping
         self._buf = self._mapping = None
         if buf is not None:
@@ -172,7 +246,8 @@ def _reserve(fd: int, path: str, size_bytes: int) -> None:
         os.posix_fallocate(fd, 0, size_bytes)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.ENOMEM):
-            raise ShmError(f"no room for {size_bytes} bytes in {os.path.dirname(path) or '.'}: {exc}") from exc
+            where = path if path.startswith(MEMFD_PATH_PREFIX) else os.path.dirname(path) or "."
+            raise ShmError(f"no room for {size_bytes} bytes in {where}: {exc}") from exc
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise
 

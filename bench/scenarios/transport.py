@@ -150,17 +150,19 @@ def _ingest_loop(clients, session_id: int, out_ring, stats) -> tuple[int, int]:
 
 def shm_consumer(conn, prefix: str, fifo_path: str, profile: bool) -> None:
     """Consumer process: the collector's side of one shared-memory client."""
+    from multiprocessing.reduction import send_handle
     from rlinkd.daemon.collector.ingest import EpisodeStats
     from rlinkd.daemon.collector.shm_clients import ShmClients
     from rlinkd.daemon.collector.shm_server import make_doorbell_fifo
     from rlinkd.shm.ring import StepRing
     spaces, layout = cartpole_spaces()
-    clients = ShmClients(SHM_DIR, prefix, layout, spaces)
+    clients = ShmClients(prefix, layout, spaces)
     ring = clients.attach(1, None)
     ring.doorbell = make_doorbell_fifo(Path(fifo_path))
     out_ring = StepRing.create(f"{SHM_DIR}/{prefix}.episodes", layout, 1 << 17)
     try:
-        conn.send({"ring_path": ring.path, "capacity": ring.capacity})
+        conn.send({"ring_name": ring.path.removeprefix("memfd:"), "capacity": ring.capacity})
+        send_handle(conn, ring.segment.fd, os.getppid())  # the sealed memfd, as ATTACHED hands it over
         (steps, records), prof = _profiled(profile, _ingest_loop, clients, 1, out_ring, EpisodeStats())
         conn.send({"t_end_ns": time.perf_counter_ns(), "steps": steps, "records": records,
                    "profile": prof})
@@ -198,15 +200,17 @@ def _write_batches(ring, n_batches: int, block: np.ndarray) -> None:
         ring.write_batch(block, timeout_s=60.0)
 
 
-def shm_producer(conn, ring_path: str, fifo_path: str, mode: str, n_steps: int,
+def shm_producer(conn, ring_fd, ring_name: str, fifo_path: str, mode: str, n_steps: int,
                  profile: bool) -> None:
-    """Producer process: attach like client_lib's ShmLink, then write ``n_steps`` steps."""
+    """Producer process: attach like client_lib's ShmLink (``ring_fd``: a ``SharedFd`` of the
+    consumer's sealed ring), then write ``n_steps`` steps."""
     from rlinkd.shm.doorbell import Doorbell
     from rlinkd.shm.records import StepLayout
     from rlinkd.shm.ring import StepRing
     layout = StepLayout.flat(4, 1, 2)
     fifo = os.open(fifo_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    ring = StepRing.attach(ring_path, expected_layout=layout, doorbell=Doorbell(fifo))  # FIFO doorbell, as ShmLink
+    ring = StepRing.attach_fd(ring_fd.fd, ring_name, expected_layout=layout,
+                              doorbell=Doorbell(fifo))  # FIFO doorbell, as ShmLink
     if mode == "single":
         rng = np.random.default_rng(0)
         obs_pool = [tuple(row) for row in rng.uniform(-0.2, 0.2, (EPISODE_STEPS + 1, 4)).tolist()]
@@ -237,6 +241,9 @@ def _recv(conn, timeout_s: float, what: str):
 
 def shm_throughput_run(mode: str, n_steps: int, profile: bool = False) -> dict:
     """One producer/consumer pair; returns steps/s ingested and the producer's own rate."""
+    from multiprocessing.reduction import recv_handle
+
+    from rlinkd.daemon.ipc import SharedFd
     ctx = mp.get_context("spawn")
     prefix = f"rlinkdbench{os.getpid()}x{secrets.token_hex(3)}"
     fifo_path = os.path.join(tempfile.mkdtemp(prefix="rlinkd-bench-fifo-"), "doorbell.fifo")
@@ -247,9 +254,11 @@ def shm_throughput_run(mode: str, n_steps: int, profile: bool = False) -> dict:
     consumer.start()
     try:
         info = _recv(c_parent, 60, "ring from the consumer")
-        producer = ctx.Process(target=shm_producer, args=(p_child, info["ring_path"], fifo_path,
-                                                          mode, n_steps, profile))
+        ring_fd = SharedFd(recv_handle(c_parent))
+        producer = ctx.Process(target=shm_producer, args=(p_child, ring_fd, info["ring_name"],
+                                                          fifo_path, mode, n_steps, profile))
         producer.start()
+        ring_fd.close()  # the producer has its own copy now
         _recv(p_parent, 60, "ready from the producer")
         p_parent.send("go")
         prod = _recv(p_parent, 600, "result from the producer")
@@ -427,7 +436,7 @@ def wakeup_latency(kind: str, n: int) -> dict:
 
 def _attach_shm_client(unix_socket: str):
     """client_lib's handshake (PING, GET_CONFIG, ATTACH); returns (client, ring, layout)."""
-    from rlinkd.client_lib.protocol import codec
+    from rlinkd.client_lib.shm_client import request_ring
     from rlinkd.client_lib.transport import Address, RLlinkClient
     from rlinkd.shm.doorbell import Doorbell
     from rlinkd.shm.records import StepLayout
@@ -435,10 +444,11 @@ def _attach_shm_client(unix_socket: str):
     client = RLlinkClient(Address("unix", path=unix_socket), timeout_s=30).connect()
     client.ping()
     client.get_config()
-    att = client.request(codec.Attach(pid=os.getpid()), codec.Attached)
+    att, ring_fd = request_ring(client)
     layout = StepLayout.from_json(att.layout)
     fifo = os.open(att.doorbell_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    ring = StepRing.attach(att.ring_path, expected_layout=layout, doorbell=Doorbell(fifo))  # FIFO doorbell, as ShmLink
+    ring = StepRing.attach_fd(ring_fd, att.ring_name, expected_layout=layout,
+                              doorbell=Doorbell(fifo))  # FIFO doorbell, as ShmLink
     return client, ring, layout
 
 

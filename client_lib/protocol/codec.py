@@ -223,16 +223,25 @@ class Attach(Message):
 
 @dataclass(frozen=True)
 class Attached(Message):
-    """shm extension reply: where the ring and the weights board are, and their layout."""
+    """shm extension reply: the ring's name, where the weights board is, and their layout.
+
+    The ring itself is no file: right after this frame the daemon sends one byte,
+    ``RING_FD_BYTE``, carrying the ring's sealed memfd as SCM_RIGHTS ancillary data
+    (exactly one descriptor). Read this frame exactly, then that byte with ``recvmsg``.
+    """
 
     TYPE: ClassVar = MessageType.ATTACHED
-    ring_path: str
+    ring_name: str
     board_path: str
     doorbell_path: str
     layout: dict
     policy_spec: dict
     env_steps_per_sample: int
     force_on_policy: bool
+
+
+RING_FD_BYTE = b"\x01"
+"""The one data byte that carries the ring's descriptor after ATTACHED (see ``Attached``)."""
 
 
 @dataclass(frozen=True)
@@ -443,7 +452,7 @@ _FIELD_KINDS: dict[str, tuple[type, ...]] = {
     "observation_space": (dict,), "action_space": (dict,), "protocol_version": (int,),
     "compact_arrays": (bool,),
     "weights_seq_no": (int,), "onnx_file": (str,), "onnx_sha256": (str,), "message": (str,),
-    "status": (dict,), "pid": (int,), "capacity_records": (int,), "ring_path": (str,),
+    "status": (dict,), "pid": (int,), "capacity_records": (int,), "ring_name": (str,),
     "board_path": (str,), "doorbell_path": (str,), "layout": (dict,), "policy_spec": (dict,), "env_steps": (int,),
     "get_state": (bool,),
 }

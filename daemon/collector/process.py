@@ -68,7 +68,7 @@ class CollectorProcess:
     def _make_shm_ingestor(self, server: CollectorServer) -> ShmIngestor:
         """Called once, by ``CollectorServer.__init__``."""
         topo = self.topo
-        clients = ShmClients(topo.cfg.daemon.shm_dir, topo.shm_prefix, topo.layout, self.spaces)
+        clients = ShmClients(topo.shm_prefix, topo.layout, self.spaces)
         return ShmIngestor(server, clients, topo.cfg.runtime_dir / "doorbell.fifo",
                            attached_info(topo))
 

@@ -191,7 +191,7 @@ class CollectorServer:
         if plan.status:
             await self.send(writer, codec.encode(codec.StatusReport(status=self.status.build(self.port))))
         if plan.attach is not None:
-            await self.send(writer, self.shm.attach_reply(session, plan.attach, writer))
+            await self.shm.attach(session, plan.attach, writer)
         if plan.shm_sample is not None:
             await self.shm.sample_ready(session, plan.shm_sample, writer)
         if plan.newest_state:

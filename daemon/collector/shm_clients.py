@@ -1,20 +1,23 @@
 """Shared-memory clients on the collector side: attach, validate ring records, detach.
 
 A co-located client connects to the Unix socket, sends ATTACH, and gets its own
-StepRing (created here, mode 0600, in ``daemon.shm_dir``) plus the weights board and
-the doorbell FIFO to wake us. It then writes step records into its ring (batch or
+StepRing plus the weights board and the doorbell FIFO to wake us. The ring is a
+sealed memfd created here (``StepRing.create_sealed``) and handed over as a file
+descriptor, never a path: its size is sealed, so the client cannot shrink it under
+our mapping (before, a client that truncated its ring file killed the collector
+with SIGBUS). It then writes step records into its ring (batch or
 single steps) and sends SAMPLE_READY when a sample is complete. The collector
 drains every ring whenever the doorbell rings (and on a slow safety tick),
 validates the records vectorised (flags, finite numbers, spaces), stamps the
 client's stream id, and forwards them to the episode ring like TCP episodes. When
-the client's socket closes (exit, crash, SIGKILL) its ring is unlinked at once.
+the client's socket closes (exit, crash, SIGKILL) its ring is closed at once (the
+memory goes when the client's mapping goes too; a collector that dies takes its
+memfds with it, so there are no orphan rings to sweep).
 """
 from __future__ import annotations
 
-import os
 import secrets
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -62,25 +65,20 @@ def ring_capacity(requested: int | None, record_bytes: int) -> int:
 class ShmClients:
     """Rings of attached clients, keyed by session id. Used only by the event loop."""
 
-    def __init__(self, shm_dir: str, prefix: str, layout: StepLayout, spaces: Spaces) -> None:
-        self.shm_dir, self.prefix = Path(shm_dir), prefix
+    def __init__(self, prefix: str, layout: StepLayout, spaces: Spaces) -> None:
+        self.prefix = prefix
         self.layout, self.spaces = layout, spaces
         self.sessions: dict[int, ShmSession] = {}
-        self.remove_orphans()
-
-    def remove_orphans(self) -> list[Path]:
-        """Rings left by a previous collector of this daemon (their clients are gone)."""
-        orphans = list(self.shm_dir.glob(f"{self.prefix}.client-*"))
-        for path in orphans:
-            path.unlink(missing_ok=True)
-        return orphans
 
     def attach(self, session_id: int, capacity: int | None, pid: int | None = None) -> StepRing:
-        """Create the ring for one client (0600, our user). Called on ATTACH."""
+        """Create the sealed ring of one client; ``ring.segment.fd`` is what to hand it.
+
+        Called on ATTACH. Raises ``ShmError`` (no memory) or ``OSError`` (memfds or
+        seals unavailable); nothing is registered then.
+        """
         name = f"{self.prefix}.client-{session_id}-{secrets.token_hex(4)}"
-        ring = StepRing.create(str(self.shm_dir / name), self.layout,
-                               ring_capacity(capacity, self.layout.record_bytes),
-                               mode=0o600)
+        ring = StepRing.create_sealed(name, self.layout,
+                                      ring_capacity(capacity, self.layout.record_bytes))
         self.sessions[session_id] = ShmSession(ring, pid)
         return ring
 
@@ -89,15 +87,10 @@ class ShmClients:
         return [sid for sid, s in self.sessions.items() if s.pid and not pid_alive(s.pid)]
 
     def detach(self, session_id: int) -> None:
-        """Forget a client and unlink its ring (idempotent)."""
+        """Forget a client and close its ring: our mapping and our descriptor (idempotent)."""
         shm = self.sessions.pop(session_id, None)
         if shm is not None:
-            path = shm.ring.path
             shm.ring.close()
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
 
     def read(self, session_id: int, max_records: int) -> np.ndarray:
         """Validated records from one client's ring.

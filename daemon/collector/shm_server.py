@@ -1,5 +1,9 @@
 """Event-loop side of shared-memory clients: ATTACH replies, doorbell-driven draining.
 
+ATTACH is answered with the ATTACHED frame and then one byte carrying the client's
+sealed ring memfd (SCM_RIGHTS, see ``codec.Attached``); a ring that cannot be made is
+refused with ERROR and the connection closed, the collector carries on.
+
 ``ShmIngestor`` belongs to the ``CollectorServer``. The doorbell FIFO (in the runtime
 directory, 0600) is registered with the event loop; producers write to it only when
 the collector has armed the rings' ``reader_sleeping`` flags, so an idle daemon with
@@ -25,7 +29,9 @@ from rlinkd.daemon.collector.core import Session
 from rlinkd.daemon.collector.ingest import InvalidEpisode
 from rlinkd.daemon.collector.shm_clients import ShmClients
 from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.errors import ShmError
 from rlinkd.shm.records import FINAL_OBS
+from rlinkd.shm.segment import MEMFD_PATH_PREFIX
 
 if TYPE_CHECKING:
     from rlinkd.daemon.collector.server import CollectorServer
@@ -43,6 +49,32 @@ def peer_pid(writer) -> int | None:
     pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                     struct.calcsize("3i")))
     return pid or None
+
+
+class RingUnavailable(codec.ProtocolError):
+    """No ring could be made for an ATTACH (no memory, memfds or seals unavailable).
+    The connection boundary answers it like a protocol error: ERROR, then close."""
+
+
+async def send_fd(writer: asyncio.StreamWriter, fd: int, timeout_s: float) -> None:
+    """Hand ``fd`` to the Unix-socket peer of ``writer``: one ``codec.RING_FD_BYTE`` with the
+    descriptor as SCM_RIGHTS, after everything written before it.
+
+    Waits (up to ``timeout_s``, else ``asyncio.TimeoutError``) until asyncio's write buffer
+    is empty, so the byte cannot overtake an earlier frame. ``ConnectionError`` if the
+    peer's socket buffer is full (a client that does not read).
+    """
+    transport = writer.transport
+    transport.set_write_buffer_limits(high=0)  # drain() now waits for an empty buffer
+    try:
+        await asyncio.wait_for(writer.drain(), timeout_s)
+    finally:
+        transport.set_write_buffer_limits()
+    with socket.socket(fileno=os.dup(writer.get_extra_info("socket").fileno())) as sock:
+        try:
+            socket.send_fds(sock, [codec.RING_FD_BYTE], [fd])
+        except BlockingIOError as exc:
+            raise ConnectionError("client does not read: its ring descriptor cannot be sent") from exc
 
 
 def make_doorbell_fifo(path: Path) -> Doorbell:
@@ -81,17 +113,29 @@ class ShmIngestor:
         self.doorbell_path.unlink(missing_ok=True)
 
     # ------------------------------------------------------------ attach / detach
-    def attach_reply(self, session: Session, capacity: int, writer) -> bytes:
+    async def attach(self, session: Session, capacity: int, writer: asyncio.StreamWriter) -> None:
+        """ATTACH: create the client's sealed ring, reply ATTACHED, then send the ring's fd.
+
+        Called by the server's connection loop. ``RingUnavailable`` when no ring can be
+        made; connection errors and timeouts end the connection (which detaches the ring).
+        """
         pid = peer_pid(writer)
-        ring = self.clients.attach(session.id, capacity, pid)
+        try:
+            ring = self.clients.attach(session.id, capacity, pid)
+        except (ShmError, OSError) as exc:
+            raise RingUnavailable(f"no shared-memory ring for this client: {exc}") from exc
         self.locks[session.id] = asyncio.Lock()
         log.info("shm_client_attached", session=session.id, ring=ring.path,
                  capacity_records=ring.capacity, pid=pid)
-        return codec.encode(codec.Attached(ring_path=ring.path, doorbell_path=str(self.doorbell_path),
-                                           **self.attached_info))
+        name = ring.path.removeprefix(MEMFD_PATH_PREFIX)
+        writer.write(codec.encode(codec.Attached(ring_name=name, doorbell_path=str(self.doorbell_path),
+                                                 **self.attached_info)))
+        assert ring.segment.fd is not None, "create_sealed keeps the memfd open"
+        await send_fd(writer, ring.segment.fd, self.server.cfg.server.read_timeout_s)
+        ring.segment.close_fd()  # one descriptor fewer per client; our mapping stays
 
     async def detach(self, session: Session) -> None:
-        """The client went away: take what it wrote, then unlink its ring."""
+        """The client went away: take what it wrote, then close its ring."""
         if session.id not in self.clients.sessions:
             return
         try:
@@ -104,7 +148,7 @@ class ShmIngestor:
     def reap_gone(self) -> None:
         """Called every collector tick, checks at most once a second: close sessions whose
         attaching process has exited (a forked child may still hold the socket open);
-        closing detaches and unlinks."""
+        closing detaches the ring."""
         now = time.monotonic()
         if now < self.next_reap:
             return

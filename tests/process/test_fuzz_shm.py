@@ -18,12 +18,13 @@ import socket
 import gymnasium as gym
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlinkd.client_lib import connect, run_env
 from rlinkd.client_lib.protocol.masking import mask_spec
 from rlinkd.client_lib.protocol.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, record_fields
+from rlinkd.client_lib.shm_client import receive_ring_fd
 from rlinkd.daemon.collector.ingest import InvalidEpisode, Spaces
 from rlinkd.daemon.collector.shm_clients import ShmClients
 from rlinkd.shm.records import FINAL_OBS, StepLayout
@@ -65,20 +66,33 @@ def valid_records(n: int, layout: StepLayout = LAYOUT) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def attached(shm_dir: str, steps: int | None = None, layout: StepLayout = LAYOUT,
-             spaces: Spaces = SPACES):
+def attached(steps: int | None = None, layout: StepLayout = LAYOUT, spaces: Spaces = SPACES):
     """A collector-side ShmClients with client 1 attached; ``steps`` valid steps written by a
-    producer first (None: nothing). Detaches (unlinks the ring) on exit."""
-    clients = ShmClients(shm_dir, "fz", layout, spaces)
+    producer first (None: nothing). Detaches (closes the ring) on exit."""
+    clients = ShmClients("fz", layout, spaces)
     ring = clients.attach(1, RING_RECORDS)
     try:
         if steps is not None:
-            producer = StepRing.attach(ring.path, layout, role="producer")
+            producer = client_side(ring)
             producer.write_batch(valid_records(steps, layout))
             producer.close()
         yield clients, ring
     finally:
         clients.detach(1)
+
+
+def client_side(ring: StepRing) -> StepRing:
+    """The producer's own mapping of a collector-made ring, as a client gets it."""
+    assert ring.segment.fd is not None
+    return StepRing.attach_fd(os.dup(ring.segment.fd), "fz", ring.layout, role="producer")
+
+
+def scribble(ring: StepRing, writes) -> None:
+    """Write bytes anywhere into the ring's memfd, as its client could."""
+    assert ring.segment.fd is not None
+    size = records_offset(ring.layout) + RING_RECORDS * ring.layout.record_bytes
+    for offset, data in writes:
+        os.pwrite(ring.segment.fd, data[:size - offset], offset)
 
 
 offsets = st.one_of(st.integers(0, RECORDS_OFFSET - 1),            # the header, counters included
@@ -87,12 +101,11 @@ offsets = st.one_of(st.integers(0, RECORDS_OFFSET - 1),            # the header,
 scribbles = st.lists(st.tuples(offsets, st.binary(min_size=1, max_size=12)), min_size=1, max_size=6)
 
 
-@settings(max_examples=400, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=400, deadline=None, database=None)
 @given(steps=st.integers(0, 300), writes=scribbles)
-def test_a_scribbled_ring_is_read_validated_or_refused(shm_dir, steps, writes):
-    with attached(shm_dir, steps) as (clients, ring):
-        scribble_and_check(clients, ring, writes, RING_BYTES)
+def test_a_scribbled_ring_is_read_validated_or_refused(steps, writes):
+    with attached(steps) as (clients, ring):
+        scribble_and_check(clients, ring, writes)
 
 
 c_offsets = st.one_of(st.integers(0, records_offset(C_LAYOUT) - 1),
@@ -100,35 +113,31 @@ c_offsets = st.one_of(st.integers(0, records_offset(C_LAYOUT) - 1),
                       st.integers(records_offset(C_LAYOUT), C_RING_BYTES - 1))
 
 
-@settings(max_examples=200, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, database=None)
 @given(steps=st.integers(0, 300),
        writes=st.lists(st.tuples(c_offsets, st.binary(min_size=1, max_size=12)), min_size=1, max_size=6))
-def test_a_scribbled_composite_ring_is_read_validated_or_refused(shm_dir, steps, writes):
-    with attached(shm_dir, steps, C_LAYOUT, C_SPACES) as (clients, ring):
-        scribble_and_check(clients, ring, writes, C_RING_BYTES)
+def test_a_scribbled_composite_ring_is_read_validated_or_refused(steps, writes):
+    with attached(steps, C_LAYOUT, C_SPACES) as (clients, ring):
+        scribble_and_check(clients, ring, writes)
 
 
-def test_valid_composite_records_pass_and_a_masked_action_is_refused(shm_dir):
+def test_valid_composite_records_pass_and_a_masked_action_is_refused():
     """The composite fuzz starts from records that pass (so scribbles are what it tests)."""
-    with attached(shm_dir, 20, C_LAYOUT, C_SPACES) as (clients, _):
+    with attached(20, C_LAYOUT, C_SPACES) as (clients, _):
         assert len(clients.read(1, 256)) == 21
-    with attached(shm_dir, None, C_LAYOUT, C_SPACES) as (clients, ring):
+    with attached(None, C_LAYOUT, C_SPACES) as (clients, ring):
         bad = valid_records(3, C_LAYOUT)
         bad["action"][1, 0] = 1                      # the mask forbids turn choice 1
-        producer = StepRing.attach(ring.path, C_LAYOUT, role="producer")
+        producer = client_side(ring)
         producer.write_batch(bad)
         producer.close()
         with pytest.raises(InvalidEpisode, match="action mask forbids"):
             clients.read(1, 256)
 
 
-def scribble_and_check(clients: ShmClients, ring, writes, ring_bytes: int) -> None:
-    """Scribble over the ring file, then read: every read passes or the ring is refused."""
-    with open(ring.path, "r+b") as f:
-        for offset, data in writes:
-            f.seek(offset)
-            f.write(data[:ring_bytes - offset])
+def scribble_and_check(clients: ShmClients, ring: StepRing, writes) -> None:
+    """Scribble over the ring, then read: every read passes or the ring is refused for good."""
+    scribble(ring, writes)
     read = refused = 0
     for _ in range(RING_RECORDS // 256 + 2):
         try:
@@ -145,39 +154,35 @@ def scribble_and_check(clients: ShmClients, ring, writes, ring_bytes: int) -> No
 
 
 @pytest.mark.parametrize("tail, head", [(2**64 - 1, 0), (RING_RECORDS + 1, 0), (0, 5)])
-def test_impossible_counters_are_refused(shm_dir, tail, head):
-    with attached(shm_dir) as (clients, ring):
-        with open(ring.path, "r+b") as f:
-            f.seek(TAIL_OFFSET)
-            f.write(tail.to_bytes(8, "little"))
-            f.seek(HEAD_OFFSET)
-            f.write(head.to_bytes(8, "little"))
+def test_impossible_counters_are_refused(tail, head):
+    with attached() as (clients, ring):
+        scribble(ring, [(TAIL_OFFSET, tail.to_bytes(8, "little")), (HEAD_OFFSET, head.to_bytes(8, "little"))])
         assert clients.readable() == [1]
         with pytest.raises(InvalidEpisode, match="ring counters corrupt"):
             clients.read(1, 256)
         assert clients.readable() == [] and clients.arm() is False
 
 
-def test_a_closed_flag_alone_is_no_news(shm_dir):
+def test_a_closed_flag_alone_is_no_news():
     """A ring whose client set ``closed`` but wrote nothing must let the collector sleep."""
-    with attached(shm_dir) as (clients, ring):
-        producer = StepRing.attach(ring.path, LAYOUT, role="producer")
+    with attached() as (clients, ring):
+        producer = client_side(ring)
         producer.mark_closed()
         producer.close()
         assert clients.readable() == [] and clients.arm() is False
 
 
-def test_a_leaving_clients_ring_is_no_longer_watched_but_still_drained(shm_dir):
+def test_a_leaving_clients_ring_is_no_longer_watched_but_still_drained():
     """After its connection closed, the drain loop must not spin on the ring; detach reads it."""
-    with attached(shm_dir, 10) as (clients, _):
+    with attached(10) as (clients, _):
         clients.leave(1)
         assert clients.readable() == [] and clients.arm() is False
         assert len(clients.read(1, 1 << 14)) == 11
 
 
-def test_reads_never_exceed_the_unread_count_checked(shm_dir):
+def test_reads_never_exceed_the_unread_count_checked():
     """A full ring read with a chunk larger than the ring returns at most ``capacity`` records."""
-    with attached(shm_dir, RING_RECORDS - 1) as (clients, _):
+    with attached(RING_RECORDS - 1) as (clients, _):
         assert len(clients.read(1, 1 << 14)) == RING_RECORDS
 
 
@@ -212,16 +217,17 @@ def test_hostile_attach_clients_spare_the_daemon(shared_daemon, steps, writes):
     try:
         attached = unix_request(sock, {"type": "ATTACH", "pid": os.getpid(), "capacity_records": RING_RECORDS})
         assert attached["type"] == "ATTACHED", attached
-        path = attached["ring_path"]
-        assert oct(os.stat(path).st_mode & 0o777) == "0o600"
-        producer = StepRing.attach(path, StepLayout.from_json(attached["layout"]), role="producer")
-        producer.write_batch(valid_records(steps).astype(producer.layout.dtype))
-        producer.close()
-        size = os.path.getsize(path)
-        with open(path, "r+b") as f:
+        ring_fd = receive_ring_fd(sock)
+        try:
+            producer = StepRing.attach_fd(os.dup(ring_fd), attached["ring_name"],
+                                          StepLayout.from_json(attached["layout"]), role="producer")
+            producer.write_batch(valid_records(steps).astype(producer.layout.dtype))
+            producer.close()
+            size = os.fstat(ring_fd).st_size
             for offset, data in writes:
-                f.seek(min(offset, size - 1))
-                f.write(data[:size - min(offset, size - 1)])
+                os.pwrite(ring_fd, data[:size - min(offset, size - 1)], min(offset, size - 1))
+        finally:
+            os.close(ring_fd)
         raw_send(sock, {"type": "SAMPLE_READY", "env_steps": steps, "get_state": False})
         seen = replies_until_close(sock)
         assert set(seen) <= {"WEIGHTS_READY", "ERROR", "PONG"}, seen

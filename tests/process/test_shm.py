@@ -12,7 +12,10 @@ import gymnasium as gym
 import pytest
 
 from rlinkd.client_lib import connect, run_env
-from tests.helpers import REPO, raw_recv, raw_send, wait_for
+from rlinkd.client_lib.shm_client import receive_ring_fd
+from rlinkd.shm.records import FINAL_OBS, TERMINATED, StepLayout
+from rlinkd.shm.ring import StepRing
+from tests.helpers import REPO, BackgroundClient, raw_recv, raw_send, wait_for
 
 pytestmark = pytest.mark.process
 
@@ -21,19 +24,45 @@ def shm_segments(daemon) -> list[str]:
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"rlinkd.{daemon.pid}."))
 
 
+def collector_pid(daemon) -> int:
+    return daemon.status()["children"]["collector"]["pid"]
+
+
+def client_rings(daemon) -> set[str]:
+    """Names of the client-ring memfds the collector still holds (descriptor or mapping)."""
+    pid = collector_pid(daemon)
+    seen = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            seen.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:
+            continue  # closed meanwhile
+    with open(f"/proc/{pid}/maps") as maps:
+        seen += [line.split(None, 5)[-1] for line in maps if "/memfd:" in line]
+    return {text.split("memfd:", 1)[1].strip().removesuffix(" (deleted)")
+            for text in seen if "memfd:" in text and ".client-" in text}
+
+
+def attach_raw(daemon, sock: socket.socket) -> tuple[dict, int]:
+    """ATTACH with raw frames (seed-only framing), then the ring descriptor that follows."""
+    sock.connect(daemon.unix_socket)
+    raw_send(sock, {"type": "ATTACH", "pid": os.getpid()})
+    attached = raw_recv(sock)
+    assert attached["type"] == "ATTACHED", attached
+    return attached, receive_ring_fd(sock)
+
+
 def test_shm_client_trains_and_its_ring_is_reclaimed(daemon):
     addr = f"shm:{daemon.state_dir}"
     agent = connect(addr)
     assert type(agent.link).__name__ == "ShmLink"
-    rings = [n for n in shm_segments(daemon) if ".client-" in n]
-    assert len(rings) == 1
-    assert oct(os.stat(f"/dev/shm/{rings[0]}").st_mode & 0o777) == "0o600"
+    assert not any(".client-" in n for n in shm_segments(daemon))  # no file anyone could open
+    assert len(client_rings(daemon)) == 1
     stats = run_env(gym.make("CartPole-v1"), agent, steps=2 * agent.env_steps_per_sample, seed=0)
     assert stats.steps == 2 * agent.env_steps_per_sample
     assert agent.weights_seq_no >= 2  # on-policy: each sample trained before continuing
     agent.close()
-    wait_for(lambda: not any(".client-" in n for n in shm_segments(daemon)), 10,
-             what="ring unlinked after close")
+    wait_for(lambda: not client_rings(daemon), 10, what="ring closed by the collector after close")
     assert daemon.status()["env_steps"] == 2 * agent.env_steps_per_sample
 
 
@@ -42,11 +71,10 @@ def test_sigkilled_shm_client_segments_are_reclaimed(daemon):
             f"run_env(gym.make('CartPole-v1'), 'shm:{daemon.state_dir}', steps=10**9)")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
     wait_for(lambda: daemon.status()["env_steps"] >= 1024, 60, what="shm client training")
-    assert any(".client-" in n for n in shm_segments(daemon))
+    assert client_rings(daemon)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    wait_for(lambda: not any(".client-" in n for n in shm_segments(daemon)), 10,
-             what="ring reclaimed after SIGKILL")
+    wait_for(lambda: not client_rings(daemon), 10, what="ring reclaimed after SIGKILL")
     steps = daemon.status()["env_steps"]
     # Nothing of the dead client is counted any more, while the drain loop keeps running:
     # a new client trains for two samples, and the count grows by exactly its steps.
@@ -59,13 +87,11 @@ def test_sigkilled_shm_client_segments_are_reclaimed(daemon):
 
 def test_ring_of_a_client_that_attaches_and_leaves_without_sampling_is_reclaimed(daemon):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(daemon.unix_socket)
-    raw_send(sock, {"type": "ATTACH", "pid": os.getpid()})
-    assert raw_recv(sock)["type"] == "ATTACHED"
-    assert any(".client-" in n for n in shm_segments(daemon))
+    attached, ring_fd = attach_raw(daemon, sock)
+    os.close(ring_fd)
+    assert client_rings(daemon) == {attached["ring_name"]}
     sock.close()
-    wait_for(lambda: not any(".client-" in n for n in shm_segments(daemon)), 10,
-             what="ring unlinked after an attach-only client closed")
+    wait_for(lambda: not client_rings(daemon), 10, what="ring closed after an attach-only client left")
 
 
 def test_ring_reclaimed_when_the_attaching_pid_is_gone_though_its_socket_lives(daemon, tmp_path):
@@ -80,11 +106,51 @@ def test_ring_reclaimed_when_the_attaching_pid_is_gone_though_its_socket_lives(d
     child = int(child_pid_file.read_text())
     try:
         assert os.path.exists(f"/proc/{child}")  # the socket is still open in the child
-        wait_for(lambda: not any(".client-" in n for n in shm_segments(daemon)), 10,
-                 what="ring reclaimed after the attaching pid exited")
+        wait_for(lambda: not client_rings(daemon), 10, what="ring reclaimed after the attaching pid exited")
         assert '"shm_client_gone"' in daemon.log()
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+def test_a_client_cannot_shrink_its_ring_and_the_collector_keeps_running(daemon):
+    """The ring is a sealed memfd: ftruncate fails with EPERM (the ERROR the client gets),
+    whoever holds it, and the collector reads it as before. Before the seals, the
+    collector died of SIGBUS here and was restarted."""
+    before = daemon.status()["children"]["collector"]
+    good = BackgroundClient(f"shm:{daemon.state_dir}", seed=2).start()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    try:
+        wait_for(lambda: good.steps > 0 or good.error, 60, what="the well-behaved client training")
+        attached, ring_fd = attach_raw(daemon, sock)
+        for size in (0, 4096, os.fstat(ring_fd).st_size + 4096):
+            with pytest.raises(PermissionError):
+                os.ftruncate(ring_fd, size)
+        # a second descriptor, opened through the collector's own fd table, is no way round
+        sealed = [f"/proc/{before['pid']}/fd/{fd}" for fd in os.listdir(f"/proc/{before['pid']}/fd")
+                  if attached["ring_name"] in os.readlink(f"/proc/{before['pid']}/fd/{fd}")]
+        assert sealed  # the descriptor Python's mmap keeps beside the collector's mapping
+        reopened = os.open(sealed[0], os.O_RDWR)
+        with pytest.raises(PermissionError):
+            os.ftruncate(reopened, 0)
+        os.close(reopened)
+        ring = StepRing.attach_fd(ring_fd, attached["ring_name"], StepLayout.from_json(attached["layout"]))
+        episode = ring.layout.empty(4)  # 3 steps of a CartPole episode, then its final obs
+        episode["reward"][:3] = 1.0
+        episode["flags"][3] = FINAL_OBS | TERMINATED
+        assert ring.write_batch(episode) == 4
+        raw_send(sock, {"type": "SAMPLE_READY", "env_steps": 3, "get_state": False})
+        assert raw_recv(sock)["type"] == "WEIGHTS_READY"  # read and accepted: no ERROR
+        assert ring.readable_records() == 0  # the collector consumed all four records
+        ring.close()
+        steps = good.steps
+        wait_for(lambda: good.steps > steps + 100 or good.error, 60, what="the good client going on")
+        assert good.error is None, good.error
+        after = daemon.status()["children"]["collector"]
+        assert (after["pid"], after["restarts"]) == (before["pid"], 0), after
+    finally:
+        sock.close()
+        good.stop()
 
 
 def test_auto_prefers_shm_locally_and_tcp_and_shm_mix(daemon):

@@ -158,7 +158,7 @@ SIMPLE_MESSAGES = [
     codec.Status(), codec.Status(token="t"),
     codec.StatusReport(), codec.StatusReport(status={"env_steps": 5, "nested": {"a": [1, 2]}}),
     codec.Attach(pid=4242), codec.Attach(pid=1, capacity_records=4096, token="t"),
-    codec.Attached(ring_path="/dev/shm/r", board_path="/dev/shm/b", doorbell_path="/run/d",
+    codec.Attached(ring_name="rlinkd.1.ab.client-1-cd", board_path="/dev/shm/b", doorbell_path="/run/d",
                    layout={"obs_size": 4}, policy_spec={"obs_size": 4}, env_steps_per_sample=64,
                    force_on_policy=True),
     codec.SampleReady(env_steps=64), codec.SampleReady(env_steps=3, get_state=False),

@@ -183,6 +183,32 @@ def test_attach_refuses_an_unexpected_layout(ring):
         StepRing.attach(ring.path, expected_layout=StepLayout.flat(8, 1, 2))
 
 
+def test_a_sealed_ring_is_produced_through_a_passed_descriptor():
+    """The collector's side (create_sealed) and a client's (attach_fd on a descriptor)."""
+    ring = StepRing.create_sealed("rlk.client-1-x", LAYOUT, 8)
+    producer = StepRing.attach_fd(os.dup(ring.segment.fd), "rlk.client-1-x", LAYOUT)
+    try:
+        assert producer.path == ring.path == "memfd:rlk.client-1-x" and producer.capacity == 8
+        producer.write_batch(numbered(0, 5))
+        assert_numbered(ring.read_batch(8), 0)
+        assert ring.header()["writer_pid"] == os.getpid()
+        with pytest.raises(PermissionError):
+            os.ftruncate(ring.segment.fd, 0)
+    finally:
+        producer.close()
+        ring.close()
+
+
+def test_attach_fd_checks_the_header_and_always_takes_the_descriptor():
+    ring = StepRing.create_sealed("rlk.r", LAYOUT, 8)
+    fd = os.dup(ring.segment.fd)
+    with pytest.raises(LayoutError, match=r"step layout .* expected \(8, 1, 2\)"):
+        StepRing.attach_fd(fd, "rlk.r", expected_layout=StepLayout(8, 1, 2))
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed by the failed attach
+    ring.close()
+
+
 def test_create_requires_a_power_of_two(shm_dir):
     with pytest.raises(ValueError, match="power of two"):
         StepRing.create(os.path.join(shm_dir, "bad"), LAYOUT, 12)

@@ -96,3 +96,27 @@ def test_messages_larger_than_the_episode_ring_wait_for_space_and_all_arrive(tmp
         assert status["weights_seq_no"] >= 3  # each on-policy sample went through the ring and was trained on
     finally:
         assert d.stop() == {"collector": 0, "connector": 0, "learner": 0, "checkpointer": 0}
+
+
+def test_an_attach_that_gets_no_ring_is_refused_and_shm_clients_train_after(inproc, monkeypatch):
+    """No memfd to be had (seccomp, old kernel, no memory): ERROR to that client, connection
+    closed, the collector carries on; then a real shm client attaches (descriptor passing)."""
+    import errno
+    import os
+
+    from rlinkd.client_lib.protocol import codec
+    from rlinkd.client_lib.transport import ServerError
+    from rlinkd.shm.ring import StepRing
+
+    def unavailable(*args):
+        raise OSError(errno.ENOSYS, "memfd_create")
+    address = f"unix://{inproc.listening.unix_socket}"
+    with monkeypatch.context() as patch:
+        patch.setattr(StepRing, "create_sealed", unavailable)
+        with RLlinkClient(address) as client:
+            with pytest.raises(ServerError, match="no shared-memory ring for this client"):
+                client.request(codec.Attach(pid=os.getpid()), codec.Attached)
+            with pytest.raises(ConnectionError):
+                client.ping()
+    stats = run_env(gym.make("CartPole-v1"), address, steps=400, seed=0)
+    assert stats.steps == 400
