@@ -246,5 +246,5 @@ def export_policy(out: str | os.PathLike, state_dir: Path, checkpoint: str | os.
     meta = sidecar(loaded, policy, onnx_path.name, onnx_bytes)
     json_path = sidecar_path(onnx_path)
     write_files({onnx_path: onnx_bytes,
-                 json_path: (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode()})
+                 json_path: (json.dumps(meta, indent=1) + "\n").encode()})  # Dict key order is meaningful
     return ExportResult(onnx_path, json_path, loaded.weights_seq_no, loaded.checkpoint.path)

@@ -76,13 +76,15 @@ BATCH_RECORDS = 1024
 
 # ---------------------------------------------------------------- data
 def cartpole_spaces():
-    """(observation SpaceSpec, action SpaceSpec, StepLayout) of CartPole-v1."""
+    """(ingest.Spaces, StepLayout) of CartPole-v1."""
     import gymnasium as gym
-    from rlinkd.client_lib.protocol.spaces import SpaceSpec
+    from rlinkd.client_lib.protocol.spaces import space_from_gym
+    from rlinkd.daemon.collector.ingest import Spaces
     from rlinkd.shm.records import StepLayout
     env = gym.make("CartPole-v1")
     try:
-        return SpaceSpec.from_gym(env.observation_space), SpaceSpec.from_gym(env.action_space), StepLayout.flat(4, 1, 2)
+        obs, act = space_from_gym(env.observation_space), space_from_gym(env.action_space)
+        return Spaces(obs, act, act.dist_size), StepLayout.flat(4, 1, 2)
     finally:
         env.close()
 
@@ -153,8 +155,8 @@ def shm_consumer(conn, prefix: str, fifo_path: str, profile: bool) -> None:
     from rlinkd.daemon.collector.shm_clients import ShmClients
     from rlinkd.daemon.collector.shm_server import make_doorbell_fifo
     from rlinkd.shm.ring import StepRing
-    obs_space, act_space, layout = cartpole_spaces()
-    clients = ShmClients(prefix, layout, obs_space, act_space)
+    spaces, layout = cartpole_spaces()
+    clients = ShmClients(prefix, layout, spaces)
     ring = clients.attach(1, None)
     ring.doorbell = make_doorbell_fifo(Path(fifo_path))
     out_ring = StepRing.create(f"{SHM_DIR}/{prefix}.episodes", layout, 1 << 17)
@@ -452,10 +454,10 @@ def _attach_shm_client(unix_socket: str):
 
 def _one_step_records(layout) -> np.ndarray:
     """A terminated 1-step episode: 1 step record + 1 FINAL_OBS record."""
-    from rlinkd.client_lib.protocol.codec import EpisodeFragment
+    from rlinkd.client_lib.protocol.fragments import Fragment
     from rlinkd.client_lib.protocol.records import fragment_records
-    frag = EpisodeFragment(obs=np.zeros((2, 4)), actions=np.array([1]), rewards=np.array([1.0]),
-                           is_terminated=True, is_truncated=False)
+    frag = Fragment(obs={"": np.zeros((2, 4), np.float32)}, actions=np.float32([[1]]),
+                    rewards=np.array([1.0]), is_terminated=True, is_truncated=False)
     return fragment_records(frag, layout, 0, 0)
 
 
