@@ -89,7 +89,8 @@ def test_sidecar_round_trips_and_describes_the_onnx_file(tmp_path):
     assert PolicySpec.from_json(meta["policy_spec"]) == spec
     data = result.onnx_path.read_bytes()
     assert meta["onnx"] == {"file": "model.onnx", "sha256": hashlib.sha256(data).hexdigest(),
-                            "input": ONNX_INPUT_NAME, "output": ONNX_OUTPUT_NAME,
+                            "input": ONNX_INPUT_NAME, "inputs": {ONNX_INPUT_NAME: ""},
+                            "output": ONNX_OUTPUT_NAME,
                             "output_layout": "mean_then_log_std", "opset": 17}
     assert meta["weights_seq_no"] == 42 and meta["policy"] == "default"
     assert meta["checkpoint"] == {"path": str(ckpt.path), "index": 1}
