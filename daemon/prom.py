@@ -70,7 +70,8 @@ GAUGES: dict[str, tuple[Path, str]] = {
                                     "(last 10 s)."),
     "rlinkd_weights_seq_no": (("weights_seq_no",), "Version of the weights being served."),
     "rlinkd_clients": (("clients",), "Connected sampling clients."),
-    "rlinkd_connections": (("connections",), "Open connections (TCP and Unix socket)."),
+    "rlinkd_connections": (("connections",), "Open connections (TCP and Unix socket; the "
+                           "scrape's own STATUS connection included)."),
     "rlinkd_waiting_clients": (("waiting_clients",), "On-policy clients waiting for weights."),
     "rlinkd_episode_return_mean": (("episode_return_mean",), "Mean return of the last 100 "
                                    "episodes."),

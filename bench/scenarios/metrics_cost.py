@@ -1,14 +1,15 @@
 """What a Prometheus scrape of ``/metrics`` costs: wall time per scrape and CPU per scrape.
 
-    python -m bench.scenarios.metrics_cost [--scrapes 200] [--clients 2] [--load-s 30] [--out FILE]
+    python -m bench.scenarios.metrics_cost [--scrapes 200] [--clients 2] [--window-s 10]
+        [--windows 4] [--out FILE]
 
 One daemon with ``metrics.listen = 127.0.0.1:0``. Idle (no client): ``--scrapes`` scrapes one
 after another, timed from the request to the parsed answer; the CPU time the supervisor (it
 serves the endpoint) and the collector (it answers the scrape's STATUS) spent during them,
 minus what they spend in an equally long window without scrapes, per scrape. Under load
-(``--clients`` CartPole clients training): one scrape a second for ``--load-s`` seconds, the
-same wall-time figures, and the daemon's env steps/s in that window against an equally long
-window without scrapes. Writes bench/results/metrics.json.
+(``--clients`` CartPole clients training): ``--windows`` pairs of ``--window-s`` windows,
+alternately without scrapes and with one scrape a second: the scrapes' wall times and the
+daemon's env steps/s (median per kind of window). Writes bench/results/metrics.json.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import urllib.request
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.harness.common import LOOPBACK, percentiles, write_result
+from bench.harness.common import LOOPBACK, median_range, percentiles, write_result
 from bench.harness.daemon import Daemon
 from rlinkd.daemon.launch import rlinkd_command, stop_processes
 
@@ -83,7 +84,7 @@ def steps_per_s(d: Daemon, seconds: float, url: str | None, times: list[float]) 
     return (d.status()["env_steps"] - start) / (time.monotonic() - t0)
 
 
-def load_phase(d: Daemon, url: str, clients: int, seconds: float) -> dict:
+def load_phase(d: Daemon, url: str, clients: int, seconds: float, windows: int) -> dict:
     procs = [subprocess.Popen(rlinkd_command("client", "--connect", f"tcp://{LOOPBACK}:{d.port}",
                                              "--steps", "100000000"),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -94,27 +95,31 @@ def load_phase(d: Daemon, url: str, clients: int, seconds: float) -> dict:
             time.sleep(0.5)
         time.sleep(5)  # past the first updates
         times: list[float] = []
-        without = steps_per_s(d, seconds, None, times)
-        with_scrapes = steps_per_s(d, seconds, url, times)
+        without, scraped = [], []
+        for _ in range(windows):  # alternating windows: slow drifts hit both sides alike
+            without.append(steps_per_s(d, seconds, None, times))
+            scraped.append(steps_per_s(d, seconds, url, times))
     finally:
         stop_processes(procs)
-    return {"clients": clients, "window_s": seconds,
+    return {"clients": clients, "window_s": seconds, "windows_each": windows,
             "scrape_ms": percentiles([1000 * t for t in times], ndigits=2),
-            "env_steps_per_s": {"without_scrapes": round(without), "scraped_1hz": round(with_scrapes)}}
+            "env_steps_per_s": {"without_scrapes": median_range(without, 0),
+                                "scraped_1hz": median_range(scraped, 0)}}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scrapes", type=int, default=200)
     ap.add_argument("--clients", type=int, default=2)
-    ap.add_argument("--load-s", type=float, default=30.0)
+    ap.add_argument("--window-s", type=float, default=10.0)
+    ap.add_argument("--windows", type=int, default=4)
     ap.add_argument("--out", help="result file (default: bench/results/metrics.json)")
     args = ap.parse_args()
     with Daemon(["metrics.listen=127.0.0.1:0"]) as d:
         url = d.info["metrics_url"]
         idle = idle_phase(d, url, args.scrapes)
         print({"idle": idle}, flush=True)
-        load = load_phase(d, url, args.clients, args.load_s)
+        load = load_phase(d, url, args.clients, args.window_s, args.windows)
         print({"load": load}, flush=True)
     write_result("metrics", {"idle": idle, "load": load}, args.out)
     return 0
