@@ -1,9 +1,12 @@
 """The daemon's status report, assembled in the collector (the process clients talk to).
 
-Sources: the collector's own counters, the learner's last ``WeightsPublished`` stats,
-the connector's ``ConnectorStats`` and the supervisor's ``DaemonInfo`` (children,
-restarts, last checkpoint). ``rlinkd status`` prints this dict; the supervisor gets it
-every ``status_interval_s`` for checkpoints and systemd STATUS= lines.
+Sources: the collector's own counters (protocol errors by kind, message-latency
+histograms), the episode ring's fill, the learner's ``WeightsPublished`` stats (the last
+update's, and a histogram of update times), the connector's ``ConnectorStats`` (batch
+slots by state) and the supervisor's ``DaemonInfo`` (children, restarts, last checkpoint,
+the metrics URL). ``rlinkd status`` prints this dict, the Prometheus endpoint
+(``daemon.prom``) exports it; the supervisor gets a digest every ``status_interval_s``
+for TensorBoard and systemd STATUS= lines.
 """
 from __future__ import annotations
 
