@@ -53,7 +53,8 @@ def parse_address(text: str, default_port: int = 5555) -> Address:
     url = urlparse(text if "://" in text else f"tcp://{text}")
     if url.scheme not in ("tcp", "tls") or not url.hostname:
         raise ValueError(f"{text!r}: expected tcp://HOST:PORT, HOST:PORT or unix:///PATH")
-    return Address(url.scheme, host=url.hostname, port=url.port or default_port)
+    port = url.port  # ValueError when out of range; 0 is a port (bind: pick one)
+    return Address(url.scheme, host=url.hostname, port=default_port if port is None else port)
 
 
 class RLlinkClient:

@@ -50,7 +50,7 @@ class CollectorProcess:
         core = CollectorCore(topo.cfg, topo.obs_space, topo.act_space, topo.layout,
                              topo.policy_spec.dist_size, topo.read_counters())
         weights = WeightsCache(self.board, topo.policy_spec)
-        self.status = StatusBuilder(topo, core, weights)
+        self.status = StatusBuilder(topo, core, weights, ring=self.ring)
         self.server = CollectorServer(core, self.ring, weights, self.status,
                                       make_shm=self._make_shm_ingestor,
                                       ssl_ctx=server_context(topo.cfg.server),

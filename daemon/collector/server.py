@@ -23,7 +23,7 @@ import structlog
 
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.codec import ProtocolError
-from rlinkd.daemon.collector.core import CollectorCore, Plan, Session
+from rlinkd.daemon.collector.core import CollectorCore, Plan, Session, error_kind
 from rlinkd.daemon.collector.status import StatusBuilder
 from rlinkd.daemon.collector.weights import WeightsCache
 from rlinkd.daemon.config import Config
@@ -168,8 +168,10 @@ class CollectorServer:
                             writer: asyncio.StreamWriter) -> None:
         while True:
             body = await self._read_frame(reader)
-            plan = self.core.handle(session, codec.decode_body(body))
-            await self._carry_out(session, plan, writer)
+            started = time.perf_counter()  # from the whole frame read to the reply written
+            msg = codec.decode_body(body)
+            await self._carry_out(session, self.core.handle(session, msg), writer)
+            self.status.message_latency.observe(msg.TYPE.value, time.perf_counter() - started)
 
     async def _read_frame(self, reader: asyncio.StreamReader) -> bytes:
         """First byte within idle_timeout_s; the rest of the frame within read_timeout_s."""
@@ -215,7 +217,7 @@ class CollectorServer:
 
     async def _protocol_error(self, session: Session, writer: asyncio.StreamWriter,
                               exc: ProtocolError) -> None:
-        self.core.count_protocol_error()
+        self.core.count_protocol_error(error_kind(exc))
         if self.error_log.allow():
             log.warning("protocol_error", peer=session.peer, error=str(exc)[:300],
                         suppressed_before=self.error_log.take_suppressed())
