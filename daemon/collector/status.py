@@ -111,6 +111,7 @@ class StatusBuilder:
             "waiting_clients": sum(1 for s in core.samplers() if s.waiting_cutoff is not None),
             "dropped_episodes": self.connector.get("dropped_episodes", 0),
             "protocol_errors": core.protocol_errors,
+            **core.admission.report(),
             "uptime_s": round(time.time() - self.topo.started_at, 1),
             "env_steps_per_s": round(self.rate.per_s(), 1),
             "host": self.topo.cfg.server.host,
