@@ -15,13 +15,14 @@ failing does not stop the others; the exit code says whether all succeeded):
     soak           bench.scenarios.soak            -> bench/results/soak.json   (10 min, 64 TCP + 8 shm clients)
     chaos          bench.scenarios.chaos           -> bench/results/chaos.json  (20 kills)
     fuzz           pytest tests/process/test_fuzz_live.py -> bench/results/fuzz.json
+    flood          bench.scenarios.flood           -> bench/results/flood.json  (1,000 silent sockets, 5 runs)
 
 (declared in ``bench.scenarios.SUITE``; the report is ``bench.report.section``, the targets
 ``bench.report.targets``).
 
 ``--quick`` is a smoke test: ``--quick`` to the benchmark scripts (small sizes, one run, the
-RLlib baseline reduced to one 90-s external-mode run of ray 2.48), one demo run, a 60-s soak
-and a 4-kill chaos run (those three write ``*-quick.json`` files the report ignores). Then the text between
+RLlib baseline reduced to one 90-s external-mode run of ray 2.48), one demo run, a 60-s soak,
+a 4-kill chaos run and a 200-socket flood (those four write ``*-quick.json`` files the report ignores). Then the text between
 ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in BENCHMARKS.md (markers appended at
 the end when absent; the rest of the file is kept) is replaced with: the exact commands, the
 machine's CPU count, every table (medians with min–max), the rlinkd/RLlib ratios (wall time,

@@ -54,7 +54,7 @@ class ServerConfig:
                                    "When all are full, a newcomer evicts the oldest connection "
                                    "still in its handshake; if there is none it gets ERROR and "
                                    "is closed.", minimum=1)
-    max_pending_connections: int = setting(64, "Connections that have not completed their "
+    max_pending_connections: int = setting(128, "Connections that have not completed their "
                                            "handshake (first message accepted: PING, with the "
                                            "token when one is set) held at once, at most "
                                            "`max_connections`; a newcomer beyond it evicts the "

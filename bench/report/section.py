@@ -162,6 +162,14 @@ def latency_target_lines(latency: dict | None, solve: dict | None) -> list[str]:
     return out
 
 
+def flood_target_lines(flood: dict | None) -> list[str]:
+    """Issue 15's target: a real client's handshake with the flood open (median of the runs)."""
+    median = ((flood or {}).get("flooded_ms") or {}).get("median")
+    sockets = (flood or {}).get("sockets", 1000)
+    context = "" if sockets == 1000 else f" (measured with {sockets:,} sockets)"
+    return [targets.FLOOD_HANDSHAKE.line(median, f"{median} ms", context)]
+
+
 def reliability_rows(fuzz: dict | None, soak: dict | None, chaos: dict | None) -> list[tuple]:
     """Issue 6's table: fuzzing, soak, chaos, one row per figure."""
     rows, rss = [], targets.SOAK_RSS_GROWTH
@@ -205,7 +213,7 @@ def section(results: dict, ran: dict, quick: bool) -> str:
              "### Commands and provenance", "\n".join(provenance(results, ran)),
              "### Targets",
              "\n".join(transport_target_lines(transport) + solve_target_lines(solve, rllib)
-                       + latency_target_lines(latency, solve))]
+                       + latency_target_lines(latency, solve) + flood_target_lines(results["flood"]))]
     if solve and rllib:
         rows = ratio_rows(solve, rllib)
         parts += ["### rlinkd / RLlib ratios (< 1: rlinkd needs less; steps/s > 1: rlinkd is faster)",
@@ -220,6 +228,7 @@ def section(results: dict, ran: dict, quick: bool) -> str:
                             ("Time to solve: RLlib", rllib, "table_markdown"),
                             ("Transport", transport, "table_markdown"),
                             ("Latency and scaling", latency, "tables_markdown"),
+                            ("Connection flood", results["flood"], "table_markdown"),
                             ("Where the time goes (py-spy)", profile, "summary_markdown")):
         if doc and doc.get(key):
             parts += [f"### {title}", doc[key]]
