@@ -22,13 +22,15 @@ failing does not stop the others; the exit code says whether all succeeded):
 
 ``--quick`` is a smoke test: ``--quick`` to the benchmark scripts (small sizes, one run, the
 RLlib baseline reduced to one 90-s external-mode run of ray 2.48), one demo run, a 60-s soak,
-a 4-kill chaos run and a 200-socket flood (those four write ``*-quick.json`` files the report ignores). Then the text between
-``<!-- bench:start -->`` and ``<!-- bench:end -->`` in BENCHMARKS.md (markers appended at
-the end when absent; the rest of the file is kept) is replaced with: the exact commands, the
-machine's CPU count, every table (medians with min–max), the rlinkd/RLlib ratios (wall time,
-env steps, steps/s, RSS) computed from the results of this invocation, and one line per
-target saying met or missed. ``--report-only`` only regenerates that section from the JSON
-files already in bench/results.
+a 4-kill chaos run and a 200-socket flood (those four write ``*-quick.json`` files the report
+ignores). Then the text between ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in
+BENCHMARKS.md (markers appended at the end when absent; the rest of the file is kept) is
+replaced with: the exact commands, the machine's CPU count, every table (medians with
+min–max), the rlinkd/RLlib ratios (wall time, env steps, steps/s, RSS) computed from the
+results of this invocation, one line per target saying met or missed, and the learning-curve
+pictures, redrawn first by ``bench.report.plots`` into ``bench/results/plots/``.
+``--report-only`` only regenerates that section (and the pictures) from the JSON files
+already in bench/results.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ import sys
 import time
 
 from bench.harness.common import REPO, RESULTS
+from bench.report import plots
 from bench.report.section import BENCHMARKS_MD, load, section, write_section
 from bench.scenarios import SUITE
 
@@ -75,7 +78,8 @@ def main() -> int:
     ran = {} if args.report_only else {n: run_script(n, args.quick, args.runs) for n in names}
     results = {name: load(name) for name in SUITE}
     quick = args.quick or any(doc and doc.get("quick") for doc in results.values())
-    text = section(results, ran, quick)
+    pictures = plots.markdown(plots.draw_all(results["rlinkd_solve"], results["rllib"]))
+    text = section(results, ran, quick, pictures)
     write_section(text)
     print(f"\n{text}\n\nupdated {BENCHMARKS_MD}")
     failed = [n for n, r in ran.items() if r["exit"] != 0]
