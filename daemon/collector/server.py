@@ -23,6 +23,7 @@ import structlog
 
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.codec import ProtocolError
+from rlinkd.client_lib.transport import EVICTED
 from rlinkd.daemon.collector.core import CollectorCore, Plan, Session
 from rlinkd.daemon.collector.status import StatusBuilder
 from rlinkd.daemon.collector.weights import WeightsCache
@@ -198,14 +199,15 @@ class CollectorServer:
 
     def _evict(self, session_id: int) -> None:
         """Close a connection still in its handshake to make room for a newer one (ERROR
-        first: an honest but slow client learns why). Its read loop ends and forgets it."""
+        first: an honest but slow client learns why, and client_lib reconnects on it). Its
+        read loop ends and forgets it."""
         writer = self.writers.get(session_id)
         if writer is None:
             return
         if self.error_log.allow():
             log.warning("connection_evicted", session=session_id, reason="pending connections full",
                         suppressed_before=self.error_log.take_suppressed())
-        writer.write(codec.encode(codec.Error(message="evicted: too many connections waiting for "
+        writer.write(codec.encode(codec.Error(message=f"{EVICTED} too many connections waiting for "
                                                       "their handshake")))
         writer.close()
 

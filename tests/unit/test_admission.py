@@ -1,6 +1,13 @@
-"""daemon.collector.admission: the pending cap, oldest-first eviction, refusal, counters."""
+"""daemon.collector.admission: the pending cap, oldest-first eviction, refusal, counters;
+and client_lib treating an eviction as worth a reconnect."""
 from __future__ import annotations
 
+import socket
+
+import pytest
+
+from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.transport import EVICTED, RLlinkClient, ServerError
 from rlinkd.daemon.collector.admission import Admission, Verdict
 
 
@@ -87,3 +94,18 @@ def test_timeouts_count_only_pending_connections_and_report_has_every_figure():
     adm.leave(2)
     assert adm.report() == {"pending_connections": 1, "handshake_timeouts": 1,
                             "evicted_connections": 1, "refused_connections": 0}
+
+
+@pytest.mark.parametrize(("message", "retry"), [(f"{EVICTED} too many connections waiting", True),
+                                                ("daemon shutting down: SIGTERM", True),
+                                                ("too many connections", False), ("wrong token", False)])
+def test_client_lib_reconnects_after_an_eviction_but_not_after_a_refusal(message, retry):
+    ours, theirs = socket.socketpair()
+    client = RLlinkClient("tcp://127.0.0.1:1")
+    client.sock = ours
+    theirs.sendall(codec.encode(codec.Error(message=message)))
+    with pytest.raises(ServerError) as caught:
+        client.recv()
+    assert caught.value.retry is retry
+    client.close()
+    theirs.close()
