@@ -78,7 +78,7 @@ def main() -> int:
     ran = {} if args.report_only else {n: run_script(n, args.quick, args.runs) for n in names}
     results = {name: load(name) for name in SUITE}
     quick = args.quick or any(doc and doc.get("quick") for doc in results.values())
-    pictures = plots.markdown(plots.draw_all(results["rlinkd_solve"], results["rllib"]))
+    pictures = plots.markdown(plots.draw_all(plots.rlinkd_curves(), results["rllib"]))
     text = section(results, ran, quick, pictures)
     write_section(text)
     print(f"\n{text}\n\nupdated {BENCHMARKS_MD}")

@@ -5,9 +5,9 @@
 One PNG per definition of "solved" (``FIGURES``), each with two panels: mean return against
 env steps and against wall seconds since launch, one line per run (``curve`` in the result
 files, ``bench.harness.curves``), one colour per system and configuration, the 450 target
-dashed. rlinkd's curves come from ``solve_compare.json`` (``bench.scenarios.rlinkd_solve``),
-RLlib's from ``rllib.json`` (``bench.scenarios.rllib_baseline``); an RLlib run recorded
-before curves were kept is drawn as one marker where it reached the target. Called by
+dashed. rlinkd's curves come from ``bench.scenarios.rlinkd_solve`` results
+(``RLINKD_CURVE_FILES``), RLlib's from ``rllib.json`` (``bench.scenarios.rllib_baseline``);
+a run recorded before curves were kept is drawn as one marker where it reached the target. Called by
 ``bench.run_all`` before it writes the BENCHMARKS.md section, which shows ``PLOTS_DIR``'s
 pictures; ``series`` (what is drawn) is pure, ``draw`` only renders it.
 """
@@ -124,18 +124,35 @@ def markdown(paths: list[Path], base: Path = REPO) -> str:
     return "\n\n".join(f"![{titles.get(p.name, p.stem)}]({p.relative_to(base).as_posix()})" for p in paths)
 
 
-def _load(name: str) -> dict | None:
+RLINKD_CURVE_FILES = ("solve_compare.json", "solve_curves.json")
+"""Where rlinkd's curves are read, first file with a curve wins: the published time-to-solve
+results, else a run made for the curves alone (``rlinkd_solve --out .../solve_curves.json``)."""
+
+
+def _load(path: Path) -> dict | None:
     try:
-        return json.loads((RESULTS / name).read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
         return None
+
+
+def _has_curve(doc: dict | None) -> bool:
+    return any(r.get("curve") for crit in ("own", "client") for section in ((doc or {}).get(crit) or {}).values()
+               for r in section.get("runs") or [])
+
+
+def rlinkd_curves(results_dir: Path = RESULTS) -> dict | None:
+    """The rlinkd result document to draw (see ``RLINKD_CURVE_FILES``); the first file when
+    none has a curve (its runs are then drawn as markers), None when none exists."""
+    docs = [doc for name in RLINKD_CURVE_FILES if (doc := _load(results_dir / name)) is not None]
+    return next((doc for doc in docs if _has_curve(doc)), docs[0] if docs else None)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=PLOTS_DIR, help="folder of the PNGs")
     args = ap.parse_args()
-    for path in draw_all(_load("solve_compare.json"), _load("rllib.json"), args.out):
+    for path in draw_all(rlinkd_curves(), _load(RESULTS / "rllib.json"), args.out):
         print(f"wrote {path}")
 
 

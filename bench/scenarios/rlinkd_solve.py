@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.scenarios.rlinkd_solve [--runs 3] [--timeout-s 600] [--quick]
                                            [--skip-rllib-client | --reuse-rllib-client]
-                                           [--rllib-client-seconds S]
+                                           [--rllib-client-seconds S] [--out FILE]
 
 Configurations: TCP and shared-memory clients, 1 and 2 of them, default daemon config.
 
@@ -270,6 +270,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true",
                     help="1 run of tcp×1 and shm×1 per definition; RLlib's client for at most 60 s")
     ap.add_argument("--skip-rllib-client", action="store_true")
+    ap.add_argument("--out", help="result file (default: bench/results/solve_compare.json)")
     ap.add_argument("--reuse-rllib-client", action="store_true",
                     help="do not run (iii): keep the rllib_client section of the existing result file, "
                          "marked with the time it was measured")
@@ -299,7 +300,7 @@ def main() -> int:
         print("(iii) RLlib 2.48 dummy client against rlinkd serve", flush=True)
         res["rllib_client"] = run_mode("rllib-2.48-client", lambda: rllib_client_run(rllib_limit), runs)
     res["table_markdown"] = table(res)
-    write_result("solve_compare", res)
+    write_result("solve_compare", res, args.out)
     return 0
 
 

@@ -1,6 +1,7 @@
 """bench.report.plots: what each learning-curve picture draws, and that a PNG is written."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rlinkd.daemon.demo import progress_line
@@ -59,3 +60,14 @@ def test_curves_are_thinned_and_demo_progress_lines_parsed():
     shown = progress_line(2.0, {"env_steps": 12345, "episode_return_mean_20": 45.5})
     lines = [(1.0, progress_line(1.0, {})), (2.1, shown), (2.2, "rlinkd demo: 2 tcp client(s)")]
     assert demo_points(lines) == [(2.1, 12345.0, 45.5)]
+
+
+def test_rlinkd_curves_come_from_the_first_result_file_that_has_one(tmp_path):
+    assert plots.rlinkd_curves(tmp_path) is None
+    published = {"client": {"tcpx1": {"runs": [run(60_000, 14.0, with_curve=False)]}}}
+    (tmp_path / "solve_compare.json").write_text(json.dumps(published))
+    assert plots.rlinkd_curves(tmp_path) == published  # drawn as markers
+    (tmp_path / "solve_curves.json").write_text(json.dumps(SOLVE))
+    assert plots.rlinkd_curves(tmp_path) == SOLVE
+    (tmp_path / "solve_compare.json").write_text(json.dumps(SOLVE | {"newer": True}))
+    assert plots.rlinkd_curves(tmp_path)["newer"]
