@@ -78,7 +78,9 @@ def main() -> int:
     ran = {} if args.report_only else {n: run_script(n, args.quick, args.runs) for n in names}
     results = {name: load(name) for name in SUITE}
     quick = args.quick or any(doc and doc.get("quick") for doc in results.values())
-    pictures = plots.markdown(plots.draw_all(plots.rlinkd_curves(), results["rllib"]))
+    curves = plots.rlinkd_curves()
+    drawn = plots.draw_all(curves, results["rllib"])
+    pictures = drawn and plots.caption(curves, results["rllib"]) + "\n\n" + plots.markdown(drawn)
     text = section(results, ran, quick, pictures)
     write_section(text)
     print(f"\n{text}\n\nupdated {BENCHMARKS_MD}")

@@ -129,6 +129,18 @@ RLINKD_CURVE_FILES = ("solve_compare.json", "solve_curves.json")
 results, else a run made for the curves alone (``rlinkd_solve --out .../solve_curves.json``)."""
 
 
+def caption(rlinkd: dict | None, rllib: dict | None) -> str:
+    """Where the drawn runs come from: command, time and load average of each document."""
+    def source(name: str, doc: dict | None) -> str:
+        if not doc:
+            return f"{name}: no results"
+        return (f"{name}: `{doc.get('command')}` ({doc.get('measured_at')}, load average "
+                f"{doc.get('load_avg_1m_at_end')} at the end)")
+    return ("Drawn from " + "; ".join((source("rlinkd", rlinkd), source("RLlib", rllib))) + ". One line per "
+            "run; an X marks where a run recorded without its curve reached 450. Wall seconds depend on "
+            "the machine's load, env steps hardly.")
+
+
 def _load(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())

@@ -71,3 +71,10 @@ def test_rlinkd_curves_come_from_the_first_result_file_that_has_one(tmp_path):
     assert plots.rlinkd_curves(tmp_path) == SOLVE
     (tmp_path / "solve_compare.json").write_text(json.dumps(SOLVE | {"newer": True}))
     assert plots.rlinkd_curves(tmp_path)["newer"]
+
+
+def test_caption_names_each_source_and_its_load():
+    text = plots.caption({"command": "python -m x --out y", "measured_at": "2026-11-23 19:15:14",
+                          "load_avg_1m_at_end": 7.48}, None)
+    assert "rlinkd: `python -m x --out y` (2026-11-23 19:15:14, load average 7.48 at the end)" in text
+    assert "RLlib: no results" in text
