@@ -24,8 +24,15 @@ class RLlinkError(Exception):
     """Base of client-side errors."""
 
 
+EVICTED = "evicted:"
+"""Start of the ERROR a daemon sends a connection it evicts during its handshake."""
+RETRYABLE_ERRORS = ("daemon shutting down", EVICTED)
+"""Starts of ERROR messages worth a reconnect: the daemon is stopping (it may come back),
+or this connection was evicted in its handshake by a flood of newer ones."""
+
+
 class ServerError(RLlinkError):
-    """The server answered ERROR. ``retry`` is True when it was shutting down."""
+    """The server answered ERROR. ``retry`` is True for the ``RETRYABLE_ERRORS``."""
 
     def __init__(self, message: str, retry: bool = False) -> None:
         super().__init__(message)
@@ -103,7 +110,7 @@ class RLlinkClient:
         body = self._read_exactly(codec.parse_header(header, self.max_message_bytes))
         msg = codec.decode_body(body)
         if isinstance(msg, codec.Error):
-            raise ServerError(msg.message, retry=msg.message.startswith("daemon shutting down"))
+            raise ServerError(msg.message, retry=msg.message.startswith(RETRYABLE_ERRORS))
         return msg
 
     def request(self, msg: Message, expect: type[ReplyT]) -> ReplyT:

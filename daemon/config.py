@@ -51,8 +51,18 @@ class ServerConfig:
     max_message_bytes: int = setting(64 * MiB, "Largest RLlink frame body accepted; a header "
                                      "announcing more is refused before the body is read.",
                                      minimum=1024)
-    max_connections: int = setting(256, "Connections served at once (TCP and Unix socket); an "
-                                   "excess connection gets ERROR and is closed.", minimum=1)
+    max_connections: int = setting(256, "Connections served at once (TCP and Unix socket). "
+                                   "When all are full, a newcomer evicts the oldest connection "
+                                   "still in its handshake; if there is none it gets ERROR and "
+                                   "is closed.", minimum=1)
+    max_pending_connections: int = setting(128, "Connections that have not completed their "
+                                           "handshake (first message accepted: PING, with the "
+                                           "token when one is set) held at once, at most "
+                                           "`max_connections`; a newcomer beyond it evicts the "
+                                           "oldest such connection.", minimum=1)
+    handshake_timeout_s: float = setting(10.0, "A new connection's first complete message (and "
+                                         "with TLS, the TLS handshake) must arrive within this "
+                                         "time or the connection is closed.", minimum=0.1)
     read_timeout_s: float = setting(30.0, "Once a frame has started, its remaining bytes must "
                                     "arrive within this time or the connection is closed.",
                                     minimum=0.1)

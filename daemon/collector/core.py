@@ -20,6 +20,7 @@ from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.codec import BadMessage, Message
 from rlinkd.client_lib.protocol.records import concat_records, fragment_records
 from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.daemon.collector.admission import Admission
 from rlinkd.daemon.collector.ingest import EpisodeStats, EpisodeTracker, Limits, validate_fragment
 from rlinkd.daemon.config import Config
 from rlinkd.shm.records import StepLayout
@@ -124,6 +125,7 @@ class CollectorCore:
         self.layout, self.dist_size = layout, dist_size
         self.limits = Limits(cfg.server.max_episode_steps, cfg.server.max_obs_floats)
         self.sessions: dict[int, Session] = {}
+        self.admission = Admission(cfg.server.max_connections, cfg.server.max_pending_connections)
         self.waits = WaitBook(cfg.sampling.max_wait_for_batch_s)
         self.stats = EpisodeStats()
         self._ids = itertools.count(1)

@@ -128,6 +128,7 @@ class StatusBuilder:
             "dropped_episodes": self.connector.get("dropped_episodes", 0),
             "protocol_errors": core.protocol_errors,
             "protocol_errors_by_kind": dict(sorted(core.protocol_errors_by_kind.items())),
+            **core.admission.report(),
             "uptime_s": round(time.time() - self.topo.started_at, 1),
             "env_steps_per_s": round(self.rate.per_s(), 1),
             "host": self.topo.cfg.server.host,
