@@ -95,4 +95,9 @@ SOAK_RSS_GROWTH = Target("soak: summed RSS growth after warm-up", 10.0, "%", "<=
 """Percent of the summed RSS at the end of the warm-up."""
 
 TRANSPORT = (SHM_SINGLE, SHM_BATCH, WAKEUP_P50, IDLE_CPU)
-ABSOLUTE = (*TRANSPORT, SET_STATE_P50, CLIENTS_64_P99, RLLIB_CLIENT_SOLVED, SOAK_RSS_GROWTH)
+
+# ---------------------------------------------------------------- issue 15: connection floods
+FLOOD_HANDSHAKE = Target("a real client's connect → PING → SET_STATE with 1,000 silent sockets open, median",
+                         1000.0, "ms", "<=", 15)
+
+ABSOLUTE = (*TRANSPORT, SET_STATE_P50, CLIENTS_64_P99, RLLIB_CLIENT_SOLVED, SOAK_RSS_GROWTH, FLOOD_HANDSHAKE)

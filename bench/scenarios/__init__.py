@@ -34,4 +34,6 @@ SUITE = {
     "chaos": Scenario("bench.scenarios.chaos", "chaos.json", (),
                       ("--kills", "4", "--out", "{results}/chaos-quick.json")),
     "fuzz": Scenario("pytest", "fuzz.json", FUZZ_TESTS, FUZZ_TESTS),
+    "flood": Scenario("bench.scenarios.flood", "flood.json", (),
+                      ("--quick", "--out", "{results}/flood-quick.json")),
 }

@@ -105,7 +105,8 @@ class Connector:
         b = self.builder
         self.ctx.try_send("collector", m.ConnectorStats(
             b.dropped_episodes, b.dropped_steps, b.batches,
-            b.buffered_steps + self.assembler.open_steps(), b.trained_steps))
+            b.buffered_steps + self.assembler.open_steps(), b.trained_steps,
+            tuple(self.slots.state(i) for i in range(self.slots.n_slots))))
 
 
 def run(topo: Topology, ctx: RoleContext) -> ExitCode:

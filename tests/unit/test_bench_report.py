@@ -74,3 +74,11 @@ def test_transport_targets_come_from_the_declarations_and_say_not_measured():
     assert lines[1].endswith("25,000,000 steps/s — **met**")
     assert lines[2] == "- wake-up latency p50 (doorbell FIFO) ≤ 30 µs: **not measured**"
     assert lines[3] == "- idle daemon CPU ≤ 2 % of a core, 8 silent shm clients: 1.50 % — **met**"
+
+
+def test_flood_target_reads_the_flooded_median_and_names_a_smaller_flood():
+    assert report.flood_target_lines(None)[0].endswith("**not measured**")
+    line = report.flood_target_lines({"sockets": 1000, "flooded_ms": {"median": 3.2}})[0]
+    assert line.startswith("- a real client's connect → PING → SET_STATE") and line.endswith("3.2 ms — **met**")
+    slow = report.flood_target_lines({"sockets": 200, "flooded_ms": {"median": 1500.0}})[0]
+    assert "(measured with 200 sockets)" in slow and slow.endswith("**MISSED**")

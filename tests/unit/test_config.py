@@ -9,8 +9,8 @@ import pytest
 
 from rlinkd.client_lib.protocol.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, space_from_json
 from rlinkd.daemon import config as C
-from rlinkd.daemon.config import (Config, apply_changes, docs_markdown, load_config, parse_override,
-                           reloadable_changes, to_toml)
+from rlinkd.daemon.config import (Config, apply_changes, docs_markdown, load_config,
+                                  metrics_address, parse_override, reloadable_changes, to_toml)
 from rlinkd.daemon.errors import ConfigError
 
 
@@ -458,3 +458,34 @@ def test_explicit_spaces_need_no_gymnasium_env():
                                  ("env", "action_space", {"type": "Discrete", "n": 2})],
                       resolve_dirs=False)
     assert resolve_spaces(cfg) == (Discrete(3), Discrete(2))
+
+
+# ---------------------------------------------------------------- metrics endpoint
+@pytest.mark.parametrize("listen, address", [
+    ("", None), ("127.0.0.1:9100", ("127.0.0.1", 9100)), ("127.0.0.1:0", ("127.0.0.1", 0)),
+    ("localhost", ("localhost", 9464)), ("[::1]:9464", ("::1", 9464)),
+    ("tcp://127.0.0.2:1", ("127.0.0.2", 1)),
+])
+def test_metrics_listen_forms(listen, address):
+    cfg = load_config(overrides=[("metrics", "listen", listen)], resolve_dirs=False)
+    assert metrics_address(cfg.metrics) == address
+
+
+@pytest.mark.parametrize("listen, pattern", [
+    ("0.0.0.0:9464", r"metrics\.listen = '0\.0\.0\.0:9464' is not a loopback address"),
+    ("127.0.0.1:65536", r"metrics\.listen: Port out of range"),
+    ("127.0.0.1:http", r"metrics\.listen: Port could not be cast"),
+    ("unix:///tmp/m.sock", r"metrics\.listen = 'unix:///tmp/m\.sock': expected HOST:PORT"),
+    ("http://127.0.0.1:9464", r"metrics\.listen: 'http://127\.0\.0\.1:9464': expected"),
+])
+def test_metrics_listen_refused(listen, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(overrides=[("metrics", "listen", listen)], resolve_dirs=False)
+
+
+def test_metrics_remote_listen_needs_insecure_remote_and_is_not_reloadable():
+    cfg = load_config(overrides=[("metrics", "listen", "0.0.0.0:9464"),
+                                 ("metrics", "insecure_remote", True)], resolve_dirs=False)
+    assert metrics_address(cfg.metrics) == ("0.0.0.0", 9464)
+    applied, ignored = reloadable_changes(load_config(resolve_dirs=False), cfg)
+    assert applied == {} and sorted(ignored) == ["metrics.insecure_remote", "metrics.listen"]
