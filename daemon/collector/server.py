@@ -197,10 +197,15 @@ class CollectorServer:
 
     async def _first_frame(self, session: Session, reader: asyncio.StreamReader) -> bytes:
         """The connection's first frame, complete within ``handshake_timeout_s`` of the accept
-        (HandshakeTimeout otherwise, counted in status)."""
+        (HandshakeTimeout otherwise, counted in status). A frame that stalls past its own
+        ``read_timeout_s`` first is closed silently, like any later frame."""
+        limit_s = self.cfg.server.handshake_timeout_s
+        started = time.monotonic()
         try:
-            return await asyncio.wait_for(self._read_frame(reader), self.cfg.server.handshake_timeout_s)
+            return await asyncio.wait_for(self._read_frame(reader), limit_s)
         except asyncio.TimeoutError:
+            if time.monotonic() - started < limit_s:
+                raise  # the frame's read timeout, not the handshake's
             self.core.admission.timed_out(session.id)
             raise HandshakeTimeout from None
 

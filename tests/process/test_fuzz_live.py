@@ -108,6 +108,8 @@ def parse_replies(data: bytes) -> tuple[list[tuple[str, str]], bool]:
         msg = codec.decode_body(data[pos + codec.HEADER_BYTES:end])
         out.append((msg.TYPE.value, msg.message if isinstance(msg, codec.Error) else ""))
         pos = end
+        if isinstance(msg, codec.Attached) and data[pos:pos + 1] == codec.RING_FD_BYTE:
+            pos += 1  # the byte that carries the ring's memfd (SCM_RIGHTS) follows ATTACHED
     return out, pos == len(data)
 
 
