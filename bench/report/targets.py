@@ -96,3 +96,10 @@ SOAK_RSS_GROWTH = Target("soak: summed RSS growth after warm-up", 10.0, "%", "<=
 
 TRANSPORT = (SHM_SINGLE, SHM_BATCH, WAKEUP_P50, IDLE_CPU)
 ABSOLUTE = (*TRANSPORT, SET_STATE_P50, CLIENTS_64_P99, RLLIB_CLIENT_SOLVED, SOAK_RSS_GROWTH)
+
+# ---------------------------------------------------------------- issue 10: composite spaces, images
+IMAGE_SHM = Target("84x84x3 uint8 image steps into the episode ring over shared memory", 50_000, "steps/s",
+                   ">=", 10)
+IMAGE_TCP = Target("84x84x3 uint8 image steps into the episode ring over TCP (compact arrays)", 5_000,
+                   "steps/s", ">=", 10)
+IMAGE = (IMAGE_SHM, IMAGE_TCP)

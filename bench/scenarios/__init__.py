@@ -34,4 +34,8 @@ SUITE = {
     "chaos": Scenario("bench.scenarios.chaos", "chaos.json", (),
                       ("--kills", "4", "--out", "{results}/chaos-quick.json")),
     "fuzz": Scenario("pytest", "fuzz.json", FUZZ_TESTS, FUZZ_TESTS),
+    "image_ingest": Scenario("bench.scenarios.image_ingest", "image_ingest.json", (),
+                             ("--quick", "--out", "{results}/image_ingest-quick.json")),
+    "minatar": Scenario("bench.scenarios.minatar", "minatar.json", (),
+                        ("--quick", "--out", "{results}/minatar-quick.json")),
 }

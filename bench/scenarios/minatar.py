@@ -1,0 +1,180 @@
+"""MinAtar (pixel observations, bool Box [10, 10, C]) trained by ``rlinkd serve``: learning
+curve, env steps/s and the learner's time per update, for comparison with later GPU runs.
+
+    .venv/bin/python -m bench.scenarios.minatar [--game Breakout] [--steps 500000]
+        [--clients 2] [--transport shm|tcp] [--timeout-s 900] [--quick] [--out FILE]
+
+One ``rlinkd serve`` with ``env.id = bench.harness.minatar_env:MinAtar/<game>-v1`` (the
+module prefix registers MinAtar's ids with gymnasium in the daemon and the clients) and the
+[ppo] settings of ``PPO`` (the only settings changed from the defaults; the network is the
+default one for a 10x10 image: conv 16 3x3, conv 32 3x3, dense 128, then the (64, 64) tanh
+trunks). ``--clients`` ``bench.scenarios.solve_client --env ...`` processes (client_lib's
+``run_env``, numpy inference, exploring) are launched once the daemon is ready; each prints
+every complete episode, pooled in time order. The run stops when the clients' summed env
+steps reach ``--steps`` (or at ``--timeout-s``).
+
+Figures:
+- learning curve: mean return of the episodes completed in each window of
+  ``CURVE_WINDOW_STEPS`` env steps, with the wall time (s since the clients' launch);
+- env steps/s = summed client steps / wall time from launch to the last episode;
+- the learner's ``update_time_s`` (one PPO update: epochs x minibatches over a train batch),
+  sampled from ``rlinkd status`` every 2 s, median (min-max) over the updates sampled, and
+  ``updates``/``trained_steps`` at the end.
+Writes ``bench/results/minatar.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rlinkd.daemon.launch import stop_processes
+
+from bench.harness.common import REPO, fmt_num, median_range, print_table, write_result
+from bench.harness.daemon import Daemon
+from bench.harness.minatar_env import PREFIX
+from bench.scenarios.rlinkd_solve import EpisodePool
+
+PPO = {"ppo.lr": "0.0005", "ppo.ent_coef": "0.01", "ppo.num_epochs": "4", "ppo.minibatch_size": "128"}
+"""[ppo] settings of the benchmark (everything else at the daemon's defaults)."""
+CURVE_WINDOW_STEPS = 50_000
+STATUS_EVERY_S = 2.0
+
+
+def env_id(game: str) -> str:
+    """The gymnasium id the daemon and the clients make (module prefix registers MinAtar)."""
+    return f"{PREFIX}MinAtar/{game}-v1"
+
+
+def overrides(game: str) -> list[str]:
+    """``--set`` overrides of the benchmark's daemon."""
+    return [f"env.id={env_id(game)}", *(f"{k}={v}" for k, v in PPO.items())]
+
+
+def learning_curve(episodes: list[tuple[float, float, int]], window_steps: int) -> list[dict]:
+    """(t, return, pooled env steps at its end) in time order -> one point per window of
+    ``window_steps``: {"env_steps": window end, "wall_s": last episode's t, "return_mean",
+    "episodes"}. Windows without a complete episode are left out."""
+    points: dict[int, list] = {}
+    for t, ret, steps in episodes:
+        points.setdefault(steps // window_steps, []).append((t, ret))
+    return [{"env_steps": (k + 1) * window_steps, "wall_s": round(v[-1][0], 1),
+             "return_mean": round(sum(r for _, r in v) / len(v), 3), "episodes": len(v)}
+            for k, v in sorted(points.items())]
+
+
+class CurvePool(EpisodePool):
+    """EpisodePool that also keeps every episode as (t since launch, return, pooled steps)."""
+
+    def __init__(self, n_clients: int, t0: float) -> None:
+        super().__init__(n_clients)
+        self.t0 = t0
+        self.episodes: list[tuple[float, float, int]] = []
+
+    def add(self, client: int, t: float, ret: float, steps: int) -> None:
+        with self.lock:
+            self.steps_by_client[client] = steps
+            self.episodes.append((t - self.t0, ret, sum(self.steps_by_client)))
+
+    @property
+    def steps(self) -> int:
+        with self.lock:
+            return sum(self.steps_by_client)
+
+
+def _sample_learner(daemon: Daemon, samples: list[dict]) -> None:
+    """One status sample: the learner section's update_time_s, updates, trained steps."""
+    learner = daemon.status().get("learner") or {}
+    if "update_time_s" in learner:
+        samples.append({"t": time.monotonic(), "update_time_s": learner["update_time_s"],
+                        "updates": learner.get("updates"), "trained_steps": learner.get("trained_steps"),
+                        "n_rows": learner.get("n_rows"), "entropy": learner.get("entropy")})
+
+
+def run(game: str, n_clients: int, transport: str, budget_steps: int, timeout_s: float) -> dict:
+    """Daemon, then the clients; until the budget (or timeout); the figures of one run."""
+    env = {"PYTHONPATH": str(REPO)}  # the daemon imports bench.harness.minatar_env for env.id
+    samples: list[dict] = []
+    with Daemon(overrides(game), env=env) as daemon:
+        address = f"tcp://127.0.0.1:{daemon.port}" if transport == "tcp" else f"shm:{daemon.state_dir}"
+        t0 = time.monotonic()
+        clients = [_start_client(address, game, i, Path(daemon.state_dir)) for i in range(n_clients)]
+        pool = CurvePool(n_clients, t0)
+        for i, c in enumerate(clients):
+            threading.Thread(target=pool.follow, args=(i, c.stdout), daemon=True).start()
+        try:
+            while pool.steps < budget_steps and time.monotonic() - t0 < timeout_s:
+                if any(c.poll() is not None for c in clients):
+                    raise RuntimeError(f"a client exited early; logs in {daemon.state_dir}")
+                _sample_learner(daemon, samples)
+                time.sleep(STATUS_EVERY_S)
+            status = daemon.status()
+        finally:
+            stop_processes(clients)
+    return summarize(pool.episodes, samples, status, n_clients, transport, budget_steps)
+
+
+def _start_client(address: str, game: str, i: int, state_dir: Path) -> subprocess.Popen:
+    with open(state_dir / f"client{i}.log", "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "bench.scenarios.solve_client", "--connect", address,
+                                 "--seed", str(1000 + i), "--env", env_id(game)],
+                                stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO,
+                                env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+
+def summarize(episodes: list, samples: list[dict], status: dict, n_clients: int, transport: str,
+              budget_steps: int) -> dict:
+    """The result document's figures from the pooled episodes and the status samples."""
+    wall = episodes[-1][0] if episodes else None
+    steps = episodes[-1][2] if episodes else 0
+    last = [r for _, r, _ in episodes[-100:]]
+    learner = status.get("learner") or {}
+    seen = {s["updates"]: s["update_time_s"] for s in samples}  # one value per update sampled
+    return {"clients": n_clients, "transport": transport, "budget_steps": budget_steps,
+            "env_steps": steps, "wall_s": None if wall is None else round(wall, 1),
+            "env_steps_per_s": round(steps / wall, 1) if wall else None,
+            "episodes": len(episodes), "return_mean_last_100": round(sum(last) / len(last), 3) if last else None,
+            "curve": learning_curve(episodes, CURVE_WINDOW_STEPS),
+            "update_time_s": median_range(list(seen.values()), 4),
+            "updates": learner.get("updates"), "trained_steps": learner.get("trained_steps"),
+            "daemon_env_steps": status.get("env_steps"), "protocol_errors": status.get("protocol_errors"),
+            "learner_samples": samples}
+
+
+def table(res: dict) -> str:
+    """The BENCHMARKS.md table: the curve's points and the throughput figures."""
+    rows = [(fmt_num(p["env_steps"]), fmt_num(p["wall_s"], 1), f"{p['return_mean']:.2f}", p["episodes"])
+            for p in res["curve"]]
+    return print_table(f"MinAtar {res['game']}-v1, {res['clients']} {res['transport']} clients: mean return "
+                       f"per {CURVE_WINDOW_STEPS:,}-step window", ("env steps", "wall s", "return mean",
+                                                                   "episodes"), rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--game", default="Breakout")
+    ap.add_argument("--steps", type=int, default=500_000)
+    ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--transport", choices=("shm", "tcp"), default="shm")
+    ap.add_argument("--timeout-s", type=float, default=900.0)
+    ap.add_argument("--quick", action="store_true", help="20,000 steps (plumbing check)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    steps = 20_000 if args.quick else args.steps
+    res = {"game": args.game, "env_id": env_id(args.game), "ppo": PPO, "quick": args.quick,
+           **run(args.game, args.clients, args.transport, steps, args.timeout_s)}
+    res["table_markdown"] = table(res)
+    u = res["update_time_s"]
+    print(f"env steps/s {fmt_num(res['env_steps_per_s'])}; learner update_time_s median {u['median']} "
+          f"(min {u['min']}, max {u['max']}, {u['n']} updates sampled); last-100 mean return "
+          f"{res['return_mean_last_100']}", flush=True)
+    write_result("minatar", res, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
