@@ -15,7 +15,9 @@ steps reach ``--steps`` (or at ``--timeout-s``).
 
 Figures:
 - learning curve: mean return of the episodes completed in each window of
-  ``CURVE_WINDOW_STEPS`` env steps, with the wall time (s since the clients' launch);
+  ``CURVE_WINDOW_STEPS`` env steps, at the pooled steps and wall time (s since the clients'
+  launch) of the window's last episode (every episode is kept in ``episode_log`` as
+  [t, return, pooled steps]);
 - env steps/s = summed client steps / wall time from launch to the last episode;
 - the learner's ``update_time_s`` (one PPO update: epochs x minibatches over a train batch),
   sampled from ``rlinkd status`` every 2 s, median (min-max) over the updates sampled, and
@@ -57,14 +59,14 @@ def overrides(game: str) -> list[str]:
 
 def learning_curve(episodes: list[tuple[float, float, int]], window_steps: int) -> list[dict]:
     """(t, return, pooled env steps at its end) in time order -> one point per window of
-    ``window_steps``: {"env_steps": window end, "wall_s": last episode's t, "return_mean",
-    "episodes"}. Windows without a complete episode are left out."""
+    ``window_steps`` that has complete episodes: {"env_steps", "wall_s": at the window's last
+    episode, "return_mean", "episodes": of the window's episodes}."""
     points: dict[int, list] = {}
     for t, ret, steps in episodes:
-        points.setdefault(steps // window_steps, []).append((t, ret))
-    return [{"env_steps": (k + 1) * window_steps, "wall_s": round(v[-1][0], 1),
-             "return_mean": round(sum(r for _, r in v) / len(v), 3), "episodes": len(v)}
-            for k, v in sorted(points.items())]
+        points.setdefault(steps // window_steps, []).append((t, ret, steps))
+    return [{"env_steps": v[-1][2], "wall_s": round(v[-1][0], 1),
+             "return_mean": round(sum(r for _, r, _ in v) / len(v), 3), "episodes": len(v)}
+            for _, v in sorted(points.items())]
 
 
 class CurvePool(EpisodePool):
@@ -142,7 +144,8 @@ def summarize(episodes: list, samples: list[dict], status: dict, n_clients: int,
             "update_time_s": median_range(list(seen.values()), 4),
             "updates": learner.get("updates"), "trained_steps": learner.get("trained_steps"),
             "daemon_env_steps": status.get("env_steps"), "protocol_errors": status.get("protocol_errors"),
-            "learner_samples": samples}
+            "learner_samples": samples,
+            "episode_log": [[round(t, 2), ret, steps] for t, ret, steps in episodes]}
 
 
 def table(res: dict) -> str:

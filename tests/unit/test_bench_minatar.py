@@ -10,9 +10,9 @@ def test_learning_curve_averages_complete_episodes_per_step_window():
     episodes = [(1.0, 2.0, 10_000), (2.0, 4.0, 49_999), (3.0, 8.0, 60_000), (9.0, 1.0, 170_000)]
     curve = minatar.learning_curve(episodes, 50_000)
     assert curve == [
-        {"env_steps": 50_000, "wall_s": 2.0, "return_mean": 3.0, "episodes": 2},
-        {"env_steps": 100_000, "wall_s": 3.0, "return_mean": 8.0, "episodes": 1},
-        {"env_steps": 200_000, "wall_s": 9.0, "return_mean": 1.0, "episodes": 1},  # empty window left out
+        {"env_steps": 49_999, "wall_s": 2.0, "return_mean": 3.0, "episodes": 2},
+        {"env_steps": 60_000, "wall_s": 3.0, "return_mean": 8.0, "episodes": 1},
+        {"env_steps": 170_000, "wall_s": 9.0, "return_mean": 1.0, "episodes": 1},  # empty window left out
     ]
 
 
