@@ -21,3 +21,13 @@ def test_float_values_below_a_per_element_low_bound_are_refused():
     box = Box((2,), "float32", [-1.0, 0.0], [1.0, 1.0])
     assert box.check(np.array([[-1.0, 0.0], [0.5, 0.5]], np.float32), "x") is None
     assert box.check(np.array([[-0.5, 0.5], [-0.5, -0.5]], np.float32), "x") is not None
+
+
+def test_values_of_a_dtype_the_bounds_cover_are_not_compared_but_wider_dtypes_are():
+    box = Box((2, 2, 1), "uint8", 0, 255)
+    assert box.check(np.full((3, 2, 2, 1), 255, np.uint8), "img") is None
+    assert box.check(np.full((3, 2, 2, 1), 256, np.int64), "img") is not None  # JSON ints arrive as int64
+    narrow = Box((2, 2, 1), "uint8", 0, 254)
+    assert narrow.check(np.full((3, 2, 2, 1), 255, np.uint8), "img") is not None
+    flags = Box((2,), "bool")
+    assert flags.check(np.ones((2, 2), bool), "b") is None
