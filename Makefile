@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,bench]'
 	touch $(STAMP)
 
 demo: $(STAMP)

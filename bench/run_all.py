@@ -15,19 +15,22 @@ failing does not stop the others; the exit code says whether all succeeded):
     soak           bench.scenarios.soak            -> bench/results/soak.json   (10 min, 64 TCP + 8 shm clients)
     chaos          bench.scenarios.chaos           -> bench/results/chaos.json  (20 kills)
     fuzz           pytest tests/process/test_fuzz_live.py -> bench/results/fuzz.json
+    flood          bench.scenarios.flood           -> bench/results/flood.json  (1,000 silent sockets, 5 runs)
 
 (declared in ``bench.scenarios.SUITE``; the report is ``bench.report.section``, the targets
 ``bench.report.targets``).
 
 ``--quick`` is a smoke test: ``--quick`` to the benchmark scripts (small sizes, one run, the
-RLlib baseline reduced to one 90-s external-mode run of ray 2.48), one demo run, a 60-s soak
-and a 4-kill chaos run (those three write ``*-quick.json`` files the report ignores). Then the text between
-``<!-- bench:start -->`` and ``<!-- bench:end -->`` in BENCHMARKS.md (markers appended at
-the end when absent; the rest of the file is kept) is replaced with: the exact commands, the
-machine's CPU count, every table (medians with min–max), the rlinkd/RLlib ratios (wall time,
-env steps, steps/s, RSS) computed from the results of this invocation, and one line per
-target saying met or missed. ``--report-only`` only regenerates that section from the JSON
-files already in bench/results.
+RLlib baseline reduced to one 90-s external-mode run of ray 2.48), one demo run, a 60-s soak,
+a 4-kill chaos run and a 200-socket flood (those four write ``*-quick.json`` files the report
+ignores). Then the text between ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in
+BENCHMARKS.md (markers appended at the end when absent; the rest of the file is kept) is
+replaced with: the exact commands, the machine's CPU count, every table (medians with
+min–max), the rlinkd/RLlib ratios (wall time, env steps, steps/s, RSS) computed from the
+results of this invocation, one line per target saying met or missed, and the learning-curve
+pictures, redrawn first by ``bench.report.plots`` into ``bench/results/plots/``.
+``--report-only`` only regenerates that section (and the pictures) from the JSON files
+already in bench/results.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ import sys
 import time
 
 from bench.harness.common import REPO, RESULTS
+from bench.report import plots
 from bench.report.section import BENCHMARKS_MD, load, section, write_section
 from bench.scenarios import SUITE
 
@@ -74,7 +78,10 @@ def main() -> int:
     ran = {} if args.report_only else {n: run_script(n, args.quick, args.runs) for n in names}
     results = {name: load(name) for name in SUITE}
     quick = args.quick or any(doc and doc.get("quick") for doc in results.values())
-    text = section(results, ran, quick)
+    curves = plots.rlinkd_curves()
+    drawn = plots.draw_all(curves, results["rllib"])
+    pictures = drawn and plots.caption(curves, results["rllib"]) + "\n\n" + plots.markdown(drawn)
+    text = section(results, ran, quick, pictures)
     write_section(text)
     print(f"\n{text}\n\nupdated {BENCHMARKS_MD}")
     failed = [n for n, r in ran.items() if r["exit"] != 0]

@@ -43,7 +43,7 @@ class ReconnectingLink(abc.ABC):
     """Reconnect-and-retry shared by the TCP and shared-memory links.
 
     ``_with_retry(action)`` (re)connects when needed and runs ``action``; on a lost
-    connection (or an ERROR saying the daemon is shutting down) it closes, waits with
+    connection (or an ERROR in ``RETRYABLE_ERRORS``: shutting down, evicted) it closes, waits with
     exponential backoff (50 ms doubling to 2 s) and tries again until
     ``reconnect_timeout_s``, then raises ConnectionError. Any other ERROR is raised at once.
     Subclasses provide ``client``, ``_connect()``, ``close()`` and ``describe()``.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -51,11 +52,11 @@ def has_conv(spec: PolicySpec) -> bool:
     return any(isinstance(op, netops.Conv) for op in spec.ops())
 
 
-def _session(model: bytes):
-    """A single-threaded CPU onnxruntime session (a simulator runs many of these)."""
+def session(model: bytes, threads: int = 1):
+    """A CPU onnxruntime session on ``threads`` threads (one: a simulator runs many)."""
     import onnxruntime as ort
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
@@ -64,13 +65,15 @@ class OnnxPolicy:
     """An onnxruntime session on one weights version."""
 
     def __init__(self, msg: codec.SetState) -> None:
-        self.session = _session(decode_onnx(msg))
+        self.session = session(decode_onnx(msg))
         self.output = self.session.get_outputs()[0].name
         self.inputs = {i.name: onnx_input_key(i.name) for i in self.session.get_inputs()}
         self.weights_seq_no = msg.weights_seq_no
 
-    def dist_inputs(self, obs: Columns) -> np.ndarray:
-        """[N, dist_size] for observation columns (leaf key -> [N, ...], record dtypes)."""
+    def dist_inputs(self, obs: Columns | np.ndarray) -> np.ndarray:
+        """[N, dist_size] for observation columns (leaf key -> [N, ...], record dtypes; a
+        bare array for a root leaf)."""
+        obs = obs if isinstance(obs, Mapping) else {"": obs}
         feed = {name: obs[key] for name, key in self.inputs.items()}
         return self.session.run([self.output], feed)[0]
 
@@ -85,12 +88,14 @@ class BoardPolicy:
         self.spec, self.flat, self.weights_seq_no = spec, flat, weights_seq_no
         self.conv = has_conv(spec)
         if self.conv:
-            self._onnx = _session(OnnxWeightWriter(spec).encode(flat))
+            self._onnx = session(OnnxWeightWriter(spec).encode(flat))
             self._names = {i.name: onnx_input_key(i.name) for i in self._onnx.get_inputs()}
         else:
             self._net = NumpyNet(spec, flat, (DIST,))
 
-    def dist_inputs(self, obs: Columns) -> np.ndarray:
+    def dist_inputs(self, obs: Columns | np.ndarray) -> np.ndarray:
+        """[N, dist_size] for observation columns (or a bare array for a root leaf)."""
+        obs = obs if isinstance(obs, Mapping) else {"": obs}
         if self.conv:
             feed = {name: obs[key] for name, key in self._names.items()}
             return self._onnx.run([ONNX_OUTPUT_NAME], feed)[0]
@@ -109,8 +114,25 @@ class ActionChooser:
 
     def choose(self, dist: np.ndarray, explore: bool) -> tuple[np.ndarray, float]:
         """(action vector [A] float32, its log-prob) from dist inputs [1, D]."""
+        if explore and self._single_categorical:
+            return self._sample_categorical(dist[0])
         actions = self.dist.sample(dist, self.rng) if explore else self.dist.greedy(dist)
         return actions[0], float(self.dist.log_prob(dist, actions)[0])
+
+    @property
+    def _single_categorical(self) -> bool:
+        comps = self.dist.comps
+        return len(comps) == 1 and comps[0].kind == "categorical"
+
+    def _sample_categorical(self, logits: np.ndarray) -> tuple[np.ndarray, float]:
+        """The one-Discrete case (CartPole's) in plain numpy on one row: ~4x faster than
+        the general product distribution, same distribution and log-prob."""
+        z = logits.astype(np.float64) - logits.max()
+        p = np.exp(z)
+        total = p.sum()
+        a = min(int(np.searchsorted(np.cumsum(p), self.rng.random() * total, side="right")),
+                len(p) - 1)
+        return np.array([a], np.float32), float(z[a] - np.log(total))
 
     def to_env(self, action: np.ndarray):
         """The action in the form a gymnasium env expects."""

@@ -24,8 +24,15 @@ class RLlinkError(Exception):
     """Base of client-side errors."""
 
 
+EVICTED = "evicted:"
+"""Start of the ERROR a daemon sends a connection it evicts during its handshake."""
+RETRYABLE_ERRORS = ("daemon shutting down", EVICTED)
+"""Starts of ERROR messages worth a reconnect: the daemon is stopping (it may come back),
+or this connection was evicted in its handshake by a flood of newer ones."""
+
+
 class ServerError(RLlinkError):
-    """The server answered ERROR. ``retry`` is True when it was shutting down."""
+    """The server answered ERROR. ``retry`` is True for the ``RETRYABLE_ERRORS``."""
 
     def __init__(self, message: str, retry: bool = False) -> None:
         super().__init__(message)
@@ -53,7 +60,8 @@ def parse_address(text: str, default_port: int = 5555) -> Address:
     url = urlparse(text if "://" in text else f"tcp://{text}")
     if url.scheme not in ("tcp", "tls") or not url.hostname:
         raise ValueError(f"{text!r}: expected tcp://HOST:PORT, HOST:PORT or unix:///PATH")
-    return Address(url.scheme, host=url.hostname, port=url.port or default_port)
+    port = url.port  # ValueError when out of range; 0 is a port (bind: pick one)
+    return Address(url.scheme, host=url.hostname, port=default_port if port is None else port)
 
 
 class RLlinkClient:
@@ -102,7 +110,7 @@ class RLlinkClient:
         body = self._read_exactly(codec.parse_header(header, self.max_message_bytes))
         msg = codec.decode_body(body)
         if isinstance(msg, codec.Error):
-            raise ServerError(msg.message, retry=msg.message.startswith("daemon shutting down"))
+            raise ServerError(msg.message, retry=msg.message.startswith(RETRYABLE_ERRORS))
         return msg
 
     def request(self, msg: Message, expect: type[ReplyT]) -> ReplyT:

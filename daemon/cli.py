@@ -203,7 +203,12 @@ def format_status(s: dict) -> str:
              f"{s.get('episodes')}  return mean {s.get('episode_return_mean')}",
              f"weights_seq_no {s.get('weights_seq_no')}  clients {s.get('clients')}  dropped "
              f"{s.get('dropped_episodes')}  protocol_errors {s.get('protocol_errors')}",
+             f"connections {s.get('connections')} ({s.get('pending_connections')} in handshake)  "
+             f"evicted {s.get('evicted_connections')}  handshake_timeouts {s.get('handshake_timeouts')}  "
+             f"refused {s.get('refused_connections')}",
              f"last checkpoint {ckpt.get('path', '-')} (age {ckpt.get('age_s', '-')} s)"]
+    if s.get("metrics_url"):
+        lines.append(f"metrics {s['metrics_url']}")
     for role, c in (s.get("children") or {}).items():
         lines.append(f"  {role:<12} pid {c.get('pid')}  restarts {c.get('restarts')}")
     return "\n".join(lines)

@@ -21,6 +21,7 @@ from typing import Any
 
 from rlinkd.client_lib.protocol.discovery import default_state_dir
 from rlinkd.client_lib.protocol.spaces import Space, SpaceError, space_from_json
+from rlinkd.client_lib.transport import parse_address
 from rlinkd.daemon.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -50,8 +51,18 @@ class ServerConfig:
     max_message_bytes: int = setting(64 * MiB, "Largest RLlink frame body accepted; a header "
                                      "announcing more is refused before the body is read.",
                                      minimum=1024)
-    max_connections: int = setting(256, "Connections served at once (TCP and Unix socket); an "
-                                   "excess connection gets ERROR and is closed.", minimum=1)
+    max_connections: int = setting(256, "Connections served at once (TCP and Unix socket). "
+                                   "When all are full, a newcomer evicts the oldest connection "
+                                   "still in its handshake; if there is none it gets ERROR and "
+                                   "is closed.", minimum=1)
+    max_pending_connections: int = setting(128, "Connections that have not completed their "
+                                           "handshake (first message accepted: PING, with the "
+                                           "token when one is set) held at once, at most "
+                                           "`max_connections`; a newcomer beyond it evicts the "
+                                           "oldest such connection.", minimum=1)
+    handshake_timeout_s: float = setting(10.0, "A new connection's first complete message (and "
+                                         "with TLS, the TLS handshake) must arrive within this "
+                                         "time or the connection is closed.", minimum=0.1)
     read_timeout_s: float = setting(30.0, "Once a frame has started, its remaining bytes must "
                                     "arrive within this time or the connection is closed.",
                                     minimum=0.1)
@@ -203,6 +214,17 @@ class DaemonConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """[metrics]: the Prometheus endpoint, served by the supervisor (off by default)."""
+
+    listen: str = setting("", "`HOST:PORT` of the Prometheus `/metrics` HTTP endpoint, e.g. "
+                          "`127.0.0.1:9464` (empty = off; port 0 = pick a free port, shown in "
+                          "`rlinkd status` and `daemon.json`).")
+    insecure_remote: bool = setting(False, "Allow a non-loopback `listen` (plain HTTP without "
+                                    "authentication: whoever reaches it reads the metrics).")
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration. Build it with ``load_config``."""
 
@@ -214,6 +236,7 @@ class Config:
     connector: ConnectorConfig = field(default_factory=ConnectorConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source_file: str = field(default="", metadata={"internal": True})
 
     @property
@@ -231,7 +254,7 @@ class Config:
 
 SECTIONS: dict[str, type] = {"server": ServerConfig, "env": EnvConfig, "sampling": SamplingConfig,
             "ppo": PPOConfig, "learner": LearnerConfig, "connector": ConnectorConfig,
-            "checkpoint": CheckpointConfig, "daemon": DaemonConfig}
+            "checkpoint": CheckpointConfig, "daemon": DaemonConfig, "metrics": MetricsConfig}
 
 
 # ---------------------------------------------------------------- value coercion
@@ -408,6 +431,28 @@ def validate(cfg: Config) -> None:
                           "a Unix socket (max ~100 characters)")
     if (cfg.env.observation_space is None or cfg.env.action_space is None) and not cfg.env.id:
         raise ConfigError("env.id: give a gymnasium id or both explicit spaces")
+    metrics_address(cfg.metrics)
+
+
+METRICS_DEFAULT_PORT = 9464  # the port commonly used for exporters of this kind
+
+
+def metrics_address(metrics: MetricsConfig) -> tuple[str, int] | None:
+    """``metrics.listen`` as (host, port), None when the endpoint is off. Raises ConfigError
+    for a form ``HOST:PORT`` does not describe, or a non-loopback host without
+    ``metrics.insecure_remote`` (called by ``validate`` and by the supervisor at start)."""
+    if not metrics.listen:
+        return None
+    try:
+        address = parse_address(metrics.listen, default_port=METRICS_DEFAULT_PORT)
+    except ValueError as exc:
+        raise ConfigError(f"metrics.listen: {exc}") from None
+    if address.kind != "tcp":
+        raise ConfigError(f"metrics.listen = {metrics.listen!r}: expected HOST:PORT")
+    if not is_loopback(address.host) and not metrics.insecure_remote:
+        raise ConfigError(f"metrics.listen = {metrics.listen!r} is not a loopback address: set "
+                          "metrics.insecure_remote = true to serve metrics to other hosts")
+    return address.host, address.port
 
 
 def is_loopback(host: str) -> bool:

@@ -44,9 +44,10 @@ from typing import Any
 
 import numpy as np
 
-from rlinkd.client_lib.protocol.policy_spec import (ONNX_INPUT_NAME, ONNX_OPSET, ONNX_OUTPUT_NAME,
+from rlinkd.client_lib.protocol import netops
+from rlinkd.client_lib.protocol.policy_spec import (ONNX_OPSET, ONNX_OUTPUT_NAME,
                                                     OnnxWeightWriter, PolicySpec)
-from rlinkd.client_lib.protocol.spaces import Space, space_from_json
+from rlinkd.client_lib.protocol.spaces import Box, Discrete, Space, space_from_json
 from rlinkd.daemon.checkpoint import store
 from rlinkd.daemon.errors import CheckpointError, ConfigError, ExportError, UnknownPolicyError
 from rlinkd.daemon.version import package_version
@@ -186,12 +187,27 @@ def sidecar_path(onnx_path: Path) -> Path:
     return onnx_path.with_name(onnx_path.name + ".json")
 
 
+def output_layout(spec: PolicySpec) -> str | list[dict[str, Any]]:
+    """How ``action_dist_inputs`` is laid out: "logits" / "mean_then_log_std" for a single
+    Discrete / Box action space (as before composite spaces), else one entry per
+    distribution component (columns of the dist inputs and of the action vector)."""
+    if isinstance(spec.act_space, (Discrete, Box)):
+        return "logits" if isinstance(spec.act_space, Discrete) else "mean_then_log_std"
+    return [{"kind": c.kind,
+             "dist_columns": [c.dist, c.dist + c.width * (2 if c.kind == "gaussian" else 1)],
+             "action_columns": [c.action, c.action + (1 if c.kind == "categorical" else c.width)]}
+            for c in spec.action_components]
+
+
 def sidecar(policy: LoadedPolicy, name: str, onnx_name: str, onnx_bytes: bytes) -> dict[str, Any]:
     """The JSON written beside the ONNX file (layout in the module docstring)."""
-    layout = "mean_then_log_std" if policy.spec.is_box else "logits"
+    inputs = {netops.input_name(leaf.key, leaf.space.record_dtype): leaf.key
+              for leaf in policy.obs_space.leaves()}
     onnx = {"file": onnx_name, "sha256": hashlib.sha256(onnx_bytes).hexdigest(),
-            "input": ONNX_INPUT_NAME, "output": ONNX_OUTPUT_NAME, "output_layout": layout,
+            "inputs": inputs, "output": ONNX_OUTPUT_NAME, "output_layout": output_layout(policy.spec),
             "opset": ONNX_OPSET}
+    if len(inputs) == 1:
+        onnx["input"] = next(iter(inputs))  # the one-input (RLlink-compatible) spelling
     description = policy_description(policy.obs_space, policy.act_space, policy.spec)
     return dict(description, format_version=SIDECAR_FORMAT_VERSION, policy=name, onnx=onnx,
                 weights_seq_no=policy.weights_seq_no,
@@ -246,5 +262,5 @@ def export_policy(out: str | os.PathLike, state_dir: Path, checkpoint: str | os.
     meta = sidecar(loaded, policy, onnx_path.name, onnx_bytes)
     json_path = sidecar_path(onnx_path)
     write_files({onnx_path: onnx_bytes,
-                 json_path: (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode()})
+                 json_path: (json.dumps(meta, indent=1) + "\n").encode()})  # Dict key order is meaningful
     return ExportResult(onnx_path, json_path, loaded.weights_seq_no, loaded.checkpoint.path)

@@ -120,13 +120,15 @@ class WeightsPublished:
 @message(to="collector")
 @dataclass(frozen=True)
 class ConnectorStats:
-    """Connector → collector (periodic): what the pipeline dropped and holds."""
+    """Connector → collector (periodic): what the pipeline dropped and holds, and the state
+    of each batch slot (``shm.slots``: FREE, FILLING, READY, TRAINING) as it saw them."""
 
     dropped_episodes: int
     dropped_steps: int
     batches: int
     buffered_steps: int
     trained_steps: int
+    slot_states: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,7 @@ class DaemonInfo:
     last_reload: ReloadResult | None
     state_dir: str
     config: dict[str, ConfigValue]
+    metrics_url: str  # the Prometheus endpoint ("" when metrics.listen is off)
 
 
 def daemon_report(info: DaemonInfo) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.daemon.errors import CheckpointError, ExitCode
 from rlinkd.daemon.export import describe_checkpoint
 from rlinkd.daemon.metrics import TensorBoardMetrics
+from rlinkd.daemon.prom_server import MetricsEndpoint
 from rlinkd.daemon.roles import child_main
 from rlinkd.daemon.roster import ROLES, START_ORDER
 from rlinkd.daemon.runfiles import StateDirLock, remove_daemon_file, write_daemon_file
@@ -99,6 +100,7 @@ class Supervisor:
         self.watchdog_s = watchdog_interval_s()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.metrics = TensorBoardMetrics(Path(cfg.state_dir) / "tensorboard")
+        self.endpoint = MetricsEndpoint(cfg) if cfg.metrics.listen else None
         self.route = m.Router("supervisor", {
             m.Listening: self.on_listening, m.LearnerReady: self.on_learner_ready,
             m.CollectorStatus: self.on_collector_status, m.CheckpointDone: self.on_checkpoint_done})
@@ -160,6 +162,9 @@ class Supervisor:
                                                     resume.manifest.get("created_at", time.time()))
             log.info("resuming", checkpoint=str(resume.path), weights_seq_no=resume.weights_seq_no)
         self.timers["checkpoint"] = time.monotonic() + self.cfg.checkpoint.checkpoint_interval_s
+        if self.endpoint is not None:
+            self.endpoint.start()
+            self.endpoint.publish(self.info())
 
     def _install_signals(self) -> None:
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
@@ -171,6 +176,8 @@ class Supervisor:
 
     def _cleanup(self) -> None:
         signal.set_wakeup_fd(-1)
+        if self.endpoint is not None:  # first: no scrape sees the roles go
+            self.endpoint.close()
         for child in self.children.values():
             child.signal(signal.SIGKILL)
             if child.process is not None and child.process.pid is not None:
@@ -321,7 +328,8 @@ class Supervisor:
             "pid": os.getpid(), "unix_socket": listening.unix_socket,
             "host": listening.host, "port": listening.port,
             "state_dir": str(self.cfg.state_dir), "runtime_dir": str(self.cfg.runtime_dir),
-            "shm_dir": self.cfg.daemon.shm_dir, "started_at": self.topo.started_at})
+            "shm_dir": self.cfg.daemon.shm_dir, "started_at": self.topo.started_at,
+            "metrics_url": self.endpoint.url if self.endpoint is not None else ""})
 
     # ------------------------------------------------------------ checkpoints
     def request_checkpoint(self, reason: str) -> None:
@@ -377,7 +385,10 @@ class Supervisor:
             self.request_checkpoint("periodic")
         if now >= self.timers["info"]:
             self.timers["info"] = now + self.cfg.daemon.status_interval_s
-            self._deliver("collector", self.info())
+            info = self.info()
+            self._deliver("collector", info)
+            if self.endpoint is not None:
+                self.endpoint.publish(info)
         if now >= self.timers["systemd"]:
             self.timers["systemd"] = now + SYSTEMD_STATUS_EVERY_S
             self.notifier.status(self._status_line())
@@ -396,7 +407,8 @@ class Supervisor:
             checkpoints_written=self.checkpoints_written,
             undelivered_messages=self.undelivered_messages,
             reload_generation=self.reload_generation, last_reload=self.last_reload,
-            state_dir=str(self.cfg.state_dir), config=reloadable_values(self.cfg))
+            state_dir=str(self.cfg.state_dir), config=reloadable_values(self.cfg),
+            metrics_url=self.endpoint.url if self.endpoint is not None else "")
 
     def _status_line(self) -> str:
         s = self.collector_status

@@ -34,6 +34,8 @@ SUITE = {
     "chaos": Scenario("bench.scenarios.chaos", "chaos.json", (),
                       ("--kills", "4", "--out", "{results}/chaos-quick.json")),
     "fuzz": Scenario("pytest", "fuzz.json", FUZZ_TESTS, FUZZ_TESTS),
+    "flood": Scenario("bench.scenarios.flood", "flood.json", (),
+                      ("--quick", "--out", "{results}/flood-quick.json")),
     "image_ingest": Scenario("bench.scenarios.image_ingest", "image_ingest.json", (),
                              ("--quick", "--out", "{results}/image_ingest-quick.json")),
     "minatar": Scenario("bench.scenarios.minatar", "minatar.json", (),

@@ -1,7 +1,8 @@
 """rlinkd time-to-solve CartPole-v1 under the same two definitions as the RLlib baseline.
 
     .venv/bin/python -m bench.scenarios.rlinkd_solve [--runs 3] [--timeout-s 600] [--quick]
-                                           [--skip-rllib-client] [--rllib-client-seconds S]
+                                           [--skip-rllib-client | --reuse-rllib-client]
+                                           [--rllib-client-seconds S] [--out FILE]
 
 Configurations: TCP and shared-memory clients, 1 and 2 of them, default daemon config.
 
@@ -21,6 +22,11 @@ Configurations: TCP and shared-memory clients, 1 and 2 of them, default daemon c
     on-policy config), started once the daemon is ready; time and steps from its own
     ``reached`` line (its clock starts before it imports ray). ``--quick`` caps it at 60 s
     (a check that it connects and trains, not necessarily to 450).
+
+Every run records its learning curve (``curve``, see ``bench.harness.curves``): (i) the
+daemon's last-20 mean from the demo's once-a-second progress lines, (ii) the pooled
+client-side last-100 mean after every episode; ``bench.report.plots`` draws them.
+``--reuse-rllib-client`` keeps (iii) from the existing result file instead of running it.
 
 For every run: env steps/s = env steps / wall; peak summed RSS of every process involved
 (daemon tree + clients), sampled every 0.2 s from outside; CPU seconds of all of them
@@ -44,8 +50,9 @@ from pathlib import Path
 
 from rlinkd.daemon.launch import LaunchError, stop_processes
 
-from bench.harness.common import (ANCHOR_ROOT, ANCHORS, REPO, fmt_mr, free_port, median_range, print_table,
-                                  write_result)
+from bench.harness.common import (ANCHOR_ROOT, ANCHORS, REPO, RESULTS, fmt_mr, free_port, median_range,
+                                  print_table, write_result)
+from bench.harness.curves import demo_points, make_curve
 from bench.harness.daemon import Daemon
 from bench.harness.demo import demo_command, demo_summary
 from bench.harness.proctree import TreeSampler
@@ -89,14 +96,18 @@ def own_run(transport: str, clients: int, timeout_s: float) -> dict:
     wall = progress[-1][0] if solved and progress else None
     return measures(wall, summary.get("env_steps"), sampler, solved) | {
         "demo_wall_s": summary.get("wall_s"), "return_mean": summary.get("return_mean_20"),
-        **({} if solved else {"state_dir": state})}
+        "curve": make_curve(demo_points(progress)), **({} if solved else {"state_dir": state})}
 
 
 # ---------------------------------------------------------------- (ii) client-side criterion
 class EpisodePool:
-    """Complete episodes of every client; solved when the last-100 mean reaches the target."""
+    """Complete episodes of every client; solved when the last-100 mean reaches the target.
+    ``points``: the learning curve, one point per episode (seconds since ``t0``, the clients'
+    launch on the same monotonic clock; pooled steps; last-100 mean)."""
 
-    def __init__(self, n_clients: int) -> None:
+    def __init__(self, n_clients: int, t0: float = 0.0) -> None:
+        self.t0 = t0
+        self.points: list[tuple[float, float, float]] = []
         self.lock = threading.Lock()
         self.returns: deque = deque(maxlen=100)
         self.steps_by_client = [0] * n_clients
@@ -108,6 +119,7 @@ class EpisodePool:
         with self.lock:
             self.steps_by_client[client] = steps
             self.returns.append(ret)
+            self.points.append((t - self.t0, sum(self.steps_by_client), sum(self.returns) / len(self.returns)))
             if (self.solved_at is None and len(self.returns) >= 10
                     and sum(self.returns) / len(self.returns) >= TARGET):
                 self.solved_at, self.steps_at_solve = t, sum(self.steps_by_client)
@@ -133,7 +145,7 @@ def client_run(transport: str, n_clients: int, timeout_s: float) -> dict:
     t0 = time.monotonic()
     clients = [_start_solve_client(address, i, Path(state_dir)) for i in range(n_clients)]
     sampler = TreeSampler(daemon.pid, *[c.pid for c in clients]).start()
-    pool = EpisodePool(n_clients)
+    pool = EpisodePool(n_clients, t0)
     for i, c in enumerate(clients):
         threading.Thread(target=pool.follow, args=(i, c.stdout), daemon=True).start()
     try:
@@ -148,7 +160,8 @@ def client_run(transport: str, n_clients: int, timeout_s: float) -> dict:
     mean = round(sum(pool.returns) / len(pool.returns), 1) if pool.returns else None
     return measures(wall, pool.steps_at_solve if solved else sum(pool.steps_by_client), sampler, solved,
                     cpu_steps=sum(pool.steps_by_client)) | {
-        "daemon_ready_s": ready_s, "daemon_exit": exit_code, "return_mean": mean}
+        "daemon_ready_s": ready_s, "daemon_exit": exit_code, "return_mean": mean,
+        "curve": make_curve(pool.points)}
 
 
 def _start_solve_client(address: str, i: int, state_dir: Path) -> subprocess.Popen:
@@ -240,6 +253,16 @@ def _row(label: str, s: dict) -> tuple:
             fmt_mr(s["steps_per_s"]), fmt_mr(s["peak_rss_mb"]), fmt_mr(s["cpu_s_per_100k_steps"], 1))
 
 
+def earlier_rllib_client() -> dict:
+    """(iii) as the published result file has it, with ``reused_from`` naming its measurement."""
+    try:
+        earlier = json.loads((RESULTS / "solve_compare.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    section = earlier.get("rllib_client") or {}
+    return section and {**section, "reused_from": f"{earlier.get('command')} at {earlier.get('measured_at')}"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
@@ -247,6 +270,10 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true",
                     help="1 run of tcp×1 and shm×1 per definition; RLlib's client for at most 60 s")
     ap.add_argument("--skip-rllib-client", action="store_true")
+    ap.add_argument("--out", help="result file (default: bench/results/solve_compare.json)")
+    ap.add_argument("--reuse-rllib-client", action="store_true",
+                    help="do not run (iii): keep the rllib_client section of the existing result file, "
+                         "marked with the time it was measured")
     ap.add_argument("--rllib-client-seconds", type=float, default=None,
                     help="limit of each RLlib-client run (default: --timeout-s; --quick: 60)")
     args = ap.parse_args()
@@ -260,7 +287,10 @@ def main() -> int:
         res["own"][key] = run_mode(key, functools.partial(own_run, transport, n, args.timeout_s), runs)
         print(f"(ii) client-side criterion, {key}", flush=True)
         res["client"][key] = run_mode(key, functools.partial(client_run, transport, n, args.timeout_s), runs)
-    if args.skip_rllib_client:
+    if args.reuse_rllib_client:
+        res["rllib_client"] = earlier_rllib_client()
+        print(f"(iii) reused from {res['rllib_client'].get('reused_from', 'nowhere (none recorded)')}", flush=True)
+    elif args.skip_rllib_client:
         pass
     elif not LEGACY_PYTHON.exists():
         res["rllib_client"] = {"skipped": f"{LEGACY_PYTHON} not found: create it with "
@@ -270,7 +300,7 @@ def main() -> int:
         print("(iii) RLlib 2.48 dummy client against rlinkd serve", flush=True)
         res["rllib_client"] = run_mode("rllib-2.48-client", lambda: rllib_client_run(rllib_limit), runs)
     res["table_markdown"] = table(res)
-    write_result("solve_compare", res)
+    write_result("solve_compare", res, args.out)
     return 0
 
 

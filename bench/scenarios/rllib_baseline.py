@@ -27,7 +27,10 @@ Two definitions of solved, as for rlinkd (``bench.scenarios.rlinkd_solve``):
 Per run: env steps/s = env steps / wall; peak RSS = monitor's peak summed RSS (external:
 server tree + client, summed peaks); CPU s per 100k env steps = CPU seconds of every
 process monitored (whole run, start-up included) / env steps sampled in the run × 1e5.
-Writes ``bench/results/rllib.json``.
+Every run records its learning curve (``curve``, ``bench.harness.curves``): example mode
+from Tune's result.json (``episode_return_mean`` per iteration, 1-s timestamps), external
+mode from the client's progress lines (last-100 mean every 5 s). Writes
+``bench/results/rllib.json``.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ import time
 from pathlib import Path
 
 from bench.harness.common import ANCHOR_ROOT, ANCHORS, RESULTS, fmt_mr, median_range, print_table, write_result
+from bench.harness.curves import make_curve
 
 VERSIONS = ("2.48.0", "2.60.0")
 MODES = ("example", "external")
@@ -153,7 +157,8 @@ def parse_example(outd: Path, started: float) -> dict:
         "iterations": summ.get("iterations"), "best_return_mean": summ.get("best_return_mean"),
         "return_mean": summ.get("best_return_mean"),
         "rllib_trainable_steps_per_s": summ.get("env_steps_per_s_overall(trainable)"),
-        "monitor_wall_s": monitor.get("wall_s"), "timed_out": monitor.get("timed_out"), "trial_dir": str(trial)}
+        "monitor_wall_s": monitor.get("wall_s"), "timed_out": monitor.get("timed_out"), "trial_dir": str(trial),
+        "curve": make_curve(example_points(trial / "result.json", monitor.get("t0_epoch")))}
 
 
 def parse_external(outd: Path, started: float) -> dict:
@@ -169,7 +174,25 @@ def parse_external(outd: Path, started: float) -> dict:
                     last.get("env_steps")) | {
         "last_event": last.get("event"), "return_mean": last.get("return_mean_100"),
         "since_connect_s": last.get("since_connect_s"), "server_iterations": len(iters),
-        "error": last.get("error"), "client_wall_s": client.get("wall_s")}
+        "error": last.get("error"), "client_wall_s": client.get("wall_s"),
+        "curve": make_curve((e["t_s"], e["env_steps"], e.get("return_mean_100")) for e in events
+                            if e.get("event") in ("progress", "reached") and "t_s" in e)}
+
+
+def example_points(result_json: Path, t0_epoch: float | None) -> list[tuple[float, float, float]]:
+    """Tune's result.json, one line per training iteration: (s since launch, env steps sampled,
+    ``episode_return_mean``). Tune's timestamps are whole seconds; no launch time, no curve."""
+    if t0_epoch is None:
+        return []
+    points = []
+    for line in _lines(result_json):
+        row = json.loads(line)
+        runners = row.get("env_runners") or {}
+        steps = row.get("num_env_steps_sampled_lifetime", runners.get("num_env_steps_sampled_lifetime"))
+        ret = runners.get("episode_return_mean")
+        if steps is not None and ret is not None and ret == ret:
+            points.append((row["timestamp"] - t0_epoch, steps, ret))
+    return points
 
 
 def _figures(solved: bool, wall_s, env_steps, rss_mb, cpu_s, cpu_steps) -> dict:

@@ -84,9 +84,9 @@ def cartpole_spaces():
     env = gym.make("CartPole-v1")
     try:
         obs, act = space_from_gym(env.observation_space), space_from_gym(env.action_space)
+        return Spaces(obs, act, act.dist_size), StepLayout.flat(4, 1, 2)
     finally:
         env.close()
-    return Spaces(obs, act, act.dist_size), StepLayout.flat(4, 1, 2)
 
 
 def episode_block(layout, n_episodes: int) -> np.ndarray:
@@ -471,10 +471,10 @@ def _attach_shm_client(unix_socket: str):
 
 def _one_step_records(layout) -> np.ndarray:
     """A terminated 1-step episode: 1 step record + 1 FINAL_OBS record."""
-    from rlinkd.client_lib.protocol.codec import EpisodeFragment
+    from rlinkd.client_lib.protocol.fragments import Fragment
     from rlinkd.client_lib.protocol.records import fragment_records
-    frag = EpisodeFragment(obs=np.zeros((2, 4)), actions=np.array([1]), rewards=np.array([1.0]),
-                           is_terminated=True, is_truncated=False)
+    frag = Fragment(obs={"": np.zeros((2, 4), np.float32)}, actions=np.float32([[1]]),
+                    rewards=np.array([1.0]), is_terminated=True, is_truncated=False)
     return fragment_records(frag, layout, 0, 0)
 
 

@@ -115,26 +115,36 @@ def _float32_range(arr: np.ndarray, space: LeafSpace, what: str) -> str | None:
 
 
 def _as_array(value: Any, what: str) -> np.ndarray:
-    """A JSON/native column → a numeric ndarray (no space checks yet)."""
-    try:
-        if isinstance(value, np.ndarray):
-            arr = value
-        elif is_compact(value):
-            arr = decode_compact(value, what)
-        elif isinstance(value, (list, tuple)) and value and is_compact(value[0]):
-            arr = np.stack([decode_compact(v, f"{what}[{i}]") if is_compact(v) else _not_compact(what)
-                            for i, v in enumerate(value)])
-        elif isinstance(value, (list, tuple)):
+    """A JSON/native column → a numeric ndarray (no space checks yet). Raises InvalidValue,
+    or _Ragged when numpy cannot make one array of a list."""
+    if isinstance(value, np.ndarray):
+        arr = value
+    elif is_compact(value):
+        arr = _decode(value, what)
+    elif isinstance(value, (list, tuple)) and value and is_compact(value[0]):
+        if not all(is_compact(v) for v in value):
+            raise InvalidValue(f"{what}: mixes compact arrays and plain lists")
+        arrays = [_decode(v, f"{what}[{i}]") for i, v in enumerate(value)]
+        if len({a.shape for a in arrays}) != 1:
+            raise _Ragged
+        arr = np.stack(arrays)
+    elif isinstance(value, (list, tuple)):
+        try:
             arr = np.asarray(value)
-        else:
-            raise InvalidValue(f"{what}: expected a list of steps")
-    except CompactError as exc:
-        raise InvalidValue(str(exc)) from None
-    except (ValueError, TypeError, OverflowError):
-        raise _Ragged from None
+        except (ValueError, TypeError, OverflowError):
+            raise _Ragged from None
+    else:
+        raise InvalidValue(f"{what}: expected a list of steps")
     if arr.dtype.kind not in "biuf":
         raise InvalidValue(f"{what}: values must be numbers")
     return arr
+
+
+def _decode(value: Any, what: str) -> np.ndarray:
+    try:
+        return decode_compact(value, what)
+    except CompactError as exc:
+        raise InvalidValue(str(exc)) from None
 
 
 class _Ragged(Exception):
@@ -143,18 +153,14 @@ class _Ragged(Exception):
 
 def _ragged_message(value: Any, space: LeafSpace, what: str) -> str:
     """Name the first step whose shape differs from the space's (or say it is not numeric)."""
-    for i, step in enumerate(value):
+    for i, step in enumerate(value if isinstance(value, (list, tuple)) else ()):
         try:
-            shape = np.shape(step)
-        except (ValueError, TypeError):
+            shape = tuple(step["shape"]) if is_compact(step) else np.shape(step)
+        except (ValueError, TypeError, KeyError):
             break
         if shape != space.record_shape:
             return f"{what}[{i}]: shape {list(shape)}, space wants {list(space.record_shape)}"
     return f"{what}: ragged or non-numeric values"
-
-
-def _not_compact(what: str) -> np.ndarray:
-    raise InvalidValue(f"{what}: mixes compact arrays and plain lists")
 
 
 # ---------------------------------------------------------------- actions

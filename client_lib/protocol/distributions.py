@@ -56,7 +56,7 @@ def components(act_space: Any) -> tuple[Component, ...]:
             dist, action = dist + space.n, action + space.n
         else:
             if np.dtype(space.dtype).kind != "f":
-                raise ValueError(f"action {leaf.display or '(root)'}: integer/bool Box actions "
+                raise ValueError(f"{leaf.display('action')}: integer/bool Box actions "
                                  f"are not supported (use Discrete/MultiDiscrete/MultiBinary)")
             d = math.prod(space.shape)
             low = tuple(float(v) for v in np.asarray(space.low, np.float64).reshape(-1))

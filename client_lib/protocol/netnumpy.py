@@ -86,7 +86,7 @@ class NumpyNet:
         ops = spec.net.needed(outputs)
         self.outputs = outputs
         self.inputs = tuple(op for op in ops if isinstance(op, N.Input))
-        self._steps = [(op.out, _compile(op, params))  # type: ignore[attr-defined]
+        self._steps = [(op.out, _compile(op, params))
                        for op in ops if not isinstance(op, N.Input)]
 
     def run(self, obs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

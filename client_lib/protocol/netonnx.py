@@ -32,11 +32,11 @@ def _nodes(op: N.Op, consts: list) -> list:
     """The ONNX nodes computing `op` (constants appended to `consts`)."""
     from onnx import TensorProto
     from onnx.helper import make_node as node
-    out = op.out  # type: ignore[attr-defined]
+    out = op.out
     if isinstance(op, N.Cast):
         return [node("Cast", [op.x], [out], to=TensorProto.FLOAT)]
     if isinstance(op, N.Scale):
-        return [node("Mul", [op.x, _const(consts, f"{out}/factor", np.float32(op.factor))], [out])]
+        return [node("Mul", [op.x, _const(consts, f"{out}/factor", np.asarray(op.factor, np.float32))], [out])]
     if isinstance(op, N.Normalize):
         return [node("Sub", [op.x, op.mean], [f"{out}/centered"]),
                 node("Div", [f"{out}/centered", op.std], [out])]
@@ -64,7 +64,7 @@ def _nodes(op: N.Op, consts: list) -> list:
         return [node("Shape", [op.x], [f"{out}/shape"]),
                 node("Expand", [op.param, f"{out}/shape"], [out])]
     if isinstance(op, N.Mask):
-        masked = _const(consts, f"{out}/masked", np.float32(N.MASKED_LOGIT))
+        masked = _const(consts, f"{out}/masked", np.asarray(N.MASKED_LOGIT, np.float32))
         return [_slice(op.mask, f"{out}/mask", op.start, op.stop, consts),
                 node("Cast", [f"{out}/mask"], [f"{out}/legal"], to=TensorProto.BOOL),
                 node("Where", [f"{out}/legal", op.x, masked], [out])]
@@ -159,7 +159,7 @@ class OnnxWeightWriter:
             raise ValueError(f"flat weights have shape {flat.shape}, "
                              f"expected ({self.spec.n_params()},)")
         out = bytearray(self.template)
-        raw = memoryview(flat).cast("B")
+        raw = flat.data.cast("B")  # no copy
         for start, stop, at in self._targets:
             out[at:at + 4 * (stop - start)] = raw[4 * start:4 * stop]
         return bytes(out)

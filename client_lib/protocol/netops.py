@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from rlinkd.client_lib.protocol.masking import MASKED_LOGIT as MASKED_LOGIT  # re-exported
 from rlinkd.client_lib.protocol.spaces import Box, Discrete, MultiBinary, MultiDiscrete
 
 DIST = "action_dist_inputs"   # the actor output (ONNX output name)
@@ -69,6 +70,8 @@ PARAM_FIELDS = ("weight", "bias", "mean", "std", "param")
 
 class Op:
     """Base of the ops: the value and parameter names it reads."""
+
+    out: str  # every op's output value (a dataclass field of each subclass)
 
     def inputs(self) -> tuple[str, ...]:
         names: list[str] = []
@@ -210,7 +213,7 @@ class Net:
         """The ops `outputs` depend on, in execution order (e.g. the actor without the critic)."""
         wanted, keep = set(outputs), []
         for op in reversed(self.ops):
-            if op.out in wanted:  # type: ignore[attr-defined]
+            if op.out in wanted:
                 keep.append(op)
                 wanted.update(op.inputs())
         return tuple(reversed(keep))
@@ -283,7 +286,7 @@ class _Builder:
         self.width: dict[str, int] = {}
 
     def op(self, op: Op, width: int = 0) -> str:
-        out = op.out  # type: ignore[attr-defined]
+        out = op.out
         self.ops.append(op)
         self.width[out] = width
         return out
@@ -441,7 +444,7 @@ def _renamed(op: Op, out: str) -> Op:
 
 
 def _check_unique(b: _Builder) -> None:
-    names = [op.out for op in b.ops] + [p.name for p in b.params]  # type: ignore[attr-defined]
+    names = [op.out for op in b.ops] + [p.name for p in b.params]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ValueError(f"observation keys give clashing network names {dupes}; rename a key "

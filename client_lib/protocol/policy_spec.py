@@ -127,7 +127,7 @@ class PolicySpec:
     @property
     def net(self) -> Net:
         """The lowered network (built once, at construction)."""
-        return self._net  # type: ignore[attr-defined, no-any-return]
+        return self._net  # type: ignore[attr-defined]
 
     def ops(self) -> tuple[netops.Op, ...]:
         return self.net.ops
@@ -158,7 +158,7 @@ class PolicySpec:
 
     @property
     def action_dist(self) -> ActionDist:
-        return self._dist  # type: ignore[attr-defined, no-any-return]
+        return self._dist  # type: ignore[attr-defined]
 
     @property
     def action_size(self) -> int:

@@ -330,12 +330,17 @@ class Box(LeafSpace):
         """(largest low, smallest high): every element's bounds contain [that low, that high]."""
         return float(self.low_array.max()), float(self.high_array.min())
 
-    def _slack_bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        """Float bounds widened by BOUND_TOLERANCE relative to their magnitude (float32
-        rounding of a bound must not refuse a valid value); integer bounds are exact."""
+    @cached_property
+    def _slack(self) -> tuple[np.ndarray, np.ndarray]:
         if not self.is_float:
             return self.low_array, self.high_array
         return self.low_array - tolerance(self.low_array), self.high_array + tolerance(self.high_array)
+
+    def _slack_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Float bounds widened by BOUND_TOLERANCE relative to their magnitude (float32
+        rounding of a bound must not refuse a valid value); integer bounds are exact.
+        Computed once per space (this runs for every fragment and every act())."""
+        return self._slack
 
     def to_action_vector(self, values: np.ndarray) -> np.ndarray:
         return np.asarray(values, np.float32).reshape(len(values), self.action_width)
@@ -387,7 +392,7 @@ class Discrete(LeafSpace):
 
     record_dtype = np.dtype("<i8")
     record_shape = ()
-    action_width = 1  # type: ignore[assignment]
+    action_width = 1
 
     @property
     def dist_width(self) -> int:
@@ -648,11 +653,16 @@ def _tuple_from_json(d: Mapping) -> Tuple:
     return Tuple(tuple(space_from_json(v) for v in spaces))
 
 
+def _field(d: Mapping, key: str, default: Any = None) -> Any:
+    """A JSON value to hand to a family's constructor, which checks it."""
+    return d.get(key, default)
+
+
 _FROM_JSON = {
     "box": _box_from_json,
-    "discrete": lambda d: Discrete(d.get("n"), d.get("start", 0)),
-    "multidiscrete": lambda d: MultiDiscrete(d.get("nvec"), d.get("start")),
-    "multibinary": lambda d: MultiBinary(d.get("n")),
+    "discrete": lambda d: Discrete(_field(d, "n"), _field(d, "start", 0)),
+    "multidiscrete": lambda d: MultiDiscrete(_field(d, "nvec"), _field(d, "start")),
+    "multibinary": lambda d: MultiBinary(_field(d, "n")),
     "dict": _dict_from_json,
     "tuple": _tuple_from_json,
 }

@@ -54,7 +54,7 @@ class Checkpointer:
         self.board = WeightsBoard.attach(topo.board_path)
         self._onnx: OnnxWeightWriter | None = None  # built at the first checkpoint (imports onnx)
         description = policy_description(topo.obs_space, topo.act_space, topo.policy_spec)
-        self.policy_json = json.dumps(description, indent=1, sort_keys=True).encode()
+        self.policy_json = json.dumps(description, indent=1).encode()  # keeps Dict key order
         self.pending: dict[int, Pending] = {}
 
     def on_request(self, req: m.CheckpointRequest) -> None:

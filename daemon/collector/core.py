@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import itertools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -18,7 +19,7 @@ import numpy as np
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.codec import BadMessage, Message
 from rlinkd.client_lib.protocol.records import concat_records, fragment_records
-
+from rlinkd.daemon.collector.admission import Admission
 from rlinkd.daemon.collector.ingest import (EpisodeStats, EpisodeTracker, Limits, Spaces,
                                            validate_fragment)
 from rlinkd.daemon.config import Config
@@ -27,6 +28,28 @@ from rlinkd.shm.records import StepLayout
 
 class Unauthenticated(BadMessage):
     """A message arrived before a PING with the right token."""
+
+
+def error_kind(exc: Exception) -> str:
+    """The label a protocol error is counted under: its class name in snake case
+    (``FrameTooLarge`` → ``frame_too_large``). The protocol-error classes are a small fixed
+    hierarchy (codec, ingest, this module), so the set of kinds is too."""
+    return _snake(type(exc).__name__)
+
+
+def protocol_error_kinds() -> list[str]:
+    """Every kind ``error_kind`` can give: ``ProtocolError`` and its subclasses, as loaded
+    (status lists each with its count, zero included, so a series exists before the first)."""
+    kinds, todo = set(), [codec.ProtocolError]
+    while todo:
+        cls = todo.pop()
+        kinds.add(_snake(cls.__name__))
+        todo += cls.__subclasses__()
+    return sorted(kinds)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 @dataclass
@@ -101,6 +124,7 @@ class CollectorCore:
         self.spaces, self.layout = spaces, layout
         self.limits = Limits(cfg.server.max_episode_steps, cfg.server.max_obs_floats)
         self.sessions: dict[int, Session] = {}
+        self.admission = Admission(cfg.server.max_connections, cfg.server.max_pending_connections)
         self.waits = WaitBook(cfg.sampling.max_wait_for_batch_s)
         self.stats = EpisodeStats()
         self._ids = itertools.count(1)
@@ -108,6 +132,7 @@ class CollectorCore:
         self.env_steps = int(counters.get("env_steps", 0))
         self.stats.episodes = int(counters.get("episodes", 0))
         self.protocol_errors = 0
+        self.protocol_errors_by_kind = dict.fromkeys(protocol_error_kinds(), 0)
         self.messages = 0
 
     # ------------------------------------------------------------ sessions
@@ -128,8 +153,10 @@ class CollectorCore:
         """Clients that wait for weights after each sample (the flush rule counts these)."""
         return [s for s in self.sessions.values() if s.waits_for_state]
 
-    def count_protocol_error(self) -> None:
+    def count_protocol_error(self, kind: str) -> None:
+        """Called by the shell once per connection closed for bad input (``error_kind``)."""
         self.protocol_errors += 1
+        self.protocol_errors_by_kind[kind] = self.protocol_errors_by_kind.get(kind, 0) + 1
 
     # ------------------------------------------------------------ messages
     def handle(self, session: Session, msg: Message) -> Plan:

@@ -53,7 +53,7 @@ class CollectorProcess:
                              mask_spec(topo.obs_space, topo.act_space, topo.cfg.env.action_mask_key))
         core = CollectorCore(topo.cfg, self.spaces, topo.layout, topo.read_counters())
         weights = WeightsCache(self.board, topo.policy_spec)
-        self.status = StatusBuilder(topo, core, weights)
+        self.status = StatusBuilder(topo, core, weights, ring=self.ring)
         self.server = CollectorServer(core, self.ring, weights, self.status,
                                       make_shm=self._make_shm_ingestor,
                                       ssl_ctx=server_context(topo.cfg.server),

@@ -23,10 +23,12 @@ import structlog
 
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.codec import ProtocolError
-from rlinkd.daemon.collector.core import CollectorCore, Plan, Session
+from rlinkd.client_lib.transport import EVICTED
+from rlinkd.daemon.collector.core import CollectorCore, Plan, Session, error_kind
 from rlinkd.daemon.collector.status import StatusBuilder
 from rlinkd.daemon.collector.weights import WeightsCache
 from rlinkd.daemon.config import Config
+from rlinkd.daemon.errors import RlinkdError
 from rlinkd.shm.records import FLUSH, STREAM_END
 from rlinkd.shm.errors import ShmError
 from rlinkd.shm.ring import StepRing
@@ -89,6 +91,10 @@ class Background:
             self.failed.set()
 
 
+class HandshakeTimeout(RlinkdError):
+    """A connection's first message was not complete within ``server.handshake_timeout_s``."""
+
+
 class CollectorServer:
     """Owns the event-loop side of the collector. Built and run by ``collector.process``.
 
@@ -122,7 +128,7 @@ class CollectorServer:
     # ------------------------------------------------------------ listeners
     async def start(self) -> None:
         srv = self.cfg.server
-        handshake_s = srv.read_timeout_s if self.ssl_ctx else None  # only meaningful with TLS
+        handshake_s = srv.handshake_timeout_s if self.ssl_ctx else None  # only meaningful with TLS
         tcp = await asyncio.start_server(lambda r, w: self._serve(r, w, "tcp"), srv.host,
                                          srv.port, reuse_address=True, limit=1 << 20,
                                          ssl=self.ssl_ctx, ssl_handshake_timeout=handshake_s)
@@ -148,16 +154,24 @@ class CollectorServer:
                      transport: str) -> None:
         peer = str(writer.get_extra_info("peername") or transport)
         _set_nodelay(writer)
-        if self.draining or len(self.core.sessions) >= self.cfg.server.max_connections:
-            reason = "daemon shutting down" if self.draining else "too many connections"
-            await self._refuse(writer, reason)
+        if self.draining:
+            await self._refuse(writer, "daemon shutting down")
             return
         session = self.core.open_session(peer, transport)
+        verdict = self.core.admission.arrive(session.id)
+        if not verdict.admitted:
+            self.core.close_session(session)
+            await self._refuse(writer, "too many connections")
+            return
         self.writers[session.id] = writer
+        for victim in verdict.evict:
+            self._evict(victim)
         try:
             await self._message_loop(session, reader, writer)
         except ProtocolError as exc:
             await self._protocol_error(session, writer, exc)
+        except HandshakeTimeout:
+            await self._refuse(writer, "no complete message within server.handshake_timeout_s")
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError, ssl.SSLError):
             pass
         finally:
@@ -166,10 +180,43 @@ class CollectorServer:
 
     async def _message_loop(self, session: Session, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter) -> None:
+        """The handshake (first message, within handshake_timeout_s), then every other message."""
+        body = await self._first_frame(session, reader)
+        started = time.perf_counter()  # from the whole frame read to the reply written
+        msg = codec.decode_body(body)
+        plan = self.core.handle(session, msg)
+        if not self.core.admission.handshake_done(session.id):
+            raise ConnectionAbortedError("evicted while its first message was read")
         while True:
-            body = await self._read_frame(reader)
-            plan = self.core.handle(session, codec.decode_body(body))
             await self._carry_out(session, plan, writer)
+            self.status.message_latency.observe(msg.TYPE.value, time.perf_counter() - started)
+            body = await self._read_frame(reader)
+            started = time.perf_counter()
+            msg = codec.decode_body(body)
+            plan = self.core.handle(session, msg)
+
+    async def _first_frame(self, session: Session, reader: asyncio.StreamReader) -> bytes:
+        """The connection's first frame, complete within ``handshake_timeout_s`` of the accept
+        (HandshakeTimeout otherwise, counted in status)."""
+        try:
+            return await asyncio.wait_for(self._read_frame(reader), self.cfg.server.handshake_timeout_s)
+        except asyncio.TimeoutError:
+            self.core.admission.timed_out(session.id)
+            raise HandshakeTimeout from None
+
+    def _evict(self, session_id: int) -> None:
+        """Close a connection still in its handshake to make room for a newer one (ERROR
+        first: an honest but slow client learns why, and client_lib reconnects on it). Its
+        read loop ends and forgets it."""
+        writer = self.writers.get(session_id)
+        if writer is None:
+            return
+        if self.error_log.allow():
+            log.warning("connection_evicted", session=session_id, reason="pending connections full",
+                        suppressed_before=self.error_log.take_suppressed())
+        writer.write(codec.encode(codec.Error(message=f"{EVICTED} too many connections waiting for "
+                                                      "their handshake")))
+        writer.close()
 
     async def _read_frame(self, reader: asyncio.StreamReader) -> bytes:
         """First byte within idle_timeout_s; the rest of the frame within read_timeout_s."""
@@ -215,7 +262,7 @@ class CollectorServer:
 
     async def _protocol_error(self, session: Session, writer: asyncio.StreamWriter,
                               exc: ProtocolError) -> None:
-        self.core.count_protocol_error()
+        self.core.count_protocol_error(error_kind(exc))
         if self.error_log.allow():
             log.warning("protocol_error", peer=session.peer, error=str(exc)[:300],
                         suppressed_before=self.error_log.take_suppressed())
@@ -233,6 +280,7 @@ class CollectorServer:
 
     def _forget(self, session: Session) -> None:
         self.core.close_session(session)
+        self.core.admission.leave(session.id)
         if session.is_shm:
             self.shm.clients.leave(session.id)  # or the drain loop would spin on a session-less ring
         self.writers.pop(session.id, None)

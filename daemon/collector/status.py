@@ -1,9 +1,12 @@
 """The daemon's status report, assembled in the collector (the process clients talk to).
 
-Sources: the collector's own counters, the learner's last ``WeightsPublished`` stats,
-the connector's ``ConnectorStats`` and the supervisor's ``DaemonInfo`` (children,
-restarts, last checkpoint). ``rlinkd status`` prints this dict; the supervisor gets it
-every ``status_interval_s`` for checkpoints and systemd STATUS= lines.
+Sources: the collector's own counters (protocol errors by kind, message-latency
+histograms), the episode ring's fill, the learner's ``WeightsPublished`` stats (the last
+update's, and a histogram of update times), the connector's ``ConnectorStats`` (batch
+slots by state) and the supervisor's ``DaemonInfo`` (children, restarts, last checkpoint,
+the metrics URL). ``rlinkd status`` prints this dict, the Prometheus endpoint
+(``daemon.prom``) exports it; the supervisor gets a digest every ``status_interval_s``
+for TensorBoard and systemd STATUS= lines.
 """
 from __future__ import annotations
 
@@ -13,8 +16,14 @@ from collections.abc import Callable
 
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.collector.core import CollectorCore
+from rlinkd.daemon.collector.latency import (MESSAGE_BOUNDS_S, UPDATE_BOUNDS_S, Histogram,
+                                             HistogramSet)
 from rlinkd.daemon.collector.weights import WeightsCache
 from rlinkd.daemon.wiring import Topology
+from rlinkd.shm.ring import StepRing
+from rlinkd.shm.slots import FILLING, FREE, READY, TRAINING
+
+SLOT_STATE_NAMES = {FREE: "free", FILLING: "filling", READY: "ready", TRAINING: "training"}
 
 RATE_WINDOW_S = 10.0
 RATE_RESOLUTION_S = 0.5
@@ -52,18 +61,22 @@ class StatusBuilder:
 
     Built by the process shell before the server (which answers STATUS with ``build``):
     ``core`` for counters and sessions, ``weights`` for the served version, ``clock``
-    (monotonic seconds; injectable for tests) for the steps/s samples taken by ``on_tick``.
+    (monotonic seconds; injectable for tests) for the steps/s samples taken by ``on_tick``,
+    ``ring`` (the episode ring, when there is one) for its fill.
     """
 
     def __init__(self, topo: Topology, core: CollectorCore, weights: WeightsCache,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, ring: StepRing | None = None) -> None:
         self.topo, self.core, self.weights, self.clock = topo, core, weights, clock
+        self.ring = ring  # the episode ring (producer side) whose fill is reported
         self.learner: m.LearnerState | None = None
         self.update: m.TrainStats | None = None
         self.trained_seq_no = -1
         self.connector: dict = {}
         self.daemon: dict = {}
         self.rate = RateMeter()
+        self.message_latency = HistogramSet(MESSAGE_BOUNDS_S)  # observed by the server
+        self.update_latency = Histogram(UPDATE_BOUNDS_S)
 
     def on_tick(self) -> None:
         """Collector tick (every ~50 ms): sample the ingested step count."""
@@ -75,6 +88,7 @@ class StatusBuilder:
         self.learner = msg.learner
         if msg.update is not None:
             self.update, self.trained_seq_no = msg.update, msg.seq_no
+            self.update_latency.observe(msg.update.update_time_s)
 
     def learner_section(self) -> dict:
         """The ``learner`` section of the report (empty before the learner reported)."""
@@ -87,7 +101,9 @@ class StatusBuilder:
         self.connector = {"dropped_episodes": msg.dropped_episodes,
                           "dropped_steps": msg.dropped_steps, "batches": msg.batches,
                           "buffered_steps": msg.buffered_steps,
-                          "trained_steps": msg.trained_steps}
+                          "trained_steps": msg.trained_steps,
+                          "slots": {name: sum(1 for s in msg.slot_states if s == code)
+                                    for code, name in SLOT_STATE_NAMES.items()}}
 
     def on_daemon_info(self, msg: m.DaemonInfo) -> None:
         self.daemon = m.daemon_report(msg)
@@ -111,6 +127,8 @@ class StatusBuilder:
             "waiting_clients": sum(1 for s in core.samplers() if s.waiting_cutoff is not None),
             "dropped_episodes": self.connector.get("dropped_episodes", 0),
             "protocol_errors": core.protocol_errors,
+            "protocol_errors_by_kind": dict(sorted(core.protocol_errors_by_kind.items())),
+            **core.admission.report(),
             "uptime_s": round(time.time() - self.topo.started_at, 1),
             "env_steps_per_s": round(self.rate.per_s(), 1),
             "host": self.topo.cfg.server.host,
@@ -120,8 +138,25 @@ class StatusBuilder:
                           "env_steps": s.env_steps} for s in core.samplers()],
             "learner": self.learner_section(),
             "connector": self.connector,
+            "episode_ring": self.ring_section(),
+            "latency": self.latency_section(),
             **self.daemon,
         }
+
+    def ring_section(self) -> dict:
+        """Records waiting in the episode ring now, and its capacity (``{}`` without one)."""
+        if self.ring is None:
+            return {}
+        return {"records": self.ring.capacity - self.ring.free_records(),
+                "capacity": self.ring.capacity}
+
+    def latency_section(self) -> dict:
+        """Histograms since this collector started: RLlink messages by type (frame read →
+        reply written, so an on-policy EPISODES_AND_GET_STATE includes its wait for
+        training) and learner updates (as the learner measured them)."""
+        return {"message_seconds": self.message_latency.report(),
+                "learner_update_seconds": {"bounds_s": list(self.update_latency.bounds_s),
+                                           **self.update_latency.report()}}
 
 
 def _round(value: float | None) -> float | None:

@@ -28,6 +28,7 @@ import numpy as np
 from rlinkd.client_lib.protocol import policy_spec as ps
 from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.client_lib.protocol.spaces import Space
+from rlinkd.daemon.connector.forward import BatchForward
 from rlinkd.daemon.connector.gae import compute_gae
 from rlinkd.daemon.connector.segments import Segment
 from rlinkd.daemon.errors import ConfigError
@@ -48,6 +49,13 @@ class PipelineContext:
     gamma: float
     gae_lambda: float
     normalize_advantages: bool
+    forward: BatchForward | None = None  # the network on ``weights``; made on first use
+
+    def net(self) -> BatchForward:
+        """The network on ``weights`` (numpy, or onnxruntime for CNNs: ``connector.forward``)."""
+        if self.forward is None:
+            self.forward = BatchForward(self.spec, self.weights)
+        return self.forward
 
 
 def add_observations(batch: Batch, segments: list[Segment], ctx: PipelineContext) -> Batch:
@@ -86,7 +94,7 @@ def add_old_logp(batch: Batch, segments: list[Segment], ctx: PipelineContext) ->
     if not has.all():
         missing = ~has
         obs = {k: v[missing] for k, v in batch["obs"].items()}
-        dist = ctx.spec.actor_forward(ctx.weights, obs)
+        dist, _ = ctx.net().run(obs)
         logp[missing] = ctx.spec.log_prob(dist, batch["actions"][missing])
     batch["logp"] = logp
     return batch
@@ -94,8 +102,8 @@ def add_old_logp(batch: Batch, segments: list[Segment], ctx: PipelineContext) ->
 
 def add_values(batch: Batch, segments: list[Segment], ctx: PipelineContext) -> Batch:
     """values [N] = V(s_t); next_values [N] = V(s_{t+1}), V(final obs) at segment ends."""
-    values = ctx.spec.value_forward(ctx.weights, batch["obs"])
-    final_values = ctx.spec.value_forward(ctx.weights, batch["final_obs"])
+    values = ctx.net().run(batch["obs"])[1]
+    final_values = ctx.net().run(batch["final_obs"])[1]
     next_values = np.empty_like(values)
     next_values[:-1] = values[1:]
     next_values[batch["segment_end"]] = final_values

@@ -17,6 +17,7 @@ import structlog
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.batch_schema import BatchMeta, write_columns
 from rlinkd.daemon.connector.builder import BatchBuilder, behaviour_versions
+from rlinkd.daemon.connector.forward import ForwardCache
 from rlinkd.daemon.connector.pipeline import LearnerPipeline, PipelineContext
 from rlinkd.daemon.connector.segments import SegmentAssembler
 from rlinkd.daemon.errors import ExitCode
@@ -43,6 +44,7 @@ class Connector:
                                     role="consumer",  # read_batch rings space_doorbell if the collector waits
                                     space_doorbell=Doorbell.from_fd(topo.episode_space_doorbell.fd))
         self.board = WeightsBoard.attach(topo.board_path)
+        self.forwards = ForwardCache(topo.policy_spec)
         self.slots = BatchSlots.attach(topo.slots_path)
         self.slots.reset_filling()
         self.assembler = SegmentAssembler(max_open_steps=self.slots.capacity_rows // 2)
@@ -91,7 +93,7 @@ class Connector:
         cfg = self.topo.cfg
         pctx = PipelineContext(self.topo.obs_space, self.topo.act_space, self.topo.policy_spec,
                                self.weights, seq, cfg.ppo.gamma, cfg.ppo.gae_lambda,
-                               cfg.ppo.normalize_advantages)
+                               cfg.ppo.normalize_advantages, self.forwards.get(self.weights, seq))
         return write_columns(self.slots.columns(slot), self.pipeline(segments, pctx),
                              self.topo.policy_spec)
 
@@ -103,7 +105,8 @@ class Connector:
         b = self.builder
         self.ctx.try_send("collector", m.ConnectorStats(
             b.dropped_episodes, b.dropped_steps, b.batches,
-            b.buffered_steps + self.assembler.open_steps(), b.trained_steps))
+            b.buffered_steps + self.assembler.open_steps(), b.trained_steps,
+            tuple(self.slots.state(i) for i in range(self.slots.n_slots))))
 
 
 def run(topo: Topology, ctx: RoleContext) -> ExitCode:

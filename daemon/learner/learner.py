@@ -112,7 +112,7 @@ class Learner:
         if not np.all(np.isfinite(self.model.flat_weights())):
             self._restore(backup)
             raise ValueError("the update produced non-finite weights; batch rejected")
-        self._fold_into_normalizers(batch[OBS])
+        self._fold_into_normalizers(self._obs_columns(batch[OBS]))
         self.updates += 1
         self.trained_steps += n_rows
         stats = {k: float(np.mean([info[k] for info in per_step])) for k in _STAT_KEYS}
@@ -198,12 +198,19 @@ class Learner:
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
 
+    def _obs_columns(self, obs: Any) -> dict[str, np.ndarray]:
+        """batch["obs"] as leaf columns: a dict, or a bare array for a root-leaf space."""
+        if isinstance(obs, dict):
+            return obs
+        if isinstance(obs, np.ndarray) and self.spec.obs_space.leaves()[0].key == "":
+            return {"": obs}
+        raise ValueError("batch['obs'] must map leaf keys to arrays")
+
     def _observations(self, obs: Any) -> dict[str, np.ndarray]:
         """Every observation leaf [N>0, *record_shape] in its record dtype, rows agreeing,
         values inside the space (the connector and collector validated them: a failure
         here is a bug upstream, refused rather than trained on)."""
-        if not isinstance(obs, dict):
-            raise ValueError("batch['obs'] must map leaf keys to arrays")
+        obs = self._obs_columns(obs)
         out, rows = {}, set()
         for leaf in self.spec.obs_space.leaves():
             values = np.asarray(obs.get(leaf.key, np.empty(0)))

@@ -13,7 +13,7 @@ registered in layout order. `flat_weights()` / `load_flat()` round-trip `param_l
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -27,7 +27,6 @@ from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 _LOG_2PI = math.log(2.0 * math.pi)
 Obs = Mapping[str, torch.Tensor] | torch.Tensor
 Env = dict[str, torch.Tensor]
-_Impl = Callable[[N.Op, Env, Mapping[str, torch.Tensor]], torch.Tensor]
 
 
 def torch_name(layout_name: str) -> str:
@@ -35,38 +34,38 @@ def torch_name(layout_name: str) -> str:
     return layout_name.replace(".", ":")
 
 
-def _conv(op: N.Conv, env: Env, p: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    return F.conv2d(env[op.x], p[op.weight], p[op.bias], stride=op.stride)
-
-
-def _one_hot(op: N.OneHot, env: Env, p: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    x = env[op.x]
-    cols = torch.as_tensor(op.columns, dtype=torch.long, device=x.device)
-    vals = torch.as_tensor(op.values, dtype=x.dtype, device=x.device)
-    return (x[:, cols] == vals).float()
-
-
-def _mask(op: N.Mask, env: Env, p: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    legal = env[op.mask][:, op.start:op.stop] != 0
-    return torch.where(legal, env[op.x], torch.full_like(env[op.x], N.MASKED_LOGIT))
-
-
-_IMPLS: dict[type, _Impl] = {
-    N.Cast: lambda op, env, p: env[op.x].float(),
-    N.Scale: lambda op, env, p: env[op.x] * op.factor,
-    N.Normalize: lambda op, env, p: (env[op.x] - p[op.mean]) / p[op.std],
-    N.OneHot: _one_hot,  # type: ignore[dict-item]
-    N.Flatten: lambda op, env, p: env[op.x].reshape(env[op.x].shape[0], -1),
-    N.ToNCHW: lambda op, env, p: env[op.x].permute(0, 3, 1, 2),
-    N.Conv: _conv,  # type: ignore[dict-item]
-    N.Linear: lambda op, env, p: F.linear(env[op.x], p[op.weight], p[op.bias]),
-    N.Act: lambda op, env, p: torch.tanh(env[op.x]) if op.kind == "tanh" else torch.relu(env[op.x]),
-    N.Concat: lambda op, env, p: torch.cat([env[x] for x in op.xs], dim=1),
-    N.Slice: lambda op, env, p: env[op.x][:, op.start:op.stop],
-    N.Tile: lambda op, env, p: p[op.param].expand(env[op.x].shape[0], -1),
-    N.Mask: _mask,  # type: ignore[dict-item]
-}
-"""One torch implementation per op (the numpy and ONNX ones are in client_lib)."""
+def _apply(op: N.Op, env: Env, p: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """One torch implementation per op (the numpy and ONNX ones are in client_lib)."""
+    if isinstance(op, N.Cast):
+        return env[op.x].float()
+    if isinstance(op, N.Scale):
+        return env[op.x] * op.factor
+    if isinstance(op, N.Normalize):
+        return (env[op.x] - p[op.mean]) / p[op.std]
+    if isinstance(op, N.OneHot):
+        x = env[op.x]
+        cols = torch.as_tensor(op.columns, dtype=torch.long, device=x.device)
+        return (x[:, cols] == torch.as_tensor(op.values, dtype=x.dtype, device=x.device)).float()
+    if isinstance(op, N.Flatten):
+        return env[op.x].reshape(env[op.x].shape[0], -1)
+    if isinstance(op, N.ToNCHW):
+        return env[op.x].permute(0, 3, 1, 2)
+    if isinstance(op, N.Conv):
+        return F.conv2d(env[op.x], p[op.weight], p[op.bias], stride=op.stride)
+    if isinstance(op, N.Linear):
+        return F.linear(env[op.x], p[op.weight], p[op.bias])
+    if isinstance(op, N.Act):
+        return torch.tanh(env[op.x]) if op.kind == "tanh" else torch.relu(env[op.x])
+    if isinstance(op, N.Concat):
+        return torch.cat([env[x] for x in op.xs], dim=1)
+    if isinstance(op, N.Slice):
+        return env[op.x][:, op.start:op.stop]
+    if isinstance(op, N.Tile):
+        return p[op.param].expand(env[op.x].shape[0], -1)
+    if isinstance(op, N.Mask):  # where, not an addition: no gradient reaches a masked logit
+        legal = env[op.mask][:, op.start:op.stop] != 0
+        return torch.where(legal, env[op.x], torch.full_like(env[op.x], N.MASKED_LOGIT))
+    raise TypeError(f"no torch implementation of {type(op).__name__}")
 
 
 class TorchActionDist:
@@ -116,14 +115,18 @@ class ActorCritic(nn.Module):
                 self.register_parameter(self.torch_names[p.name], nn.Parameter(zeros))
             else:
                 self.register_buffer(self.torch_names[p.name], zeros)
-        self._plans = {outs: spec.net.needed(outs)
-                       for outs in ((N.DIST,), (N.VALUE,), (N.DIST, N.VALUE))}
+        self._plans: dict[tuple[str, ...], tuple[N.Op, ...]] = {
+            outs: spec.net.needed(outs) for outs in ((N.DIST,), (N.VALUE,), (N.DIST, N.VALUE))}
         self.dist = TorchActionDist(spec.action_components, spec.action_size)
         self.load_flat(spec.init_flat(np.random.default_rng(init_seed)))
 
     def _layout_tensors(self) -> dict[str, torch.Tensor]:
         tensors = {**dict(self.named_parameters()), **dict(self.named_buffers())}
         return {name: tensors[tn] for name, tn in self.torch_names.items()}
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The parameter or buffer of layout name `name` (KeyError if none)."""
+        return self._layout_tensors()[name]
 
     def run(self, obs: Obs, outputs: tuple[str, ...]) -> list[torch.Tensor]:
         """The op list for `outputs` ((DIST,), (VALUE,) or (DIST, VALUE)); KeyError on a
@@ -137,7 +140,7 @@ class ActorCritic(nn.Module):
                 env[op.out] = (x.reshape(x.shape[0], *op.shape)
                                if x.dim() != 1 + len(op.shape) else x)
             else:
-                env[op.out] = _IMPLS[type(op)](op, env, params)  # type: ignore[attr-defined]
+                env[op.out] = _apply(op, env, params)
         return [env[name] for name in outputs]
 
     def dist_inputs(self, obs: Obs) -> torch.Tensor:

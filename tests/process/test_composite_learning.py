@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlinkd.client_lib import connect
+from rlinkd.client_lib import connect, run_env
 from tests.tasks.spot import ACTION_SPACE_TOML, OBSERVATION_SPACE_TOML, FindTheSpot
 
 pytestmark = pytest.mark.process
@@ -62,7 +62,7 @@ def test_dict_image_observation_and_multidiscrete_action_learn(daemon_factory, t
         assert isinstance(action, np.ndarray) and action.shape == (2,)
         next_obs, reward, terminated, truncated, _ = env.step(action)
         agent.step(reward, next_obs, terminated, truncated)
-        recent = (recent + [reward])[-2000:]
+        recent = [*recent[-1999:], reward]
         obs = next_obs if not (terminated or truncated) else env.reset()[0]
         if step % 2000 == 1999 and np.mean(recent) >= TARGET_REWARD:
             break
@@ -72,3 +72,12 @@ def test_dict_image_observation_and_multidiscrete_action_learn(daemon_factory, t
     assert status["protocol_errors"] == 0, status
     print(f"greedy reward {score:.3f} after {step + 1} steps")
     assert score >= TARGET_REWARD, (score, step, np.mean(recent), status["learner"])
+
+
+def test_run_env_drives_a_dict_observation_env(daemon_factory, tmp_path):
+    config = tmp_path / "spot.toml"
+    config.write_text(CONFIG)
+    d = daemon_factory("--config", str(config))
+    stats = run_env(FindTheSpot(), f"tcp://127.0.0.1:{d.port}", steps=600, seed=3)
+    assert stats.steps == 600 and stats.episodes == 600 // 8
+    assert d.status()["env_steps"] >= 512  # the samples sent (the rest goes at close)

@@ -34,7 +34,11 @@ from hypothesis import strategies as st
 
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.transport import RLlinkClient
+from rlinkd.client_lib.protocol.compact import encode_compact
+from rlinkd.client_lib.protocol.masking import mask_spec
+from rlinkd.client_lib.protocol.spaces import record_fields
 from rlinkd.daemon.collector.core import CollectorCore
+from rlinkd.daemon.collector.ingest import Spaces
 from rlinkd.daemon.config import load_config
 from rlinkd.daemon.wiring import make_policy_spec, resolve_spaces
 from rlinkd.shm.records import StepLayout
@@ -45,7 +49,7 @@ pytestmark = pytest.mark.process
 MIN_TOTAL_CASES = 10_000
 MAX_RSS_GROWTH_BYTES = 100 * 1024 * 1024
 FAMILIES = ("random_bytes", "mutated_frames", "truncated_frames", "hostile_episodes",
-            "nesting_and_headers", "huge_arrays", "slow_clients")
+            "nesting_and_headers", "huge_arrays", "slow_clients", "composite_episodes")
 
 
 def fuzz_settings(examples: int):
@@ -58,13 +62,14 @@ def fuzz_settings(examples: int):
 class Oracle:
     """The collector's protocol core on the daemon's config: the replies a payload must get."""
 
-    def __init__(self, *overrides: tuple[str, str, object]) -> None:
-        cfg = load_config(overrides=list(overrides), resolve_dirs=False)
+    def __init__(self, *overrides: tuple[str, str, object], path=None) -> None:
+        cfg = load_config(path, overrides=list(overrides), resolve_dirs=False)
         obs, act = resolve_spaces(cfg)
         spec = make_policy_spec(cfg, obs, act)
         self.max_bytes = cfg.server.max_message_bytes
-        self.core = CollectorCore(cfg, obs, act, StepLayout.flat(obs.flat_size, act.flat_size,
-                                                            spec.dist_size), spec.dist_size)
+        spaces = Spaces(obs, act, spec.dist_size, mask_spec(obs, act, cfg.env.action_mask_key))
+        self.core = CollectorCore(cfg, spaces, StepLayout(record_fields(obs), act.action_size,
+                                                          spec.dist_size))
 
     def replies(self, payload: bytes, transport: str) -> list[tuple[str, str]]:
         """[(type, ERROR message or "")] the server must send for ``payload`` then EOF."""
@@ -842,6 +847,110 @@ def test_huge_arrays_up_to_the_frame_limit(daemon_factory):
 
 
 # ---------------------------------------------------------------- afterwards
+# ---------------------------------------------------------------- composite spaces
+COMPOSITE_CONFIG = """
+[env]
+action_mask_key = "action_mask"
+
+[env.observation_space]
+type = "Dict"
+spaces.image = { type = "Box", shape = [4, 4, 1], dtype = "uint8", low = 0, high = 255 }
+spaces.vec = { type = "Box", shape = [2], low = -1.0, high = 1.0 }
+spaces.pair = { type = "Tuple", spaces = [{ type = "Discrete", n = 3, start = 1 }, { type = "MultiBinary", n = 2 }] }
+spaces.action_mask = { type = "MultiBinary", n = 5 }
+
+[env.action_space]
+type = "Dict"
+spaces.choice = { type = "MultiDiscrete", nvec = [3, 2] }
+spaces.push = { type = "Box", shape = [1], low = -1.0, high = 1.0 }
+"""
+
+
+@pytest.fixture(scope="module")
+def composite_target(tmp_path_factory):
+    """A second daemon, on a Dict/Tuple observation with a uint8 image and an action mask."""
+    from tests.conftest import DaemonPool
+    base = tmp_path_factory.mktemp("composite")
+    (base / "c.toml").write_text(COMPOSITE_CONFIG)
+    pool = DaemonPool(base)
+    daemon = pool.start("--config", str(base / "c.toml"))
+    status = daemon.status()
+    yield FuzzTarget(daemon, Oracle(path=base / "c.toml"), errors_before=status["protocol_errors"],
+                     rss_before=process_rss(daemon),
+                     pids_before={r: c["pid"] for r, c in status["children"].items()})
+    pool.close()
+
+
+def composite_episode(rng: random.Random, steps: int) -> dict:
+    """A valid episode of the composite daemon's spaces, in a random mix of the wire forms."""
+    np_rng = np.random.default_rng(rng.getrandbits(32))
+    images = np_rng.integers(0, 256, (steps + 1, 4, 4, 1), dtype=np.uint8)
+    vecs = np_rng.uniform(-1, 1, (steps + 1, 2)).astype(np.float32)
+    firsts, bits = np_rng.integers(1, 4, steps + 1), np_rng.integers(0, 2, (steps + 1, 2))
+    masks = np.ones((steps + 1, 5), np.int8)
+    if rng.random() < 0.5:
+        obs: object = {"image": encode_compact(images) if rng.random() < 0.5 else images.tolist(),
+                       "vec": encode_compact(vecs) if rng.random() < 0.5 else vecs.tolist(),
+                       "pair": [[int(f), b.tolist()] for f, b in zip(firsts, bits)],
+                       "action_mask": masks.tolist()}
+    else:
+        obs = [{"image": images[t].tolist(), "vec": vecs[t].tolist(),
+                "pair": [int(firsts[t]), bits[t].tolist()], "action_mask": masks[t].tolist()}
+               for t in range(steps + 1)]
+    actions = [{"choice": [rng.randrange(3), rng.randrange(2)], "push": [rng.uniform(-1, 1)]}
+               for _ in range(steps)]
+    return {"obs": obs, "actions": actions, "rewards": [rng.uniform(-1, 1) for _ in range(steps)],
+            "is_terminated": rng.random() < 0.5, "is_truncated": False}
+
+
+def corrupt_compact(rng: random.Random, msg: dict) -> dict:
+    """Edit one compact array, if the message has one: dtype, shape, bytes or keys."""
+    compacts = [node for node in _walk(msg) if isinstance(node, dict) and "b64" in node]
+    if compacts:
+        node = rng.choice(compacts)
+        key, value = rng.choice([("dtype", "complex64"), ("dtype", "float64"), ("dtype", "int8"),
+                                 ("shape", [1, 2, 3]), ("shape", [-1]), ("b64", "!!!"),
+                                 ("b64", node["b64"][:-8]), ("extra", 1)])
+        node[key] = value
+    return msg
+
+
+def _walk(node):
+    yield node
+    children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+    for child in children:
+        yield from _walk(child)
+
+
+@fuzz_settings(40)
+@given(seed=seeds, steps=st.integers(0, 6))
+def test_mutated_composite_episodes(composite_target, seed, steps):
+    """Valid composite episodes (per-step, columnar, compact leaves), then JSON-tree edits
+    anywhere and compact-array corruptions: every reply is exactly the oracle's."""
+    rng = random.Random(seed)
+    payloads = []
+    for i in range(CASES):
+        msg = {"type": "EPISODES", "episodes": [composite_episode(rng, steps)]}
+        if i % 4:
+            msg = mutate_json(rng, msg) if i % 4 != 1 else corrupt_compact(rng, msg)
+        payloads.append(frame(msg))
+    target = composite_target
+    target.run("composite_episodes", payloads)
+
+
+def test_composite_daemon_is_healthy_after_fuzzing(composite_target):
+    daemon = composite_target.daemon
+    assert daemon.proc.poll() is None, "the daemon died"
+    status = daemon.status()
+    grew = status["protocol_errors"] - composite_target.errors_before
+    assert grew == composite_target.expected_errors > 300, (grew, composite_target.expected_errors)
+    assert status["env_steps"] > 0, status  # valid episodes were accepted too
+    children = status["children"]
+    assert {r: c["pid"] for r, c in children.items()} == composite_target.pids_before, children
+    log = daemon.log()
+    assert "Traceback" not in log, log[log.index("Traceback") - 2000:][:6000]
+
+
 def test_zz_daemon_is_healthy_after_fuzzing(target):
     """Runs last: the checks over the whole module's fuzzing."""
     missing = set(FAMILIES) - set(TALLY.families)

@@ -22,41 +22,59 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlinkd.client_lib import connect, run_env
-from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.client_lib.protocol.masking import mask_spec
+from rlinkd.client_lib.protocol.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, record_fields
 from rlinkd.client_lib.shm_client import receive_ring_fd
-from rlinkd.daemon.collector.ingest import InvalidEpisode
+from rlinkd.daemon.collector.ingest import InvalidEpisode, Spaces
 from rlinkd.daemon.collector.shm_clients import ShmClients
 from rlinkd.shm.records import FINAL_OBS, StepLayout
 from rlinkd.shm.ring import HEAD_OFFSET, TAIL_OFFSET, StepRing, records_offset
 from tests.helpers import raw_recv, raw_send
 
-OBS, ACT = SpaceSpec.box((4,), low=-5.0, high=5.0), SpaceSpec.discrete(2)
+OBS, ACT = Box((4,), low=-5.0, high=5.0), Discrete(2)
 LAYOUT = StepLayout.flat(4, 1, 2)
+SPACES = Spaces(OBS, ACT, dist_size=2)
 RING_RECORDS = 1024
 RECORDS_OFFSET = records_offset(LAYOUT)
 RING_BYTES = RECORDS_OFFSET + RING_RECORDS * LAYOUT.record_bytes
 
+# a composite layout: integer leaves of several widths and an action mask the actions obey
+C_OBS = Dict({"camera": Box((3, 3, 1), "uint8", 0, 200), "mode": Discrete(3, start=1),
+              "pos": Box((2,), low=-1.0, high=1.0), "action_mask": MultiBinary(5)})
+C_ACT = Dict({"turn": Discrete(3), "gears": MultiDiscrete([2])})
+C_LAYOUT = StepLayout(record_fields(C_OBS), C_ACT.action_size, C_ACT.dist_size)
+C_SPACES = Spaces(C_OBS, C_ACT, C_ACT.dist_size, mask_spec(C_OBS, C_ACT, "action_mask"))
+C_RING_BYTES = records_offset(C_LAYOUT) + RING_RECORDS * C_LAYOUT.record_bytes
 
-def valid_records(n: int) -> np.ndarray:
+
+def valid_records(n: int, layout: StepLayout = LAYOUT) -> np.ndarray:
     """``n`` steps of one episode fragment plus its final observation."""
-    rec = LAYOUT.empty(n + 1)
-    rec["obs"]["obs"] = np.linspace(-0.4, 0.4, 4 * (n + 1), dtype=np.float32).reshape(n + 1, 4)
-    rec["action"][:, 0] = np.arange(n + 1) % 2
+    rec = layout.empty(n + 1)
+    if layout == LAYOUT:
+        rec["obs"]["obs"] = np.linspace(-0.4, 0.4, 4 * (n + 1), dtype=np.float32).reshape(n + 1, 4)
+        rec["action"][:, 0] = np.arange(n + 1) % 2
+    else:
+        obs = rec["obs"]
+        obs["camera"] = (np.arange(n + 1) % 200).reshape(-1, 1, 1, 1)
+        obs["mode"], obs["pos"], obs["action_mask"] = 1 + np.arange(n + 1) % 3, 0.5, 1
+        obs["action_mask"][:, 1] = 0                  # turn choice 1 is never legal
+        rec["action"][:, 0] = 2 * (np.arange(n + 1) % 2)
+        rec["action"][:, 1] = np.arange(n + 1) % 2
     rec["reward"][:n] = 1.0
     rec["flags"][n] = FINAL_OBS
     return rec
 
 
 @contextlib.contextmanager
-def attached(steps: int | None = None):
+def attached(steps: int | None = None, layout: StepLayout = LAYOUT, spaces: Spaces = SPACES):
     """A collector-side ShmClients with client 1 attached; ``steps`` valid steps written by a
     producer first (None: nothing). Detaches (closes the ring) on exit."""
-    clients = ShmClients("fz", LAYOUT, OBS, ACT)
+    clients = ShmClients("fz", layout, spaces)
     ring = clients.attach(1, RING_RECORDS)
     try:
         if steps is not None:
             producer = client_side(ring)
-            producer.write_batch(valid_records(steps))
+            producer.write_batch(valid_records(steps, layout))
             producer.close()
         yield clients, ring
     finally:
@@ -66,14 +84,15 @@ def attached(steps: int | None = None):
 def client_side(ring: StepRing) -> StepRing:
     """The producer's own mapping of a collector-made ring, as a client gets it."""
     assert ring.segment.fd is not None
-    return StepRing.attach_fd(os.dup(ring.segment.fd), "fz", LAYOUT, role="producer")
+    return StepRing.attach_fd(os.dup(ring.segment.fd), "fz", ring.layout, role="producer")
 
 
 def scribble(ring: StepRing, writes) -> None:
     """Write bytes anywhere into the ring's memfd, as its client could."""
     assert ring.segment.fd is not None
+    size = records_offset(ring.layout) + RING_RECORDS * ring.layout.record_bytes
     for offset, data in writes:
-        os.pwrite(ring.segment.fd, data[:RING_BYTES - offset], offset)
+        os.pwrite(ring.segment.fd, data[:size - offset], offset)
 
 
 offsets = st.one_of(st.integers(0, RECORDS_OFFSET - 1),            # the header, counters included
@@ -86,20 +105,52 @@ scribbles = st.lists(st.tuples(offsets, st.binary(min_size=1, max_size=12)), min
 @given(steps=st.integers(0, 300), writes=scribbles)
 def test_a_scribbled_ring_is_read_validated_or_refused(steps, writes):
     with attached(steps) as (clients, ring):
-        scribble(ring, writes)
-        read = refused = 0
-        for _ in range(RING_RECORDS // 256 + 2):
-            try:
-                read += len(clients.read(1, 256))
-            except InvalidEpisode:
-                refused += 1
-                break
-        if refused:  # refused for good: never read again, never reported readable, no busy loop
-            with pytest.raises(InvalidEpisode):
-                clients.read(1, 256)
-            assert clients.readable() == [] and clients.arm() is False
-        else:
-            assert read <= RING_RECORDS and clients.readable() == []
+        scribble_and_check(clients, ring, writes)
+
+
+c_offsets = st.one_of(st.integers(0, records_offset(C_LAYOUT) - 1),
+                      st.sampled_from([TAIL_OFFSET, HEAD_OFFSET]),
+                      st.integers(records_offset(C_LAYOUT), C_RING_BYTES - 1))
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(steps=st.integers(0, 300),
+       writes=st.lists(st.tuples(c_offsets, st.binary(min_size=1, max_size=12)), min_size=1, max_size=6))
+def test_a_scribbled_composite_ring_is_read_validated_or_refused(steps, writes):
+    with attached(steps, C_LAYOUT, C_SPACES) as (clients, ring):
+        scribble_and_check(clients, ring, writes)
+
+
+def test_valid_composite_records_pass_and_a_masked_action_is_refused():
+    """The composite fuzz starts from records that pass (so scribbles are what it tests)."""
+    with attached(20, C_LAYOUT, C_SPACES) as (clients, _):
+        assert len(clients.read(1, 256)) == 21
+    with attached(None, C_LAYOUT, C_SPACES) as (clients, ring):
+        bad = valid_records(3, C_LAYOUT)
+        bad["action"][1, 0] = 1                      # the mask forbids turn choice 1
+        producer = client_side(ring)
+        producer.write_batch(bad)
+        producer.close()
+        with pytest.raises(InvalidEpisode, match="action mask forbids"):
+            clients.read(1, 256)
+
+
+def scribble_and_check(clients: ShmClients, ring: StepRing, writes) -> None:
+    """Scribble over the ring, then read: every read passes or the ring is refused for good."""
+    scribble(ring, writes)
+    read = refused = 0
+    for _ in range(RING_RECORDS // 256 + 2):
+        try:
+            read += len(clients.read(1, 256))
+        except InvalidEpisode:
+            refused += 1
+            break
+    if refused:  # refused for good: never read again, never reported readable, no busy loop
+        with pytest.raises(InvalidEpisode):
+            clients.read(1, 256)
+        assert clients.readable() == [] and clients.arm() is False
+    else:
+        assert read <= RING_RECORDS and clients.readable() == []
 
 
 @pytest.mark.parametrize("tail, head", [(2**64 - 1, 0), (RING_RECORDS + 1, 0), (0, 5)])

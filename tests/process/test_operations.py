@@ -193,3 +193,24 @@ def test_unknown_env_id_exits_78_with_one_line(tmp_path):
     assert "NoSuchEnv-v0" in done.stderr and "env.id" in done.stderr, done.stderr
     assert "Traceback" not in done.stdout + done.stderr, done.stderr
     assert not (tmp_path / "state" / "daemon.json").exists()
+
+
+def test_resume_with_other_spaces_is_refused_and_fresh_starts(daemon_factory, tmp_path):
+    """A checkpoint records its spaces and network: a config declaring others exits 78 with
+    a message naming what differs (never loads the weights into a network they do not fit);
+    --fresh starts over."""
+    d = daemon_factory(name="spaces")
+    d.signal(signal.SIGUSR1)
+    wait_for(lambda: d.status()["checkpoints_written"] >= 1, 60, what="a checkpoint")
+    assert d.stop() == 0
+    serve = [sys.executable, "-m", "rlinkd.daemon.cli", "serve", "--port", "0",
+             "--state-dir", str(d.state_dir), "--set", "env.id=Acrobot-v1"]
+    done = subprocess.run(serve, capture_output=True, text=True, timeout=120, cwd=REPO,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 78, done.stdout + done.stderr
+    assert "trained for different spaces" in done.stderr and "obs_space" in done.stderr, done.stderr
+    assert "--fresh" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    d.args += ["--set", "env.id=Acrobot-v1", "--fresh"]
+    d.proc = None
+    d.start()
+    assert d.status()["env_steps"] == 0

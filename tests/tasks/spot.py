@@ -10,6 +10,8 @@ A policy that ignores the image earns 0.5/3 + 0.5/2 ≈ 0.42 a step; one that re
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import gymnasium as gym
 import numpy as np
 
@@ -18,7 +20,7 @@ SIZE = 6
 
 
 class FindTheSpot(gym.Env):
-    metadata: dict = {"render_modes": []}
+    metadata: ClassVar[dict] = {"render_modes": []}
 
     def __init__(self) -> None:
         self.observation_space = gym.spaces.Dict({

@@ -83,3 +83,11 @@ def test_image_targets_show_each_path_beside_its_limit():
     assert "(limit: one memcpy 250,000 steps/s): 61,000 steps/s — **met**" in shm_line
     assert "(limit: orjson.loads + b64decode 9,000 steps/s): 4,000 steps/s — **MISSED**" in tcp_line
     assert all(line.endswith("**not measured**") for line in report.image_target_lines(None))
+
+
+def test_flood_target_reads_the_flooded_median_and_names_a_smaller_flood():
+    assert report.flood_target_lines(None)[0].endswith("**not measured**")
+    line = report.flood_target_lines({"sockets": 1000, "flooded_ms": {"median": 3.2}})[0]
+    assert line.startswith("- a real client's connect → PING → SET_STATE") and line.endswith("3.2 ms — **met**")
+    slow = report.flood_target_lines({"sockets": 200, "flooded_ms": {"median": 1500.0}})[0]
+    assert "(measured with 200 sockets)" in slow and slow.endswith("**MISSED**")

@@ -6,6 +6,9 @@ import random
 
 import numpy as np
 import orjson
+
+from rlinkd.client_lib.protocol.fragments import from_wire
+from rlinkd.client_lib.protocol.spaces import Box, Discrete, InvalidValue
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -51,7 +54,8 @@ def assert_fragments_equal(a: EpisodeFragment, b: EpisodeFragment) -> None:
         if x is None or y is None:
             assert x is None and y is None, name
         else:
-            np.testing.assert_array_equal(np.asarray(x, np.float64), y, err_msg=name)
+            np.testing.assert_array_equal(np.asarray(x, np.float64), np.asarray(y, np.float64),
+                                          err_msg=name)
     assert (a.is_terminated, a.is_truncated) == (b.is_terminated, b.is_truncated)
 
 
@@ -196,7 +200,7 @@ def test_episodes_round_trip(cls):
     assert len(decoded.episodes) == 3
     for a, b in zip(msg.episodes, decoded.episodes):
         assert_fragments_equal(a, b)
-        assert b.obs.dtype == np.float64
+        assert b.rewards.dtype == np.float64  # obs/actions stay JSON until the spaces convert them
 
 
 def test_episodes_round_trip_without_seq_no_and_with_list_fields():
@@ -296,14 +300,7 @@ def test_decode_refuses_mistyped_field(body, field):
 
 
 @pytest.mark.parametrize("overrides, pattern", [
-    ({"obs": [[0.0, 1.0], [2.0], [4.0, 5.0]]}, r"episodes\[0\]\.obs is ragged"),
-    ({"obs": [[0.0, 1.0], 2.0, [4.0, 5.0]]}, r"episodes\[0\]\.obs is ragged"),
-    ({"actions": [[0], [1, 2]]}, r"episodes\[0\]\.actions is ragged"),
-    ({"obs": [["0", "1"], ["2", "3"], ["4", "5"]]}, r"episodes\[0\]\.obs must hold only numbers"),
     ({"rewards": ["1.0", "0.5"]}, r"episodes\[0\]\.rewards must hold only numbers"),
-    ({"actions": [0, "1"]}, r"episodes\[0\]\.actions must hold only numbers"),
-    ({"obs": [[0, None], [2, 3], [4, 5]]}, r"episodes\[0\]\.obs must hold only numbers"),
-    ({"obs": [[0, {}], [2, 3], [4, 5]]}, r"episodes\[0\]\.obs must hold only numbers"),
     ({"action_logp": "x"}, r"episodes\[0\]\.action_logp must be a list"),
     ({"action_logp": [-1.0, "x"]}, r"episodes\[0\]\.action_logp must hold only numbers"),
     ({"rewards": [[1.0], [0.5]]}, r"rewards must be a flat list"),
@@ -324,6 +321,23 @@ def test_decode_refuses_mistyped_field(body, field):
 def test_decode_refuses_bad_fragments(overrides, pattern):
     with pytest.raises(BadMessage, match=pattern):
         codec.decode_body(dumps(episodes_body(**overrides)))
+
+
+@pytest.mark.parametrize("overrides, pattern", [
+    ({"obs": [[0.0, 1.0], [2.0], [4.0, 5.0]]}, r"episodes\[0\]\.obs\[1\]: shape \[1\], space wants \[2\]"),
+    ({"obs": [[0.0, 1.0], 2.0, [4.0, 5.0]]}, r"episodes\[0\]\.obs\[1\]: shape \[\], space wants \[2\]"),
+    ({"actions": [[0], [1, 2]]}, r"episodes\[0\]\.actions"),
+    ({"obs": [["0", "1"], ["2", "3"], ["4", "5"]]}, r"episodes\[0\]\.obs: values must be numbers"),
+    ({"actions": [0, "1"]}, r"episodes\[0\]\.actions: values must be numbers"),
+    ({"obs": [[0, None], [2, 3], [4, 5]]}, r"episodes\[0\]\.obs: values must be numbers"),
+    ({"obs": [[0, {}], [2, 3], [4, 5]]}, r"episodes\[0\]\.obs"),
+])
+def test_ragged_or_non_numeric_obs_and_actions_are_refused_by_the_spaces(overrides, pattern):
+    """The codec keeps obs/actions as JSON (their structure depends on the space); the
+    conversion against the spaces refuses them, naming the leaf."""
+    frag = codec.decode_body(dumps(episodes_body(**overrides))).episodes[0]
+    with pytest.raises(InvalidValue, match=pattern):
+        from_wire(frag, Box([2]), Discrete(2), "episodes[0]")
 
 
 def test_terminated_and_truncated_together_is_accepted():
@@ -360,8 +374,9 @@ def test_decode_refuses_env_steps_mismatch(count):
 
 def test_decode_accepts_ints_and_floats_mixed_in_arrays():
     msg = codec.decode_body(dumps(episodes_body(obs=[[0, 1.5], [2, 3], [4, 5]])))
-    np.testing.assert_array_equal(msg.episodes[0].obs, [[0, 1.5], [2, 3], [4, 5]])
-    assert msg.episodes[0].actions.dtype == np.float64
+    canonical = from_wire(msg.episodes[0], Box([2]), Discrete(2), "episodes[0]")
+    np.testing.assert_array_equal(canonical.obs[""], [[0, 1.5], [2, 3], [4, 5]])
+    assert canonical.obs[""].dtype == np.float32 and canonical.actions.dtype == np.float32
 
 
 # ---------------------------------------------------------------- fuzzing
@@ -457,7 +472,11 @@ def test_fuzz_any_json_value_in_any_fragment_field(value, key):
     except BadMessage:
         return
     f = msg.episodes[0]
-    assert len(f.obs) == f.num_steps + 1 and len(f.actions) == f.num_steps
+    try:  # then the conversion against the spaces either succeeds or names the problem
+        canonical = from_wire(f, Box([2]), Discrete(2), "episodes[0]")
+    except InvalidValue:
+        return
+    assert len(canonical.obs[""]) == f.num_steps + 1 and len(canonical.actions) == f.num_steps
 
 
 def test_message_dataclasses_are_frozen():

@@ -8,28 +8,28 @@ import pytest
 
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.codec import BadMessage, EpisodeFragment
-from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.client_lib.protocol.spaces import Box, Discrete, space_from_json
 from rlinkd.daemon.collector import core as core_mod
 from rlinkd.daemon.collector.core import (CollectorCore, Plan, Session, Unauthenticated, WaitBook,
                                    concat_records)
-from rlinkd.daemon.collector.ingest import InvalidEpisode
+from rlinkd.daemon.collector.ingest import InvalidEpisode, Spaces
 from rlinkd.daemon.config import load_config
 from rlinkd.shm.records import FINAL_OBS, TERMINATED, StepLayout
 
-OBS = SpaceSpec.box([2], -10.0, 10.0)
-ACT = SpaceSpec.discrete(3)
+OBS = Box([2], low=-10.0, high=10.0)
+ACT = Discrete(3)
 LAYOUT = StepLayout.flat(2, 1, 3)
 
 
 def make_core(*overrides, counters=None) -> CollectorCore:
     cfg = load_config(overrides=list(overrides), resolve_dirs=False)
-    return CollectorCore(cfg, OBS, ACT, LAYOUT, dist_size=3, counters=counters)
+    return CollectorCore(cfg, Spaces(OBS, ACT, dist_size=3), LAYOUT, counters=counters)
 
 
 def frag(t: int, start: float = 0.0, *, terminated=False, truncated=False,
          rewards=None) -> EpisodeFragment:
     obs = start + np.arange((t + 1) * 2, dtype=np.float64).reshape(t + 1, 2) / 10
-    return EpisodeFragment(obs=obs, actions=np.arange(t, dtype=np.float64) % 3,
+    return EpisodeFragment(obs=obs.tolist(), actions=(np.arange(t) % 3).tolist(),
                            rewards=np.ones(t) if rewards is None else np.asarray(rewards, float),
                            is_terminated=terminated, is_truncated=truncated)
 
@@ -56,13 +56,14 @@ def test_get_config_sends_set_config_with_extensions(force):
     reply = decode_reply(core.handle(core.open_session("p", "tcp"), codec.GetConfig()))
     assert reply == codec.SetConfig(env_steps_per_sample=77, force_on_policy=force,
                                     observation_space=OBS.to_json(), action_space=ACT.to_json(),
-                                    protocol_version=codec.PROTOCOL_VERSION)
+                                    protocol_version=codec.PROTOCOL_VERSION, compact_arrays=True)
     # the seed's keys, exactly as a seed-only client reads them
     body = codec.orjson.loads(core.handle(core.open_session("q", "tcp"),
                                           codec.GetConfig()).reply[8:])
     assert body["type"] == "SET_CONFIG" and body["env_steps_per_sample"] == 77
     assert body["force_on_policy"] is force
-    assert SpaceSpec.from_json(body["observation_space"]) == OBS
+    assert space_from_json(body["observation_space"]) == OBS
+    assert space_from_json(body["action_space"]) == ACT and body["compact_arrays"] is True
 
 
 def test_get_state_plans_the_newest_weights():
@@ -134,7 +135,7 @@ def test_fragments_continue_across_messages():
     core = make_core()
     session = core.open_session("p", "tcp")
     core.handle(session, codec.Episodes(episodes=(frag(3, rewards=[1, 2, 3]),)))
-    cont = EpisodeFragment(obs=np.array([[0.6, 0.7], [1.0, 1.0]]), actions=np.array([0.0]),
+    cont = EpisodeFragment(obs=[[0.6, 0.7], [1.0, 1.0]], actions=[0],
                            rewards=np.array([4.0]), is_terminated=True, is_truncated=False)
     core.handle(session, codec.Episodes(episodes=(cont,)))
     assert list(core.stats.returns) == [10.0] and list(core.stats.lengths) == [4]
@@ -143,12 +144,34 @@ def test_fragments_continue_across_messages():
 def test_invalid_fragment_rejects_the_whole_message_and_counts_nothing():
     core = make_core()
     session = core.open_session("p", "tcp")
-    bad = EpisodeFragment(obs=np.zeros((2, 2)), actions=np.array([7.0]), rewards=np.ones(1),
+    bad = EpisodeFragment(obs=[[0.0, 0.0], [0.0, 0.0]], actions=[7], rewards=np.ones(1),
                           is_terminated=True, is_truncated=False)
     with pytest.raises(InvalidEpisode, match=r"episodes\[1\]\.actions"):
         core.handle(session, codec.Episodes(episodes=(frag(2, terminated=True), bad)))
     assert core.env_steps == 0 and session.env_steps == 0 and core.stats.episodes == 0
     assert not session.is_sampler
+
+
+def test_composite_episodes_in_compact_form_become_per_leaf_records():
+    from rlinkd.client_lib.protocol.compact import encode_compact
+    from rlinkd.client_lib.protocol.spaces import Dict, record_fields
+    obs_space = Dict({"camera": Box([4, 4, 3], "uint8", 0, 255), "speed": Box([1], low=0.0, high=9.0)})
+    layout = StepLayout(record_fields(obs_space), 1, 3)
+    core = CollectorCore(load_config(resolve_dirs=False), Spaces(obs_space, ACT, dist_size=3), layout)
+    cameras = np.arange(3 * 48, dtype=np.uint8).reshape(3, 4, 4, 3)
+    wire = EpisodeFragment(obs={"camera": encode_compact(cameras), "speed": [[0.5], [1.0], [1.5]]},
+                           actions=[2, 0], rewards=np.ones(2), is_terminated=True, is_truncated=False)
+    reply = decode_reply(core.handle(core.open_session("p", "tcp"), codec.GetConfig()))
+    assert space_from_json(reply.observation_space) == obs_space
+    rec = core.handle(core.open_session("p", "tcp"), codec.Episodes(episodes=(wire,))).records
+    assert rec.dtype == layout.dtype and rec["obs"]["camera"].dtype == np.uint8
+    np.testing.assert_array_equal(rec["obs"]["camera"], cameras)
+    np.testing.assert_array_equal(rec["obs"]["speed"][:, 0], np.float32([0.5, 1.0, 1.5]))
+    np.testing.assert_array_equal(rec["action"][:2, 0], [2, 0])
+    bad = EpisodeFragment(obs={"camera": encode_compact(cameras[:, :2]), "speed": [[0.5]] * 3},
+                          actions=[2, 0], rewards=np.ones(2), is_terminated=True, is_truncated=False)
+    with pytest.raises(InvalidEpisode, match=r'episodes\[0\]\.obs\["camera"\]: shape \[2, 4, 3\]'):
+        core.handle(core.open_session("p", "tcp"), codec.Episodes(episodes=(bad,)))
 
 
 def test_counters_resume_from_a_checkpoint():

@@ -6,8 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.client_lib.protocol.spaces import Box, Discrete
 from rlinkd.daemon.collector.core import CollectorCore
+from rlinkd.daemon.collector.ingest import Spaces
 from rlinkd.daemon.collector.status import RATE_WINDOW_S, RateMeter, StatusBuilder
 from rlinkd.daemon.config import load_config
 from rlinkd.shm.records import StepLayout
@@ -25,7 +26,8 @@ class FakeClock:
 
 def make_builder(clock: FakeClock) -> StatusBuilder:
     cfg = load_config(resolve_dirs=False)
-    core = CollectorCore(cfg, SpaceSpec.box([2], -1.0, 1.0), SpaceSpec.discrete(2), StepLayout.flat(2, 1, 2), 2)
+    core = CollectorCore(cfg, Spaces(Box([2], low=-1.0, high=1.0), Discrete(2), dist_size=2),
+                         StepLayout.flat(2, 1, 2))
     topo = SimpleNamespace(cfg=cfg, started_at=time.time())
     return StatusBuilder(topo, core, SimpleNamespace(seq_no=3), clock=clock)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.client_lib.protocol.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, space_from_json
 from rlinkd.daemon import config as C
-from rlinkd.daemon.config import (Config, apply_changes, docs_markdown, load_config, parse_override,
-                           reloadable_changes, to_toml)
+from rlinkd.daemon.config import (Config, apply_changes, docs_markdown, load_config,
+                                  metrics_address, parse_override, reloadable_changes, to_toml)
 from rlinkd.daemon.errors import ConfigError
 
 
@@ -53,8 +53,8 @@ action_space = {type = "Discrete", n = 4}
     assert cfg.server.port == 6000 and cfg.server.token == "abc"
     assert cfg.sampling.env_steps_per_sample == 64 and cfg.sampling.force_on_policy is False
     assert cfg.ppo.lr == 3e-4 and cfg.ppo.hidden_sizes == (32, 16) and cfg.ppo.activation == "relu"
-    assert cfg.env.observation_space == SpaceSpec.box([3], -1.0, 1.0)
-    assert cfg.env.action_space == SpaceSpec.discrete(4)
+    assert cfg.env.observation_space == Box([3], low=-1.0, high=1.0)
+    assert cfg.env.action_space == Discrete(4)
     assert cfg.source_file == str(path.resolve())
     # untouched keys keep their defaults
     assert cfg.server.max_message_bytes == C.ServerConfig().max_message_bytes
@@ -230,7 +230,7 @@ def test_env_id_or_both_spaces():
                                  ("env", "action_space", {"type": "Discrete", "n": 2}),
                                  ("env", "observation_space", {"type": "Discrete", "n": 5})],
                       resolve_dirs=False)
-    assert cfg.env.observation_space == SpaceSpec.discrete(5)
+    assert cfg.env.observation_space == Discrete(5)
 
 
 def test_resolved_dirs_from_environment(tmp_path, monkeypatch):
@@ -351,6 +351,60 @@ def test_to_toml_round_trip_discrete_spaces(tmp_path):
 
 
 # ---------------------------------------------------------------- docs
+def test_to_toml_round_trip_composite_spaces_mask_and_cnn(tmp_path):
+    obs = {"type": "Dict", "spaces": {
+        "camera": {"type": "Box", "shape": [16, 16, 3], "dtype": "uint8", "low": 0, "high": 255},
+        "state": {"type": "Tuple", "spaces": [{"type": "Discrete", "n": 3, "start": -1},
+                                              {"type": "Box", "shape": [2], "low": [None, 0.0]}]},
+        "action_mask": {"type": "MultiBinary", "n": 5}}}
+    act = {"type": "Dict", "spaces": {"turn": {"type": "Discrete", "n": 3},
+                                      "gear": {"type": "MultiDiscrete", "nvec": [2], "start": [1]}}}
+    cfg = load_config(overrides=[("env", "observation_space", obs), ("env", "action_space", act),
+                                 ("env", "action_mask_key", "action_mask"),
+                                 ("ppo", "cnn_channels", [8, 16]), ("ppo", "cnn_kernels", [4, 3]),
+                                 ("ppo", "cnn_strides", [2, 1]), ("ppo", "cnn_dense", 32)],
+                      resolve_dirs=False)
+    assert cfg.env.observation_space == space_from_json(obs)
+    assert cfg.env.observation_space["camera"] == Box([16, 16, 3], "uint8", 0, 255)
+    assert _round_trip(tmp_path, cfg) == cfg
+
+
+def test_composite_space_from_a_toml_file(tmp_path):
+    cfg = load_text(tmp_path, """
+[env]
+action_space = {type = "MultiBinary", n = [2, 2]}
+action_mask_key = ""
+
+[env.observation_space]
+type = "Dict"
+spaces = {pos = {type = "Box", shape = [2]}, flags = {type = "MultiDiscrete", nvec = [2, 3]}}
+""")
+    assert cfg.env.observation_space == Dict({"pos": Box([2]), "flags": MultiDiscrete([2, 3])})
+    assert cfg.env.action_space == MultiBinary([2, 2])
+
+
+@pytest.mark.parametrize("space, pattern", [
+    ({"type": "Dict", "spaces": {"bad key": {"type": "Discrete", "n": 2}}}, r"env\.observation_space: Dict key"),
+    ({"type": "Tuple", "spaces": []}, r"env\.observation_space: a Tuple space"),
+    ({"type": "Box", "shape": [2], "dtype": "complex64"}, r"env\.observation_space: Box dtype"),
+])
+def test_malformed_composite_spaces_are_config_errors(space, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(overrides=[("env", "observation_space", space)], resolve_dirs=False)
+
+
+@pytest.mark.parametrize("obs, act, key, pattern", [
+    (Dict({"s": Box([2]), "m": MultiBinary(2)}), Discrete(3), "m", r"must be MultiBinary\(3\)"),
+    (Dict({"s": Box([2])}), Discrete(3), "m", "must be a Dict with that key"),
+    (Box([2]), Box([2], "int32", -1, 1), "", r"env/ppo: action: integer/bool Box actions are not supported"),
+])
+def test_spaces_that_do_not_fit_the_network_settings_are_config_errors(obs, act, key, pattern):
+    from rlinkd.daemon.wiring import make_policy_spec
+    cfg = load_config(overrides=[("env", "action_mask_key", key)], resolve_dirs=False)
+    with pytest.raises(ConfigError, match=pattern):
+        make_policy_spec(cfg, obs, act)
+
+
 def test_docs_markdown_mentions_every_field():
     docs = docs_markdown()
     lines = docs.splitlines()
@@ -403,4 +457,35 @@ def test_explicit_spaces_need_no_gymnasium_env():
                                  ("env", "observation_space", {"type": "Discrete", "n": 3}),
                                  ("env", "action_space", {"type": "Discrete", "n": 2})],
                       resolve_dirs=False)
-    assert resolve_spaces(cfg) == (SpaceSpec.discrete(3), SpaceSpec.discrete(2))
+    assert resolve_spaces(cfg) == (Discrete(3), Discrete(2))
+
+
+# ---------------------------------------------------------------- metrics endpoint
+@pytest.mark.parametrize("listen, address", [
+    ("", None), ("127.0.0.1:9100", ("127.0.0.1", 9100)), ("127.0.0.1:0", ("127.0.0.1", 0)),
+    ("localhost", ("localhost", 9464)), ("[::1]:9464", ("::1", 9464)),
+    ("tcp://127.0.0.2:1", ("127.0.0.2", 1)),
+])
+def test_metrics_listen_forms(listen, address):
+    cfg = load_config(overrides=[("metrics", "listen", listen)], resolve_dirs=False)
+    assert metrics_address(cfg.metrics) == address
+
+
+@pytest.mark.parametrize("listen, pattern", [
+    ("0.0.0.0:9464", r"metrics\.listen = '0\.0\.0\.0:9464' is not a loopback address"),
+    ("127.0.0.1:65536", r"metrics\.listen: Port out of range"),
+    ("127.0.0.1:http", r"metrics\.listen: Port could not be cast"),
+    ("unix:///tmp/m.sock", r"metrics\.listen = 'unix:///tmp/m\.sock': expected HOST:PORT"),
+    ("http://127.0.0.1:9464", r"metrics\.listen: 'http://127\.0\.0\.1:9464': expected"),
+])
+def test_metrics_listen_refused(listen, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(overrides=[("metrics", "listen", listen)], resolve_dirs=False)
+
+
+def test_metrics_remote_listen_needs_insecure_remote_and_is_not_reloadable():
+    cfg = load_config(overrides=[("metrics", "listen", "0.0.0.0:9464"),
+                                 ("metrics", "insecure_remote", True)], resolve_dirs=False)
+    assert metrics_address(cfg.metrics) == ("0.0.0.0", 9464)
+    applied, ignored = reloadable_changes(load_config(resolve_dirs=False), cfg)
+    assert applied == {} and sorted(ignored) == ["metrics.insecure_remote", "metrics.listen"]

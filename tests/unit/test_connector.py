@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlinkd.client_lib.protocol import policy_spec as ps
-from rlinkd.client_lib.protocol.codec import EpisodeFragment
+from rlinkd.client_lib.protocol.fragments import Fragment
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
-from rlinkd.client_lib.protocol.spaces import SpaceSpec, to_features
 from rlinkd.client_lib.protocol.records import fragment_records
+from rlinkd.client_lib.protocol.spaces import Box, Dict, Discrete, Space, record_fields
 from rlinkd.daemon.connector import pipeline as pipeline_mod
 from rlinkd.daemon.connector.builder import BatchBuilder, behaviour_versions
 from rlinkd.daemon.connector.pipeline import LearnerPipeline, PipelineContext, load_piece
@@ -21,17 +21,19 @@ from rlinkd.daemon.connector.segments import Segment, SegmentAssembler, split_se
 from rlinkd.daemon.errors import ConfigError
 from rlinkd.shm.records import FLUSH, StepLayout
 
-OBS = SpaceSpec.box([2], -10.0, 10.0)
-ACT = SpaceSpec.discrete(3)
+OBS = Box([2], low=-10.0, high=10.0)
+ACT = Discrete(3)
 LAYOUT = StepLayout.flat(2, 1, 0)
 DEFAULT_PIECES = ("observations", "columns", "old_logp", "values", "gae", "normalize_advantages")
 
 
 # ---------------------------------------------------------------- helpers
 def make_fragment(rng: np.random.Generator, t: int, *, terminated=False, truncated=False,
-                  logp=True) -> EpisodeFragment:
-    return EpisodeFragment(
-        obs=rng.uniform(-1, 1, (t + 1, 2)), actions=rng.integers(0, 3, t).astype(np.float64),
+                  logp=True) -> Fragment:
+    """A validated (canonical) fragment of OBS/ACT: obs columns and float32 action indices."""
+    return Fragment(
+        obs={"": rng.uniform(-1, 1, (t + 1, 2)).astype(np.float32)},
+        actions=rng.integers(0, 3, (t, 1)).astype(np.float32),
         rewards=rng.normal(size=t), is_terminated=terminated, is_truncated=truncated,
         action_logp=-rng.uniform(0.1, 2.0, t) if logp else None)
 
@@ -62,8 +64,8 @@ def test_segment_from_one_fragment():
     rec = with_ids(fragment_records(f, LAYOUT, stream_id=4, weights_seq_no=6), 10)
     (seg,) = SegmentAssembler().add(rec)
     assert seg.stream_id == 4 and seg.num_steps == 3 and seg.terminated and not seg.truncated
-    np.testing.assert_array_equal(seg.obs["obs"], f.obs.astype(np.float32))
-    np.testing.assert_array_equal(seg.actions[:, 0], f.actions)
+    np.testing.assert_array_equal(seg.obs["obs"], f.obs[""])
+    np.testing.assert_array_equal(seg.actions, f.actions)
     np.testing.assert_allclose(seg.rewards, f.rewards, rtol=1e-6)
     np.testing.assert_allclose(seg.logp, f.action_logp, rtol=1e-6)
     assert seg.has_logp.tolist() == [True] * 3
@@ -129,8 +131,8 @@ def test_interleaved_streams_with_flush_markers(seed, n_streams):
         assert len(segs) == len(frags)
         for seg, f in zip(segs, frags):
             assert seg.num_steps == f.num_steps and len(seg.obs) == f.num_steps + 1
-            np.testing.assert_array_equal(seg.obs["obs"], f.obs.astype(np.float32))
-            np.testing.assert_array_equal(seg.actions[:, 0], f.actions)
+            np.testing.assert_array_equal(seg.obs["obs"], f.obs[""])
+            np.testing.assert_array_equal(seg.actions, f.actions)
             assert (seg.terminated, seg.truncated) == (f.is_terminated, f.is_truncated)
             assert seg.has_logp.tolist() == [f.action_logp is not None] * f.num_steps
             assert (np.diff(seg.ingest_ids) > 0).all()
@@ -303,8 +305,7 @@ def test_cutoff_contract(seed, capacity, lag):
 
 
 # ---------------------------------------------------------------- pipeline
-SPEC = PolicySpec(obs_size=2, obs_shape=(2,), action_kind="discrete", action_size=3,
-                  hidden_sizes=(8, 8))
+SPEC = PolicySpec(OBS, ACT, hidden_sizes=(8, 8))
 WEIGHTS = SPEC.init_flat(np.random.default_rng(7))
 # a critic head with real weights (init uses gain 1.0 but biases are 0; make V clearly non-zero)
 SPEC.split_flat(WEIGHTS)["vf.2.bias"][:] = 0.75
@@ -346,13 +347,15 @@ def test_pipeline_columns_and_gae_bootstrap():
     segs = three_segments()
     batch = LearnerPipeline(DEFAULT_PIECES)(segs, ctx())
     n = 6
-    assert batch["obs"].shape == (n, 2) and batch["obs"].dtype == np.float32
-    assert batch["final_obs"].shape == (3, 2)
+    assert list(batch["obs"]) == [""] and list(batch["final_obs"]) == [""]
+    assert batch["obs"][""].shape == (n, 2) and batch["obs"][""].dtype == np.float32
+    assert batch["final_obs"][""].shape == (3, 2)
     assert batch["actions"].shape == (n, 1) and batch["rewards"].shape == (n,)
     assert batch["segment_end"].tolist() == [False, False, True, False, True, True]
     assert batch["terminated"].tolist() == [False, False, False, False, True, False]
     assert batch["segment_lengths"].tolist() == [3, 2, 1]
-    np.testing.assert_array_equal(batch["obs"][3:5], segs[1].obs["obs"][:-1])
+    np.testing.assert_array_equal(batch["obs"][""][3:5], segs[1].obs["obs"][:-1])
+    np.testing.assert_array_equal(batch["final_obs"][""][1], segs[1].obs["obs"][-1])
 
     v_final = [float(SPEC.value_forward(WEIGHTS, s.obs["obs"][-1:])[0]) for s in segs]
     values = np.concatenate([SPEC.value_forward(WEIGHTS, s.obs["obs"][:-1]) for s in segs])
@@ -376,7 +379,8 @@ def test_old_logp_recomputed_only_where_missing():
     segs = three_segments()
     batch = LearnerPipeline(DEFAULT_PIECES)(segs, ctx())
     obs = np.concatenate([s.obs["obs"][:-1] for s in segs])
-    acts = np.concatenate([s.actions for s in segs])[:, 0].astype(np.int64)
+    acts = np.concatenate([s.actions for s in segs])
+    assert acts.shape == (6, 1) and acts.dtype == np.float32  # index vectors
     dist = SPEC.actor_forward(WEIGHTS, obs)
     fresh = SPEC.log_prob(dist, acts)
     has = np.concatenate([s.has_logp for s in segs])
@@ -397,33 +401,52 @@ def test_old_logp_not_recomputed_when_all_present(monkeypatch):
     np.testing.assert_array_equal(batch["logp"], np.concatenate([s.logp for s in segs]))
 
 
+def structured_obs(space: Space, columns: dict[str, np.ndarray]) -> np.ndarray:
+    """A segment's obs as the records hold it: a structured array, one field per leaf."""
+    fields = record_fields(space)
+    out = np.zeros(len(next(iter(columns.values()))), [(n, d, shape) for n, d, shape in fields])
+    for (name, _, _), leaf in zip(fields, space.leaves()):
+        out[name] = columns[leaf.key]
+    return out
+
+
 def test_box_actions_logp_recomputed():
-    act = SpaceSpec.box([2], -1.0, 1.0)
-    spec = PolicySpec(obs_size=2, obs_shape=(2,), action_kind="box", action_size=2,
-                      action_low=(-1.0, -1.0), action_high=(1.0, 1.0), hidden_sizes=(4,))
+    act = Box([2], low=-1.0, high=1.0)
+    spec = PolicySpec(OBS, act, hidden_sizes=(4,))
     weights = spec.init_flat(np.random.default_rng(0))
-    seg = Segment(stream_id=1, obs=np.float32([[0, 0], [0.5, 0.5], [1, 1]]),
+    seg = Segment(stream_id=1, obs=structured_obs(OBS, {"": np.float32([[0, 0], [0.5, 0.5], [1, 1]])}),
                   actions=np.float32([[0.1, -0.2], [0.9, 0.0]]), rewards=np.float32([1, 2]),
                   logp=np.zeros(2, np.float32), has_logp=np.array([False, False]),
                   terminated=False, truncated=True, behaviour_seq_no=0,
                   ingest_ids=np.arange(1, 4))
     batch = LearnerPipeline(DEFAULT_PIECES)([seg], ctx(spec, weights, act_space=act))
-    expected = spec.log_prob(spec.actor_forward(weights, seg.obs[:-1]), seg.actions)
+    expected = spec.log_prob(spec.actor_forward(weights, seg.obs["obs"][:-1]), seg.actions)
     np.testing.assert_allclose(batch["logp"], expected, rtol=1e-6)
 
 
-def test_discrete_observations_are_one_hot():
-    obs_space = SpaceSpec.discrete(4)
-    spec = PolicySpec(obs_size=4, obs_shape=(4,), action_kind="discrete", action_size=3,
-                      hidden_sizes=(4,))
+def test_discrete_observations_stay_values_and_the_network_sees_them_one_hot():
+    """The batch carries Discrete observations as their int64 values (one-hot encoding is the
+    network's first op now); the values match an MLP on the one-hot features."""
+    obs_space = Discrete(4)
+    spec = PolicySpec(obs_space, ACT, hidden_sizes=(4,))
     weights = spec.init_flat(np.random.default_rng(1))
-    seg = Segment(stream_id=1, obs=np.float32([[3], [0], [2]]), actions=np.float32([[1], [2]]),
+    seg = Segment(stream_id=1, obs=structured_obs(obs_space, {"": np.int64([3, 0, 2])}),
+                  actions=np.float32([[1], [2]]),
                   rewards=np.float32([1, 1]), logp=np.float32([-1, -1]),
                   has_logp=np.array([True, True]), terminated=True, truncated=False,
                   behaviour_seq_no=0, ingest_ids=np.arange(1, 4))
     batch = LearnerPipeline(DEFAULT_PIECES)([seg], ctx(spec, weights, obs_space=obs_space))
-    np.testing.assert_array_equal(batch["obs"], [[0, 0, 0, 1], [1, 0, 0, 0]])
-    np.testing.assert_array_equal(batch["final_obs"], [[0, 0, 1, 0]])
+    assert batch["obs"][""].dtype == np.int64
+    np.testing.assert_array_equal(batch["obs"][""], [3, 0])
+    np.testing.assert_array_equal(batch["final_obs"][""], [2])
+    # the same trunk on explicit one-hot features (a Box spec with identity normaliser)
+    one_hot_spec = PolicySpec(Box([4], low=0.0, high=1.0), ACT, hidden_sizes=(4,))
+    one_hot_weights = one_hot_spec.init_flat(np.random.default_rng(2))
+    mine, theirs = spec.split_flat(weights), one_hot_spec.split_flat(one_hot_weights)
+    for name in mine:
+        theirs[name][...] = mine[name]
+    np.testing.assert_allclose(batch["values"], one_hot_spec.value_forward(
+        one_hot_weights, np.float32([[0, 0, 0, 1], [1, 0, 0, 0]])), rtol=1e-6)
 
 
 def test_normalize_advantages_piece():
@@ -451,8 +474,32 @@ def test_pipeline_end_to_end_from_ring_records():
     assert len(batch["advantages"]) == 7
     np.testing.assert_allclose(batch["advantages"], adv, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(batch["value_targets"], targets, rtol=1e-5, atol=1e-6)
-    obs = np.concatenate([f.obs[:-1] for f in frags]).astype(np.float32)
-    np.testing.assert_array_equal(batch["obs"], to_features(obs, OBS))
+    obs = np.concatenate([f.obs[""][:-1] for f in frags])
+    np.testing.assert_array_equal(batch["obs"][""], obs)
+
+
+def test_composite_observations_keep_their_leaf_dtypes_through_the_pipeline():
+    obs_space = Dict({"camera": Box([6, 6, 1], "uint8", 0, 255), "mode": Discrete(3),
+                      "pos": Box([2], low=-1.0, high=1.0)})
+    spec = PolicySpec(obs_space, ACT, hidden_sizes=(8,))
+    weights = spec.init_flat(np.random.default_rng(3))
+    layout = StepLayout(record_fields(obs_space), 1, 0)
+    rng = np.random.default_rng(4)
+    frags = [Fragment(obs={"camera": rng.integers(0, 256, (t + 1, 6, 6, 1)).astype(np.uint8),
+                           "mode": rng.integers(0, 3, t + 1),
+                           "pos": rng.uniform(-1, 1, (t + 1, 2)).astype(np.float32)},
+                      actions=rng.integers(0, 3, (t, 1)).astype(np.float32), rewards=np.ones(t),
+                      is_terminated=True, is_truncated=False) for t in (3, 2)]
+    rec = np.concatenate([fragment_records(f, layout, i + 1, 0) for i, f in enumerate(frags)])
+    segs = SegmentAssembler().add(with_ids(rec, 1))
+    batch = LearnerPipeline(DEFAULT_PIECES)(segs, ctx(spec, weights, obs_space=obs_space))
+    assert list(batch["obs"]) == ["camera", "mode", "pos"]
+    for key, dtype in (("camera", np.uint8), ("mode", np.int64), ("pos", np.float32)):
+        assert batch["obs"][key].dtype == dtype
+        np.testing.assert_array_equal(batch["obs"][key], np.concatenate([f.obs[key][:-1] for f in frags]))
+        np.testing.assert_array_equal(batch["final_obs"][key], np.stack([f.obs[key][-1] for f in frags]))
+    np.testing.assert_allclose(batch["values"], spec.value_forward(weights, batch["obs"]), rtol=1e-6)
+    assert np.isfinite(batch["logp"]).all() and batch["logp"].shape == (5,)
 
 
 # ---------------------------------------------------------------- user pieces

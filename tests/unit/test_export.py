@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlinkd.client_lib.protocol.policy_spec import ONNX_INPUT_NAME, ONNX_OUTPUT_NAME, PolicySpec
-from rlinkd.client_lib.protocol.spaces import SpaceSpec
+from rlinkd.client_lib.protocol.spaces import Box, Discrete, Space, space_from_json
 from rlinkd.daemon import export
 from rlinkd.daemon.checkpoint import store
 from rlinkd.daemon.config import PPOConfig, load_config, to_toml
@@ -20,12 +20,12 @@ from rlinkd.daemon.learner.learner import Learner
 from rlinkd.daemon.version import PYPROJECT, package_version, pyproject_version
 from rlinkd.daemon.wiring import make_policy_spec
 
-CARTPOLE = (SpaceSpec.box([4], [-4.8, -np.inf, -0.42, -np.inf], [4.8, np.inf, 0.42, np.inf]),
-            SpaceSpec.discrete(2))
-IMAGE_BOX = (SpaceSpec.box([2, 3], -1.0, None), SpaceSpec.box([2], [-1.0, 0.0], [1.0, 2.0]))
+CARTPOLE = (Box([4], low=[-4.8, -np.inf, -0.42, -np.inf], high=[4.8, np.inf, 0.42, np.inf]),
+            Discrete(2))
+IMAGE_BOX = (Box([2, 3], low=-1.0), Box([2], low=[-1.0, 0.0], high=[1.0, 2.0]))
 
 
-def spec_for(obs: SpaceSpec, act: SpaceSpec, **ppo) -> PolicySpec:
+def spec_for(obs: Space, act: Space, **ppo) -> PolicySpec:
     return make_policy_spec(load_config(None, [("ppo", k, v) for k, v in ppo.items()]), obs, act)
 
 
@@ -34,7 +34,9 @@ def trained_flat(spec: PolicySpec, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     flat = rng.normal(0.0, 0.5, spec.n_params()).astype(np.float32)
     params = spec.split_flat(flat)
-    params["obs_std"][:] = rng.uniform(0.5, 2.0, spec.obs_size)
+    for leaf in spec.normalizers():
+        params[leaf.std][...] = rng.uniform(0.5, 2.0, leaf.shape)
+    assert spec.normalizers()  # every test space has a normalised leaf
     return flat
 
 
@@ -71,7 +73,7 @@ def test_exported_onnx_matches_the_numpy_actor(tmp_path, spaces):
     _, spec, flat = write_ckpt(tmp_path / "state", obs_space, act_space)
     result = export.export_policy(tmp_path / "policy.onnx", tmp_path / "state")
     assert result.onnx_path == tmp_path / "policy.onnx" and result.weights_seq_no == 7
-    obs = np.random.default_rng(1).normal(0, 2, (16, *spec.obs_shape)).astype(np.float32)
+    obs = np.random.default_rng(1).normal(0, 2, (16, *obs_space.shape)).astype(np.float32)
     expected = spec.actor_forward(flat, obs)
     np.testing.assert_allclose(run_onnx(result.onnx_path, obs), expected, atol=1e-5, rtol=0)
 
@@ -82,17 +84,43 @@ def test_sidecar_round_trips_and_describes_the_onnx_file(tmp_path):
     result = export.export_policy(tmp_path / "model.onnx", tmp_path / "state")
     assert result.sidecar_path == tmp_path / "model.json"
     meta = json.loads(result.sidecar_path.read_text())
-    assert SpaceSpec.from_json(meta["observation_space"]) == obs_space  # None bounds come back as inf
-    assert SpaceSpec.from_json(meta["action_space"]) == act_space
+    assert space_from_json(meta["observation_space"]) == obs_space  # None bounds come back as inf
+    assert space_from_json(meta["action_space"]) == act_space
     assert PolicySpec.from_json(meta["policy_spec"]) == spec
     data = result.onnx_path.read_bytes()
     assert meta["onnx"] == {"file": "model.onnx", "sha256": hashlib.sha256(data).hexdigest(),
-                            "input": ONNX_INPUT_NAME, "output": ONNX_OUTPUT_NAME,
+                            "input": ONNX_INPUT_NAME, "inputs": {ONNX_INPUT_NAME: ""},
+                            "output": ONNX_OUTPUT_NAME,
                             "output_layout": "mean_then_log_std", "opset": 17}
     assert meta["weights_seq_no"] == 42 and meta["policy"] == "default"
     assert meta["checkpoint"] == {"path": str(ckpt.path), "index": 1}
     assert meta["rlinkd_version"] == package_version() != "unknown"
     assert export.read_policy_description(meta, "sidecar") == (obs_space, act_space, spec)
+
+
+def test_composite_observation_exports_one_onnx_input_per_leaf_and_the_mask(tmp_path):
+    from rlinkd.client_lib.protocol.netops import input_name
+    from rlinkd.client_lib.protocol.spaces import Dict, MultiBinary
+    obs_space = Dict({"camera": Box([8, 8, 3], "uint8", 0, 255), "pos": Box([2], low=-1.0, high=1.0),
+                      "action_mask": MultiBinary(3)})
+    act_space = Discrete(3)
+    cfg = load_config(None, [("env", "action_mask_key", "action_mask"), ("ppo", "hidden_sizes", [8])])
+    spec = make_policy_spec(cfg, obs_space, act_space)
+    _, spec, flat = write_ckpt(tmp_path / "state", obs_space, act_space, spec=spec)
+    result = export.export_policy(tmp_path / "p.onnx", tmp_path / "state")
+    meta = json.loads(result.sidecar_path.read_text())
+    assert PolicySpec.from_json(meta["policy_spec"]) == spec and spec.action_mask_key == "action_mask"
+    rng = np.random.default_rng(3)
+    obs = {"camera": rng.integers(0, 256, (5, 8, 8, 3)).astype(np.uint8),
+           "pos": rng.uniform(-1, 1, (5, 2)).astype(np.float32),
+           "action_mask": np.int8([[1, 1, 1], [0, 1, 1], [1, 0, 0], [0, 0, 1], [1, 1, 0]])}
+    session = ort.InferenceSession(str(result.onnx_path))
+    feeds = {input_name(leaf.key, leaf.space.record_dtype): obs[leaf.key] for leaf in obs_space.leaves()}
+    assert {i.name for i in session.get_inputs()} == set(feeds)
+    got = session.run([ONNX_OUTPUT_NAME], feeds)[0]
+    expected = spec.actor_forward(flat, obs)
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-5)
+    assert (got[obs["action_mask"] == 0] == np.float32(-1e9)).all()   # masked logits
 
 
 def test_sidecar_path_rule(tmp_path):
@@ -164,7 +192,7 @@ def test_unreadable_learner_state_or_mismatched_spec(tmp_path):
     bad = store.write_checkpoint(store.checkpoints_dir(tmp_path / "b"),
                                  {"learner.pt": (ckpt.path / "learner.pt").read_bytes(),
                                   export.POLICY_FILE: described.encode()}, {})
-    with pytest.raises(CheckpointError, match=r"model tensor pi\.0\.weight does not match"):
+    with pytest.raises(CheckpointError, match=r"(?s)the model does not match the policy spec .*pi.0.weight"):
         export.load_policy(bad)
     garbage = store.write_checkpoint(store.checkpoints_dir(tmp_path / "c"),
                                      {"learner.pt": b"not a torch file",

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.client_lib.protocol.spaces import Box, Discrete
 from rlinkd.daemon.config import PPOConfig
 from rlinkd.daemon.learner.learner import Learner, explained_variance
 from rlinkd.daemon.learner.model import ObsNormalizer
 from rlinkd.daemon.learner.ppo import ppo_loss
 
-CARTPOLE = PolicySpec(obs_size=4, obs_shape=(4,), action_kind="discrete", action_size=2)
-BOX = PolicySpec(obs_size=3, obs_shape=(3,), action_kind="box", action_size=2,
-                 action_low=(-1.0, -1.0), action_high=(1.0, 1.0), hidden_sizes=(32, 32))
+CARTPOLE = PolicySpec(Box((4,)), Discrete(2))
+BOX = PolicySpec(Box((3,)), Box((2,), low=-1.0, high=1.0), hidden_sizes=(32, 32))
 HP = partial(PPOConfig, lr=3e-4, num_epochs=4, minibatch_size=64)  # small, quick updates
 torch.set_num_threads(1)  # as the learner process runs by default ([learner] torch_threads)
 
@@ -28,7 +28,7 @@ def make_batch(spec, learner, n=512, seed=0):
     flat = learner.flat_weights()
     dist = spec.actor_forward(flat, obs)
     actions = spec.sample_actions(dist, rng)
-    first = actions if not spec.is_box else actions[:, 0]
+    first = actions[:, 0]  # actions: float32 [N, action_size] (Discrete: the index)
     agree = (first > 0.5) == (obs[:, 0] > 0) if not spec.is_box else first * obs[:, 0] > 0
     return {"obs": obs, "actions": actions, "logp": spec.log_prob(dist, actions),
             "advantages": np.where(agree, 1.0, -1.0).astype(np.float32),
@@ -209,7 +209,7 @@ def test_checkpoint_round_trip_gives_bit_identical_updates(spec):
         assert stats_a == stats_b
         np.testing.assert_array_equal(restored.flat_weights(), original.flat_weights())
     assert (restored.updates, restored.trained_steps) == (3, 3 * 512)
-    assert restored.normalizer.count == original.normalizer.count == 3 * 512
+    assert restored.normalizers[""].count == original.normalizers[""].count == 3 * 512
 
 
 def test_state_dict_is_a_snapshot():
@@ -269,7 +269,7 @@ def test_normaliser_moves_after_the_update_so_the_first_ratio_is_one():
     `update` trains under those buffers and folds the batch's obs in only afterwards."""
     learner = Learner(CARTPOLE, HP(normalize_observations=True, lr=1e-3), device="cpu")
     with torch.no_grad():
-        learner.model.pi[-1].weight.mul_(100.0)  # a decided policy, far from uniform
+        learner.model.tensor("pi.2.weight").mul_(100.0)  # a decided policy, far from uniform
     firsts = first_step_infos(learner)
     for seed in range(3):
         batch = make_batch(CARTPOLE, learner, seed=seed)  # logp/values from the current weights
@@ -290,7 +290,7 @@ def test_normaliser_moves_after_the_update_so_the_first_ratio_is_one():
                                       for name, _ in CARTPOLE.param_layout()])
             logp = CARTPOLE.log_prob(CARTPOLE.actor_forward(shifted, batch["obs"]), batch["actions"])
             assert np.abs(logp - batch["logp"]).mean() > 0.1
-    assert learner.normalizer.count == 3 * 512
+    assert learner.normalizers[""].count == 3 * 512
 
 
 def test_update_reports_progress_after_every_minibatch_step():

@@ -9,13 +9,13 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from rlinkd.client_lib.protocol import policy_spec
+from rlinkd.client_lib.protocol import netonnx
 from rlinkd.client_lib.protocol.policy_spec import OnnxWeightWriter, PolicySpec, build_onnx_model
+from rlinkd.client_lib.protocol.spaces import Box
 from rlinkd.daemon.collector.weights import set_state_payload
 from tests.unit.test_policy_spec import BOX, CARTPOLE, random_flat, torch_model
 
-BOX_FLAT_OBS = PolicySpec(obs_size=3, obs_shape=(3,), action_kind="box", action_size=1,
-                          action_low=(-2.0,), action_high=(2.0,))
+BOX_FLAT_OBS = PolicySpec(Box((3,)), Box((1,), low=-2.0, high=2.0))
 SPECS = [CARTPOLE, BOX, BOX_FLAT_OBS]
 
 
@@ -25,7 +25,8 @@ def torch_dist(spec, flat, obs):
 
 
 def random_obs(spec, n, seed=5):
-    return np.random.default_rng(seed).standard_normal((n, *spec.obs_shape)).astype(np.float32)
+    shape = spec.obs_space.shape
+    return np.random.default_rng(seed).standard_normal((n, *shape)).astype(np.float32)
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -35,7 +36,7 @@ def test_model_is_valid_with_rllib_names(spec):
     assert [i.name for i in model.graph.input] == ["onnx::Gemm_0"]
     dims = model.graph.input[0].type.tensor_type.shape.dim
     assert dims[0].dim_param == "batch"
-    assert [d.dim_value for d in dims[1:]] == list(spec.obs_shape)
+    assert [d.dim_value for d in dims[1:]] == list(spec.obs_space.shape)
     assert model.graph.output[0].name == "action_dist_inputs"
     assert model.opset_import[0].version == 17
     layout_names = [name for name, _ in spec.param_layout()]
@@ -75,9 +76,9 @@ def test_payload_is_deterministic():
 @pytest.mark.parametrize("spec", [CARTPOLE, BOX])
 def test_weight_refresh_reuses_graph_and_tracks_torch(spec, monkeypatch):
     builds = []
-    real_build = policy_spec.build_onnx_model
-    monkeypatch.setattr(policy_spec, "build_onnx_model",
-                        lambda s, flat=None: builds.append(s) or real_build(s, flat))
+    real_build = netonnx.build_onnx_model
+    monkeypatch.setattr(netonnx, "build_onnx_model",
+                        lambda s, flat=None, **kw: builds.append(s) or real_build(s, flat, **kw))
     writer = OnnxWeightWriter(spec)
     model_before, nodes_before = writer.model, list(writer.model.graph.node)
     obs = random_obs(spec, 9)
@@ -102,7 +103,7 @@ def test_encode_rejects_wrong_size():
 def test_weight_refresh_does_not_leak_memory():
     """Regression: mutating one protobuf ModelProto per version leaked ~30 KB each."""
     import psutil
-    spec = PolicySpec(obs_size=4, obs_shape=(4,), action_kind="discrete", action_size=2)
+    spec = CARTPOLE
     writer = OnnxWeightWriter(spec)
     flat = spec.init_flat(np.random.default_rng(0))
     writer.encode(flat)

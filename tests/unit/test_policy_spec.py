@@ -11,11 +11,11 @@ import torch
 
 from rlinkd.client_lib.protocol import policy_spec
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.client_lib.protocol.spaces import Box, Discrete
 from rlinkd.daemon.learner.model import ActorCritic
 
-CARTPOLE = PolicySpec(obs_size=4, obs_shape=(4,), action_kind="discrete", action_size=2)
-BOX = PolicySpec(obs_size=6, obs_shape=(2, 3), action_kind="box", action_size=2,
-                 action_low=(-1.0, -2.0), action_high=(1.0, 2.0), hidden_sizes=(16, 8),
+CARTPOLE = PolicySpec(Box((4,)), Discrete(2))
+BOX = PolicySpec(Box((2, 3)), Box((2,), low=(-1.0, -2.0), high=(1.0, 2.0)), hidden_sizes=(16, 8),
                  activation="relu", log_std_init=-0.5)
 SPECS = [CARTPOLE, BOX]
 
@@ -82,24 +82,23 @@ def test_init_flat_is_cleanrl_orthogonal():
 
 
 def test_json_round_trip_with_infinite_bounds():
-    spec = PolicySpec(3, (3,), "box", 2, (-math.inf, 0.0), (math.inf, 1.0))
+    spec = PolicySpec(Box((3,)), Box((2,), low=(-math.inf, 0.0), high=(math.inf, 1.0)))
     text = json.dumps(spec.to_json(), allow_nan=False)
-    assert json.loads(text)["action_low"] == ["-inf", 0.0]
+    assert json.loads(text)["act_space"]["low"] == [None, 0.0]
     assert PolicySpec.from_json(json.loads(text)) == spec
     assert PolicySpec.from_json(json.loads(json.dumps(BOX.to_json()))) == BOX
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(obs_size=5, obs_shape=(4,), action_kind="discrete", action_size=2),
-    dict(obs_size=4, obs_shape=(4,), action_kind="multi", action_size=2),
-    dict(obs_size=4, obs_shape=(4,), action_kind="box", action_size=2),
-    dict(obs_size=4, obs_shape=(4,), action_kind="box", action_size=1, action_low=(1.0,),
-         action_high=(0.0,)),
-    dict(obs_size=4, obs_shape=(4,), action_kind="discrete", action_size=2, activation="gelu"),
+@pytest.mark.parametrize("make", [
+    lambda: PolicySpec(Box((4,)), Discrete(2), activation="gelu"),
+    lambda: PolicySpec(Box((4,)), Box((1,), low=1.0, high=0.0)),
+    lambda: PolicySpec(Box((4,)), Box((2,), "int32", 0, 3)),
+    lambda: PolicySpec(Box((4,)), Discrete(2), hidden_sizes=(0,)),
+    lambda: PolicySpec(Box((4,)), Discrete(2), action_mask_key="mask"),
 ])
-def test_invalid_specs_raise(kwargs):
+def test_invalid_specs_raise(make):
     with pytest.raises(ValueError):
-        PolicySpec(**kwargs)
+        make()
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -151,18 +150,19 @@ def test_discrete_distribution_by_hand():
     np.testing.assert_allclose(CARTPOLE.entropy(logits)[0],
                                -(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), atol=1e-6)
     assert np.isfinite(CARTPOLE.entropy(logits)).all()
-    np.testing.assert_array_equal(CARTPOLE.greedy_actions(logits), [1, 0])
+    np.testing.assert_array_equal(CARTPOLE.greedy_actions(logits), [[1], [0]])
 
 
 def test_discrete_sampling_frequencies():
     logits = np.tile(np.array([[0.0, math.log(4.0)]], np.float32), (20000, 1))  # p = [.2, .8]
     actions = CARTPOLE.sample_actions(logits, np.random.default_rng(0))
-    assert actions.dtype == np.int64 and set(np.unique(actions)) == {0, 1}
+    assert actions.dtype == np.float32 and actions.shape == (20000, 1)
+    assert set(np.unique(actions)) == {0, 1}
     assert actions.mean() == pytest.approx(0.8, abs=0.012)  # ~4 standard errors
 
 
 def test_box_distribution_by_hand_and_clipping():
-    spec = PolicySpec(1, (1,), "box", 2, (-1.0, -10.0), (1.0, 10.0))
+    spec = PolicySpec(Box((1,)), Box((2,), low=(-1.0, -10.0), high=(1.0, 10.0)))
     dist = np.array([[0.0, 5.0, 0.0, math.log(2.0)]], np.float32)  # mean (0, 5), std (1, 2)
     # N(1; 0, 1) and N(5; 5, 2): -0.5 - log 2pi/2 + (-log 2 - log 2pi/2)
     expected = -0.5 - math.log(2.0) - math.log(2 * math.pi)

@@ -202,8 +202,8 @@ def test_a_sealed_ring_is_produced_through_a_passed_descriptor():
 def test_attach_fd_checks_the_header_and_always_takes_the_descriptor():
     ring = StepRing.create_sealed("rlk.r", LAYOUT, 8)
     fd = os.dup(ring.segment.fd)
-    with pytest.raises(LayoutError, match=r"step layout .* expected \(8, 1, 2\)"):
-        StepRing.attach_fd(fd, "rlk.r", expected_layout=StepLayout(8, 1, 2))
+    with pytest.raises(LayoutError, match=r"step layout mismatch.*obs field 0: header has .*expected .*\(8,\)"):
+        StepRing.attach_fd(fd, "rlk.r", expected_layout=StepLayout.flat(8, 1, 2))
     with pytest.raises(OSError):
         os.fstat(fd)  # closed by the failed attach
     ring.close()

@@ -38,16 +38,16 @@ def shell(tmp_path):
 def ready_batch(shell: LearnerShell, behaviour: int) -> None:
     """What the connector does: a CartPole batch collected with version ``behaviour``."""
     spec, rng = shell.topo.policy_spec, np.random.default_rng(0)
-    obs = rng.normal(size=(ROWS, spec.obs_size)).astype(np.float32)
-    actions = rng.integers(0, 2, ROWS).astype(np.float32)
+    obs = rng.uniform(-0.2, 0.2, (ROWS, spec.obs_size)).astype(np.float32)  # inside CartPole bounds
+    actions = rng.integers(0, 2, (ROWS, 1)).astype(np.float32)  # index vectors
     flat = shell.learner.flat_weights()
     values = spec.value_forward(flat, obs)
-    batch = {"obs": obs, "actions": actions, "values": values,
-             "logp": spec.log_prob(spec.actor_forward(flat, obs), actions.astype(np.int64)),
+    batch = {"obs": {"": obs}, "actions": actions, "values": values,
+             "logp": spec.log_prob(spec.actor_forward(flat, obs), actions),
              "advantages": rng.normal(size=ROWS).astype(np.float32),
              "value_targets": values + 1.0}
     slot = shell.slots.acquire_free()
-    rows = write_columns(shell.slots.columns(slot), batch)
+    rows = write_columns(shell.slots.columns(slot), batch, spec)
     shell.slots.mark_ready(slot, rows, BatchMeta(
         ingest_cutoff=ROWS, episodes=1, dropped_episodes=0, values_seq_no=behaviour,
         behaviour_min=behaviour, behaviour_sum=behaviour * ROWS, behaviour_steps=ROWS).as_slot_meta())

@@ -1,0 +1,80 @@
+"""bench.report.plots: what each learning-curve picture draws, and that a PNG is written."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlinkd.daemon.demo import progress_line
+
+from bench.harness.curves import demo_points, make_curve
+from bench.report import plots
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run(steps: int, seconds: float, solved: bool = True, with_curve: bool = True) -> dict:
+    doc = {"solved": solved, "wall_s": seconds, "env_steps": steps}
+    if with_curve:
+        doc["curve"] = make_curve([(seconds * i / 10, steps * i / 10, 45.0 * i) for i in range(11)])
+    return doc
+
+
+SOLVE = {"client": {"tcpx1": {"runs": [run(60_000, 14.0), run(64_000, 15.0)]},
+                    "shmx2": {"runs": [run(58_000, 12.0)]}},
+         "own": {"tcpx1": {"runs": [run(35_000, 9.0)]}}}
+RLLIB = {"versions": {"2.48.0": {"modes": {"external": {"runs": [run(248_000, 107.0, with_curve=False),
+                                                                 run(90_000, 60.0, solved=False, with_curve=False)]}}},
+                      "2.60.0": {"modes": {"external": {"runs": [run(88_000, 56.0)]}}}}}
+
+
+def test_series_pairs_the_same_definition_and_marks_runs_without_a_curve():
+    drawn = plots.series(plots.FIGURES[0], SOLVE, RLLIB)
+    by_label = {s.label.split(":")[0]: s for s in drawn}
+    assert list(by_label) == ["rlinkd tcp × 1 client(s)", "rlinkd shm × 2 client(s)", "RLlib 2.48.0 (external)",
+                              "RLlib 2.60.0 (external)"]
+    assert len(by_label["rlinkd tcp × 1 client(s)"].curves) == 2
+    old = by_label["RLlib 2.48.0 (external)"]
+    assert old.curves == [] and old.reached == [(107.0, 248_000)]  # the unsolved run is not drawn
+    assert "reached 450 here" in old.label
+    own = plots.series(plots.FIGURES[1], SOLVE, RLLIB)
+    assert [s.label for s in own] == ["rlinkd tcp × 1 client(s)"]  # no RLlib example runs here
+    assert plots.series(plots.FIGURES[0], None, None) == []
+
+
+def test_draw_all_writes_a_png_per_figure_and_markdown_links_them(tmp_path):
+    written = plots.draw_all(SOLVE, RLLIB, tmp_path)
+    assert [p.name for p in written] == ["learning_curves_client.png", "learning_curves_own.png"]
+    for path in written:
+        data = path.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+    text = plots.markdown(written, base=tmp_path)
+    assert "](learning_curves_client.png)" in text and text.count("![") == 2
+    assert plots.draw_all(None, None, tmp_path / "none") == []
+    assert not Path(tmp_path / "none").exists()
+
+
+def test_curves_are_thinned_and_demo_progress_lines_parsed():
+    curve = make_curve([(i, i * 10, i / 2) for i in range(1000)], max_points=5)
+    assert curve["env_steps"] == [0, 2500, 5000, 7490, 9990] and len(curve["wall_s"]) == 5
+    assert make_curve([(0.0, 0, None), (1.0, 10, 9.5)])["return_mean"] == [9.5]
+    shown = progress_line(2.0, {"env_steps": 12345, "episode_return_mean_20": 45.5})
+    lines = [(1.0, progress_line(1.0, {})), (2.1, shown), (2.2, "rlinkd demo: 2 tcp client(s)")]
+    assert demo_points(lines) == [(2.1, 12345.0, 45.5)]
+
+
+def test_rlinkd_curves_come_from_the_first_result_file_that_has_one(tmp_path):
+    assert plots.rlinkd_curves(tmp_path) is None
+    published = {"client": {"tcpx1": {"runs": [run(60_000, 14.0, with_curve=False)]}}}
+    (tmp_path / "solve_compare.json").write_text(json.dumps(published))
+    assert plots.rlinkd_curves(tmp_path) == published  # drawn as markers
+    (tmp_path / "solve_curves.json").write_text(json.dumps(SOLVE))
+    assert plots.rlinkd_curves(tmp_path) == SOLVE
+    (tmp_path / "solve_compare.json").write_text(json.dumps(SOLVE | {"newer": True}))
+    assert plots.rlinkd_curves(tmp_path)["newer"]
+
+
+def test_caption_names_each_source_and_its_load():
+    text = plots.caption({"command": "python -m x --out y", "measured_at": "2026-11-23 19:15:14",
+                          "load_avg_1m_at_end": 7.48}, None)
+    assert "rlinkd: `python -m x --out y` (2026-11-23 19:15:14, load average 7.48 at the end)" in text
+    assert "RLlib: no results" in text
