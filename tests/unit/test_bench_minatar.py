@@ -25,3 +25,8 @@ def test_the_daemon_and_clients_make_minatar_through_the_registering_module():
     finally:
         env.close()
     assert f"env.id={minatar.env_id('Breakout')}" in minatar.overrides("Breakout")
+
+
+def test_running_means_average_the_last_episodes():
+    points = minatar.running_means([(1.0, 1.0, 10), (2.0, 3.0, 20), (3.0, 8.0, 30)], last=2)
+    assert points == [(1.0, 10, 1.0), (2.0, 20, 2.0), (3.0, 30, 5.5)]
