@@ -167,9 +167,11 @@ def summarize(episodes: list, samples: list[dict], status: dict) -> dict:
 
 
 def table(res: dict) -> str:
-    """The BENCHMARKS.md table: each run's windows (mean return, wall time) side by side."""
+    """The BENCHMARKS.md table: each run's windows (mean return, wall time) side by side; the
+    few episodes that end past the budget (the last status poll's overshoot) are left out."""
     runs = res["runs"]
-    ends = sorted({p["env_steps"] // CURVE_WINDOW_STEPS for r in runs for p in r["windows"]})
+    ends = sorted({p["env_steps"] // CURVE_WINDOW_STEPS for r in runs for p in r["windows"]
+                   if p["env_steps"] // CURVE_WINDOW_STEPS * CURVE_WINDOW_STEPS < res["budget_steps"]})
     rows = []
     for k in ends:
         cells = []
