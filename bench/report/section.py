@@ -101,6 +101,19 @@ def transport_target_lines(transport: dict | None) -> list[str]:
             for target, value, show, context in measured]
 
 
+def image_target_lines(image: dict | None) -> list[str]:
+    """Issue 10's image ingest targets from image_ingest.json, each beside its limit."""
+    img = image or {}
+    lines = []
+    for target, path, limit, limit_name in ((targets.IMAGE_SHM, "shm", "memcpy_steps_per_s", "one memcpy"),
+                                            (targets.IMAGE_TCP, "tcp", "decode_steps_per_s",
+                                             "orjson.loads + b64decode")):
+        value, bound = _median(img, path, "steps_per_s"), _median(img, path, limit)
+        context = f" (limit: {limit_name} {fmt_num(bound)} steps/s)" if bound else ""
+        lines.append(target.line(value, "" if value is None else f"{fmt_num(value)} steps/s", context))
+    return lines
+
+
 DEFINITIONS = (("own", "example", "own stop criterion"), ("client", "external", "client-side last-100"))
 
 
@@ -214,7 +227,8 @@ def section(results: dict, ran: dict, quick: bool, pictures: str = "") -> str:
              "### Commands and provenance", "\n".join(provenance(results, ran)),
              "### Targets",
              "\n".join(transport_target_lines(transport) + solve_target_lines(solve, rllib)
-                       + latency_target_lines(latency, solve) + flood_target_lines(results["flood"]))]
+                       + latency_target_lines(latency, solve) + flood_target_lines(results["flood"])
+                       + image_target_lines(results.get("image_ingest")))]
     if pictures:
         parts += ["### Learning curves (`python -m bench.report.plots`)", pictures]
     if solve and rllib:
@@ -232,7 +246,9 @@ def section(results: dict, ran: dict, quick: bool, pictures: str = "") -> str:
                             ("Transport", transport, "table_markdown"),
                             ("Latency and scaling", latency, "tables_markdown"),
                             ("Connection flood", results["flood"], "table_markdown"),
-                            ("Where the time goes (py-spy)", profile, "summary_markdown")):
+                            ("Where the time goes (py-spy)", profile, "summary_markdown"),
+                            ("Image ingest", results.get("image_ingest"), "table_markdown"),
+                            ("MinAtar (pixel observations)", results.get("minatar"), "table_markdown")):
         if doc and doc.get(key):
             parts += [f"### {title}", doc[key]]
     return "\n\n".join(parts)

@@ -100,4 +100,12 @@ TRANSPORT = (SHM_SINGLE, SHM_BATCH, WAKEUP_P50, IDLE_CPU)
 FLOOD_HANDSHAKE = Target("a real client's connect → PING → SET_STATE with 1,000 silent sockets open, median",
                          1000.0, "ms", "<=", 15)
 
-ABSOLUTE = (*TRANSPORT, SET_STATE_P50, CLIENTS_64_P99, RLLIB_CLIENT_SOLVED, SOAK_RSS_GROWTH, FLOOD_HANDSHAKE)
+# ---------------------------------------------------------------- issue 10: composite spaces, images
+IMAGE_SHM = Target("84x84x3 uint8 image steps into the episode ring over shared memory", 50_000, "steps/s",
+                   ">=", 10)
+IMAGE_TCP = Target("84x84x3 uint8 image steps into the episode ring over TCP (compact arrays)", 5_000,
+                   "steps/s", ">=", 10)
+IMAGE = (IMAGE_SHM, IMAGE_TCP)
+
+ABSOLUTE = (*TRANSPORT, SET_STATE_P50, CLIENTS_64_P99, RLLIB_CLIENT_SOLVED, SOAK_RSS_GROWTH, FLOOD_HANDSHAKE,
+            *IMAGE)

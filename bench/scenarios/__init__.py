@@ -36,4 +36,8 @@ SUITE = {
     "fuzz": Scenario("pytest", "fuzz.json", FUZZ_TESTS, FUZZ_TESTS),
     "flood": Scenario("bench.scenarios.flood", "flood.json", (),
                       ("--quick", "--out", "{results}/flood-quick.json")),
+    "image_ingest": Scenario("bench.scenarios.image_ingest", "image_ingest.json", (),
+                             ("--quick", "--out", "{results}/image_ingest-quick.json")),
+    "minatar": Scenario("bench.scenarios.minatar", "minatar.json", (),
+                        ("--quick", "--out", "{results}/minatar-quick.json")),
 }

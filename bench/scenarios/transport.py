@@ -76,7 +76,7 @@ BATCH_RECORDS = 1024
 
 # ---------------------------------------------------------------- data
 def cartpole_spaces():
-    """(ingest.Spaces, StepLayout) of CartPole-v1."""
+    """(collector ``Spaces``, StepLayout) of CartPole-v1."""
     import gymnasium as gym
     from rlinkd.client_lib.protocol.spaces import space_from_gym
     from rlinkd.daemon.collector.ingest import Spaces
@@ -148,18 +148,20 @@ def _ingest_loop(clients, session_id: int, out_ring, stats) -> tuple[int, int]:
         records += n
 
 
-def shm_consumer(conn, prefix: str, fifo_path: str, profile: bool) -> None:
-    """Consumer process: the collector's side of one shared-memory client."""
+def shm_consumer(conn, prefix: str, fifo_path: str, profile: bool, spaces_fn=cartpole_spaces,
+                 episode_records: int = 1 << 17) -> None:
+    """Consumer process: the collector's side of one shared-memory client (``spaces_fn``:
+    a module-level function returning (collector Spaces, StepLayout))."""
     from multiprocessing.reduction import send_handle
     from rlinkd.daemon.collector.ingest import EpisodeStats
     from rlinkd.daemon.collector.shm_clients import ShmClients
     from rlinkd.daemon.collector.shm_server import make_doorbell_fifo
     from rlinkd.shm.ring import StepRing
-    spaces, layout = cartpole_spaces()
+    spaces, layout = spaces_fn()
     clients = ShmClients(prefix, layout, spaces)
     ring = clients.attach(1, None)
     ring.doorbell = make_doorbell_fifo(Path(fifo_path))
-    out_ring = StepRing.create(f"{SHM_DIR}/{prefix}.episodes", layout, 1 << 17)
+    out_ring = StepRing.create(f"{SHM_DIR}/{prefix}.episodes", layout, episode_records)
     try:
         conn.send({"ring_name": ring.path.removeprefix("memfd:"), "capacity": ring.capacity})
         send_handle(conn, ring.segment.fd, os.getppid())  # the sealed memfd, as ATTACHED hands it over
@@ -241,6 +243,13 @@ def _recv(conn, timeout_s: float, what: str):
 
 def shm_throughput_run(mode: str, n_steps: int, profile: bool = False) -> dict:
     """One producer/consumer pair; returns steps/s ingested and the producer's own rate."""
+    return run_pair((profile,), shm_producer, (mode, n_steps, profile), profile)
+
+
+def run_pair(consumer_args: tuple, producer, producer_args: tuple, profile: bool = False) -> dict:
+    """``shm_consumer(conn, prefix, fifo, *consumer_args)`` and ``producer(conn, ring_fd,
+    ring_name, fifo, *producer_args)`` in two spawned processes; the figures of the run
+    (steps/s from the producer's first write to the consumer's last validated record)."""
     from multiprocessing.reduction import recv_handle
 
     from rlinkd.daemon.ipc import SharedFd
@@ -249,24 +258,24 @@ def shm_throughput_run(mode: str, n_steps: int, profile: bool = False) -> dict:
     fifo_path = os.path.join(tempfile.mkdtemp(prefix="rlinkd-bench-fifo-"), "doorbell.fifo")
     c_parent, c_child = ctx.Pipe()
     p_parent, p_child = ctx.Pipe()
-    consumer = ctx.Process(target=shm_consumer, args=(c_child, prefix, fifo_path, profile))
-    producer = None
+    consumer = ctx.Process(target=shm_consumer, args=(c_child, prefix, fifo_path, *consumer_args))
+    producer_proc = None
     consumer.start()
     try:
         info = _recv(c_parent, 60, "ring from the consumer")
         ring_fd = SharedFd(recv_handle(c_parent))
-        producer = ctx.Process(target=shm_producer, args=(p_child, ring_fd, info["ring_name"],
-                                                          fifo_path, mode, n_steps, profile))
-        producer.start()
+        producer_proc = ctx.Process(target=producer, args=(p_child, ring_fd, info["ring_name"],
+                                                           fifo_path, *producer_args))
+        producer_proc.start()
         ring_fd.close()  # the producer has its own copy now
         _recv(p_parent, 60, "ready from the producer")
         p_parent.send("go")
         prod = _recv(p_parent, 600, "result from the producer")
         cons = _recv(c_parent, 60, "result from the consumer")
-        producer.join(30)
+        producer_proc.join(30)
         consumer.join(30)
     finally:
-        for p in (producer, consumer):
+        for p in (producer_proc, consumer):
             if p is not None and p.is_alive():
                 p.kill()
                 p.join(5)
@@ -325,24 +334,32 @@ def _rate(samples: list[dict], key: str, t_from: float, t_to: float) -> float | 
     return (window[-1][key] - window[0][key]) / (window[-1]["t"] - window[0]["t"])
 
 
-def tcp_run(port: int, unix_socket: str, duration_s: float) -> dict:
-    """One sender for ``duration_s``; rates from status samples (burst, whole, last half)."""
+def tcp_run(port: int, unix_socket: str, duration_s: float, frame: bytes | None = None,
+            steps_per_frame: int = STEPS_PER_MESSAGE, senders: int = 1) -> dict:
+    """``senders`` processes sending ``frame`` (default: the CartPole EPISODES frame) for
+    ``duration_s``; rates from status samples (burst, whole, last half)."""
     ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    sender = ctx.Process(target=tcp_sender, args=(child, port, episodes_frame("EPISODES"), duration_s))
-    sender.start()
+    frame = frame or episodes_frame("EPISODES")
+    pipes = [ctx.Pipe() for _ in range(senders)]
+    procs = [ctx.Process(target=tcp_sender, args=(child, port, frame, duration_s)) for _, child in pipes]
+    for p in procs:
+        p.start()
     try:
-        _recv(parent, 60, "ready from the TCP sender")
+        for parent, _ in pipes:
+            _recv(parent, 60, "ready from the TCP sender")
         t0 = time.monotonic()
-        parent.send("go")
+        for parent, _ in pipes:
+            parent.send("go")
         samples = _poll_status(unix_socket, t0 + duration_s)
-        frames = _recv(parent, 120, "frame count from the TCP sender")
-        sender.join(30)
+        frames = sum(_recv(parent, 120, "frame count from the TCP sender") for parent, _ in pipes)
+        for p in procs:
+            p.join(30)
     finally:
-        if sender.is_alive():
-            sender.kill()
+        for p in procs:
+            if p.is_alive():
+                p.kill()
     t_end = samples[-1]["t"]
-    return {"duration_s": duration_s, "frames_sent": frames, "steps_sent": frames * STEPS_PER_MESSAGE,
+    return {"duration_s": duration_s, "frames_sent": frames, "steps_sent": frames * steps_per_frame,
             "steps_per_s": _round(_rate(samples, "env_steps", t0 + 0.5, t_end)),
             "burst_steps_per_s_first_1s": _round(_rate(samples, "env_steps", t0, t0 + 1.2)),
             "steps_per_s_last_half": _round(_rate(samples, "env_steps", t0 + duration_s / 2, t_end)),

@@ -202,11 +202,12 @@ def validate_records(rec: np.ndarray, spaces: Spaces) -> None:
     for name in ("reward", "logp", "action", "dist"):
         if not np.isfinite(rec[name]).all():
             raise InvalidEpisode(f"ring record {name} contains NaN or Inf")
-    steps = rec[(flags & FINAL_OBS) == 0]
+    is_step = (flags & FINAL_OBS) == 0  # select fields, never whole records (image copies)
     obs = read_obs(rec, spaces.obs)
+    actions = rec["action"][is_step]
     error = (_check_obs(obs, spaces.obs)
-             or check_action_vector(steps["action"], spaces.act, "ring actions")
-             or _check_ring_mask(read_obs(steps, spaces.obs), steps["action"], spaces.mask))
+             or check_action_vector(actions, spaces.act, "ring actions")
+             or _check_ring_mask(obs, is_step, actions, spaces.mask))
     if error:
         raise InvalidEpisode(error)
 
@@ -219,9 +220,11 @@ def _check_obs(obs: Columns, space: Space) -> str | None:
     return None
 
 
-def _check_ring_mask(obs: Columns, actions: np.ndarray, mask: MaskSpec | None) -> str | None:
+def _check_ring_mask(obs: Columns, is_step: np.ndarray, actions: np.ndarray,
+                     mask: MaskSpec | None) -> str | None:
+    """The masks of the step records (``is_step``) against their ``actions``."""
     if mask is None:
         return None
     what = f'ring obs["{mask.key}"]'
-    return (check_masks(obs[mask.key], mask, what)
-            or check_actions(obs[mask.key], actions, mask, "ring actions"))
+    masks = obs[mask.key][is_step]
+    return check_masks(masks, mask, what) or check_actions(masks, actions, mask, "ring actions")

@@ -76,6 +76,15 @@ def test_transport_targets_come_from_the_declarations_and_say_not_measured():
     assert lines[3] == "- idle daemon CPU ≤ 2 % of a core, 8 silent shm clients: 1.50 % — **met**"
 
 
+def test_image_targets_show_each_path_beside_its_limit():
+    image = {"shm": {"steps_per_s": {"median": 61_000}, "memcpy_steps_per_s": {"median": 250_000}},
+             "tcp": {"steps_per_s": {"median": 4_000}, "decode_steps_per_s": {"median": 9_000}}}
+    shm_line, tcp_line = report.image_target_lines(image)
+    assert "(limit: one memcpy 250,000 steps/s): 61,000 steps/s — **met**" in shm_line
+    assert "(limit: orjson.loads + b64decode 9,000 steps/s): 4,000 steps/s — **MISSED**" in tcp_line
+    assert all(line.endswith("**not measured**") for line in report.image_target_lines(None))
+
+
 def test_flood_target_reads_the_flooded_median_and_names_a_smaller_flood():
     assert report.flood_target_lines(None)[0].endswith("**not measured**")
     line = report.flood_target_lines({"sockets": 1000, "flooded_ms": {"median": 3.2}})[0]
