@@ -43,7 +43,7 @@ from rlinkd.daemon.config import (Config, ConfigError, apply_changes, load_confi
                                   reloadable_changes, reloadable_values)
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.daemon.errors import CheckpointError, ExitCode
-from rlinkd.daemon.export import describe_checkpoint
+from rlinkd.daemon.export import POLICY_FILE, describe_checkpoint
 from rlinkd.daemon.metrics import TensorBoardMetrics
 from rlinkd.daemon.prom_server import MetricsEndpoint
 from rlinkd.daemon.roles import child_main
@@ -63,6 +63,10 @@ def check_resume_matches(resume: store.Checkpoint, spec: PolicySpec) -> None:
     """ConfigError (exit 78) when the checkpoint to resume was trained for other spaces or
     another network than the config describes: never load it silently into a network it
     does not fit. ``--fresh`` starts without it."""
+    if POLICY_FILE not in resume.manifest.get("files", {}):
+        raise ConfigError(f"checkpoint {resume.path} was written by an rlinkd older than composite "
+                          f"spaces (it has no {POLICY_FILE}; its learner state cannot be loaded): "
+                          f"start with --fresh to ignore checkpoints")
     try:
         _, _, saved = describe_checkpoint(resume)
     except CheckpointError as exc:
