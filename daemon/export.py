@@ -223,30 +223,14 @@ def write_files(files: dict[Path, bytes]) -> None:
     try:
         for target, data in files.items():
             staged.append((target.with_name(f".{target.name}.tmp-{secrets.token_hex(4)}"), target))
-            _write_new(staged[-1][0], data)
+            store.write_durably(staged[-1][0], data, mode=0o666, exclusive=True)
         for tmp, target in staged:
             os.replace(tmp, target)
-            _fsync_dir(target.parent)
+            store.fsync_path(target.parent)
     except OSError as exc:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
         raise ExportError(f"cannot write {target}: {exc.strerror or exc}") from None
-
-
-def _write_new(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-    with open(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def export_policy(out: str | os.PathLike, state_dir: Path, checkpoint: str | os.PathLike | None = None,

@@ -56,7 +56,8 @@ def checkpoints_dir(state_dir: str | os.PathLike) -> Path:
     return Path(state_dir) / "checkpoints"
 
 
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or directory by path (a directory: so a rename in it is durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -64,9 +65,12 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _write_file(path: Path, data: bytes) -> None:
-    # 0600: config.toml holds server.token; the weights are nobody else's business either
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+def write_durably(path: Path, data: bytes, mode: int = 0o600, exclusive: bool = False) -> None:
+    """Write ``data`` to ``path`` and fsync it (the caller renames it into place and fsyncs
+    the directory). ``exclusive``: fail if ``path`` exists. Checkpoint files are 0600:
+    config.toml holds server.token; the weights are nobody else's business either."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
+    fd = os.open(path, flags, mode)
     with open(fd, "wb") as fh:
         fh.write(data)
         fh.flush()
@@ -101,15 +105,15 @@ def write_checkpoint(root: Path, files: dict[str, bytes], meta: dict) -> Checkpo
     try:
         digests = {}
         for name, data in files.items():
-            _write_file(staging / name, data)
+            write_durably(staging / name, data)
             digests[name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
         manifest = dict(meta, format_version=FORMAT_VERSION, index=index, files=digests,
                         created_at=time.time())
-        _write_file(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
-        _fsync_path(staging)
+        write_durably(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+        fsync_path(staging)
         final = root / f"ckpt-{index:06d}"
         os.rename(staging, final)
-        _fsync_path(root)
+        fsync_path(root)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -137,7 +137,7 @@ def test_new_checkpoint_after_a_corrupt_one_gets_the_next_index(tmp_path):
 def test_failed_write_removes_its_staging_dir(tmp_path, monkeypatch):
     write(tmp_path, 1)
     calls = []
-    real = store._write_file
+    real = store.write_durably
 
     def failing(path, data):
         calls.append(path.name)
@@ -145,7 +145,7 @@ def test_failed_write_removes_its_staging_dir(tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         real(path, data)
 
-    monkeypatch.setattr(store, "_write_file", failing)
+    monkeypatch.setattr(store, "write_durably", failing)
     with pytest.raises(OSError, match="No space left"):
         store.write_checkpoint(tmp_path, FILES, {})
     assert names(tmp_path) == ["ckpt-000001"]

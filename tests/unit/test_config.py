@@ -443,7 +443,7 @@ def test_env_that_fails_to_build_is_a_config_error(monkeypatch):
 
     from rlinkd.daemon.wiring import resolve_spaces
 
-    def broken(env_id, **_kw):
+    def broken(env_id):
         raise RuntimeError("simulator library missing")
     monkeypatch.setattr(gym, "make", broken)
     cfg = load_config(overrides=[("env", "id", "CartPole-v1")], resolve_dirs=False)
