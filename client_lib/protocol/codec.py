@@ -14,8 +14,9 @@ Frame layout (exactly as the RLlink seed specifies)::
 
 Messages are frozen dataclasses keyed by ``MessageType``; the core never passes
 bare dicts. Extensions only ever *add* keys to the seed's messages (SET_CONFIG:
-``observation_space``, ``action_space``, ``protocol_version``, ``compact_arrays``; SET_STATE:
-``onnx_sha256``; PING: ``token``) or add new message types that a plain client
+``observation_space``, ``action_space``, ``protocol_version``, ``compact_arrays``, ``policies``,
+``policy_mapping``, ``max_agents_per_connection``; SET_STATE: ``onnx_sha256``, ``policies``;
+episodes: ``agent_id``, ``episode_id``, ``policy_id``; PING: ``token``) or add new message types that a plain client
 never receives unless it sends them first, so a client written from the seed
 alone works unchanged.
 """
@@ -29,12 +30,13 @@ from typing import Any, ClassVar
 import numpy as np
 import orjson
 
+from rlinkd.client_lib.protocol.agents import MAX_POLICIES, POLICY_NAME, id_error
 from rlinkd.client_lib.protocol.compact import CompactError, decode_compact, is_compact
 
 HEADER = struct.Struct("8s")
 HEADER_BYTES = HEADER.size
 MAX_ENCODABLE_BYTES = 99_999_999  # eight decimal digits
-PROTOCOL_VERSION = 2  # 2: composite spaces, compact arrays (SET_CONFIG compact_arrays)
+PROTOCOL_VERSION = 3  # 2: composite spaces, compact arrays; 3: agents and policies
 _NUMERIC_KINDS = frozenset("biuf")
 
 
@@ -115,11 +117,15 @@ class SetConfig(Message):
     action_space: dict | None = None
     protocol_version: int | None = None
     compact_arrays: bool | None = None
+    policies: dict | None = None          # {name: {observation_space, action_space, trainable}}
+    policy_mapping: list | None = None    # [[agent-id pattern, policy name], ...]
+    max_agents_per_connection: int | None = None
 
 
 @dataclass(frozen=True)
 class GetState(Message):
     TYPE: ClassVar = MessageType.GET_STATE
+    weights_seq_nos: dict | None = None  # {policy: version the client holds}: ONNX only if newer
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,7 @@ class SetState(Message):
     weights_seq_no: int
     onnx_file: str
     onnx_sha256: str | None = None
+    policies: dict | None = None  # {name: {weights_seq_no, onnx_file?, onnx_sha256?}}
 
 
 @dataclass(frozen=True)
@@ -148,6 +155,9 @@ class EpisodeFragment:
     is_truncated: bool
     action_logp: np.ndarray | None = None         # [T]
     action_dist_inputs: np.ndarray | None = None  # [T, D]
+    agent_id: str | None = None    # multi-agent extension: whose episode (None: the only agent)
+    episode_id: str | None = None  # multi-agent extension: which of that agent's episodes
+    policy_id: str | None = None   # multi-agent extension: the policy that acted (None: mapping)
 
     @property
     def num_steps(self) -> int:
@@ -161,6 +171,9 @@ class EpisodeFragment:
             d["action_logp"] = _json_array(self.action_logp)
         if self.action_dist_inputs is not None:
             d["action_dist_inputs"] = _json_array(self.action_dist_inputs)
+        for key in ("agent_id", "episode_id", "policy_id"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
         return d
 
 
@@ -175,12 +188,15 @@ class Episodes(Message):
     episodes: tuple[EpisodeFragment, ...]
     env_steps: int | None = None
     weights_seq_no: int | None = None
+    weights_seq_nos: dict | None = None  # {policy: version the client holds}
 
     def to_body(self) -> dict[str, Any]:
         body = {"type": self.TYPE.value, "episodes": [e.to_json() for e in self.episodes],
                 "env_steps": sum(e.num_steps for e in self.episodes)}
         if self.weights_seq_no is not None:
             body["weights_seq_no"] = self.weights_seq_no
+        if self.weights_seq_nos is not None:
+            body["weights_seq_nos"] = self.weights_seq_nos
         return body
 
     @property
@@ -219,6 +235,7 @@ class Attach(Message):
     pid: int
     capacity_records: int | None = None
     token: str | None = None
+    policy: str | None = None  # multi-agent: the ring for this policy's agents (None: default)
 
 
 @dataclass(frozen=True)
@@ -238,6 +255,7 @@ class Attached(Message):
     policy_spec: dict
     env_steps_per_sample: int
     force_on_policy: bool
+    policy: str | None = None  # the policy whose ring, board and network these are
 
 
 RING_FD_BYTE = b"\x01"
@@ -260,6 +278,7 @@ class WeightsReady(Message):
 
     TYPE: ClassVar = MessageType.WEIGHTS_READY
     weights_seq_no: int
+    weights_seq_nos: dict | None = None  # multi-policy: {policy: version to read (or newer)}
 
 
 # ---------------------------------------------------------------- encoding
@@ -393,9 +412,23 @@ def decode_fragment(obj: Any, index: int) -> EpisodeFragment:
         is_terminated=_get(obj, "is_terminated", (bool,), where=where),
         is_truncated=_get(obj, "is_truncated", (bool,), where=where),
         action_logp=_optional_array(obj, "action_logp", where),
-        action_dist_inputs=_optional_array(obj, "action_dist_inputs", where))
+        action_dist_inputs=_optional_array(obj, "action_dist_inputs", where),
+        agent_id=_optional_id(obj, "agent_id", where),
+        episode_id=_optional_id(obj, "episode_id", where),
+        policy_id=_optional_id(obj, "policy_id", where))
     _check_lengths(frag, where)
     return frag
+
+
+def _optional_id(obj: dict, key: str, where: str) -> str | None:
+    """An agent, episode or policy id (``protocol.agents`` limits), or None when absent."""
+    value = obj.get(key)
+    if value is None:
+        return None
+    error = id_error(value, f"{where}.{key}")
+    if error:
+        raise BadMessage(error)
+    return value
 
 
 def _optional_array(obj: dict, key: str, where: str) -> np.ndarray | None:
@@ -430,7 +463,21 @@ def _decode_episodes(obj: dict, cls: type) -> Episodes:
     seq = _get(obj, "weights_seq_no", (int,), required=False)
     if seq is not None and not -2**63 <= seq < 2**63:  # step records store it as int64
         raise BadMessage(f"{obj['type']}: weights_seq_no {seq} does not fit 64 bits")
-    return cls(episodes=frags, env_steps=total, weights_seq_no=seq)
+    return cls(episodes=frags, env_steps=total, weights_seq_no=seq,
+               weights_seq_nos=_seq_nos(obj))
+
+
+def _seq_nos(obj: dict) -> dict | None:
+    """``weights_seq_nos``: {policy name: int}, at most MAX_POLICIES entries, or None."""
+    value = _get(obj, "weights_seq_nos", (dict,), required=False)
+    if value is None:
+        return None
+    if len(value) > MAX_POLICIES or not all(
+            isinstance(k, str) and POLICY_NAME.fullmatch(k) and isinstance(v, int)
+            and not isinstance(v, bool) and -2**63 <= v < 2**63 for k, v in value.items()):
+        raise BadMessage(f"{obj['type']}: weights_seq_nos must map at most {MAX_POLICIES} "
+                         "policy names to integers")
+    return value
 
 
 def _decode_simple(cls: type) -> Any:
@@ -454,13 +501,15 @@ _FIELD_KINDS: dict[str, tuple[type, ...]] = {
     "weights_seq_no": (int,), "onnx_file": (str,), "onnx_sha256": (str,), "message": (str,),
     "status": (dict,), "pid": (int,), "capacity_records": (int,), "ring_name": (str,),
     "board_path": (str,), "doorbell_path": (str,), "layout": (dict,), "policy_spec": (dict,), "env_steps": (int,),
-    "get_state": (bool,),
+    "get_state": (bool,), "policies": (dict,), "policy_mapping": (list,),
+    "max_agents_per_connection": (int,), "weights_seq_nos": (dict,), "policy": (str,),
 }
 
 _DECODERS: dict[MessageType, Any] = {
     MessageType.EPISODES: lambda o: _decode_episodes(o, Episodes),
     MessageType.EPISODES_AND_GET_STATE: lambda o: _decode_episodes(o, EpisodesAndGetState),
 }
-for _cls in (Ping, Pong, GetConfig, SetConfig, GetState, SetState, Error, Status, StatusReport,
+for _cls in (Ping, Pong, GetConfig, SetConfig, SetState, Error, Status, StatusReport,
              Attach, Attached, SampleReady, WeightsReady):
     _DECODERS[_cls.TYPE] = _decode_simple(_cls)
+_DECODERS[MessageType.GET_STATE] = lambda o: GetState(weights_seq_nos=_seq_nos(o))

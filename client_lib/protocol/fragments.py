@@ -28,6 +28,9 @@ class Fragment:
     is_truncated: bool
     action_logp: np.ndarray | None = None         # [T]
     action_dist_inputs: np.ndarray | None = None  # [T, dist_size]
+    agent_id: str | None = None    # None: a single-agent connection's only agent
+    episode_id: str | None = None
+    policy_id: str | None = None   # None: the policy mapping decides
 
     @property
     def num_steps(self) -> int:
@@ -45,7 +48,8 @@ class Fragment:
         return EpisodeFragment(
             obs=to_wire(self.obs, obs_space, compact), actions=actions, rewards=self.rewards,
             is_terminated=self.is_terminated, is_truncated=self.is_truncated,
-            action_logp=self.action_logp, action_dist_inputs=self.action_dist_inputs)
+            action_logp=self.action_logp, action_dist_inputs=self.action_dist_inputs,
+            agent_id=self.agent_id, episode_id=self.episode_id, policy_id=self.policy_id)
 
 
 def from_wire(frag: EpisodeFragment, obs_space: Space, act_space: Space, where: str) -> Fragment:
@@ -55,4 +59,5 @@ def from_wire(frag: EpisodeFragment, obs_space: Space, act_space: Space, where: 
     obs = to_columns(frag.obs, obs_space, t + 1, f"{where}.obs")
     actions = action_vector(to_columns(frag.actions, act_space, t, f"{where}.actions"), act_space)
     return Fragment(obs, actions, frag.rewards, frag.is_terminated, frag.is_truncated,
-                    frag.action_logp, frag.action_dist_inputs)
+                    frag.action_logp, frag.action_dist_inputs, frag.agent_id, frag.episode_id,
+                    frag.policy_id)
