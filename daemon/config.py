@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlinkd.client_lib.protocol.agents import (DEFAULT_POLICY, MAX_POLICIES, MappingError,
+                                               PolicyMapping, check_policy_name)
 from rlinkd.client_lib.protocol.discovery import default_state_dir
 from rlinkd.client_lib.protocol.spaces import Space, SpaceError, space_from_json
 from rlinkd.client_lib.transport import parse_address
@@ -72,6 +74,10 @@ class ServerConfig:
                                      "message, in env steps.", minimum=1)
     max_obs_floats: int = setting(1_000_000, "Largest flattened observation accepted, in "
                                   "numbers.", minimum=1)
+    max_agents_per_connection: int = setting(1024, "Agents one connection may have with an "
+                                             "episode in progress (multi-agent clients); an "
+                                             "episode of one more is refused with ERROR.",
+                                             minimum=1, maximum=1 << 20)
     token: str = setting("", "Shared secret; when set, a client must send it as `token` in "
                          "PING before anything else is accepted.")
     insecure_remote: bool = setting(False, "Allow a non-loopback bind without TLS.")
@@ -152,6 +158,29 @@ class PPOConfig:
                                            "cnn_channels entry).")
     cnn_dense: int = setting(0, "Width of the dense layer after the convolutions; 0: the "
                              "default for the image size.", minimum=0)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """[policies.NAME]: one policy besides the default (or, named `default`, overriding it).
+    Unset keys take [env]'s spaces and [ppo]'s values; `[policies.NAME.ppo]` overrides
+    [ppo] keys for this policy only."""
+
+    env_id: str = setting("", "gymnasium id whose spaces this policy uses (empty: [env]'s "
+                          "spaces, unless spaces are given here).")
+    observation_space: Space | None = setting(None, "Explicit observation space of this "
+                                              "policy (a space table, as in [env]).")
+    action_space: Space | None = setting(None, "Explicit action space of this policy.")
+    action_mask_key: str = setting("", "Key of this policy's Dict observation holding the "
+                                   "action mask (empty: [env]'s when the observation space is "
+                                   "[env]'s, else none).")
+    trainable: bool = setting(True, "false: a frozen policy, never trained (its clients act "
+                              "with it; its episodes are counted, not learned from).")
+    load_from: str = setting("", "Checkpoint directory (its policy of this name, else "
+                             "`default`) or `.onnx` file this policy starts from; required "
+                             "when `trainable = false`.")
+    ppo: PPOConfig | None = setting(None, "This policy's [ppo] (keys set in "
+                                    "`[policies.NAME.ppo]` override [ppo]).")
 
 
 @dataclass(frozen=True)
@@ -237,6 +266,11 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    policies: dict[str, PolicyConfig] = field(default_factory=dict, metadata={
+        "doc": "Named policies ([policies.NAME] tables); `default` always exists."})
+    policy_mapping: PolicyMapping = field(default_factory=PolicyMapping, metadata={
+        "doc": "Agent-id patterns to policy names, first match wins, e.g. "
+               "`[policy_mapping] \"red_*\" = \"red\"`; unmatched agents use `default`."})
     source_file: str = field(default="", metadata={"internal": True})
 
     @property
@@ -371,11 +405,52 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 
 
 def merge(base: dict[str, Any], section: str, key: str, value: Any) -> None:
-    """Set ``base[section][key] = value`` creating the section table when missing."""
-    table = base.setdefault(section, {})
-    if not isinstance(table, dict):
-        raise ConfigError(f"[{section}]: expected a table, cannot set {section}.{key}")
-    table[key] = value
+    """Set ``base[section][key] = value`` creating the section table when missing; a dotted
+    ``key`` goes into nested tables (``policies`` + ``red.ppo.lr``)."""
+    table, path = base, [section, *key.split(".")] if section in NAMED_SECTIONS else [section, key]
+    for i, name in enumerate(path[:-1]):
+        table = table.setdefault(name, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{'.'.join(path[:i + 1])}]: expected a table, cannot set "
+                              f"{section}.{key}")
+    table[path[-1]] = value
+
+
+NAMED_SECTIONS = ("policies", "policy_mapping")
+"""Top-level tables that are not a fixed ``SECTIONS`` dataclass."""
+
+
+def _build_policies(raw: Any, ppo_raw: dict[str, Any]) -> dict[str, PolicyConfig]:
+    """``[policies.NAME]`` tables → PolicyConfig by name (ConfigError naming the key)."""
+    if not isinstance(raw, dict):
+        raise ConfigError("[policies]: expected tables [policies.NAME]")
+    if len(raw) > MAX_POLICIES:
+        raise ConfigError(f"[policies]: at most {MAX_POLICIES} policies")
+    out = {}
+    for name, table in raw.items():
+        try:
+            check_policy_name(name, "[policies]")
+        except MappingError as exc:
+            raise ConfigError(str(exc)) from None
+        if not isinstance(table, dict):
+            raise ConfigError(f"[policies.{name}]: expected a table")
+        table = dict(table)
+        ppo = table.pop("ppo", None)
+        policy = _build_section(f"policies.{name}", PolicyConfig, table)
+        if ppo is not None:
+            if not isinstance(ppo, dict):
+                raise ConfigError(f"[policies.{name}.ppo]: expected a table")
+            merged = _build_section(f"policies.{name}.ppo", PPOConfig, {**ppo_raw, **ppo})
+            policy = dataclasses.replace(policy, ppo=merged)
+        out[name] = policy
+    return out
+
+
+def _build_mapping(raw: Any) -> PolicyMapping:
+    try:
+        return PolicyMapping.from_json(raw)
+    except MappingError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load_config(path: str | os.PathLike | None = None,
@@ -389,12 +464,15 @@ def load_config(path: str | os.PathLike | None = None,
     raw = read_toml(path) if path else {}
     for section, key, value in overrides:
         merge(raw, section, key, value)
-    unknown = sorted(set(raw) - set(SECTIONS))
+    unknown = sorted(set(raw) - set(SECTIONS) - set(NAMED_SECTIONS))
     if unknown:
-        raise ConfigError(f"[{unknown[0]}]: unknown section (known: {', '.join(SECTIONS)})")
+        raise ConfigError(f"[{unknown[0]}]: unknown section (known: "
+                          f"{', '.join([*SECTIONS, *NAMED_SECTIONS])})")
     sections = {name: _build_section(name, cls, raw.get(name, {}))
                 for name, cls in SECTIONS.items()}
-    cfg = Config(**sections, source_file=str(Path(path).resolve()) if path else "")
+    cfg = Config(**sections, policies=_build_policies(raw.get("policies", {}), raw.get("ppo", {})),
+                 policy_mapping=_build_mapping(raw.get("policy_mapping", {})),
+                 source_file=str(Path(path).resolve()) if path else "")
     if resolve_dirs:
         cfg = with_resolved_dirs(cfg)
     validate(cfg)
@@ -432,6 +510,22 @@ def validate(cfg: Config) -> None:
     if (cfg.env.observation_space is None or cfg.env.action_space is None) and not cfg.env.id:
         raise ConfigError("env.id: give a gymnasium id or both explicit spaces")
     metrics_address(cfg.metrics)
+    _validate_policies(cfg)
+
+
+def _validate_policies(cfg: Config) -> None:
+    names = {DEFAULT_POLICY, *cfg.policies}
+    for pattern, policy in cfg.policy_mapping.rules:
+        if policy not in names:
+            raise ConfigError(f"policy_mapping[{pattern!r}] = {policy!r}: no such policy "
+                              f"(known: {', '.join(sorted(names))})")
+    for name, p in cfg.policies.items():
+        if not p.trainable and not p.load_from:
+            raise ConfigError(f"policies.{name}.load_from: a frozen policy (trainable = false) "
+                              "needs a checkpoint or an .onnx file to load")
+        if p.ppo is not None and p.ppo.minibatch_size > cfg.sampling.train_batch_size:
+            raise ConfigError(f"policies.{name}.ppo.minibatch_size must not exceed "
+                              "sampling.train_batch_size")
 
 
 METRICS_DEFAULT_PORT = 9464  # the port commonly used for exporters of this kind
@@ -483,6 +577,7 @@ def reloadable_changes(old: Config, new: Config) -> tuple[dict[str, Any], list[s
                     applied[key] = getattr(b, f.name)
                 else:
                     ignored.append(key)
+    ignored += [name for name in NAMED_SECTIONS if getattr(old, name) != getattr(new, name)]
     return applied, ignored
 
 
@@ -564,26 +659,39 @@ def to_toml(cfg: Config) -> str:
     """Render a config as TOML that ``load_config`` reads back to an equal Config."""
     lines = []
     for name in SECTIONS:
-        lines.append(f"[{name}]")
-        section = getattr(cfg, name)
-        for f in dataclasses.fields(section):
-            value = getattr(section, f.name)
-            if value is not None:
-                lines.append(f"{f.name} = {_toml_value(value)}")
-        lines.append("")
+        lines += [f"[{name}]", *_toml_fields(getattr(cfg, name)), ""]
+    for name, policy in cfg.policies.items():
+        lines += [f"[policies.{name}]", *_toml_fields(policy), ""]
+        if policy.ppo is not None:
+            lines += [f"[policies.{name}.ppo]", *_toml_fields(policy.ppo), ""]
+    if cfg.policy_mapping.rules:
+        lines.append("[policy_mapping]")
+        lines += [f"{_toml_string(pattern)} = {_toml_string(policy)}"
+                  for pattern, policy in cfg.policy_mapping.rules]
     return "\n".join(lines)
+
+
+def _toml_fields(section: Any) -> list[str]:
+    """``key = value`` lines of a section's set scalar fields (sub-tables excluded)."""
+    return [f"{f.name} = {_toml_value(getattr(section, f.name))}"
+            for f in dataclasses.fields(section)
+            if getattr(section, f.name) is not None and not isinstance(
+                getattr(section, f.name), PPOConfig)]
 
 
 def docs_markdown() -> str:
     """The README's config table, generated from the declarations above."""
     rows = ["| key | default | reloadable | meaning |", "| --- | --- | --- | --- |"]
-    for name, cls in SECTIONS.items():
+    for name, cls in [*SECTIONS.items(), ("policies.NAME", PolicyConfig)]:
         for f in dataclasses.fields(cls):
             default = "(none)" if f.default is None else _toml_value(f.default)
             default = default.replace("|", "\\|") or '""'
             reload_mark = "yes" if f.metadata["reloadable"] else ""
             doc = f.metadata["doc"].replace("|", "\\|")
             rows.append(f"| `{name}.{f.name}` | `{default}` | {reload_mark} | {doc} |")
+    mapping = next(f for f in dataclasses.fields(Config) if f.name == "policy_mapping")
+    doc = mapping.metadata["doc"].replace("|", "\\|")
+    rows.append(f"| `policy_mapping` | `{{}}` |  | {doc} |")
     return "\n".join(rows) + "\n"
 
 

@@ -47,12 +47,11 @@ from rlinkd.client_lib.protocol import netops
 from rlinkd.client_lib.protocol.policy_spec import (ONNX_OPSET, ONNX_OUTPUT_NAME,
                                                     OnnxWeightWriter, PolicySpec)
 from rlinkd.client_lib.protocol.spaces import Box, Discrete, Space, space_from_json
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.daemon.checkpoint import store
 from rlinkd.daemon.errors import CheckpointError, ConfigError, ExportError, UnknownPolicyError
 from rlinkd.daemon.version import package_version
 
-DEFAULT_POLICY = "default"
-POLICY_NAMES = (DEFAULT_POLICY,)  # one policy per daemon until multi-agent training exists
 POLICY_FILE = "policy.json"
 POLICY_FILE_FORMAT_VERSION = 1
 SIDECAR_FORMAT_VERSION = 1
@@ -98,11 +97,20 @@ def read_policy_description(d: object, where: str) -> tuple[Space, Space, Policy
 
 
 # ---------------------------------------------------------------- finding and reading
-def check_policy_name(name: str) -> None:
-    """UnknownPolicyError unless ``name`` is a policy checkpoints hold (today: "default")."""
-    if name not in POLICY_NAMES:
-        raise UnknownPolicyError(f"unknown policy {name!r} (this daemon trains one policy: "
-                                 f"{', '.join(repr(n) for n in POLICY_NAMES)})")
+def checkpoint_policies(ckpt: store.Checkpoint) -> list[str]:
+    """The trained policies a checkpoint holds (``default`` first)."""
+    files = ckpt.manifest.get("files", {})
+    others = sorted({n.split("/")[1] for n in files if n.startswith("policies/") and
+                     n.endswith("/learner.pt")})
+    return [DEFAULT_POLICY, *others] if "learner.pt" in files else others
+
+
+def check_policy_name(name: str, ckpt: store.Checkpoint) -> None:
+    """UnknownPolicyError unless ``ckpt`` holds the policy ``name``."""
+    held = checkpoint_policies(ckpt)
+    if name not in held:
+        raise UnknownPolicyError(f"unknown policy {name!r} (checkpoint {ckpt.path.name} holds "
+                                 f"{', '.join(repr(n) for n in held)})")
 
 
 def find_checkpoint(state_dir: Path, checkpoint: str | os.PathLike | None = None,
@@ -122,24 +130,29 @@ def find_checkpoint(state_dir: Path, checkpoint: str | os.PathLike | None = None
     return found
 
 
-def load_policy(ckpt: store.Checkpoint) -> LoadedPolicy:
-    """Spaces, spec and weights of a verified checkpoint; CheckpointError if unreadable."""
-    obs, act, spec = describe_checkpoint(ckpt)
-    flat, seq_no = _flat_weights(ckpt, spec)
+def load_policy(ckpt: store.Checkpoint, policy: str = DEFAULT_POLICY) -> LoadedPolicy:
+    """Spaces, spec and weights of one policy of a verified checkpoint; CheckpointError if
+    unreadable."""
+    obs, act, spec = describe_checkpoint(ckpt, policy)
+    flat, seq_no = _flat_weights(ckpt, spec, store.policy_file(policy, "learner.pt"))
     return LoadedPolicy(obs, act, spec, flat, seq_no, ckpt)
 
 
-def describe_checkpoint(ckpt: store.Checkpoint) -> tuple[Space, Space, PolicySpec]:
-    """The spaces and network a checkpoint was trained for (its ``policy.json``; derived
-    from its ``config.toml`` for checkpoints older than that file). CheckpointError if
-    neither describes it."""
-    if POLICY_FILE in ckpt.manifest.get("files", {}):
-        raw = store.read_checkpoint_file(ckpt.path, POLICY_FILE)
+def describe_checkpoint(ckpt: store.Checkpoint,
+                        policy: str = DEFAULT_POLICY) -> tuple[Space, Space, PolicySpec]:
+    """The spaces and network a checkpoint's ``policy`` was trained for (its ``policy.json``;
+    derived from its ``config.toml`` for checkpoints older than that file). CheckpointError
+    if neither describes it."""
+    name = store.policy_file(policy, POLICY_FILE)
+    if name in ckpt.manifest.get("files", {}):
+        raw = store.read_checkpoint_file(ckpt.path, name)
         try:
             data = json.loads(raw)
         except ValueError as exc:
-            raise CheckpointError(f"{ckpt.path / POLICY_FILE}: not JSON ({exc})") from None
-        return read_policy_description(data, str(ckpt.path / POLICY_FILE))
+            raise CheckpointError(f"{ckpt.path / name}: not JSON ({exc})") from None
+        return read_policy_description(data, str(ckpt.path / name))
+    if policy != DEFAULT_POLICY:
+        raise CheckpointError(f"{ckpt.path}: holds no policy {policy!r}")
     return _description_from_config(ckpt)
 
 
@@ -157,23 +170,24 @@ def _description_from_config(ckpt: store.Checkpoint) -> tuple[Space, Space, Poli
     return obs, act, make_policy_spec(cfg, obs, act)
 
 
-def _flat_weights(ckpt: store.Checkpoint, spec: PolicySpec) -> tuple[np.ndarray, int]:
-    """The learner's model tensors from ``learner.pt`` as one layout-ordered float32 vector,
-    and the weights_seq_no they were published as."""
+def _flat_weights(ckpt: store.Checkpoint, spec: PolicySpec,
+                  name: str = "learner.pt") -> tuple[np.ndarray, int]:
+    """The learner's model tensors from ``name`` (a ``learner.pt``) as one layout-ordered
+    float32 vector, and the weights_seq_no they were published as."""
     import torch
-    payload = store.read_checkpoint_file(ckpt.path, "learner.pt")
+    payload = store.read_checkpoint_file(ckpt.path, name)
     try:
         state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
         model, seq_no = state["learner"]["model"], int(state["weights_seq_no"])
     except Exception as exc:  # the checkpoint-file boundary (torch raises pickle's errors too)
-        raise CheckpointError(f"{ckpt.path / 'learner.pt'}: unreadable learner state "
+        raise CheckpointError(f"{ckpt.path / name}: unreadable learner state "
                               f"({type(exc).__name__}: {exc})") from exc
     from rlinkd.daemon.learner.model import ActorCritic
     net = ActorCritic(spec)
     try:
         net.load_state_dict(model)
     except (RuntimeError, TypeError, AttributeError) as exc:
-        raise CheckpointError(f"{ckpt.path / 'learner.pt'}: the model does not match the policy "
+        raise CheckpointError(f"{ckpt.path / name}: the model does not match the policy "
                               f"spec ({str(exc)[:200]})") from None
     return net.flat_weights(), seq_no
 
@@ -238,8 +252,9 @@ def export_policy(out: str | os.PathLike, state_dir: Path, checkpoint: str | os.
                   warn: Callable[[str], None] | None = None) -> ExportResult:
     """``rlinkd export``: the policy of ``checkpoint`` (default: the newest valid one under
     ``state_dir``) to ``out`` and its sidecar. Raises the errors listed in the module doc."""
-    check_policy_name(policy)
-    loaded = load_policy(find_checkpoint(state_dir, checkpoint, warn))
+    ckpt = find_checkpoint(state_dir, checkpoint, warn)
+    check_policy_name(policy, ckpt)
+    loaded = load_policy(ckpt, policy)
     onnx_path = Path(out).expanduser()
     onnx_bytes = OnnxWeightWriter(loaded.spec).encode(loaded.flat)
     meta = sidecar(loaded, policy, onnx_path.name, onnx_bytes)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.daemon.config import ConfigValue, check_reload_changes
 from rlinkd.daemon.ipc import Misrouted, message, registered
 from rlinkd.daemon.wiring import ROLES
@@ -111,6 +112,7 @@ class WeightsPublished:
     cutoff_ingest_id: int
     learner: LearnerState
     update: TrainStats | None
+    policy: str = DEFAULT_POLICY  # whose board, whose episode ring's ingest ids
 
     @property
     def trained(self) -> bool:
@@ -129,6 +131,7 @@ class ConnectorStats:
     buffered_steps: int
     trained_steps: int
     slot_states: tuple[int, ...]
+    policy: str = DEFAULT_POLICY
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,7 @@ class BatchReady:
     """Connector → learner: a doorbell; the slot states in shared memory are the truth."""
 
     slot: int
+    policy: str = DEFAULT_POLICY
 
 
 @message(to="learner")
@@ -228,13 +232,19 @@ class CheckpointRequest:
 @message(to="checkpointer")
 @dataclass(frozen=True)
 class SnapshotReady:
-    """Learner → checkpointer: the snapshot area holds generation ``generation``."""
+    """Learner → checkpointer: each trainable policy's snapshot area holds the generation
+    ``generations[policy]`` of its state, at weights version ``seq_nos[policy]``."""
 
     request_id: int
-    generation: int
-    seq_no: int
+    generations: dict[str, int]
+    seq_nos: dict[str, int]
     ok: bool
     error: str
+
+    @property
+    def seq_no(self) -> int:
+        """The default policy's version (what a checkpoint is listed under)."""
+        return self.seq_nos.get(DEFAULT_POLICY, -1)
 
 
 # ---------------------------------------------------------------- to the supervisor

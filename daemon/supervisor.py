@@ -35,6 +35,7 @@ from typing import Any
 import structlog
 
 from rlinkd.daemon import log as logsetup
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.daemon import messages as m
 from rlinkd.daemon import supervisor_core as core
 from rlinkd.daemon.checkpoint import store
@@ -59,24 +60,35 @@ SYSTEMD_STATUS_EVERY_S = 2.0
 INTERRUPTED = core.INTERRUPTED
 
 
-def check_resume_matches(resume: store.Checkpoint, spec: PolicySpec) -> None:
+def check_resume_matches(resume: store.Checkpoint, spec: PolicySpec,
+                         policy: str = DEFAULT_POLICY) -> None:
     """ConfigError (exit 78) when the checkpoint to resume was trained for other spaces or
-    another network than the config describes: never load it silently into a network it
-    does not fit. ``--fresh`` starts without it."""
+    another network than the config describes for ``policy``: never load it silently into
+    a network it does not fit. ``--fresh`` starts without it. A policy the checkpoint does
+    not hold (added to the config since) starts fresh; only the default must be there."""
+    if policy != DEFAULT_POLICY:
+        if store.policy_file(policy, POLICY_FILE) in resume.manifest.get("files", {}):
+            _check_same_network(resume, spec, policy)
+        return
     if POLICY_FILE not in resume.manifest.get("files", {}):
         raise ConfigError(f"checkpoint {resume.path} was written by an rlinkd older than composite "
                           f"spaces (it has no {POLICY_FILE}; its learner state cannot be loaded): "
                           f"start with --fresh to ignore checkpoints")
+    _check_same_network(resume, spec, policy)
+
+
+def _check_same_network(resume: store.Checkpoint, spec: PolicySpec, policy: str) -> None:
     try:
-        _, _, saved = describe_checkpoint(resume)
+        _, _, saved = describe_checkpoint(resume, policy)
     except CheckpointError as exc:
         raise ConfigError(f"cannot resume from {resume.path}: {exc} (start with --fresh to "
                           f"ignore checkpoints)") from None
     if saved.to_json() != spec.to_json():
         changed = sorted(k for k, v in spec.to_json().items() if saved.to_json().get(k) != v)
         raise ConfigError(f"checkpoint {resume.path} was trained for different spaces or "
-                          f"network ({', '.join(changed)} differ from this config): restore the "
-                          f"config, or start with --fresh to ignore checkpoints")
+                          f"network for policy {policy!r} ({', '.join(changed)} differ from this "
+                          f"config): restore the config, or start with --fresh to ignore "
+                          f"checkpoints")
 
 
 class Supervisor:
@@ -159,7 +171,8 @@ class Supervisor:
         self.cfg.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.topo = build_topology(self.cfg)
         if resume is not None:
-            check_resume_matches(resume, self.topo.policy_spec)
+            for policy in self.topo.trainable():
+                check_resume_matches(resume, policy.spec, policy.name)
             self.topo.resume_checkpoint = str(resume.path)
             self.topo.write_counters(resume.counters)
             self.last_checkpoint = m.CheckpointInfo(str(resume.path), resume.weights_seq_no,

@@ -3,6 +3,9 @@
 Roles never create their own IPC; they receive a ``Topology`` (picklable into
 ``spawn``ed children: inbox fds are passed, segments are attached by path).
 
+One pipeline per trainable policy (``PolicyTopology``: episode ring, weights board, batch
+slots, snapshot area); a frozen policy has only its board. Per policy:
+
     clients ──TCP/Unix──▶ collector ──episode ring (shm)──▶ connector
                              ▲                                  │
                              │ WeightsPublished        batch slots (shm) + BatchReady
@@ -24,11 +27,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY, PolicyMapping
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
-from rlinkd.client_lib.protocol.spaces import Space, SpaceError, record_fields, space_from_gym
+from rlinkd.client_lib.protocol.spaces import Space, record_fields
+from rlinkd.daemon import policies
 from rlinkd.daemon.batch_schema import META_FIELDS, slot_columns
 from rlinkd.daemon.config import Config
-from rlinkd.daemon.errors import ConfigError
+from rlinkd.daemon.policies import PolicyDef
 from rlinkd.daemon.ipc import Inbox, SharedFd
 from rlinkd.daemon.roster import ROLES
 from rlinkd.shm.doorbell import Doorbell
@@ -44,21 +49,59 @@ SHM_PREFIX = "rlinkd"
 
 
 @dataclass
+class PolicyTopology:
+    """One policy's pipeline: its definition, its record layout and its segments.
+
+    A trainable policy has all four segments; a frozen one only its weights board (it is
+    never trained: its episodes are counted by the collector and go nowhere else).
+    """
+
+    definition: PolicyDef
+    layout_json: dict  # StepLayout.to_json(): per-leaf obs fields, action and dist sizes
+    board_path: str
+    episode_ring_path: str = ""
+    slots_path: str = ""
+    snapshot_path: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+    @property
+    def obs_space(self) -> Space:
+        return self.definition.obs_space
+
+    @property
+    def act_space(self) -> Space:
+        return self.definition.act_space
+
+    @property
+    def spec(self) -> PolicySpec:
+        return self.definition.spec
+
+    @property
+    def trainable(self) -> bool:
+        return self.definition.trainable
+
+    @property
+    def layout(self) -> StepLayout:
+        """The step-record layout (rebuilt per process: it holds a compiled struct)."""
+        return StepLayout.from_json(self.layout_json)
+
+    def segment_paths(self) -> list[str]:
+        return [p for p in (self.episode_ring_path, self.board_path, self.slots_path,
+                            self.snapshot_path) if p]
+
+
+@dataclass
 class Topology:
     """Everything the roles share. Made by ``build_topology``, owned by the supervisor."""
 
     cfg: Config
-    obs_space: Space
-    act_space: Space
-    policy_spec: PolicySpec
-    layout_json: dict  # StepLayout.to_json(): per-leaf obs fields, action and dist sizes
+    policies: dict[str, PolicyTopology]  # by name, DEFAULT_POLICY first
     inboxes: dict[str, Inbox]
-    episode_ring_path: str
-    board_path: str
-    slots_path: str
-    snapshot_path: str
     heartbeats: ctypes.Array[ctypes.c_double]  # mp Array('d', lock=False): a monotonic time per role
-    episode_doorbell: SharedFd  # eventfd: collector rings it when the connector sleeps
+    episode_doorbell: SharedFd  # eventfd shared by every episode ring: the collector rings it
     episode_space_doorbell: SharedFd  # eventfd: connector rings it when the collector waits for space
     counters: ctypes.Array[ctypes.c_longlong]  # mp Array('q', lock=False): COUNTERS, collector-written
     shm_prefix: str
@@ -66,9 +109,17 @@ class Topology:
     resume_checkpoint: str = ""
 
     @property
-    def layout(self) -> StepLayout:
-        """The step-record layout (rebuilt per process: it holds a compiled struct)."""
-        return StepLayout.from_json(self.layout_json)
+    def default(self) -> PolicyTopology:
+        """The policy single-agent clients use (always present)."""
+        return self.policies[DEFAULT_POLICY]
+
+    @property
+    def mapping(self) -> PolicyMapping:
+        return self.cfg.policy_mapping
+
+    def trainable(self) -> list[PolicyTopology]:
+        """Policies with a pipeline (episode ring, slots, snapshot), in declaration order."""
+        return [p for p in self.policies.values() if p.trainable]
 
     def heartbeat(self, role: str) -> None:
         """Called by each role's loop at least every second or so."""
@@ -87,83 +138,64 @@ class Topology:
             self.counters[i] = int(values.get(name, 0))
 
     def segment_paths(self) -> list[str]:
-        return [self.episode_ring_path, self.board_path, self.slots_path, self.snapshot_path]
+        return [path for p in self.policies.values() for path in p.segment_paths()]
 
 
 def resolve_spaces(cfg: Config) -> tuple[Space, Space]:
-    """Spaces from the config's explicit descriptions, else from the gymnasium id.
-
-    Called once at start (by ``build_topology``). Raises ``ConfigError`` naming
-    ``env.id`` when gymnasium cannot build that environment or its spaces are not
-    supported: the CLI prints one line and exits 78, as for any config mistake.
-    """
-    obs, act = cfg.env.observation_space, cfg.env.action_space
-    if obs is not None and act is not None:
-        return obs, act
-    import gymnasium as gym
-    try:
-        env = gym.make(cfg.env.id)
-    except Exception as exc:  # the gymnasium boundary: any failure is a config error
-        raise ConfigError(f"env.id = {cfg.env.id!r}: gymnasium cannot make this environment "
-                          f"({type(exc).__name__}: {exc})") from exc
-    try:
-        return (obs or space_from_gym(env.observation_space),
-                act or space_from_gym(env.action_space))
-    except SpaceError as exc:
-        raise ConfigError(f"env.id = {cfg.env.id!r}: {exc}") from exc
-    finally:
-        env.close()
+    """The default policy's spaces from [env] (explicit, else from the gymnasium id)."""
+    return policies.resolve_spaces(cfg.env.id, cfg.env.observation_space, cfg.env.action_space,
+                                   "env")
 
 
 def make_policy_spec(cfg: Config, obs: Space, act: Space) -> PolicySpec:
-    """The network every process agrees on (flat weight layout, ONNX graph). ConfigError
-    when the spaces and the [ppo]/[env] network settings do not fit together (an action
-    mask of the wrong size, a conv stack larger than the image, an integer Box action)."""
-    p = cfg.ppo
-    try:
-        return PolicySpec(obs, act, hidden_sizes=p.hidden_sizes, activation=p.activation,
-                          log_std_init=p.log_std_init, cnn_channels=p.cnn_channels,
-                          cnn_kernels=p.cnn_kernels, cnn_strides=p.cnn_strides,
-                          cnn_dense=p.cnn_dense, action_mask_key=cfg.env.action_mask_key)
-    except (SpaceError, ValueError) as exc:
-        raise ConfigError(f"env/ppo: {exc}") from exc
+    """The default policy's network for these spaces and [ppo]/[env] (ConfigError if they
+    do not fit together)."""
+    return policies.make_policy_spec(cfg.ppo, obs, act, cfg.env.action_mask_key)
 
 
 def build_topology(cfg: Config) -> Topology:
     """Create every inbox and segment of one daemon instance (called once, by the supervisor)."""
-    obs, act = resolve_spaces(cfg)
-    spec = make_policy_spec(cfg, obs, act)
-    layout = StepLayout(record_fields(obs), act.action_size, spec.dist_size)
+    defs = policies.policy_defs(cfg)
     shm_dir = Path(cfg.daemon.shm_dir)
     sweep_stale(shm_dir, SHM_PREFIX)
     prefix = f"{SHM_PREFIX}.{os.getpid()}.{secrets.token_hex(4)}"
     path = lambda name: str(shm_dir / f"{prefix}.{name}")  # noqa: E731
-    # collector → connector: every validated step, in ingest order (bounded: backpressure)
-    ring = StepRing.create(path("episodes"), layout, ring_records(cfg.sampling.episode_ring_records,
-                                                                  layout.record_bytes))
-    ring.close()
-    # learner → collector (SET_STATE), connector (values), shm clients (inference)
-    WeightsBoard.create(path("board"), spec.n_params(), _spec_json(spec)).close()
-    # connector → learner: train batches; the learner inbox only carries slot doorbells
-    rows = 2 * cfg.sampling.train_batch_size + cfg.sampling.env_steps_per_sample + 1024
-    BatchSlots.create(path("slots"), slot_columns(spec), rows, cfg.sampling.batch_slots,
-                      meta_fields=META_FIELDS).close()
-    # learner → checkpointer: one serialised snapshot (model, optimizer, RNG, counters)
-    BlobArea.create(path("snapshot"), cfg.checkpoint.snapshot_bytes).close()
+    made = {name: _policy_segments(cfg, d, path) for name, d in defs.items()}
     inboxes = {name: Inbox(name) for name in (*ROLES, "supervisor")}
     heartbeats = mp.get_context("spawn").Array("d", len(ROLES), lock=False)
-    # collector → connector: "records in the episode ring" (the connector announced sleep)
+    # collector → connector: "records in an episode ring" (the connector announced sleep)
     doorbell = SharedFd(Doorbell.create().fileno())
     # connector → collector: "space in the episode ring" (the collector announced it waits)
     space_doorbell = SharedFd(Doorbell.create().fileno())
     # collector → checkpointer/supervisor: env_steps, episodes (survives collector restarts)
     counters = mp.get_context("spawn").Array("q", len(COUNTERS), lock=False)
-    return Topology(cfg=cfg, obs_space=obs, act_space=act, policy_spec=spec, layout_json=layout.to_json(),
-                    inboxes=inboxes, episode_ring_path=path("episodes"),
-                    board_path=path("board"), slots_path=path("slots"),
-                    snapshot_path=path("snapshot"), heartbeats=heartbeats,
+    return Topology(cfg=cfg, policies=made, inboxes=inboxes, heartbeats=heartbeats,
                     episode_doorbell=doorbell, episode_space_doorbell=space_doorbell,
                     counters=counters, shm_prefix=prefix)
+
+
+def _policy_segments(cfg: Config, d: PolicyDef, path) -> PolicyTopology:
+    """One policy's segments, named ``<prefix>.<kind>.<policy>``."""
+    layout = StepLayout(record_fields(d.obs_space), d.act_space.action_size, d.spec.dist_size)
+    # learner → collector (SET_STATE), connector (values), shm clients (inference)
+    board = path(f"board.{d.name}")
+    WeightsBoard.create(board, d.spec.n_params(), _spec_json(d.spec)).close()
+    topo = PolicyTopology(d, layout.to_json(), board)
+    if not d.trainable:
+        return topo
+    # collector → connector: every validated step of this policy, in ingest order (bounded)
+    topo.episode_ring_path = path(f"episodes.{d.name}")
+    StepRing.create(topo.episode_ring_path, layout, ring_records(
+        cfg.sampling.episode_ring_records, layout.record_bytes)).close()
+    # connector → learner: train batches; the learner inbox only carries slot doorbells
+    rows = 2 * cfg.sampling.train_batch_size + cfg.sampling.env_steps_per_sample + 1024
+    topo.slots_path = path(f"slots.{d.name}")
+    BatchSlots.create(topo.slots_path, slot_columns(d.spec), rows, cfg.sampling.batch_slots,
+                      meta_fields=META_FIELDS).close()
+    # learner → checkpointer: one serialised snapshot (model, optimizer, RNG) of this policy
+    topo.snapshot_path = path(f"snapshot.{d.name}")
+    BlobArea.create(topo.snapshot_path, cfg.checkpoint.snapshot_bytes).close()
+    return topo
 
 
 def destroy_topology(topo: Topology) -> None:

@@ -65,8 +65,8 @@ def _publish_initial_weights(topo) -> None:
     """What the learner does at boot: version 0 on the board (zeros are valid weights)."""
     import numpy as np
     from rlinkd.shm.board import WeightsBoard
-    board = WeightsBoard.attach(topo.board_path)
-    board.publish(0, np.zeros(topo.policy_spec.n_params(), np.float32))
+    board = WeightsBoard.attach(topo.default.board_path)
+    board.publish(0, np.zeros(topo.default.spec.n_params(), np.float32))
     board.close()
 
 
@@ -92,7 +92,7 @@ def serve(state_dir: str, overrides: list[str]) -> int:
     stop = mp.get_context("spawn").Event()
     consumer = mp.get_context("spawn").Process(
         target=drain_ring, daemon=True,
-        args=(topo.episode_ring_path, topo.layout.sizes(), topo.episode_space_doorbell, stop))
+        args=(topo.default.episode_ring_path, topo.default.layout.sizes(), topo.episode_space_doorbell, stop))
     consumer.start()
     try:
         _publish_initial_weights(topo)

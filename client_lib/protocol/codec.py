@@ -191,7 +191,7 @@ class Episodes(Message):
     weights_seq_nos: dict | None = None  # {policy: version the client holds}
 
     def to_body(self) -> dict[str, Any]:
-        body = {"type": self.TYPE.value, "episodes": [e.to_json() for e in self.episodes],
+        body: dict[str, Any] = {"type": self.TYPE.value, "episodes": [e.to_json() for e in self.episodes],
                 "env_steps": sum(e.num_steps for e in self.episodes)}
         if self.weights_seq_no is not None:
             body["weights_seq_no"] = self.weights_seq_no

@@ -25,12 +25,39 @@ from rlinkd.daemon.export import POLICY_FILE, policy_description
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import RoleContext
 from rlinkd.daemon.version import package_version
-from rlinkd.daemon.wiring import Topology
+from rlinkd.daemon.wiring import PolicyTopology, Topology
 from rlinkd.shm.blob import BlobArea
 from rlinkd.shm.board import WeightsBoard
 
 log = structlog.get_logger("checkpointer")
 SNAPSHOT_TIMEOUT_S = 60.0
+
+
+class PolicyFiles:
+    """One trainable policy's part of a checkpoint (``store.policy_file`` says where)."""
+
+    def __init__(self, policy: PolicyTopology) -> None:
+        self.policy = policy
+        self.snapshot = BlobArea.attach(policy.snapshot_path)
+        self.board = WeightsBoard.attach(policy.board_path)
+        self._onnx: OnnxWeightWriter | None = None  # built at the first checkpoint (imports onnx)
+        description = policy_description(policy.obs_space, policy.act_space, policy.spec)
+        self.policy_json = json.dumps(description, indent=1).encode()  # keeps Dict key order
+
+    def files(self, generation: int, seq_no: int) -> dict[str, bytes]:
+        """learner.pt (the snapshot of ``generation``), policy.json, and policy.onnx when the
+        board still holds version ``seq_no``. CheckpointError if the snapshot moved on."""
+        found, payload = self.snapshot.read()
+        if found != generation:
+            raise CheckpointError(f"policy {self.policy.name}: snapshot area was overwritten "
+                                  "before it could be saved")
+        name = lambda file: store.policy_file(self.policy.name, file)  # noqa: E731
+        out = {name("learner.pt"): payload, name(POLICY_FILE): self.policy_json}
+        seq, flat = self.board.read(np.empty(self.policy.spec.n_params(), np.float32))
+        if seq == seq_no:
+            self._onnx = self._onnx or OnnxWeightWriter(self.policy.spec)
+            out[name("policy.onnx")] = self._onnx.encode(flat)
+        return out
 
 
 @dataclass
@@ -50,11 +77,7 @@ class Checkpointer:
         self.topo, self.ctx = topo, ctx
         self.cfg: Config = topo.cfg
         self.root = store.checkpoints_dir(topo.cfg.daemon.state_dir)
-        self.snapshot = BlobArea.attach(topo.snapshot_path)
-        self.board = WeightsBoard.attach(topo.board_path)
-        self._onnx: OnnxWeightWriter | None = None  # built at the first checkpoint (imports onnx)
-        description = policy_description(topo.obs_space, topo.act_space, topo.policy_spec)
-        self.policy_json = json.dumps(description, indent=1).encode()  # keeps Dict key order
+        self.policies = {p.name: PolicyFiles(p) for p in topo.trainable()}
         self.pending: dict[int, Pending] = {}
 
     def on_request(self, req: m.CheckpointRequest) -> None:
@@ -81,18 +104,14 @@ class Checkpointer:
                                                      str(ckpt.path), snap.seq_no, ""))
 
     def _write(self, req: m.CheckpointRequest, snap: m.SnapshotReady) -> store.Checkpoint:
-        generation, payload = self.snapshot.read()
-        if generation != snap.generation:
-            raise CheckpointError("snapshot area was overwritten before it could be saved")
         config_text = to_toml(self.cfg).encode()
-        files = {"learner.pt": payload, "config.toml": config_text, POLICY_FILE: self.policy_json}
-        seq, flat = self.board.read(np.empty(self.topo.policy_spec.n_params(), np.float32))
-        if seq == snap.seq_no:
-            self._onnx = self._onnx or OnnxWeightWriter(self.topo.policy_spec)
-            files["policy.onnx"] = self._onnx.encode(flat)
+        files = {"config.toml": config_text}
+        for name, policy in self.policies.items():
+            files.update(policy.files(snap.generations.get(name, -1), snap.seq_nos.get(name, -1)))
         meta = {"package_version": package_version(), "reason": req.reason,
                 "config_sha256": hashlib.sha256(config_text).hexdigest(),
-                "counters": self.topo.read_counters(), "weights_seq_no": snap.seq_no}
+                "counters": self.topo.read_counters(), "weights_seq_no": snap.seq_no,
+                "policies": dict(snap.seq_nos)}
         ckpt = store.write_checkpoint(self.root, files, meta)
         store.prune(self.root, self.cfg.checkpoint.keep_checkpoints)
         return ckpt

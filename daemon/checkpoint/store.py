@@ -7,6 +7,8 @@ Layout under ``<state_dir>/checkpoints/``::
         policy.onnx         the current policy, for deployment without rlinkd (absent when the
                             weights board had moved on before the checkpointer read it)
         policy.json         spaces and PolicySpec of that policy (daemon.export.policy_description)
+        policies/<name>/    every policy other than `default`: its learner.pt, policy.onnx,
+                            policy.json (the files above are the default policy's)
         config.toml         the effective config
         manifest.json       written last: format, versions, config hash, counters,
                             weights_seq_no, sha256 + size of every other file
@@ -30,6 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.daemon.errors import CheckpointError
 
 FORMAT_VERSION = 1
@@ -105,11 +108,15 @@ def write_checkpoint(root: Path, files: dict[str, bytes], meta: dict) -> Checkpo
     try:
         digests = {}
         for name, data in files.items():
+            _check_name(staging, name)
+            (staging / name).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             write_durably(staging / name, data)
             digests[name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
         manifest = dict(meta, format_version=FORMAT_VERSION, index=index, files=digests,
                         created_at=time.time())
         write_durably(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+        for sub in sorted({(staging / n).parent for n in files} - {staging}, reverse=True):
+            fsync_path(sub)
         fsync_path(staging)
         final = root / f"ckpt-{index:06d}"
         os.rename(staging, final)
@@ -133,10 +140,21 @@ def verify(path: Path) -> Checkpoint:
     if not isinstance(files, dict) or not all(isinstance(i, dict) for i in files.values()):
         raise CheckpointError(f"{path}: malformed manifest (files)")
     for name in files:
-        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
-            raise CheckpointError(f"{path}: manifest names a file outside the checkpoint")
+        _check_name(path, name)
         _verified_bytes(path, name, files[name])
     return Checkpoint(path, index or 0, manifest)
+
+
+def policy_file(policy: str, name: str) -> str:
+    """Where a policy's file lives in a checkpoint: the default policy's at the top level
+    (as before there were several policies), any other's under ``policies/<name>/``."""
+    return name if policy == DEFAULT_POLICY else f"policies/{policy}/{name}"
+
+
+def _check_name(path: Path, name: object) -> None:
+    """A manifest file name: a relative path of plain components (no '', '.', '..')."""
+    if not isinstance(name, str) or any(c in ("", ".", "..") for c in name.split("/")):
+        raise CheckpointError(f"{path}: manifest names a file outside the checkpoint")
 
 
 def _verified_bytes(path: Path, name: str, info: dict) -> bytes:

@@ -45,14 +45,16 @@ class CollectorProcess:
 
     def __init__(self, topo: Topology, ctx: RoleContext) -> None:
         self.topo, self.ctx = topo, ctx
-        self.ring = StepRing.attach(topo.episode_ring_path, expected_layout=topo.layout,
+        policy = topo.default
+        self.ring = StepRing.attach(policy.episode_ring_path, expected_layout=policy.layout,
                                     doorbell=Doorbell.from_fd(topo.episode_doorbell.fd),
                                     space_doorbell=Doorbell.from_fd(topo.episode_space_doorbell.fd))
-        self.board = WeightsBoard.attach(topo.board_path)
-        self.spaces = Spaces(topo.obs_space, topo.act_space, topo.policy_spec.dist_size,
-                             mask_spec(topo.obs_space, topo.act_space, topo.cfg.env.action_mask_key))
-        core = CollectorCore(topo.cfg, self.spaces, topo.layout, topo.read_counters())
-        weights = WeightsCache(self.board, topo.policy_spec)
+        self.board = WeightsBoard.attach(policy.board_path)
+        self.spaces = Spaces(policy.obs_space, policy.act_space, policy.spec.dist_size,
+                             mask_spec(policy.obs_space, policy.act_space,
+                                       policy.definition.mask_key))
+        core = CollectorCore(topo.cfg, self.spaces, policy.layout, topo.read_counters())
+        weights = WeightsCache(self.board, policy.spec)
         self.status = StatusBuilder(topo, core, weights, ring=self.ring)
         self.server = CollectorServer(core, self.ring, weights, self.status,
                                       make_shm=self._make_shm_ingestor,
@@ -68,7 +70,7 @@ class CollectorProcess:
     def _make_shm_ingestor(self, server: CollectorServer) -> ShmIngestor:
         """Called once, by ``CollectorServer.__init__``."""
         topo = self.topo
-        clients = ShmClients(topo.shm_prefix, topo.layout, self.spaces)
+        clients = ShmClients(topo.shm_prefix, topo.default.layout, self.spaces)
         return ShmIngestor(server, clients, topo.cfg.runtime_dir / "doorbell.fifo",
                            attached_info(topo))
 
@@ -146,8 +148,9 @@ class CollectorProcess:
 def attached_info(topo: Topology) -> dict:
     """The constant part of every ATTACHED reply."""
     s = topo.cfg.sampling
-    return {"board_path": topo.board_path, "layout": topo.layout.to_json(),
-            "policy_spec": topo.policy_spec.to_json(),
+    policy = topo.default
+    return {"board_path": policy.board_path, "layout": policy.layout_json,
+            "policy_spec": policy.spec.to_json(),
             "env_steps_per_sample": s.env_steps_per_sample, "force_on_policy": s.force_on_policy}
 
 

@@ -1,4 +1,5 @@
-"""Connector process shell: episode ring → segments → pipeline → batch slot → learner.
+"""Connector process shell: episode ring → segments → pipeline → batch slot → learner,
+once per trainable policy (``PolicyConnector``), all in one loop (``Connector``).
 
 Loop (until Stop): wait up to 50 ms for records (sleeping on the episode ring's
 doorbell, which the collector rings only when we announced sleep), assemble segments, and when ``BatchBuilder``
@@ -23,10 +24,10 @@ from rlinkd.daemon.connector.segments import SegmentAssembler
 from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import RoleContext
-from rlinkd.daemon.wiring import Topology
+from rlinkd.daemon.wiring import PolicyTopology, Topology
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.doorbell import Doorbell
-from rlinkd.shm.ring import StepRing
+from rlinkd.shm.ring import StepRing, arm_sleep, disarm_sleep
 from rlinkd.shm.slots import READY, TRAINING, BatchSlots
 
 log = structlog.get_logger("connector")
@@ -34,42 +35,41 @@ READ_CHUNK = 1 << 15
 WAIT_S = 0.05
 
 
-class Connector:
-    """The connector's state between loop iterations."""
+class PolicyConnector:
+    """One trainable policy's pipeline state between loop iterations: its episode ring,
+    segments, batch builder, board and slots."""
 
-    def __init__(self, topo: Topology, ctx: RoleContext) -> None:
-        self.topo, self.ctx, cfg = topo, ctx, topo.cfg
-        self.ring = StepRing.attach(topo.episode_ring_path, expected_layout=topo.layout,
+    def __init__(self, topo: Topology, policy: PolicyTopology, ctx: RoleContext) -> None:
+        self.topo, self.policy, self.ctx, cfg = topo, policy, ctx, topo.cfg
+        self.ring = StepRing.attach(policy.episode_ring_path, expected_layout=policy.layout,
                                     doorbell=Doorbell.from_fd(topo.episode_doorbell.fd),
                                     role="consumer",  # read_batch rings space_doorbell if the collector waits
                                     space_doorbell=Doorbell.from_fd(topo.episode_space_doorbell.fd))
-        self.board = WeightsBoard.attach(topo.board_path)
-        self.forwards = ForwardCache(topo.policy_spec)
-        self.slots = BatchSlots.attach(topo.slots_path)
+        self.board = WeightsBoard.attach(policy.board_path)
+        self.forwards = ForwardCache(policy.spec)
+        self.slots = BatchSlots.attach(policy.slots_path)
         self.slots.reset_filling()
         self.assembler = SegmentAssembler(max_open_steps=self.slots.capacity_rows // 2)
         # on-policy clients are promised weights trained on their episodes: nothing is dropped
         lag = None if cfg.sampling.force_on_policy else cfg.sampling.max_policy_lag
         self.builder = BatchBuilder(cfg.sampling.train_batch_size, self.slots.capacity_rows, lag)
         self.pipeline = LearnerPipeline(cfg.connector.pipeline)
-        self.weights = np.empty(topo.policy_spec.n_params(), np.float32)
-        self.next_stats = 0.0
+        self.weights = np.empty(policy.spec.n_params(), np.float32)
 
-    def step(self) -> None:
-        """One loop iteration: read (unless our buffer is full), maybe build, maybe report."""
-        if self.builder.buffered_steps < self.slots.capacity_rows:
-            if self.ring.wait_readable(WAIT_S):
-                self.builder.add(self.assembler.add(self.ring.read_batch(READ_CHUNK)))
-        else:  # backpressure: leave records in the ring until the learner frees a slot
-            time.sleep(WAIT_S / 10)
-        self._maybe_build()
-        self._maybe_report()
+    def wants_records(self) -> bool:
+        """False while our buffer is full: records stay in the ring (backpressure)."""
+        return self.builder.buffered_steps < self.slots.capacity_rows
+
+    def read(self) -> None:
+        """Take what the ring holds (one chunk) into segments and the batch builder."""
+        if self.wants_records() and self.ring.readable_records():
+            self.builder.add(self.assembler.add(self.ring.read_batch(READ_CHUNK)))
 
     def _learner_idle(self) -> bool:
         busy = (READY, TRAINING)
         return not any(self.slots.state(i) in busy for i in range(self.slots.n_slots))
 
-    def _maybe_build(self) -> None:
+    def maybe_build(self) -> None:
         if self.board.latest_seq_no() < 0:
             return  # the learner has not published weights yet: values would be garbage
         if not self.builder.should_build(self.assembler.flush_requested, self._learner_idle(),
@@ -87,26 +87,61 @@ class Connector:
                          dropped_episodes=plan.dropped_episodes, values_seq_no=seq,
                          behaviour_min=oldest, behaviour_sum=total, behaviour_steps=known)
         self.slots.mark_ready(slot, rows, meta.as_slot_meta())
-        self.ctx.send("learner", m.BatchReady(slot))
+        self.ctx.send("learner", m.BatchReady(slot, self.policy.name))
 
     def _fill(self, slot: int, segments, seq: int) -> int:
-        cfg = self.topo.cfg
-        pctx = PipelineContext(self.topo.obs_space, self.topo.act_space, self.topo.policy_spec,
-                               self.weights, seq, cfg.ppo.gamma, cfg.ppo.gae_lambda,
-                               cfg.ppo.normalize_advantages, self.forwards.get(self.weights, seq))
-        return write_columns(self.slots.columns(slot), self.pipeline(segments, pctx),
-                             self.topo.policy_spec)
+        p, ppo = self.policy, self.policy.definition.ppo
+        pctx = PipelineContext(p.obs_space, p.act_space, p.spec, self.weights, seq, ppo.gamma,
+                               ppo.gae_lambda, ppo.normalize_advantages,
+                               self.forwards.get(self.weights, seq))
+        return write_columns(self.slots.columns(slot), self.pipeline(segments, pctx), p.spec)
+
+    def stats(self) -> m.ConnectorStats:
+        b = self.builder
+        return m.ConnectorStats(
+            b.dropped_episodes, b.dropped_steps, b.batches,
+            b.buffered_steps + self.assembler.open_steps(), b.trained_steps,
+            tuple(self.slots.state(i) for i in range(self.slots.n_slots)), self.policy.name)
+
+
+class Connector:
+    """Every trainable policy's ``PolicyConnector``, served by one loop: their episode rings
+    share one doorbell, so the loop sleeps until any of them has records."""
+
+    def __init__(self, topo: Topology, ctx: RoleContext) -> None:
+        self.topo, self.ctx = topo, ctx
+        self.policies = [PolicyConnector(topo, p, ctx) for p in topo.trainable()]
+        self.doorbell = Doorbell.from_fd(topo.episode_doorbell.fd)
+        self.next_stats = 0.0
+
+    def step(self) -> None:
+        """One loop iteration: wait (up to WAIT_S) for records, read, maybe build, maybe report."""
+        if any(p.wants_records() for p in self.policies):
+            self._wait_readable(WAIT_S)
+        else:  # backpressure: leave records in the rings until the learner frees a slot
+            time.sleep(WAIT_S / 10)
+        for policy in self.policies:
+            policy.read()
+            policy.maybe_build()
+        self._maybe_report()
+
+    def _wait_readable(self, timeout_s: float) -> None:
+        """Sleep on the shared doorbell unless a ring we want to read has records."""
+        rings = [p.ring for p in self.policies if p.wants_records()]
+        if any(r.readable_records() for r in rings):
+            return
+        if not arm_sleep(rings):
+            self.doorbell.wait(timeout_s)
+        disarm_sleep(rings)
+        self.doorbell.drain()
 
     def _maybe_report(self) -> None:
         now = time.monotonic()
         if now < self.next_stats:
             return
         self.next_stats = now + self.topo.cfg.daemon.status_interval_s
-        b = self.builder
-        self.ctx.try_send("collector", m.ConnectorStats(
-            b.dropped_episodes, b.dropped_steps, b.batches,
-            b.buffered_steps + self.assembler.open_steps(), b.trained_steps,
-            tuple(self.slots.state(i) for i in range(self.slots.n_slots))))
+        for policy in self.policies:
+            self.ctx.try_send("collector", policy.stats())
 
 
 def run(topo: Topology, ctx: RoleContext) -> ExitCode:

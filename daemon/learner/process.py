@@ -1,6 +1,7 @@
 """Learner process shell: slots in, weights out, snapshots on request.
 
-On start it loads the newest verified checkpoint (if the supervisor found one),
+One ``PolicyLearner`` per trainable policy, trained in turns (``LearnerShell``). On start
+each loads its part of the newest verified checkpoint (if the supervisor found one),
 continues ``weights_seq_no`` from max(checkpoint, weights board) so clients see a
 monotonic sequence even across learner restarts, publishes its weights, redoes
 any batch a killed predecessor left in TRAINING, and then loops: the inbox is a
@@ -11,17 +12,19 @@ from __future__ import annotations
 
 import io
 import time
+from pathlib import Path
 
 import structlog
 
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.batch_schema import BatchMeta, read_columns
-from rlinkd.daemon.checkpoint.store import read_checkpoint_file
-from rlinkd.daemon.config import ConfigValue
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
+from rlinkd.daemon.checkpoint.store import policy_file, read_checkpoint_file, verify
+from rlinkd.daemon.config import Config, ConfigValue
 from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import BootError, RoleContext
-from rlinkd.daemon.wiring import Topology
+from rlinkd.daemon.wiring import PolicyTopology, Topology
 from rlinkd.shm.blob import BlobArea
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.slots import BatchSlots
@@ -30,38 +33,35 @@ log = structlog.get_logger("learner")
 IDLE_WAIT_S = 0.25
 
 
-class LearnerShell:
-    """Owns the Learner core and the shared-memory endpoints."""
+class PolicyLearner:
+    """One trainable policy inside the learner process: its Learner core and its shared
+    memory (weights board, batch slots, snapshot area). Driven by ``LearnerShell``."""
 
-    def __init__(self, topo: Topology, ctx: RoleContext) -> None:
+    def __init__(self, policy: PolicyTopology, cfg: Config, ctx: RoleContext) -> None:
         from rlinkd.daemon.learner.learner import Learner  # torch is imported here, and only here
-        self.topo, self.ctx, cfg = topo, ctx, topo.cfg
+        self.policy, self.ctx, self.name = policy, ctx, policy.name
         try:
-            self.learner = Learner(topo.policy_spec, cfg.ppo, device=cfg.learner.device,
+            self.learner = Learner(policy.spec, policy.definition.ppo, device=cfg.learner.device,
                                    seed=cfg.learner.seed, torch_threads=cfg.learner.torch_threads)
         except RuntimeError as exc:
             raise BootError(f"cannot create the learner on device {cfg.learner.device!r}: {exc}") from exc
-        self.board = WeightsBoard.attach(topo.board_path)
-        self.slots = BatchSlots.attach(topo.slots_path)
-        self.snapshot = BlobArea.attach(topo.snapshot_path)
+        self.board = WeightsBoard.attach(policy.board_path)
+        self.slots = BatchSlots.attach(policy.slots_path)
+        self.snapshot = BlobArea.attach(policy.snapshot_path)
         self.seq_no = 0
         self.resumed_from = ""
         self.rejected_batches = 0
 
     # ------------------------------------------------------------ start
-    def boot(self) -> None:
-        """Resume, publish the first weights, redo orphaned batches, tell the supervisor."""
-        if self.topo.resume_checkpoint:
-            self._resume(self.topo.resume_checkpoint)
+    def boot(self, checkpoint: str) -> None:
+        """Resume (when the checkpoint holds this policy), adopt newer board weights, publish."""
+        if checkpoint and policy_file(self.name, "learner.pt") in _manifest_files(checkpoint):
+            self._resume(checkpoint)
         self._adopt_newer_board_weights()
         self.board.publish(self.seq_no, self.learner.flat_weights())
-        self.ctx.send("collector", m.WeightsPublished(self.seq_no, -1, self.state(), None))
-        self.ctx.send("supervisor", m.LearnerReady(self.seq_no, self.resumed_from))
-        log.info("learner_ready", seq_no=self.seq_no, device=str(self.learner.device),
-                 resumed_from=self.resumed_from or None)
-        for slot in self.slots.in_training():
-            log.warning("redoing_orphaned_batch", slot=slot)
-            self.train_slot(slot)
+        self._tell_collector(-1, None)
+        log.info("learner_ready", policy=self.name, seq_no=self.seq_no,
+                 device=str(self.learner.device), resumed_from=self.resumed_from or None)
 
     def _adopt_newer_board_weights(self) -> None:
         """A restarted learner continues from the newest published weights, not the
@@ -70,32 +70,25 @@ class LearnerShell:
         if board_seq > self.seq_no:
             _, flat = self.board.read()
             self.learner.model.load_flat(flat)
-            log.info("adopted_board_weights", board_seq_no=board_seq, checkpoint_seq_no=self.seq_no)
+            log.info("adopted_board_weights", policy=self.name, board_seq_no=board_seq,
+                     checkpoint_seq_no=self.seq_no)
             self.seq_no = board_seq
 
     def _resume(self, path: str) -> None:
         """State from the checkpoint, hyperparameters from the config (which, after a
         SIGHUP, is the reloaded one): log both so an override is never silent."""
         import torch
-        payload = read_checkpoint_file(path, "learner.pt")
+        payload = read_checkpoint_file(path, policy_file(self.name, "learner.pt"))
         state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
         saved = self.learner.load_state_dict(state["learner"])
         live = self.learner.live_hparams()
-        log.info("hparams_from_config", **live, **{f"checkpoint_{k}": v for k, v in saved.items()},
+        log.info("hparams_from_config", policy=self.name, **live,
+                 **{f"checkpoint_{k}": v for k, v in saved.items()},
                  overridden=sorted(k for k in live if live[k] != saved[k]))
         self.seq_no = int(state["weights_seq_no"])
         self.resumed_from = path
 
     # ------------------------------------------------------------ training
-    def train_one(self) -> bool:
-        """Train the oldest ready batch, if any; True if one was trained. One per call, so
-        the loop serves control messages (snapshots for checkpoints) between batches even
-        when the connector always has the next batch ready."""
-        if self.ctx.stop.is_set() or (slot := self.slots.take_ready()) is None:
-            return False
-        self.train_slot(slot)
-        return True
-
     def train_slot(self, slot: int) -> None:
         """Train on one slot (or answer an empty flush), publish, release, notify."""
         rows, meta = self.slots.rows(slot), BatchMeta.from_slot_meta(self.slots.meta(slot))
@@ -104,23 +97,26 @@ class LearnerShell:
             try:
                 update = m.train_stats(self._update(slot, rows), *meta.policy_lag(trained_from))
             except ValueError as exc:  # a batch the learner refuses (NaN, shapes): skip it
-                log.error("batch_rejected", slot=slot, rows=rows, error=str(exc))
+                log.error("batch_rejected", policy=self.name, slot=slot, rows=rows, error=str(exc))
                 self.rejected_batches += 1
         if update is not None:
             self.seq_no += 1
             self.board.publish(self.seq_no, self.learner.flat_weights())
         self.slots.release(slot)
-        self.ctx.send("collector", m.WeightsPublished(self.seq_no, meta.ingest_cutoff,
-                                                      self.state(), update))
+        self._tell_collector(meta.ingest_cutoff, update)
         self.ctx.heartbeat()
 
     def _update(self, slot: int, rows: int) -> dict:
         """One update, heart-beating after every minibatch step: a long update (a big
         network on a CPU) is progress, not a hang; a learner stuck inside one step still
         falls silent and gets SIGABRT after daemon.heartbeat_timeout_s."""
-        batch = read_columns(self.slots.columns(slot), rows, self.topo.policy_spec)
+        batch = read_columns(self.slots.columns(slot), rows, self.policy.spec)
         stats = self.learner.update(batch, on_step=self.ctx.heartbeat)
         return {k: float(v) for k, v in stats.items()}
+
+    def _tell_collector(self, cutoff: int, update: m.TrainStats | None) -> None:
+        self.ctx.send("collector", m.WeightsPublished(self.seq_no, cutoff, self.state(), update,
+                                                      self.name))
 
     def state(self) -> m.LearnerState:
         """Live hyperparameters and counters, sent with every WeightsPublished."""
@@ -131,24 +127,90 @@ class LearnerShell:
                               rejected_batches=self.rejected_batches)
 
     # ------------------------------------------------------------ control
-    def on_snapshot_request(self, msg: m.SnapshotRequest) -> None:
+    def write_snapshot(self) -> int:
+        """Serialise the full state into the snapshot area; its generation (ValueError or
+        OSError when it does not fit or cannot be written)."""
         import torch
         buf = io.BytesIO()
+        torch.save({"learner": self.learner.state_dict(), "weights_seq_no": self.seq_no}, buf)
+        return self.snapshot.write(buf.getvalue())
+
+    def set_hparams(self, lr: float | None, ent_coef: float | None) -> None:
+        self.learner.set_hparams(lr=lr, ent_coef=ent_coef)
+        self._tell_collector(-1, None)
+
+    def close(self) -> None:
+        for part in (self.slots, self.board, self.snapshot):
+            part.close()
+
+
+class LearnerShell:
+    """Every trainable policy's ``PolicyLearner``, trained in turns by one loop.
+
+    Fairness: ``train_one`` trains one batch per call and starts its search for a ready
+    batch at the policy after the one it trained last (round robin by batch), so a policy
+    that always has data cannot starve another; control messages are served between
+    batches.
+    """
+
+    def __init__(self, topo: Topology, ctx: RoleContext) -> None:
+        self.topo, self.ctx = topo, ctx
+        self.policies = {p.name: PolicyLearner(p, topo.cfg, ctx) for p in topo.trainable()}
+        self._turn = 0
+
+    @property
+    def default(self) -> PolicyLearner:
+        """The default policy's learner (tests, the LearnerReady report)."""
+        return self.policies[DEFAULT_POLICY]
+
+    @property
+    def seq_no(self) -> int:
+        return self.default.seq_no if DEFAULT_POLICY in self.policies else -1
+
+    def boot(self) -> None:
+        """Boot every policy, tell the supervisor, redo orphaned batches."""
+        for learner in self.policies.values():
+            learner.boot(self.topo.resume_checkpoint)
+        resumed = next((p.resumed_from for p in self.policies.values() if p.resumed_from), "")
+        self.ctx.send("supervisor", m.LearnerReady(self.seq_no, resumed))
+        for learner in self.policies.values():
+            for slot in learner.slots.in_training():
+                log.warning("redoing_orphaned_batch", policy=learner.name, slot=slot)
+                learner.train_slot(slot)
+
+    def train_one(self) -> bool:
+        """Train the oldest ready batch of the next policy in turn that has one; True if one
+        was trained. One per call, so the loop serves control messages (snapshots for
+        checkpoints) between batches even when the connector always has the next ready."""
+        if self.ctx.stop.is_set():
+            return False
+        order = list(self.policies.values())
+        for i in range(len(order)):
+            learner = order[(self._turn + i) % len(order)]
+            slot = learner.slots.take_ready()
+            if slot is not None:
+                self._turn = (self._turn + i + 1) % len(order)
+                learner.train_slot(slot)
+                return True
+        return False
+
+    def on_snapshot_request(self, msg: m.SnapshotRequest) -> None:
+        generations, seq_nos = {}, {p.name: p.seq_no for p in self.policies.values()}
         try:
-            torch.save({"learner": self.learner.state_dict(), "weights_seq_no": self.seq_no}, buf)
-            generation = self.snapshot.write(buf.getvalue())
-            reply = m.SnapshotReady(msg.request_id, generation, self.seq_no, True, "")
+            for learner in self.policies.values():
+                generations[learner.name] = learner.write_snapshot()
+            reply = m.SnapshotReady(msg.request_id, generations, seq_nos, True, "")
         except (ValueError, OSError) as exc:
-            reply = m.SnapshotReady(msg.request_id, -1, self.seq_no, False, str(exc))
+            reply = m.SnapshotReady(msg.request_id, {}, seq_nos, False, str(exc))
         self.ctx.send("checkpointer", reply)
 
     def on_reload(self, msg: m.Reload) -> None:
         reload_level(msg.changes, "learner")
         lr, ent = _float_or_none(msg.changes.get("ppo.lr")), _float_or_none(msg.changes.get("ppo.ent_coef"))
         if lr is not None or ent is not None:
-            self.learner.set_hparams(lr=lr, ent_coef=ent)
+            for learner in self.policies.values():
+                learner.set_hparams(lr, ent)
             log.info("hparams_reloaded", lr=lr, ent_coef=ent)
-            self.ctx.send("collector", m.WeightsPublished(self.seq_no, -1, self.state(), None))
 
     def router(self) -> m.Router:
         """BatchReady is only a doorbell (it ends the inbox wait); slot states are the truth."""
@@ -156,6 +218,14 @@ class LearnerShell:
                                     m.Reload: self.on_reload,
                                     m.Stop: lambda _msg: self.ctx.stop.set()},
                         ignore=(m.BatchReady,))
+
+    def close(self) -> None:
+        for learner in self.policies.values():
+            learner.close()
+
+
+def _manifest_files(checkpoint: str) -> dict:
+    return verify(Path(checkpoint)).manifest.get("files", {})
 
 
 def run(topo: Topology, ctx: RoleContext) -> ExitCode:

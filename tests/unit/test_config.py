@@ -416,7 +416,11 @@ def test_docs_markdown_mentions_every_field():
         row = rows[f"`{section}.{f.name}`"]
         assert f.metadata["doc"].replace("|", "\\|") in row
         assert ("| yes |" in row) == bool(f.metadata["reloadable"])
-    assert len(lines) == count + 2 and docs.endswith("\n")
+    for f in dataclasses.fields(C.PolicyConfig):
+        count += 1
+        assert f.metadata["doc"].replace("|", "\\|") in rows[f"`policies.NAME.{f.name}`"]
+    assert "first match wins" in rows["`policy_mapping`"]
+    assert len(lines) == count + 3 and docs.endswith("\n")
 
 
 def test_docs_markdown_shows_defaults():
@@ -489,3 +493,43 @@ def test_metrics_remote_listen_needs_insecure_remote_and_is_not_reloadable():
     assert metrics_address(cfg.metrics) == ("0.0.0.0", 9464)
     applied, ignored = reloadable_changes(load_config(resolve_dirs=False), cfg)
     assert applied == {} and sorted(ignored) == ["metrics.insecure_remote", "metrics.listen"]
+
+
+# ---------------------------------------------------------------- policies
+POLICIES_TOML = """
+[ppo]
+lr = 0.001
+[policies.red.ppo]
+ent_coef = 0.01
+[policies.blue]
+trainable = false
+load_from = "/tmp/blue.onnx"
+[policy_mapping]
+"red_*" = "red"
+"blue_*" = "blue"
+"""
+
+
+def test_policies_tables_merge_ppo_and_keep_mapping_order(tmp_path):
+    cfg = load_text(tmp_path, POLICIES_TOML, overrides=[("policies", "red.ppo.gamma", 0.9)])
+    red = cfg.policies["red"]
+    assert red.trainable and red.ppo is not None
+    assert (red.ppo.lr, red.ppo.ent_coef, red.ppo.gamma) == (0.001, 0.01, 0.9)
+    assert cfg.policies["blue"].ppo is None and not cfg.policies["blue"].trainable
+    assert cfg.policy_mapping.rules == (("red_*", "red"), ("blue_*", "blue"))
+    assert cfg.policy_mapping.policy_for("red_7") == "red"
+    assert cfg.policy_mapping.policy_for("green") == "default"
+    assert _round_trip(tmp_path, cfg) == cfg
+
+
+@pytest.mark.parametrize("text, pattern", [
+    ('[policy_mapping]\n"a*" = "nope"', "no such policy"),
+    ("[policies.blue]\ntrainable = false", "needs a checkpoint"),
+    ('[policies."bad name"]\ntrainable = true', "policy names"),
+    ("[policies.red]\ntrainabel = true", "unknown key"),
+    ("[policies.red.ppo]\nlrr = 1.0", "unknown key"),
+    ("[policies.red.ppo]\nminibatch_size = 100000", "minibatch_size"),
+])
+def test_bad_policies_config_is_a_config_error(tmp_path, text, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_text(tmp_path, text)

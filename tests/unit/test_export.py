@@ -208,9 +208,11 @@ def test_malformed_policy_file(tmp_path):
         export.load_policy(ckpt)
 
 
-def test_unknown_policy_name_is_refused_before_anything_is_read(tmp_path):
-    with pytest.raises(UnknownPolicyError, match=r"unknown policy 'walker'.*'default'"):
-        export.export_policy(tmp_path / "p.onnx", tmp_path / "no-state", policy="walker")
+def test_unknown_policy_name_is_refused_naming_what_the_checkpoint_holds(tmp_path):
+    write_ckpt(tmp_path / "state", *CARTPOLE)
+    with pytest.raises(UnknownPolicyError, match=r"unknown policy 'walker'.*holds 'default'"):
+        export.export_policy(tmp_path / "p.onnx", tmp_path / "state", policy="walker")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]
 
 
 def test_unwritable_output(tmp_path):

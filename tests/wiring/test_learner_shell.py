@@ -31,24 +31,24 @@ def shell(tmp_path):
     ctx.heartbeat = counting_heartbeat
     shell = LearnerShell(topo, ctx)
     yield shell
-    shell.slots.close(), shell.board.close(), shell.snapshot.close()
+    shell.close()
     destroy_topology(topo)
 
 
 def ready_batch(shell: LearnerShell, behaviour: int) -> None:
     """What the connector does: a CartPole batch collected with version ``behaviour``."""
-    spec, rng = shell.topo.policy_spec, np.random.default_rng(0)
+    spec, rng = shell.topo.default.spec, np.random.default_rng(0)
     obs = rng.uniform(-0.2, 0.2, (ROWS, spec.obs_size)).astype(np.float32)  # inside CartPole bounds
     actions = rng.integers(0, 2, (ROWS, 1)).astype(np.float32)  # index vectors
-    flat = shell.learner.flat_weights()
+    flat = shell.default.learner.flat_weights()
     values = spec.value_forward(flat, obs)
     batch = {"obs": {"": obs}, "actions": actions, "values": values,
              "logp": spec.log_prob(spec.actor_forward(flat, obs), actions),
              "advantages": rng.normal(size=ROWS).astype(np.float32),
              "value_targets": values + 1.0}
-    slot = shell.slots.acquire_free()
-    rows = write_columns(shell.slots.columns(slot), batch, spec)
-    shell.slots.mark_ready(slot, rows, BatchMeta(
+    slot = shell.default.slots.acquire_free()
+    rows = write_columns(shell.default.slots.columns(slot), batch, spec)
+    shell.default.slots.mark_ready(slot, rows, BatchMeta(
         ingest_cutoff=ROWS, episodes=1, dropped_episodes=0, values_seq_no=behaviour,
         behaviour_min=behaviour, behaviour_sum=behaviour * ROWS, behaviour_steps=ROWS).as_slot_meta())
 
@@ -84,4 +84,4 @@ def test_reload_changes_what_the_next_batch_trains_with(shell):
     handle(m.Reload({"ppo.lr": 0.005}))
     reported = collector_messages(shell)[-1].learner
     assert (reported.lr, reported.ent_coef) == (0.005, 0.02)
-    assert shell.learner.optimizer.param_groups[0]["lr"] == 0.005
+    assert shell.default.learner.optimizer.param_groups[0]["lr"] == 0.005

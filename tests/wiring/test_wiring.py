@@ -53,8 +53,8 @@ def test_export_of_a_real_checkpoint_equals_its_policy_onnx(inproc, tmp_path):
     assert result.weights_seq_no == done.seq_no >= 1 and str(result.checkpoint) == done.path
     assert result.onnx_path.read_bytes() == (result.checkpoint / "policy.onnx").read_bytes()
     meta = json.loads(result.sidecar_path.read_text())
-    assert meta["observation_space"] == inproc.topo.obs_space.to_json()
-    assert meta["policy_spec"] == inproc.topo.policy_spec.to_json()
+    assert meta["observation_space"] == inproc.topo.default.obs_space.to_json()
+    assert meta["policy_spec"] == inproc.topo.default.spec.to_json()
 
 
 def test_checkpoint_carries_the_reloaded_config(inproc):

@@ -1,0 +1,91 @@
+"""The set of policies a daemon serves: one definition per name, resolved once at start.
+
+``policy_defs(cfg)`` turns ``[env]``/``[ppo]`` (the ``default`` policy) and every
+``[policies.NAME]`` table into ``PolicyDef``s: spaces (explicit, from a gymnasium id, or
+[env]'s), the network (``PolicySpec``), the hyperparameters, whether the policy trains,
+and where a frozen one is loaded from. The wiring makes one pipeline per trainable policy
+from them; the collector routes each agent to one of them through ``cfg.policy_mapping``.
+Called by the supervisor (``build_topology``); raises ``ConfigError`` naming the key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
+from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.client_lib.protocol.spaces import Space, SpaceError, space_from_gym
+from rlinkd.daemon.config import Config, PolicyConfig, PPOConfig
+from rlinkd.daemon.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PolicyDef:
+    """Everything that defines one policy (picklable: it travels inside the Topology)."""
+
+    name: str
+    obs_space: Space
+    act_space: Space
+    spec: PolicySpec
+    ppo: PPOConfig
+    trainable: bool = True
+    load_from: str = ""
+    mask_key: str = ""
+
+
+def policy_defs(cfg: Config) -> dict[str, PolicyDef]:
+    """Every policy by name, ``default`` first (it always exists)."""
+    env_spaces = resolve_spaces(cfg.env.id, cfg.env.observation_space, cfg.env.action_space,
+                                "env")
+    tables = {DEFAULT_POLICY: cfg.policies.get(DEFAULT_POLICY, PolicyConfig()), **cfg.policies}
+    return {name: _define(cfg, name, table, env_spaces) for name, table in tables.items()}
+
+
+def _define(cfg: Config, name: str, table: PolicyConfig,
+            env_spaces: tuple[Space, Space]) -> PolicyDef:
+    where = "env" if name == DEFAULT_POLICY and name not in cfg.policies else f"policies.{name}"
+    if table.env_id or table.observation_space or table.action_space:
+        obs, act = resolve_spaces(table.env_id or cfg.env.id, table.observation_space,
+                                  table.action_space, where)
+    else:
+        obs, act = env_spaces
+    mask_key = table.action_mask_key or (cfg.env.action_mask_key if obs == env_spaces[0] else "")
+    ppo = table.ppo or cfg.ppo
+    return PolicyDef(name, obs, act, make_policy_spec(ppo, obs, act, mask_key, where), ppo,
+                     table.trainable, table.load_from, mask_key)
+
+
+def resolve_spaces(env_id: str, obs: Space | None, act: Space | None,
+                   where: str) -> tuple[Space, Space]:
+    """Spaces from explicit descriptions, else (for the missing one) from the gymnasium id.
+    ConfigError naming ``where``.env_id/id when gymnasium cannot build that environment or
+    its spaces are not supported: the CLI prints one line and exits 78."""
+    if obs is not None and act is not None:
+        return obs, act
+    import gymnasium as gym
+    key = f"{where}.id" if where == "env" else f"{where}.env_id"
+    try:
+        env = gym.make(env_id)
+    except Exception as exc:  # the gymnasium boundary: any failure is a config error
+        raise ConfigError(f"{key} = {env_id!r}: gymnasium cannot make this environment "
+                          f"({type(exc).__name__}: {exc})") from exc
+    try:
+        return (obs or space_from_gym(env.observation_space),
+                act or space_from_gym(env.action_space))
+    except SpaceError as exc:
+        raise ConfigError(f"{key} = {env_id!r}: {exc}") from exc
+    finally:
+        env.close()
+
+
+def make_policy_spec(ppo: PPOConfig, obs: Space, act: Space, mask_key: str,
+                     where: str = "env") -> PolicySpec:
+    """The network every process agrees on (flat weight layout, ONNX graph). ConfigError
+    when the spaces and the network settings do not fit together (an action mask of the
+    wrong size, a conv stack larger than the image, an integer Box action)."""
+    try:
+        return PolicySpec(obs, act, hidden_sizes=ppo.hidden_sizes, activation=ppo.activation,
+                          log_std_init=ppo.log_std_init, cnn_channels=ppo.cnn_channels,
+                          cnn_kernels=ppo.cnn_kernels, cnn_strides=ppo.cnn_strides,
+                          cnn_dense=ppo.cnn_dense, action_mask_key=mask_key)
+    except (SpaceError, ValueError) as exc:
+        raise ConfigError(f"{where}/ppo: {exc}") from exc
