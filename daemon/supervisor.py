@@ -45,6 +45,7 @@ from rlinkd.daemon.config import (Config, ConfigError, apply_changes, load_confi
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.daemon.errors import CheckpointError, ExitCode
 from rlinkd.daemon.export import POLICY_FILE, describe_checkpoint
+from rlinkd.daemon.frozen import check_frozen
 from rlinkd.daemon.metrics import TensorBoardMetrics
 from rlinkd.daemon.prom_server import MetricsEndpoint
 from rlinkd.daemon.roles import child_main
@@ -170,6 +171,9 @@ class Supervisor:
             root, warn=lambda e: log.warning("skipping_bad_checkpoint", error=e))
         self.cfg.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.topo = build_topology(self.cfg)
+        for policy in self.topo.policies.values():
+            if not policy.trainable:
+                check_frozen(policy.definition)
         if resume is not None:
             for policy in self.topo.trainable():
                 check_resume_matches(resume, policy.spec, policy.name)

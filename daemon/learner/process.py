@@ -22,6 +22,7 @@ from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.daemon.checkpoint.store import policy_file, read_checkpoint_file, verify
 from rlinkd.daemon.config import Config, ConfigValue
 from rlinkd.daemon.errors import ExitCode
+from rlinkd.daemon.frozen import load_frozen
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import BootError, RoleContext
 from rlinkd.daemon.wiring import PolicyTopology, Topology
@@ -168,15 +169,36 @@ class LearnerShell:
         return self.default.seq_no if DEFAULT_POLICY in self.policies else -1
 
     def boot(self) -> None:
-        """Boot every policy, tell the supervisor, redo orphaned batches."""
+        """Boot every policy, publish the frozen ones, tell the supervisor, redo orphaned
+        batches."""
         for learner in self.policies.values():
             learner.boot(self.topo.resume_checkpoint)
+        for policy in self.topo.policies.values():
+            if not policy.trainable:
+                self._publish_frozen(policy)
         resumed = next((p.resumed_from for p in self.policies.values() if p.resumed_from), "")
         self.ctx.send("supervisor", m.LearnerReady(self.seq_no, resumed))
         for learner in self.policies.values():
             for slot in learner.slots.in_training():
                 log.warning("redoing_orphaned_batch", policy=learner.name, slot=slot)
                 learner.train_slot(slot)
+
+    def _publish_frozen(self, policy: PolicyTopology) -> None:
+        """A frozen policy's weights onto its board, as version 0, once (a restarted learner
+        finds them there). A model trained elsewhere has no board weights: the collector
+        serves its file."""
+        board = WeightsBoard.attach(policy.board_path)
+        try:
+            if board.latest_seq_no() < 0:
+                weights = load_frozen(policy.definition)
+                if weights.flat is not None:
+                    board.publish(0, weights.flat)
+                log.info("frozen_policy_loaded", policy=policy.name,
+                         source=policy.definition.load_from, on_board=weights.flat is not None)
+        finally:
+            board.close()
+        state = m.LearnerState(lr=0.0, ent_coef=0.0, updates=0, trained_steps=0, rejected_batches=0)
+        self.ctx.send("collector", m.WeightsPublished(0, -1, state, None, policy.name))
 
     def train_one(self) -> bool:
         """Train the oldest ready batch of the next policy in turn that has one; True if one
