@@ -52,7 +52,7 @@ from rlinkd.daemon.roles import child_main
 from rlinkd.daemon.roster import ROLES, START_ORDER
 from rlinkd.daemon.runfiles import StateDirLock, remove_daemon_file, write_daemon_file
 from rlinkd.daemon.sdnotify import Notifier, watchdog_interval_s
-from rlinkd.daemon.wiring import Topology, build_topology, destroy_topology
+from rlinkd.daemon.wiring import Topology, build_topology, destroy_topology, reconfigured
 
 log = structlog.get_logger("supervisor")
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
@@ -390,7 +390,7 @@ class Supervisor:
 
     def _apply(self, changes: dict) -> None:
         self.cfg = apply_changes(self.cfg, changes)
-        self.topo = dataclasses.replace(self.topo, cfg=self.cfg)
+        self.topo = reconfigured(self.topo, self.cfg, changes)
         logsetup.reload_level(changes, "supervisor")
         if "checkpoint.checkpoint_interval_s" in changes:
             self.timers["checkpoint"] = time.monotonic() + self.cfg.checkpoint.checkpoint_interval_s

@@ -20,6 +20,7 @@ topology, for debugging and for the in-process tests.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import multiprocessing as mp
 import os
 import secrets
@@ -196,6 +197,19 @@ def _policy_segments(cfg: Config, d: PolicyDef, path) -> PolicyTopology:
     topo.snapshot_path = path(f"snapshot.{d.name}")
     BlobArea.create(topo.snapshot_path, cfg.checkpoint.snapshot_bytes).close()
     return topo
+
+
+def reconfigured(topo: Topology, cfg: Config, changes: dict) -> Topology:
+    """The topology under a reloaded config (supervisor, after SIGHUP). Reloaded ``ppo.*``
+    keys apply to every policy, as the running learner applies them, so a learner
+    restarted later trains with them too."""
+    ppo = {key.split(".", 1)[1]: value for key, value in changes.items() if key.startswith("ppo.")}
+    if not ppo:
+        return dataclasses.replace(topo, cfg=cfg)
+    policies = {name: dataclasses.replace(p, definition=dataclasses.replace(
+        p.definition, ppo=dataclasses.replace(p.definition.ppo, **ppo)))
+        for name, p in topo.policies.items()}
+    return dataclasses.replace(topo, cfg=cfg, policies=policies)
 
 
 def destroy_topology(topo: Topology) -> None:

@@ -128,6 +128,9 @@ class Connector:
     def _wait_readable(self, timeout_s: float) -> None:
         """Sleep on the shared doorbell unless a ring we want to read has records."""
         rings = [p.ring for p in self.policies if p.wants_records()]
+        if len(rings) == 1:  # one policy: the ring's own wait (spins briefly before sleeping)
+            rings[0].wait_readable(timeout_s)
+            return
         if any(r.readable_records() for r in rings):
             return
         if not arm_sleep(rings):
