@@ -82,5 +82,5 @@ def test_inputs_must_match_the_leaves_of_a_dict_observation(tmp_path):
 
 
 def test_a_missing_source_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match="policies.opponent.load_from .* no such"):
+    with pytest.raises(ConfigError, match=r"policies\.opponent\.load_from .* no such"):
         check_frozen(frozen(tmp_path / "nothing-here"))

@@ -61,3 +61,27 @@ def test_a_message_is_handled_right_after_the_batch_in_training(monkeypatch):
     learner_process.run(None, ctx)
     assert shells[0].handled_after == [1]  # not after every ready batch has been trained
     assert ctx.inbox.waits[0] == learner_process.IDLE_WAIT_S and set(ctx.inbox.waits[1:]) == {0}
+
+
+class AlwaysReadyPolicy:
+    """A PolicyLearner stand-in whose slots always hold a ready batch."""
+
+    def __init__(self, name: str, trained: list) -> None:
+        self.name, self.trained = name, trained
+        self.slots = self
+
+    def take_ready(self) -> int:
+        return 0
+
+    def train_slot(self, slot: int) -> None:
+        self.trained.append(self.name)
+
+
+def test_policies_take_turns_one_batch_each_when_all_always_have_data():
+    trained: list[str] = []
+    shell = learner_process.LearnerShell.__new__(learner_process.LearnerShell)
+    shell.ctx, shell._turn = FakeCtx(), 0
+    shell.policies = {n: AlwaysReadyPolicy(n, trained) for n in ("default", "red", "blue")}
+    for _ in range(7):
+        assert shell.train_one()
+    assert trained == ["default", "red", "blue", "default", "red", "blue", "default"]
