@@ -33,14 +33,14 @@ from rlinkd.daemon.launch import set_args, stop_processes
 from bench.harness.common import REPO
 
 
-def drain_ring(ring_path: str, sizes: tuple[int, int, int], space_doorbell, stop) -> None:
+def drain_ring(ring_path: str, layout_json: dict, space_doorbell, stop) -> None:
     """Consumer process: read and discard every record until ``stop`` is set; rings the
     collector's space doorbell (``space_doorbell``: the topology's SharedFd) as the
     connector does."""
     from rlinkd.shm.doorbell import Doorbell
     from rlinkd.shm.records import StepLayout
     from rlinkd.shm.ring import StepRing
-    ring = StepRing.attach(ring_path, expected_layout=StepLayout(*sizes), role="consumer",
+    ring = StepRing.attach(ring_path, expected_layout=StepLayout.from_json(layout_json), role="consumer",
                            space_doorbell=Doorbell.from_fd(space_doorbell.fd))
     try:
         while not stop.is_set():
@@ -92,7 +92,7 @@ def serve(state_dir: str, overrides: list[str]) -> int:
     stop = mp.get_context("spawn").Event()
     consumer = mp.get_context("spawn").Process(
         target=drain_ring, daemon=True,
-        args=(topo.default.episode_ring_path, topo.default.layout.sizes(), topo.episode_space_doorbell, stop))
+        args=(topo.default.episode_ring_path, topo.default.layout_json, topo.episode_space_doorbell, stop))
     consumer.start()
     try:
         _publish_initial_weights(topo)
