@@ -339,7 +339,7 @@ def test_socket_segments_and_state_files_are_private(daemon_factory):
         assert mode(entry) & 0o077 == 0 and entry.stat().st_uid == me, (entry, oct(mode(entry)))
 
     segments = [Path("/dev/shm", n) for n in daemon.leftover_segments()]
-    names = {p.name.split(".", 3)[-1] for p in segments}
+    names = {p.name.split(".")[3] for p in segments}  # <prefix>.<pid>.<token>.<kind>.<policy>
     assert {"episodes", "board", "slots", "snapshot"} <= names, names
     for path in segments:
         assert mode(path) == 0o600 and path.stat().st_uid == me, (path, oct(mode(path)))

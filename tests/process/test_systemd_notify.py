@@ -18,9 +18,9 @@ pytestmark = pytest.mark.process
 
 
 def board_seq_no(pid: int) -> int | None:
-    """The weights_seq_no on the weights board of the daemon ``pid`` (-1 before the first
-    publish), None when it has no board."""
-    paths = glob.glob(f"/dev/shm/rlinkd.{pid}.*.board")
+    """The weights_seq_no on the default policy's weights board of the daemon ``pid`` (-1
+    before the first publish), None when it has no board."""
+    paths = glob.glob(f"/dev/shm/rlinkd.{pid}.*.board.default")
     if len(paths) != 1:
         return None
     board = WeightsBoard.attach(paths[0])
