@@ -405,9 +405,10 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 
 
 def merge(base: dict[str, Any], section: str, key: str, value: Any) -> None:
-    """Set ``base[section][key] = value`` creating the section table when missing; a dotted
-    ``key`` goes into nested tables (``policies`` + ``red.ppo.lr``)."""
-    table, path = base, [section, *key.split(".")] if section in NAMED_SECTIONS else [section, key]
+    """Set ``base[section][key] = value`` creating the section table when missing; under
+    ``policies`` a dotted ``key`` goes into nested tables (``red.ppo.lr``); under
+    ``policy_mapping`` the key is a pattern, dots and all."""
+    table, path = base, [section, *key.split(".")] if section == "policies" else [section, key]
     for i, name in enumerate(path[:-1]):
         table = table.setdefault(name, {})
         if not isinstance(table, dict):

@@ -533,3 +533,11 @@ def test_policies_tables_merge_ppo_and_keep_mapping_order(tmp_path):
 def test_bad_policies_config_is_a_config_error(tmp_path, text, pattern):
     with pytest.raises(ConfigError, match=pattern):
         load_text(tmp_path, text)
+
+
+def test_cli_overrides_reach_policy_tables_and_mapping_patterns_keep_their_dots():
+    cfg = load_config(overrides=[parse_override("policies.red.ppo.lr=0.01"),
+                                 parse_override("policy_mapping.team.red_*=red")],
+                      resolve_dirs=False)
+    assert cfg.policies["red"].ppo.lr == 0.01
+    assert cfg.policy_mapping.rules == (("team.red_*", "red"),)
