@@ -99,7 +99,7 @@ class VectorClient:
             raise ValueError("act() again before step(): every act needs its step")
         x = batch_columns(obs_batch, self.obs_space, self.n, "obs")
         explore = self.explore if explore is None else explore
-        dist = self._forward(x, explore)
+        self._forward(x, explore)
         t, fresh = self.t, self.fresh
         if fresh.any():
             for key, column in x.items():
@@ -108,7 +108,7 @@ class VectorClient:
         self.pending = True
         return self.chooser.to_env_batch(self.actions[t])
 
-    def _forward(self, x: Columns, explore: bool) -> np.ndarray:
+    def _forward(self, x: Columns, explore: bool) -> None:
         """One forward and one draw per policy; fills row t of actions/logp/dist."""
         t = self.t
         if len(self.groups) == 1:
@@ -116,16 +116,17 @@ class VectorClient:
             dist = local.net.dist_inputs(x)
             self.actions[t], self.logp[t] = local.chooser.choose_batch(dist, explore)
         else:
-            dist = None
+            parts = []
             for local, rows in self.groups:
                 d = local.net.dist_inputs({k: v[rows] for k, v in x.items()})
-                dist = np.empty((self.n, d.shape[1]), np.float32) if dist is None else dist
-                dist[rows] = d
                 self.actions[t, rows], self.logp[t, rows] = local.chooser.choose_batch(d, explore)
+                parts.append((rows, d))
+            dist = np.empty((self.n, parts[0][1].shape[1]), np.float32)
+            for rows, d in parts:
+                dist[rows] = d
         if self.dist is None:
             self.dist = np.zeros((self.horizon, self.n, dist.shape[1]), np.float32)
         self.dist[t] = dist
-        return dist
 
     def step(self, rewards, next_obs_batch: Any, terminated=None, truncated=None) -> None:
         """Record the outcome of the last ``act`` for every copy (arrays [N]; None means all
@@ -184,11 +185,13 @@ class VectorClient:
             return []
         finals = {(row, int(c)): (cols, j) for row, copies, cols in self.finals
                   for j, c in enumerate(copies)}
-        ends = self.terminated[:t] | self.truncated[:t]
+        copies, rows = np.nonzero((self.terminated[:t] | self.truncated[:t]).T)  # by copy, then row
+        bounds = np.searchsorted(copies, np.arange(self.n + 1)).tolist()
+        rows_list = rows.tolist()
         sends: Sends = []
         for i in range(self.n):
             start, number = 0, int(self.episode_base[i])
-            for row in np.flatnonzero(ends[:, i]).tolist():
+            for row in rows_list[bounds[i]:bounds[i + 1]]:
                 cols, j = finals[(row, i)]
                 last = {k: v[j:j + 1] for k, v in cols.items()}
                 sends.append((i, self._piece(i, start, row + 1, last, number, True)))
@@ -200,16 +203,17 @@ class VectorClient:
 
     def _piece(self, i: int, start: int, stop: int, last: Columns, number: int,
                ended: bool) -> Fragment:
-        """Copy i's steps [start, stop) as a fragment whose final observation is ``last``."""
+        """Copy i's steps [start, stop) as a fragment whose final observation is ``last``.
+        Arrays other than obs are views into the columns: valid until ``_restart``."""
         assert self.dist is not None, "set by the first act"
         steps = slice(start, stop)
         obs = {k: np.concatenate([v[steps, i], last[k]]) for k, v in self.obs.items()}
         term = bool(self.terminated[stop - 1, i]) if ended else False
         trunc = bool(self.truncated[stop - 1, i]) if ended else False
-        return Fragment(obs=obs, actions=self.actions[steps, i].copy(),
-                        rewards=self.rewards[steps, i].copy(), is_terminated=term,
-                        is_truncated=trunc, action_logp=self.logp[steps, i].copy(),
-                        action_dist_inputs=self.dist[steps, i].copy(),
+        return Fragment(obs=obs, actions=self.actions[steps, i],
+                        rewards=self.rewards[steps, i], is_terminated=term,
+                        is_truncated=trunc, action_logp=self.logp[steps, i],
+                        action_dist_inputs=self.dist[steps, i],
                         agent_id=self.agent_ids[i], episode_id=f"{self.nonce}-{number}",
                         policy_id=self.policy_names[i])
 

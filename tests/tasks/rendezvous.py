@@ -52,6 +52,21 @@ class Rendezvous:
         self.pos: dict[str, int] = {}
         self.goal, self.t, self.join_at, self.leave_at = 0, 0, 0, 0
 
+    @property
+    def unwrapped(self) -> Rendezvous:
+        return self
+
+    @property
+    def num_agents(self) -> int:
+        return len(self.agents)
+
+    @property
+    def max_num_agents(self) -> int:
+        return len(self.possible_agents)
+
+    def close(self) -> None:
+        """Nothing to release (ParallelEnv API)."""
+
     def observation_space(self, agent: str) -> gym.spaces.Box:
         return self._obs_space
 
@@ -84,7 +99,8 @@ class Rendezvous:
         if self.t == self.join_at and self.agents:
             self.pos["a2"] = int(self.rng.integers(CELLS))
             self.agents.append("a2")
-            obs["a2"] = self._observe()["a2"]
+            obs["a2"] = self._observe()["a2"]  # a newcomer: observed, not yet rewarded
+            rewards["a2"], terminated["a2"], truncated["a2"] = 0.0, False, False
         return obs, rewards, terminated, truncated, {a: {} for a in obs}
 
     def _observe(self) -> dict[str, np.ndarray]:
