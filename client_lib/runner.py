@@ -15,8 +15,9 @@ pettingzoo here):
   >= 1.1);
 - a PettingZoo ``ParallelEnv`` (``possible_agents``, no ``agent_selection``) → one
   ``MultiAgentClient`` (``connect_multi``); agents may join and leave; an agent that drops
-  out of ``env.agents`` without terminating counts as truncated. ``steps`` counts agent
-  steps and ``episodes`` agent episodes (as the daemon counts them).
+  out of ``env.agents`` without terminating counts as truncated, and episodes a previous
+  run left open are truncated when the env is reset. ``steps`` counts agent steps and
+  ``episodes`` agent episodes (as the daemon counts them).
 """
 from __future__ import annotations
 
@@ -169,6 +170,7 @@ def _replace_rows(batch, rows: np.ndarray, values: list):
 
 
 def _run_parallel(env, client, loop: _Loop, seed: int | None) -> None:
+    client.truncate()  # the env restarts: episodes an earlier run left open end here
     obs, _ = env.reset(seed=seed)
     returns: dict[str, float] = {}
     while loop.running():

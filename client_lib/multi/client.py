@@ -196,6 +196,19 @@ class MultiAgentClient:
             self.slots.release(ep.slot)
             del self.episodes[agent_id]
 
+    def truncate(self) -> None:
+        """End every episode in progress as truncated at its last recorded step (an agent
+        without steps yet just leaves). For a driver that resets its env while agents are
+        mid-episode. ValueError if an agent has a pending action (step it first)."""
+        for agent_id, ep in self.episodes.items():
+            if ep.pending is not None:
+                raise ValueError(f"truncate(): agent {agent_id!r} has a pending action")
+        for ep in self.episodes.values():
+            if ep.buffer.actions:
+                self.done.append((ep.slot, ep.fragment(False, True)))
+            self.slots.release(ep.slot)
+        self.episodes = {}
+
     # ------------------------------------------------------------ send
     def sync(self) -> None:
         """Send what was collected and install the weights that come back (blocks, with

@@ -265,3 +265,21 @@ def test_vector_groups_copies_by_policy():
     with pytest.raises(ValueError, match="different spaces"):
         VectorClient(FakeLink(mapping=[("env_1", "odd")], policies={
             "default": PolicyInfo(OBS, ACT), "odd": PolicyInfo(OBS, Discrete(2))}), 2)
+
+
+def test_truncate_ends_open_episodes_at_their_last_step():
+    link = FakeLink(steps=100)
+    c = MultiAgentClient(link)
+    c.act({"a": obs(1), "b": obs(2)})
+    c.step({"a": 1.0, "b": 1.0}, {"a": obs(3), "b": obs(4)})
+    c.act({"c": obs(0)})
+    with pytest.raises(ValueError, match="agent 'c' has a pending action"):
+        c.truncate()
+    c.step({"c": 0.0}, {"c": obs(1)})
+    c.act({"d": obs(0)})
+    c.episodes["d"].pending = None                   # d: an episode without steps
+    c.truncate()
+    assert c.agents == [] and c.slots.acquire() == 0
+    c.sync()
+    assert [(f.agent_id, f.is_truncated, f.obs[""][-1, 0]) for f in frags(link)] == [
+        ("a", True, 3), ("b", True, 4), ("c", True, 1)]
