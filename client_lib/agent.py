@@ -25,7 +25,7 @@ from rlinkd.client_lib.policy import ActionChooser
 from rlinkd.client_lib.protocol.columns import to_columns
 from rlinkd.client_lib.protocol.fragments import Fragment
 from rlinkd.client_lib.protocol.spaces import Space, space_from_gym
-from rlinkd.client_lib.shm_client import open_local_link
+from rlinkd.client_lib.shm_client import ShmLink, open_local_link
 from rlinkd.client_lib.transport import parse_address
 
 
@@ -40,13 +40,15 @@ class FragmentBuffer:
     logp: list = field(default_factory=list)
     dist: list = field(default_factory=list)
 
-    def to_fragment(self, terminated: bool, truncated: bool) -> Fragment:
+    def to_fragment(self, terminated: bool, truncated: bool, agent_id: str | None = None,
+                    episode_id: str | None = None, policy_id: str | None = None) -> Fragment:
         obs = {key: np.concatenate([o[key] for o in self.obs]) for key in self.obs[0]}
         return Fragment(
             obs=obs, actions=np.stack(self.actions).astype(np.float32),
             rewards=np.asarray(self.rewards, np.float64), is_terminated=terminated,
             is_truncated=truncated, action_logp=np.asarray(self.logp, np.float32),
-            action_dist_inputs=np.stack(self.dist).astype(np.float32))
+            action_dist_inputs=np.stack(self.dist).astype(np.float32),
+            agent_id=agent_id, episode_id=episode_id, policy_id=policy_id)
 
 
 class Agent:
@@ -147,15 +149,21 @@ def connect(address: str = "tcp://127.0.0.1:5555", *, token: str | None = None,
     ``capacity_records`` sizes a shared-memory ring (ValueError for a TCP address)."""
     obs = _as_spec(observation_space)
     act = _as_spec(action_space)
-    if address in ("shm", "auto") or address.startswith(("shm:", "auto:", "unix://")):
-        link = open_local_link(address, token=token, reconnect_timeout_s=reconnect_timeout_s,
-                               capacity_records=capacity_records)
-    elif capacity_records is not None:
-        raise ValueError(f"capacity_records applies to shared-memory links, not {address!r}")
-    else:
-        link = TcpLink(parse_address(address), token=token, ssl_context=ssl_context,
-                       reconnect_timeout_s=reconnect_timeout_s)
+    link = open_link(address, token=token, reconnect_timeout_s=reconnect_timeout_s,
+                     ssl_context=ssl_context, capacity_records=capacity_records)
     return Agent(link, obs, act, explore=explore, seed=seed)
+
+
+def open_link(address: str, *, token: str | None, reconnect_timeout_s: float, ssl_context,
+              capacity_records: int | None) -> TcpLink | ShmLink:
+    """The link an address names (see ``connect``); nothing is connected yet."""
+    if address in ("shm", "auto") or address.startswith(("shm:", "auto:", "unix://")):
+        return open_local_link(address, token=token, reconnect_timeout_s=reconnect_timeout_s,
+                               capacity_records=capacity_records)
+    if capacity_records is not None:
+        raise ValueError(f"capacity_records applies to shared-memory links, not {address!r}")
+    return TcpLink(parse_address(address), token=token, ssl_context=ssl_context,
+                   reconnect_timeout_s=reconnect_timeout_s)
 
 
 def _as_spec(space) -> Space | None:

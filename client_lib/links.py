@@ -4,39 +4,93 @@
 writes into a shared-memory ring. Both offer ``open()``, ``submit()``, ``send_only()``,
 ``close()``, ``describe()`` and ``session_key()``, and share ``ReconnectingLink``'s
 retry-with-backoff, so an Agent does not care which one it holds.
+
+Many agents and policies (``client_lib.multi``) use the same links through three more
+verbs: ``open_policies()`` (handshake, first weights), ``policy(name)`` (the current
+weights of one policy; a shared-memory link attaches that policy's ring on first use) and
+``exchange(sends, held, get_state)`` (send ``(slot, Fragment)`` pairs, return the policies
+whose weights changed).
 """
 from __future__ import annotations
 
 import abc
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlinkd.client_lib.policy import OnnxPolicy
 from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY, MappingError, PolicyMapping
 from rlinkd.client_lib.protocol.codec import EpisodeFragment
 from rlinkd.client_lib.protocol.fragments import Fragment
 from rlinkd.client_lib.protocol.spaces import Space, space_from_json
-from rlinkd.client_lib.transport import Address, RLlinkClient, ServerError
+from rlinkd.client_lib.transport import Address, RLlinkClient, RLlinkError, ServerError
+
+Sends = list[tuple[int, Fragment]]
+"""What a many-agent client sends: (agent slot, fragment) pairs, each slot's fragments in
+the order they happened (a slot's ended episode before the next one on that slot)."""
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """One policy as SET_CONFIG declares it."""
+
+    obs_space: Space
+    act_space: Space
+    trainable: bool = True
 
 
 @dataclass
 class LinkConfig:
-    """What the server told us in SET_CONFIG (spaces only when it is rlinkd)."""
+    """What the server told us in SET_CONFIG (spaces only when it is rlinkd; ``policies``,
+    ``mapping`` and ``max_agents_per_connection`` only when it supports many agents)."""
 
     env_steps_per_sample: int
     force_on_policy: bool
     observation_space: Space | None
     action_space: Space | None
     compact_arrays: bool = False  # the server reads compact arrays and columnar Dicts
+    policies: dict[str, PolicyInfo] = field(default_factory=dict)
+    mapping: PolicyMapping = field(default_factory=PolicyMapping)
+    max_agents_per_connection: int | None = None
 
 
 def server_config(cfg: codec.SetConfig) -> LinkConfig:
-    """A SET_CONFIG as a LinkConfig (SpaceError if the server's spaces are malformed)."""
-    return LinkConfig(
-        cfg.env_steps_per_sample, cfg.force_on_policy,
-        space_from_json(cfg.observation_space) if cfg.observation_space else None,
-        space_from_json(cfg.action_space) if cfg.action_space else None,
-        bool(cfg.compact_arrays))
+    """A SET_CONFIG as a LinkConfig (SpaceError if the server's spaces are malformed,
+    RLlinkError if its policies or policy mapping are)."""
+    obs = space_from_json(cfg.observation_space) if cfg.observation_space else None
+    act = space_from_json(cfg.action_space) if cfg.action_space else None
+    try:
+        policies = _policies(cfg.policies or {})
+        mapping = PolicyMapping.from_json(cfg.policy_mapping or [])
+    except (MappingError, KeyError, TypeError) as exc:
+        raise RLlinkError(f"malformed SET_CONFIG policies: {exc}") from None
+    if obs is not None and act is not None:
+        policies.setdefault(DEFAULT_POLICY, PolicyInfo(obs, act))
+    return LinkConfig(cfg.env_steps_per_sample, cfg.force_on_policy, obs, act,
+                      bool(cfg.compact_arrays), policies, mapping, cfg.max_agents_per_connection)
+
+
+def _policies(raw: dict) -> dict[str, PolicyInfo]:
+    return {name: PolicyInfo(space_from_json(p["observation_space"]),
+                             space_from_json(p["action_space"]), bool(p.get("trainable", True)))
+            for name, p in raw.items()}
+
+
+def changed_policies(msg: codec.SetState, held: dict[str, int]) -> dict[str, codec.SetState]:
+    """The SET_STATE's policies whose version differs from ``held`` ({policy: seq the client
+    holds}), each as a one-policy SetState. The top level is the default policy; entries of
+    ``policies`` without ``onnx_file`` are ones the client already holds. RLlinkError when an
+    entry is malformed."""
+    out = {}
+    if msg.weights_seq_no != held.get(DEFAULT_POLICY):
+        out[DEFAULT_POLICY] = msg
+    for name, entry in (msg.policies or {}).items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("weights_seq_no"), int):
+            raise RLlinkError(f"SET_STATE: malformed entry for policy {name!r}")
+        if "onnx_file" in entry and entry["weights_seq_no"] != held.get(name):
+            out[name] = codec.SetState(entry["weights_seq_no"], str(entry["onnx_file"]),
+                                       entry.get("onnx_sha256"))
+    return out
 
 
 class ReconnectingLink(abc.ABC):
@@ -99,16 +153,24 @@ class TcpLink(ReconnectingLink):
         self.client: RLlinkClient | None = None
         self.reconnects = 0
         self.spaces: tuple[Space, Space] | None = None
+        self.latest: dict[str, codec.SetState] = {}  # newest weights per policy (many-agent use)
 
     def use_spaces(self, obs_space: Space, act_space: Space) -> None:
         """The spaces fragments are sent in (the Agent calls this once after ``open``)."""
         self.spaces = (obs_space, act_space)
 
     def _wire(self, fragments: list[Fragment]) -> list[EpisodeFragment]:
+        """Fragments in their RLlink form, each in its policy's spaces."""
+        compact = self.config.compact_arrays
+        return [f.to_wire(*self._spaces_of(f), compact=compact) for f in fragments]
+
+    def _spaces_of(self, frag: Fragment) -> tuple[Space, Space]:
+        info = self.config.policies.get(frag.policy_id or "")
+        if info is not None:
+            return info.obs_space, info.act_space
         if self.spaces is None:
             raise RuntimeError("use_spaces() must be called before sending fragments")
-        compact = self.config.compact_arrays
-        return [f.to_wire(*self.spaces, compact=compact) for f in fragments]
+        return self.spaces
 
     def open(self) -> tuple[LinkConfig, OnnxPolicy]:
         """Connect (retrying while the daemon is down), handshake, fetch the first weights."""
@@ -122,6 +184,46 @@ class TcpLink(ReconnectingLink):
     def send_only(self, fragments: list[Fragment], seq_no: int) -> None:
         if self.client is not None and fragments:
             self.client.episodes(self._wire(fragments), seq_no)
+
+    # ------------------------------------------------------------ many policies
+    def open_policies(self) -> LinkConfig:
+        """Connect (retrying while the daemon is down), handshake, fetch every policy's
+        weights (one GET_STATE); then ``policy(name)`` gives them."""
+        def fetch() -> LinkConfig:
+            self.latest = changed_policies(self._client().get_state(), {})
+            return self.config
+        return self._with_retry(fetch)
+
+    def policy(self, name: str) -> OnnxPolicy:
+        """The newest weights received for policy ``name`` as a session (built on each call:
+        callers keep it). ValueError if the server sent none."""
+        try:
+            return OnnxPolicy(self.latest[name])
+        except KeyError:
+            raise ValueError(f"{self.describe()}: the server sent no weights for policy "
+                             f"{name!r}") from None
+
+    def exchange(self, sends: Sends, held: dict[str, int], get_state: bool = True
+                 ) -> dict[str, OnnxPolicy]:
+        """Send the fragments (one EPISODES_AND_GET_STATE, re-sent after a reconnect) and
+        return the held policies (``held``: {policy: seq} the caller acts with) whose
+        weights changed. Versions of policies the caller does not use are kept here (and
+        announced in ``weights_seq_nos``, so the server does not resend them unchanged).
+        ``get_state`` False: one EPISODES if connected, no retry, nothing returned."""
+        wire = self._wire([frag for _, frag in sends])
+        seqs = {name: m.weights_seq_no for name, m in self.latest.items()} | held
+        default_seq = seqs.get(DEFAULT_POLICY)
+        if not get_state:
+            if self.client is not None and wire:
+                self.client.episodes(wire, default_seq, weights_seq_nos=seqs)
+            return {}
+
+        def send() -> dict[str, OnnxPolicy]:
+            reply = self._client().episodes_and_get_state(wire, default_seq, weights_seq_nos=seqs)
+            changed = changed_policies(reply, seqs)
+            self.latest.update(changed)
+            return {name: OnnxPolicy(m) for name, m in changed.items() if name in held}
+        return self._with_retry(send)
 
     def session_key(self) -> str:
         """How the daemon's status names this connection (its ``peer``)."""

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from rlinkd.client_lib.protocol import codec
-from rlinkd.client_lib.protocol.columns import Columns, action_columns, native
+from rlinkd.client_lib.protocol.columns import Columns, action_columns, native, native_batch
 from rlinkd.client_lib.protocol.distributions import ActionDist, components
 from rlinkd.client_lib.protocol.netnumpy import NumpyNet
 from rlinkd.client_lib.protocol.netonnx import OnnxWeightWriter
@@ -107,9 +107,10 @@ class ActionChooser:
     Actions are float32 index vectors [action_size] (``columns.action_columns`` turns them
     into native values)."""
 
-    def __init__(self, act_space: Space, seed: int | None = None) -> None:
+    def __init__(self, act_space: Space, seed: int | None = None,
+                 rng: np.random.Generator | None = None) -> None:
         self.space = act_space
-        self.rng = np.random.default_rng(seed)
+        self.rng = rng if rng is not None else np.random.default_rng(seed)
         self.dist = ActionDist(components(act_space))
 
     def choose(self, dist: np.ndarray, explore: bool) -> tuple[np.ndarray, float]:
@@ -118,6 +119,15 @@ class ActionChooser:
             return self._sample_categorical(dist[0])
         actions = self.dist.sample(dist, self.rng) if explore else self.dist.greedy(dist)
         return actions[0], float(self.dist.log_prob(dist, actions)[0])
+
+    def choose_batch(self, dist: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(action vectors [N, A] float32, log-probs [N] float32) from dist inputs [N, D]:
+        one vectorised draw for all rows (one row: the single-row fast path)."""
+        if len(dist) == 1:
+            action, logp = self.choose(dist, explore)
+            return action[None], np.array([logp], np.float32)
+        actions = self.dist.sample(dist, self.rng) if explore else self.dist.greedy(dist)
+        return actions, self.dist.log_prob(dist, actions)
 
     @property
     def _single_categorical(self) -> bool:
@@ -137,3 +147,13 @@ class ActionChooser:
     def to_env(self, action: np.ndarray):
         """The action in the form a gymnasium env expects."""
         return native(action_columns(action[None], self.space), self.space, 0)
+
+    def to_env_rows(self, actions: np.ndarray) -> list:
+        """Each row of action vectors [N, A] in the form a gymnasium env expects."""
+        columns = action_columns(actions, self.space)
+        return [native(columns, self.space, i) for i in range(len(actions))]
+
+    def to_env_batch(self, actions: np.ndarray):
+        """Action vectors [N, A] as a gymnasium VectorEnv takes them (batched leaves in the
+        space's structure, see ``columns.native_batch``)."""
+        return native_batch(action_columns(actions, self.space), self.space)

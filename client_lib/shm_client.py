@@ -19,9 +19,11 @@ from __future__ import annotations
 import os
 import socket
 import time
+from dataclasses import dataclass
 
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.links import LinkConfig, ReconnectingLink, TcpLink, server_config
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.discovery import local_socket
 from rlinkd.client_lib.policy import BoardPolicy
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
@@ -36,21 +38,60 @@ DEFAULT_TCP = "tcp://127.0.0.1:5555"
 WRITE_TIMEOUT_S = 300.0
 
 
+@dataclass
+class RingAttachment:
+    """One policy's ring, weights board, network and record layout on this connection."""
+
+    ring: StepRing
+    board: WeightsBoard
+    spec: PolicySpec
+    layout: StepLayout
+
+    def close(self) -> None:
+        self.ring.close()
+        self.board.close()
+
+
 class ShmLink(ReconnectingLink):
-    """A ring + board attachment with the same interface as ``TcpLink``."""
+    """Ring + board attachments with the same interface as ``TcpLink``.
+
+    An Agent's link attaches one ring at connect (ATTACH without ``policy``: the default).
+    A many-agent client's link (``open_policies``) attaches one ring per policy, each on
+    first use (``policy(name)``), and re-attaches all of them after a reconnect.
+    """
 
     def __init__(self, socket_path: str, token: str | None = None,
                  reconnect_timeout_s: float = 120.0, capacity_records: int | None = None) -> None:
         self.socket_path, self.token = socket_path, token
         self.reconnect_timeout_s, self.capacity_records = reconnect_timeout_s, capacity_records
         self.client: RLlinkClient | None = None
-        self.ring: StepRing | None = None
-        self.board: WeightsBoard | None = None
+        self.attached: dict[str | None, RingAttachment] = {}
+        self.wanted: list[str | None] = [None]  # ATTACH's policy per ring (None: the default)
         self.reconnects = 0
+
+    @property
+    def ring(self) -> StepRing | None:
+        first = self._first()
+        return first.ring if first else None
+
+    @property
+    def board(self) -> WeightsBoard | None:
+        first = self._first()
+        return first.board if first else None
+
+    @property
+    def layout(self) -> StepLayout:
+        first = self._first()
+        if first is None:
+            raise ConnectionError(f"{self.socket_path}: not attached")
+        return first.layout
+
+    def _first(self) -> RingAttachment | None:
+        return next(iter(self.attached.values()), None)
 
     # ------------------------------------------------------------ link interface
     def open(self) -> tuple[LinkConfig, BoardPolicy]:
-        return self._with_retry(lambda: (self.config, self._policy()))
+        return self._with_retry(lambda: (self.config, self._policy(None)))
 
     def submit(self, fragments, seq_no: int) -> BoardPolicy | None:
         """Write the sample into the ring, ask for weights, read them from the board."""
@@ -72,64 +113,129 @@ class ShmLink(ReconnectingLink):
         return name.split(".client-")[-1].split("-")[0] if ".client-" in name else ""
 
     def close(self) -> None:
-        for part in (self.ring, self.board, self.client):
-            if part is not None:
-                part.close()
-        self.ring = self.board = self.client = None
+        for part in self.attached.values():
+            part.close()
+        self.attached = {}
+        if self.client is not None:
+            self.client.close()
+        self.client = None
+
+    # ------------------------------------------------------------ many policies
+    def open_policies(self) -> LinkConfig:
+        """Connect and handshake without attaching: rings are attached per policy, on the
+        first ``policy(name)``."""
+        self.wanted = []
+        return self._with_retry(lambda: self.config)
+
+    def policy(self, name: str) -> BoardPolicy:
+        """Policy ``name``'s newest weights; attaches its ring first if needed (retrying)."""
+        if name not in self.wanted:
+            self.wanted.append(name)
+
+        def attach_and_read() -> BoardPolicy:
+            if name not in self.attached:
+                self._attach(self._client(), name)
+            return self._policy(name)
+        return self._with_retry(attach_and_read)
+
+    def exchange(self, sends, held: dict[str, int], get_state: bool = True) -> dict[str, BoardPolicy]:
+        """Write each fragment into its policy's ring (``stream_id`` = its slot), then one
+        SAMPLE_READY; returns the policies whose weights changed (re-sent after a reconnect).
+        ``get_state`` False: written only if connected, no reply awaited, nothing returned."""
+        if not get_state:
+            if self.client is not None and sends:
+                self._write_all(sends, held, get_state=False)
+            return {}
+        return self._with_retry(lambda: self._write_all(sends, held, get_state=True))
 
     # ------------------------------------------------------------ internals
     def _connect(self) -> None:
         client = RLlinkClient(Address("unix", path=self.socket_path)).connect()
-        client.ping(self.token)
-        cfg = client.get_config()
-        attached, ring_fd = request_ring(client, self.capacity_records)
-        layout = StepLayout.from_json(attached.layout)
-        self.ring = StepRing.attach_fd(ring_fd, attached.ring_name, expected_layout=layout)
-        fifo = os.open(attached.doorbell_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        self.ring.doorbell = Doorbell(fifo)  # FIFO doorbell: the collector sleeps on its read end
-        self.board = WeightsBoard.attach(attached.board_path)
-        self.spec = PolicySpec.from_json(attached.policy_spec)
-        self.layout = layout
-        self.config = server_config(cfg)
+        try:
+            client.ping(self.token)
+            cfg = client.get_config()
+            self.config = server_config(cfg)
+            for policy in self.wanted:
+                self._attach(client, policy)
+        except BaseException:
+            self.close()
+            client.close()
+            raise
         self.client = client
 
-    def _attached(self) -> tuple[RLlinkClient, StepRing, WeightsBoard]:
-        """Socket, ring and board; ConnectionError (so ``_with_retry`` reconnects) when detached."""
-        if self.client is None or self.ring is None or self.board is None:
-            raise ConnectionError(f"{self.socket_path}: not attached")
-        return self.client, self.ring, self.board
+    def _attach(self, client: RLlinkClient, policy: str | None) -> None:
+        attached, ring_fd = request_ring(client, self.capacity_records, policy)
+        layout = StepLayout.from_json(attached.layout)
+        ring = StepRing.attach_fd(ring_fd, attached.ring_name, expected_layout=layout)
+        fifo = os.open(attached.doorbell_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        ring.doorbell = Doorbell(fifo)  # FIFO doorbell: the collector sleeps on its read end
+        self.attached[policy] = RingAttachment(ring, WeightsBoard.attach(attached.board_path),
+                                               PolicySpec.from_json(attached.policy_spec), layout)
 
-    def _policy(self) -> BoardPolicy:
-        board = self._attached()[2]
+    def _attachment(self, policy: str | None) -> RingAttachment:
+        """The policy's ring and board; ConnectionError (so ``_with_retry`` reconnects) when
+        detached."""
+        part = self.attached.get(policy)
+        if self.client is None or part is None:
+            raise ConnectionError(f"{self.socket_path}: not attached")
+        return part
+
+    def _policy(self, policy: str | None) -> BoardPolicy:
+        part = self._attachment(policy)
         deadline = time.monotonic() + self.reconnect_timeout_s
-        while board.latest_seq_no() < 0 and time.monotonic() < deadline:
+        while part.board.latest_seq_no() < 0 and time.monotonic() < deadline:
             time.sleep(0.01)  # the learner is still starting
-        seq, flat = board.read()
-        return BoardPolicy(self.spec, flat, seq)
+        seq, flat = part.board.read()
+        return BoardPolicy(part.spec, flat, seq)
 
     def _submit(self, fragments, seq_no: int, get_state: bool) -> BoardPolicy | None:
-        client, ring, _ = self._attached()
-        records = concat_records([fragment_records(f, self.layout, 0, seq_no) for f in fragments],
-                                 self.layout.dtype)
-        ring.write_batch(records, timeout_s=WRITE_TIMEOUT_S)
-        steps = sum(f.num_steps for f in fragments)
+        part = self._attachment(None)
+        records = concat_records([fragment_records(f, part.layout, 0, seq_no) for f in fragments],
+                                 part.layout.dtype)
+        part.ring.write_batch(records, timeout_s=WRITE_TIMEOUT_S)
+        reply = self._sample_ready(sum(f.num_steps for f in fragments), get_state)
+        if reply is None:
+            return None
+        return self._policy(None) if reply.weights_seq_no != seq_no else None
+
+    def _write_all(self, sends, held: dict[str, int], get_state: bool) -> dict[str, BoardPolicy]:
+        by_policy: dict[str, list] = {}
+        for slot, frag in sends:
+            by_policy.setdefault(frag.policy_id or DEFAULT_POLICY, []).append((slot, frag))
+        for name, pairs in by_policy.items():
+            part = self._attachment(name)
+            seq = held.get(name, -1)
+            records = concat_records([fragment_records(f, part.layout, slot, seq) for slot, f in pairs],
+                                     part.layout.dtype)
+            part.ring.write_batch(records, timeout_s=WRITE_TIMEOUT_S)
+        reply = self._sample_ready(sum(f.num_steps for _, f in sends), get_state)
+        if reply is None:
+            return {}
+        seqs = reply.weights_seq_nos or {name: reply.weights_seq_no for name in self.attached}
+        return {name: self._policy(name) for name, seq in seqs.items()
+                if name in self.attached and seq != held.get(name)}
+
+    def _sample_ready(self, steps: int, get_state: bool) -> codec.WeightsReady | None:
+        client = self._client()
         client.send(codec.SampleReady(env_steps=steps, get_state=get_state))
         if not get_state:
             return None
         reply = client.recv()
         if not isinstance(reply, codec.WeightsReady):
             raise ConnectionError(f"expected WEIGHTS_READY, got {reply.TYPE.value}")
-        return self._policy() if reply.weights_seq_no != seq_no else None
+        return reply
 
 
-def request_ring(client: RLlinkClient, capacity_records: int | None = None) -> tuple[codec.Attached, int]:
-    """ATTACH on a connected Unix-socket client: the ATTACHED reply and the ring's descriptor.
+def request_ring(client: RLlinkClient, capacity_records: int | None = None,
+                 policy: str | None = None) -> tuple[codec.Attached, int]:
+    """ATTACH on a connected Unix-socket client: the ATTACHED reply and the ring's descriptor
+    (``policy``: whose ring; None asks for the default without naming it).
 
     The caller owns the descriptor (close-on-exec; ``StepRing.attach_fd`` takes it over).
     ``ServerError`` if the daemon refuses, ``ConnectionError`` if it closes.
     """
-    attached = client.request(codec.Attach(pid=os.getpid(), capacity_records=capacity_records),
-                              codec.Attached)
+    attached = client.request(codec.Attach(pid=os.getpid(), capacity_records=capacity_records,
+                                           policy=policy), codec.Attached)
     assert client.sock is not None, "request() needs a connected client"
     return attached, receive_ring_fd(client.sock)
 

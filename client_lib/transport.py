@@ -145,11 +145,15 @@ class RLlinkClient:
     def get_state(self) -> codec.SetState:
         return self.request(codec.GetState(), codec.SetState)
 
-    def episodes(self, fragments, weights_seq_no: int | None = None) -> None:
-        self.send(codec.Episodes(tuple(fragments), weights_seq_no=weights_seq_no))
+    def episodes(self, fragments, weights_seq_no: int | None = None,
+                 weights_seq_nos: dict | None = None) -> None:
+        self.send(codec.Episodes(tuple(fragments), weights_seq_no=weights_seq_no,
+                                 weights_seq_nos=weights_seq_nos))
 
-    def episodes_and_get_state(self, fragments, weights_seq_no: int | None = None) -> codec.SetState:
-        return self.request(codec.EpisodesAndGetState(tuple(fragments), weights_seq_no=weights_seq_no),
+    def episodes_and_get_state(self, fragments, weights_seq_no: int | None = None,
+                               weights_seq_nos: dict | None = None) -> codec.SetState:
+        return self.request(codec.EpisodesAndGetState(tuple(fragments), weights_seq_no=weights_seq_no,
+                                                      weights_seq_nos=weights_seq_nos),
                             codec.SetState)
 
     def status(self, token: str | None = None) -> dict:

@@ -211,6 +211,47 @@ def _native(columns: Columns, space: Space, path: tuple, row: int) -> Any:
     return int(value) if value.ndim == 0 else value
 
 
+def native_batch(columns: Columns, space: Space) -> Any:
+    """All rows as a gymnasium VectorEnv gives/takes them: dict of batches for Dict, tuple of
+    batches for Tuple, the column [N, *shape] for a leaf (Discrete: int64 [N])."""
+    return _native_batch(columns, space, ())
+
+
+def _native_batch(columns: Columns, space: Space, path: tuple) -> Any:
+    if isinstance(space, Dict):
+        return {k: _native_batch(columns, s, (*path, k)) for k, s in space.spaces}
+    if isinstance(space, Tuple):
+        return tuple(_native_batch(columns, s, (*path, i)) for i, s in enumerate(space.spaces))
+    column = columns[path_key(path)]
+    return column.astype(np.int64) if column.ndim == 1 and column.dtype.kind in "iu" else column
+
+
+def batch_columns(value: Any, space: Space, rows: int, prefix: str) -> Columns:
+    """A VectorEnv's batched value (the form ``native_batch`` gives: dict of batches, tuple
+    of batches, arrays [rows, ...]) → validated leaf columns. Raises InvalidValue."""
+    out: Columns = {}
+    _batch(value, space, (), rows, prefix, out)
+    return out
+
+
+def _batch(value: Any, space: Space, path: tuple, rows: int, prefix: str, out: Columns) -> None:
+    if isinstance(space, LeafSpace):
+        out[path_key(path)] = leaf_column(value, space, rows, path_display(prefix, path))
+        return
+    where = path_display(prefix, path)
+    if isinstance(space, Dict):
+        if not isinstance(value, Mapping):
+            raise InvalidValue(f"{where}: expected a dict of batched values")
+        _expect_keys(value, space, where)
+        for key, sub in space.spaces:
+            _batch(value[key], sub, (*path, key), rows, prefix, out)
+    elif isinstance(space, Tuple):
+        if not isinstance(value, (list, tuple)) or len(value) != len(space.spaces):
+            raise InvalidValue(f"{where}: expected a tuple of {len(space.spaces)} batched values")
+        for i, sub in enumerate(space.spaces):
+            _batch(value[i], sub, (*path, i), rows, prefix, out)
+
+
 # ---------------------------------------------------------------- to the wire
 def to_wire(columns: Columns, space: Space, compact: bool) -> Any:
     """Column set → JSON-ready value. ``compact`` False: the plain RLlink per-step form (any

@@ -1,0 +1,129 @@
+"""Many agents per connection against a real daemon: connect_multi over TCP and shared
+memory (agents joining and leaving, per-agent episodes in the daemon's counters), a
+VectorEnv through run_env, and the cooperative Rendezvous task learned with parameter
+sharing (tests/tasks/rendezvous.py).
+
+These need the collector's side of issue 11 (agent streams; SET_CONFIG announcing
+``max_agents_per_connection``). Against a daemon without it, connect_multi raises
+MultiAgentUnsupported and each test skips saying so.
+"""
+from __future__ import annotations
+
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rlinkd.client_lib import run_env
+from rlinkd.client_lib.multi import MultiAgentUnsupported, connect_multi, connect_vector
+from tests.helpers import wait_for
+from tests.tasks.rendezvous import (ACTION_SPACE_TOML, OBSERVATION_SPACE_TOML, Rendezvous,
+                                    returns)
+
+pytestmark = pytest.mark.process
+
+NOT_READY = ("the daemon does not support many agents per connection yet (collector side of "
+             "issue 11, branch h-collector, not merged)")
+
+
+def address(d, transport: str) -> str:
+    return f"tcp://127.0.0.1:{d.port}" if transport == "tcp" else f"shm:{d.state_dir}"
+
+
+def connect_or_skip(connect, *args, **kwargs):
+    try:
+        return connect(*args, **kwargs)
+    except MultiAgentUnsupported:
+        pytest.skip(NOT_READY)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_agents_join_and_leave_over_one_connection(daemon, transport):
+    client = connect_or_skip(connect_multi, address(daemon, transport), seed=0)
+    rng = np.random.default_rng(0)
+    obs = {f"car-{i}": rng.uniform(-0.05, 0.05, 4).astype(np.float32) for i in range(3)}
+    ended, steps = 0, 0
+    while client.steps_synced < 2 * client.env_steps_per_sample:
+        actions = client.act(obs)
+        assert set(actions) == set(obs) and all(a in (0, 1) for a in actions.values())
+        terminated = {a: bool(rng.random() < 0.05) for a in actions}
+        client.step({a: 1.0 for a in actions}, obs, terminated)
+        steps += len(actions)
+        ended += sum(terminated.values())
+        obs = {a: o for a, o in obs.items() if not terminated[a]}
+        while len(obs) < 3:  # newcomers (fresh ids) and returning ids both start episodes
+            obs[f"car-{rng.integers(6)}"] = rng.uniform(-0.05, 0.05, 4).astype(np.float32)
+    assert client.weights_seq_nos()["default"] >= 1
+    client.close()
+    status = wait_for(lambda: (s := daemon.status())["env_steps"] >= steps and s, 20,
+                      what="every agent step ingested")
+    assert status["env_steps"] == steps and status["protocol_errors"] == 0, status
+    assert status["episodes"] >= ended, status
+
+
+def test_run_env_drives_a_vector_env(daemon):
+    env = gym.make_vec("CartPole-v1", num_envs=8, vectorization_mode="sync")
+    try:
+        stats = run_env(env, f"tcp://127.0.0.1:{daemon.port}", steps=2048, seed=1)
+    except MultiAgentUnsupported:
+        pytest.skip(NOT_READY)
+    assert stats.steps == 2048 and stats.episodes > 0
+    status = wait_for(lambda: (s := daemon.status())["env_steps"] >= 2048 and s, 20,
+                      what="steps ingested")
+    assert status["episodes"] >= stats.episodes and status["protocol_errors"] == 0, status
+
+
+def test_vector_client_over_shared_memory(daemon):
+    client = connect_or_skip(connect_vector, f"shm:{daemon.state_dir}", 16, seed=2)
+    env = gym.make_vec("CartPole-v1", num_envs=16, vectorization_mode="sync")
+    run_env(env, client, steps=2 * client.env_steps_per_sample, seed=2)
+    client.close()
+    status = wait_for(lambda: (s := daemon.status())["env_steps"] >= 2 * client.env_steps_per_sample
+                      and s, 20, what="steps ingested")
+    assert status["weights_seq_no"] >= 1 and status["protocol_errors"] == 0, status
+
+
+CONFIG = f"""
+[env]
+observation_space = {OBSERVATION_SPACE_TOML}
+action_space = {ACTION_SPACE_TOML}
+
+[sampling]
+env_steps_per_sample = 128
+train_batch_size = 128
+
+[ppo]
+lr = 0.003
+num_epochs = 6
+minibatch_size = 128
+ent_coef = 0.01
+"""
+TRAIN_S = 30.0
+TARGET_RETURN = 8.0  # per agent episode: random ~0.5, "always right" ~4.5, optimum ~17
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_rendezvous_is_learned_with_parameter_sharing(daemon_factory, tmp_path, transport):
+    config = tmp_path / "rendezvous.toml"
+    config.write_text(CONFIG)
+    d = daemon_factory("--config", str(config))
+    client = connect_or_skip(connect_multi, address(d, transport), seed=0)
+
+    def greedy(obs):  # acts as "eval-<id>" agents whose steps are never recorded
+        out = client.act({f"eval-{a}": o for a, o in obs.items()}, explore=False)
+        for agent in out:
+            client.episodes[agent].pending = None
+        return {a.removeprefix("eval-"): action for a, action in out.items()}
+
+    deadline, steps, score = time.monotonic() + TRAIN_S, 0, 0.0
+    while time.monotonic() < deadline and score < TARGET_RETURN:  # train ~5 s, then evaluate
+        chunk_end = min(deadline, time.monotonic() + 5.0)
+        steps += run_env(Rendezvous(), client, seed=steps,
+                         should_stop=lambda s, end=chunk_end: time.monotonic() > end).steps
+        score = returns(greedy, episodes=30)
+    status = d.status()
+    client.close()
+    print(f"{transport}: greedy return {score:.2f} after {steps} agent steps")
+    assert status["protocol_errors"] == 0, status
+    assert score >= TARGET_RETURN, (score, steps, status["learner"])
