@@ -97,6 +97,10 @@ def _add_client(client: argparse.ArgumentParser) -> None:
     client.add_argument("--token", help="the daemon's shared secret (`server.token`), if set")
     client.add_argument("--seed", type=int, help="seeds the env resets and the action sampling")
     client.add_argument("--greedy", action="store_true", help="no exploration")
+    client.add_argument("--num-envs", type=int, default=1, metavar="N",
+                        help="step N copies of the env in this process (a gymnasium vector "
+                             "env, one connection, one batched act per step; default: "
+                             "%(default)s)")
     client.add_argument("--report-every-s", type=float, default=5.0,
                         help="seconds between JSON progress lines (default: %(default)g)")
     _add_state_dir(client)
@@ -108,6 +112,9 @@ def _add_demo(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("--transport", choices=("tcp", "shm", "mixed"), default="tcp",
                       help="how the clients connect; mixed alternates TCP and shared memory "
                            "(default: %(default)s)")
+    demo.add_argument("--num-envs", type=int, default=1, metavar="N",
+                      help="env copies each client steps (a vectorized client; default: "
+                           "%(default)s)")
     demo.add_argument("--target", type=float, default=450.0,
                       help="stop, solved, once the mean return of the last 20 episodes "
                            "reaches this (default: %(default)g)")
@@ -125,8 +132,8 @@ def _add_export(export: argparse.ArgumentParser) -> None:
     source.add_argument("--checkpoint", metavar="PATH",
                         help="export this checkpoint (a ckpt-NNNNNN directory) instead")
     export.add_argument("--policy", default="default", metavar="NAME",
-                        help="which policy to export (default: %(default)s, the only one "
-                             "until multi-agent training exists)")
+                        help="which policy to export (default: %(default)s; a checkpoint "
+                             "holds every trainable policy, see [policies.NAME])")
     export.add_argument("--out", required=True, metavar="FILE.onnx",
                         help="the ONNX file to write; its description goes beside it as "
                              "FILE.json (replaced atomically if they exist)")

@@ -19,7 +19,11 @@ def run_client(args: argparse.Namespace) -> int:
     import gymnasium as gym
     from rlinkd.client_lib.runner import run_env
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwind: run_env closes the agent
-    env = gym.make(args.env)
+    if args.num_envs < 1:
+        print("rlinkd client: --num-envs must be at least 1", file=sys.stderr)
+        return 64
+    env = (gym.make(args.env) if args.num_envs == 1 else
+           gym.make_vec(args.env, num_envs=args.num_envs, vectorization_mode="sync"))
     next_report = [time.monotonic() + args.report_every_s]
 
     def on_episode(stats, episode_return: float) -> None:
