@@ -131,7 +131,8 @@ def check_foreign_onnx(spec: PolicySpec, data: bytes, where: str) -> None:
     init_names = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in init_names]
     leaves = [leaf.key for leaf in spec.obs_space.leaves()]
-    if not (len(inputs) == 1 == len(leaves) or sorted(_leaf_of(i.name) for i in inputs) == sorted(leaves)):
+    fed = sorted(str(_leaf_of(i.name)) for i in inputs)  # "None": not a leaf name
+    if not (len(inputs) == 1 == len(leaves) or fed == sorted(leaves)):
         raise ConfigError(f"{where}: inputs {[i.name for i in inputs]} do not match the "
                           f"observation leaves {leaves} of this policy")
     out = model.graph.output[0].type.tensor_type.shape.dim
