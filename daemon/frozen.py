@@ -131,7 +131,7 @@ def check_foreign_onnx(spec: PolicySpec, data: bytes, where: str) -> None:
     init_names = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in init_names]
     leaves = [leaf.key for leaf in spec.obs_space.leaves()]
-    fed = sorted(str(_leaf_of(i.name)) for i in inputs)  # "None": not a leaf name
+    fed = sorted(_leaf_of(i.name) for i in inputs)
     if not (len(inputs) == 1 == len(leaves) or fed == sorted(leaves)):
         raise ConfigError(f"{where}: inputs {[i.name for i in inputs]} do not match the "
                           f"observation leaves {leaves} of this policy")
@@ -142,8 +142,9 @@ def check_foreign_onnx(spec: PolicySpec, data: bytes, where: str) -> None:
                           f"numbers per row, this policy's action space needs {spec.dist_size}")
 
 
-def _leaf_of(name: str) -> str | None:
+def _leaf_of(name: str) -> str:
+    """The leaf an input feeds; "\0" (no leaf key can hold it) when it names none."""
     try:
         return onnx_input_key(name)
     except ValueError:
-        return None
+        return "\0"
