@@ -67,6 +67,16 @@ def load_frozen(d: PolicyDef) -> FrozenWeights:
     return FrozenWeights(flat, None if flat is not None else data)
 
 
+def foreign_onnx(d: PolicyDef) -> bytes | None:
+    """The model file of a frozen policy trained elsewhere (served as is), else None (its
+    weights are on the board). For the collector: reads no checkpoint, imports no torch."""
+    path = Path(d.load_from).expanduser()
+    if d.trainable or not path.is_file():
+        return None
+    data = _read_onnx(path, f"policies.{d.name}.load_from = {d.load_from!r}")
+    return data if onnx_flat_weights(d.spec, data) is None else None
+
+
 def _checkpoint_policy(d: PolicyDef, path: Path, where: str) -> tuple[store.Checkpoint, str]:
     """The verified checkpoint and which of its policies to load (same name, else default);
     ConfigError when it holds neither or was trained for another network."""

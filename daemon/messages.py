@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
@@ -258,6 +258,17 @@ class Listening:
     unix_socket: str
 
 
+@dataclass(frozen=True)
+class PolicyDigest:
+    """One more policy's figures in a CollectorStatus (TensorBoard ``policy/<name>/...``)."""
+
+    weights_seq_no: int
+    episodes: int
+    episode_return_mean: float | None
+    learner: LearnerState | None
+    update: TrainStats | None
+
+
 @message(to=SUPERVISOR)
 @dataclass(frozen=True)
 class CollectorStatus:
@@ -273,6 +284,7 @@ class CollectorStatus:
     dropped_episodes: int
     learner: LearnerState | None
     update: TrainStats | None
+    policies: dict[str, PolicyDigest] = field(default_factory=dict)  # every other policy
 
 
 @message(to=SUPERVISOR)

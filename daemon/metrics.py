@@ -2,7 +2,9 @@
 
 Every ``CollectorStatus`` (once per ``status_interval_s``) becomes one TensorBoard event
 at step = env_steps under ``<state_dir>/tensorboard``: episode return and length,
-policy and value loss, KL, entropy, env steps/s, policy lag, connected clients. An I/O
+policy and value loss, KL, entropy, env steps/s, policy lag, connected clients; with
+several policies, each other policy's return, version and learner stats under
+``policy/<name>/``. An I/O
 error disables the output (logged once); training never stops for metrics.
 """
 from __future__ import annotations
@@ -35,13 +37,29 @@ SCALARS = {
 }
 
 
+POLICY_SCALARS = {
+    "episode/return_mean": ("", "episode_return_mean"),
+    "weights_seq_no": ("", "weights_seq_no"),
+    **{tag: where for tag, where in SCALARS.items() if where[0] in ("update", "learner")},
+}
+"""Tags written per policy other than the default, as ``policy/<name>/<tag>``."""
+
+
 def scalars_from_status(status: CollectorStatus) -> dict[str, float]:
-    """The TensorBoard scalars in one status report (missing values are left out)."""
+    """The TensorBoard scalars in one status report (missing values are left out): the
+    default policy's under the plain tags, every other policy's under ``policy/<name>/``."""
+    out = _scalars(status, SCALARS, "")
+    for name, digest in status.policies.items():
+        out |= _scalars(digest, POLICY_SCALARS, f"policy/{name}/")
+    return out
+
+
+def _scalars(source: object, table: dict[str, tuple[str, str]], prefix: str) -> dict[str, float]:
     out = {}
-    for tag, (part, name) in SCALARS.items():
-        value = getattr(getattr(status, part) if part else status, name, None)
+    for tag, (part, name) in table.items():
+        value = getattr(getattr(source, part) if part else source, name, None)
         if value is not None:
-            out[tag] = float(value)
+            out[prefix + tag] = float(value)
     return out
 
 

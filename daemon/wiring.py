@@ -175,9 +175,14 @@ def build_topology(cfg: Config) -> Topology:
                     counters=counters, shm_prefix=prefix)
 
 
+def step_layout(d: PolicyDef) -> StepLayout:
+    """The step-record layout of one policy's rings: a field per observation leaf."""
+    return StepLayout(record_fields(d.obs_space), d.act_space.action_size, d.spec.dist_size)
+
+
 def _policy_segments(cfg: Config, d: PolicyDef, path) -> PolicyTopology:
     """One policy's segments, named ``<prefix>.<kind>.<policy>``."""
-    layout = StepLayout(record_fields(d.obs_space), d.act_space.action_size, d.spec.dist_size)
+    layout = step_layout(d)
     # learner → collector (SET_STATE), connector (values), shm clients (inference)
     board = path(f"board.{d.name}")
     WeightsBoard.create(board, d.spec.n_params(), _spec_json(d.spec)).close()

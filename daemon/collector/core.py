@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import itertools
 import re
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -17,12 +18,17 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rlinkd.client_lib.protocol import codec
-from rlinkd.client_lib.protocol.codec import BadMessage, Message
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
+from rlinkd.client_lib.protocol.codec import BadMessage, EpisodeFragment, Message
+from rlinkd.client_lib.protocol.fragments import Fragment
 from rlinkd.client_lib.protocol.records import concat_records, fragment_records
 from rlinkd.daemon.collector.admission import Admission
-from rlinkd.daemon.collector.ingest import (EpisodeStats, EpisodeTracker, Limits, Spaces,
-                                           validate_fragment)
+from rlinkd.daemon.collector.ingest import (EpisodeStats, EpisodeTracker, InvalidEpisode, Limits,
+                                           Spaces, validate_fragment)
+from rlinkd.client_lib.protocol.masking import mask_spec
 from rlinkd.daemon.config import Config
+from rlinkd.daemon.policies import PolicyDef
+from rlinkd.daemon.wiring import step_layout
 from rlinkd.shm.records import StepLayout
 
 
@@ -65,50 +71,108 @@ class Session:
     is_shm: bool = False
     waits_for_state: bool = False  # has sent EPISODES_AND_GET_STATE: an on-policy sampler
     last_sent_seq: int = -1
-    waiting_cutoff: int | None = None
+    last_sent_seqs: dict[str, int] = field(default_factory=dict)  # other policies' versions sent
+    waiting: dict[str, int] = field(default_factory=dict)  # policy -> ingest id to be trained on
     waiting_since: float = 0.0
     env_steps: int = 0
+    agents: dict[str, AgentState] = field(default_factory=dict)  # open episodes; "" = no agent_id
+    ended: OrderedDict = field(default_factory=OrderedDict)  # (agent, episode_id) seen ending
+    shm_policies: set[str] = field(default_factory=set)  # policies with an attached ring
+
+    @property
+    def is_waiting(self) -> bool:
+        return bool(self.waiting)
+
+
+@dataclass
+class AgentState:
+    """One agent of a connection while its episode is open (cut, to be continued)."""
+
+    policy: str
     tracker: EpisodeTracker = field(default_factory=EpisodeTracker)
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """What the core knows of one policy: what its episodes are checked against, their record
+    layout, and whether they are trained (a frozen policy's episodes are only counted)."""
+
+    spaces: Spaces
+    layout: StepLayout
+    trainable: bool = True
+
+
+def policy_info(d: PolicyDef) -> PolicyInfo:
+    """What the collector checks a policy's episodes against (spaces, mask, record layout)."""
+    spaces = Spaces(d.obs_space, d.act_space, d.spec.dist_size,
+                    mask_spec(d.obs_space, d.act_space, d.mask_key))
+    return PolicyInfo(spaces, step_layout(d), d.trainable)
+
+
+def single_policy(spaces: Spaces, layout: StepLayout) -> dict[str, PolicyInfo]:
+    """The policies of a daemon with only the default one (tests, tools)."""
+    return {DEFAULT_POLICY: PolicyInfo(spaces, layout)}
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One validated fragment of a message, before anything is counted."""
+
+    agent: str          # "" when the fragment has no agent_id
+    policy: str
+    frag: Fragment
+    episode_id: str | None
 
 
 @dataclass
 class Plan:
     """What the shell must do for one message, in this order."""
 
-    records: np.ndarray | None = None    # ingest into the episode ring
+    records: dict[str, np.ndarray] | None = None  # by policy: ingest into its episode ring
     reply: bytes | None = None           # send now
     newest_state: bool = False           # send SET_STATE with the newest weights
     wait_for_training: bool = False      # send SET_STATE once trained on the records
     status: bool = False                 # send a STATUS_REPORT
     attach: int | None = None            # shm: create a ring of this many records (0: default)
+    attach_policy: str = DEFAULT_POLICY  # shm: ... for this policy's agents
+    held: dict[str, int] | None = None   # versions the client holds (SET_STATE omits their models)
     shm_sample: codec.SampleReady | None = None  # shm: drain the ring, then reply WEIGHTS_READY
 
 
 class WaitBook:
-    """On-policy clients waiting for weights trained on their records.
+    """On-policy clients waiting for weights trained on their records, per policy.
 
-    ``cutoff`` is the last ingest id a client's records got; weights published with
-    ``cutoff_ingest_id >= cutoff`` satisfy it. ``should_flush`` says when every
-    on-policy sampler is waiting (or one has waited too long): the shell then asks
-    the connector to build a batch from whatever has arrived.
+    ``session.waiting[policy]`` is the last ingest id (in that policy's episode ring) the
+    client's records got; weights of that policy published with ``cutoff_ingest_id >=`` it
+    satisfy that part; the client is released once no part is left. ``should_flush(policy)``
+    says when every on-policy sampler is waiting (on any policy) or one has waited too long
+    and some wait on ``policy``: the shell then asks the connector for a batch of that
+    policy from whatever has arrived — so a policy that gets little data holds up no one.
     """
 
     def __init__(self, max_wait_s: float) -> None:
         self.max_wait_s = max_wait_s
-        self.last_flush_cutoff = -1
+        self.last_flush_cutoff: dict[str, int] = {}
 
-    def start_wait(self, session: Session, cutoff: int, now: float) -> None:
-        session.waiting_cutoff, session.waiting_since = cutoff, now
+    def start_wait(self, session: Session, cutoffs: dict[str, int], now: float) -> None:
+        session.waiting, session.waiting_since = dict(cutoffs), now
 
-    def released(self, sessions: list[Session], cutoff: int) -> list[Session]:
-        done = [s for s in sessions if s.waiting_cutoff is not None and s.waiting_cutoff <= cutoff]
-        for s in done:
-            s.waiting_cutoff = None
+    def released(self, sessions: list[Session], policy: str, cutoff: int) -> list[Session]:
+        """Sessions whose last wait ``policy``'s weights up to ``cutoff`` satisfied."""
+        done = []
+        for s in sessions:
+            if s.waiting.get(policy, cutoff + 1) <= cutoff:
+                del s.waiting[policy]
+                if not s.waiting:
+                    done.append(s)
         return done
 
-    def should_flush(self, samplers: list[Session], last_ingest_id: int, now: float) -> bool:
-        waiting = [s for s in samplers if s.waiting_cutoff is not None]
-        if not waiting or last_ingest_id <= self.last_flush_cutoff:
+    def should_flush(self, samplers: list[Session], policy: str, last_ingest_id: int,
+                     now: float) -> bool:
+        waiting = [s for s in samplers if s.waiting]
+        if not any(policy in s.waiting for s in waiting):
+            return False
+        if last_ingest_id <= self.last_flush_cutoff.get(policy, -1):
             return False
         all_waiting = len(waiting) == len(samplers)
         overdue = any(now - s.waiting_since > self.max_wait_s for s in waiting)
@@ -118,11 +182,15 @@ class WaitBook:
 class CollectorCore:
     """Protocol semantics and counters. Called only from the collector's event loop."""
 
-    def __init__(self, cfg: Config, spaces: Spaces, layout: StepLayout,
+    def __init__(self, cfg: Config, policies: dict[str, PolicyInfo],
                  counters: dict | None = None) -> None:
         self.cfg = cfg
-        self.spaces, self.layout = spaces, layout
+        self.policies = policies
+        self.mapping = cfg.policy_mapping
         self.limits = Limits(cfg.server.max_episode_steps, cfg.server.max_obs_floats)
+        self.max_agents = cfg.server.max_agents_per_connection
+        self.policy_stats = {name: EpisodeStats() for name in policies}
+        self.policy_steps = dict.fromkeys(policies, 0)
         self.sessions: dict[int, Session] = {}
         self.admission = Admission(cfg.server.max_connections, cfg.server.max_pending_connections)
         self.waits = WaitBook(cfg.sampling.max_wait_for_batch_s)
@@ -142,6 +210,14 @@ class CollectorCore:
                           authenticated=not self.cfg.server.token)
         self.sessions[sid] = session
         return session
+
+    def new_stream_id(self) -> int:
+        """A stream id no session or agent has (shared-memory agent slots get one each)."""
+        return next(self._ids)
+
+    def open_agents(self) -> int:
+        """Agents with an episode in progress on a TCP connection (shm slots not counted)."""
+        return sum(len(s.agents) for s in self.sessions.values())
 
     def close_session(self, session: Session) -> None:
         self.sessions.pop(session.id, None)
@@ -182,16 +258,21 @@ class CollectorCore:
         return Plan(reply=codec.encode(codec.Pong()))
 
     def _get_config(self, session: Session, msg: codec.GetConfig) -> Plan:
-        s = self.cfg.sampling
+        s, default = self.cfg.sampling, self.policies[DEFAULT_POLICY].spaces
+        policies = {name: {"observation_space": p.spaces.obs.to_json(),
+                           "action_space": p.spaces.act.to_json(), "trainable": p.trainable}
+                    for name, p in self.policies.items()}
         reply = codec.SetConfig(env_steps_per_sample=s.env_steps_per_sample,
                                 force_on_policy=s.force_on_policy,
-                                observation_space=self.spaces.obs.to_json(),
-                                action_space=self.spaces.act.to_json(),
-                                protocol_version=codec.PROTOCOL_VERSION, compact_arrays=True)
+                                observation_space=default.obs.to_json(),
+                                action_space=default.act.to_json(),
+                                protocol_version=codec.PROTOCOL_VERSION, compact_arrays=True,
+                                policies=policies, policy_mapping=self.mapping.to_json(),
+                                max_agents_per_connection=self.max_agents)
         return Plan(reply=codec.encode(reply))
 
     def _get_state(self, session: Session, msg: codec.GetState) -> Plan:
-        return Plan(newest_state=True)
+        return Plan(newest_state=True, held=msg.weights_seq_nos)
 
     def _status(self, session: Session, msg: codec.Status) -> Plan:
         return Plan(status=True)
@@ -199,19 +280,23 @@ class CollectorCore:
     def _episodes(self, session: Session, msg: codec.Episodes) -> Plan:
         records = self.ingest(session, msg)
         wants_state = isinstance(msg, codec.EpisodesAndGetState)
-        # no records (``episodes: []``): nothing to train on, the newest weights qualify
-        on_policy = wants_state and self.cfg.sampling.force_on_policy and len(records) > 0
+        # no records to train on (``episodes: []``, or only frozen policies'): the newest qualify
+        on_policy = wants_state and self.cfg.sampling.force_on_policy and bool(records)
         session.waits_for_state = session.waits_for_state or on_policy
         return Plan(records=records, newest_state=wants_state and not on_policy,
-                    wait_for_training=on_policy)
+                    wait_for_training=on_policy, held=msg.weights_seq_nos)
 
     def _attach(self, session: Session, msg: codec.Attach) -> Plan:
         if session.transport != "unix":
             raise BadMessage("ATTACH is only accepted on the daemon's Unix socket")
-        if session.is_shm:
-            raise BadMessage("this connection is already attached")
+        policy = msg.policy or DEFAULT_POLICY
+        if policy not in self.policies:
+            raise BadMessage(f"ATTACH: unknown policy {policy!r} (known: {', '.join(self.policies)})")
+        if policy in session.shm_policies:
+            raise BadMessage(f"this connection is already attached for policy {policy!r}")
         session.is_shm = True
-        return Plan(attach=msg.capacity_records or 0)
+        session.shm_policies.add(policy)
+        return Plan(attach=msg.capacity_records or 0, attach_policy=policy)
 
     def _sample_ready(self, session: Session, msg: codec.SampleReady) -> Plan:
         if not session.is_shm:
@@ -227,27 +312,95 @@ class CollectorCore:
         codec.Attach: _attach, codec.SampleReady: _sample_ready}
 
     # ------------------------------------------------------------ ingestion
-    def ingest(self, session: Session, msg: codec.Episodes) -> np.ndarray:
-        """Validate every fragment first (all or nothing), then convert and count."""
-        frags = [validate_fragment(f, self.spaces, self.limits, f"episodes[{i}]")
-                 for i, f in enumerate(msg.episodes)]
-        seq = msg.weights_seq_no if msg.weights_seq_no is not None else session.last_sent_seq
-        parts = [fragment_records(f, self.layout, session.stream_id, seq) for f in frags]
+    def ingest(self, session: Session, msg: codec.Episodes) -> dict[str, np.ndarray]:
+        """Validate every fragment first (all or nothing), then count; the step records of
+        each trainable policy's fragments, by policy (frozen policies' are only counted)."""
+        checked = self._check_all(session, msg.episodes)
+        parts: dict[str, list[np.ndarray]] = {}
+        for c in checked:
+            self._account(session, c)
+            info = self.policies[c.policy]
+            if info.trainable:
+                seq = self._behaviour_seq(session, msg, c.policy)
+                parts.setdefault(c.policy, []).append(
+                    fragment_records(c.frag, info.layout, session.stream_id, seq))
         session.is_sampler = True
-        for frag in frags:
-            for ret, length in session.tracker.add(frag):
-                self.stats.record(ret, length)
-        steps = sum(f.num_steps for f in frags)
+        return {p: concat_records(v, self.policies[p].layout.dtype) for p, v in parts.items()}
+
+    def _check_all(self, session: Session, episodes) -> list[Checked]:
+        """Every fragment checked against its agent's policy, the agent limit, episode ids."""
+        checked, known = [], set(session.agents)
+        ended: set[tuple[str, str]] = set()
+        for i, wire in enumerate(episodes):
+            c = self._check(session, wire, i, ended)
+            if c.agent not in known:
+                known.add(c.agent)
+                if len(known) > self.max_agents:
+                    raise InvalidEpisode(f"episodes[{i}]: agent {c.agent!r} is one more than "
+                                         f"server.max_agents_per_connection={self.max_agents}")
+            if c.episode_id is not None and (c.frag.is_terminated or c.frag.is_truncated):
+                ended.add((c.agent, c.episode_id))
+            checked.append(c)
+        return checked
+
+    def _check(self, session: Session, wire: EpisodeFragment, i: int, ended: set) -> Checked:
+        agent = wire.agent_id or ""
+        where = f"episodes[{i}] (agent {agent!r})" if agent else f"episodes[{i}]"
+        policy = wire.policy_id or self.mapping.policy_for(wire.agent_id)
+        if policy not in self.policies:
+            raise InvalidEpisode(f"{where}: unknown policy {policy!r} (known: "
+                                 f"{', '.join(self.policies)})")
+        key = (agent, wire.episode_id)
+        if wire.episode_id is not None and (key in session.ended or key in ended):
+            raise InvalidEpisode(f"{where}: episode {wire.episode_id!r} already ended")
+        frag = validate_fragment(wire, self.policies[policy].spaces, self.limits, where)
+        state = session.agents.get(agent)
+        if (state is not None and state.policy != policy and state.tracker.last_obs is not None
+                and frag.first_obs_equals(state.tracker.last_obs, -1)):
+            raise InvalidEpisode(f"{where}: continues an episode of policy {state.policy!r} "
+                                 f"with policy {policy!r}")
+        return Checked(agent, policy, frag, wire.episode_id)
+
+    def _account(self, session: Session, c: Checked) -> None:
+        """Count one checked fragment: steps, the episodes it completes, the agent's state."""
+        state = session.agents.get(c.agent)
+        if state is None or state.policy != c.policy:
+            state = AgentState(c.policy)
+        for ret, length in state.tracker.add(c.frag):
+            self.stats.record(ret, length)
+            self.policy_stats[c.policy].record(ret, length)
+        if c.frag.is_terminated or c.frag.is_truncated:
+            session.agents.pop(c.agent, None)
+            if c.episode_id is not None:
+                session.ended[(c.agent, c.episode_id)] = None
+                while len(session.ended) > 4 * self.max_agents:
+                    session.ended.popitem(last=False)
+        else:
+            session.agents[c.agent] = state
+        steps = c.frag.num_steps
         session.env_steps += steps
         self.env_steps += steps
-        return concat_records(parts, self.layout.dtype)
+        self.policy_steps[c.policy] += steps
 
-    def count_shm(self, session: Session, steps: int, episodes: list[tuple[float, int]]) -> None:
+    @staticmethod
+    def _behaviour_seq(session: Session, msg: codec.Episodes, policy: str) -> int:
+        """The version that acted: the client's word for it, else the last one sent."""
+        said = (msg.weights_seq_nos or {}).get(policy)
+        if said is None and policy == DEFAULT_POLICY:
+            said = msg.weights_seq_no
+        if said is not None:
+            return said
+        return session.last_sent_seq if policy == DEFAULT_POLICY else session.last_sent_seqs.get(policy, -1)
+
+    def count_shm(self, session: Session, policy: str, steps: int,
+                  episodes: list[tuple[float, int]]) -> None:
         """Account records a shared-memory client wrote (steps and finished episodes)."""
         session.env_steps += steps
         self.env_steps += steps
+        self.policy_steps[policy] += steps
         for ret, length in episodes:
             self.stats.record(ret, length)
+            self.policy_stats[policy].record(ret, length)
 
     def counters(self) -> dict:
         """Counters a checkpoint keeps so a restarted daemon continues them."""

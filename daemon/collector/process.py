@@ -12,20 +12,19 @@ import time
 
 import structlog
 
-from rlinkd.client_lib.protocol.masking import mask_spec
 from rlinkd.daemon import messages as m
-from rlinkd.daemon.collector.core import CollectorCore
-from rlinkd.daemon.collector.ingest import Spaces
-from rlinkd.daemon.collector.server import CollectorServer
+from rlinkd.daemon.collector.core import CollectorCore, policy_info
+from rlinkd.daemon.collector.server import CollectorServer, EpisodeRoute
 from rlinkd.daemon.collector.shm_clients import ShmClients
 from rlinkd.daemon.collector.shm_server import ShmIngestor
 from rlinkd.daemon.collector.status import StatusBuilder
-from rlinkd.daemon.collector.weights import WeightsCache
+from rlinkd.daemon.collector.weights import StaticWeights, WeightsCache
+from rlinkd.daemon.frozen import foreign_onnx
 from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import RoleContext
 from rlinkd.daemon.tls import server_context
-from rlinkd.daemon.wiring import Topology
+from rlinkd.daemon.wiring import PolicyTopology, Topology
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.ring import StepRing
@@ -45,18 +44,17 @@ class CollectorProcess:
 
     def __init__(self, topo: Topology, ctx: RoleContext) -> None:
         self.topo, self.ctx = topo, ctx
-        policy = topo.default
-        self.ring = StepRing.attach(policy.episode_ring_path, expected_layout=policy.layout,
-                                    doorbell=Doorbell.from_fd(topo.episode_doorbell.fd),
-                                    space_doorbell=Doorbell.from_fd(topo.episode_space_doorbell.fd))
-        self.board = WeightsBoard.attach(policy.board_path)
-        self.spaces = Spaces(policy.obs_space, policy.act_space, policy.spec.dist_size,
-                             mask_spec(policy.obs_space, policy.act_space,
-                                       policy.definition.mask_key))
-        core = CollectorCore(topo.cfg, self.spaces, policy.layout, topo.read_counters())
-        weights = WeightsCache(self.board, policy.spec)
-        self.status = StatusBuilder(topo, core, weights, ring=self.ring)
-        self.server = CollectorServer(core, self.ring, weights, self.status,
+        doorbell = Doorbell.from_fd(topo.episode_doorbell.fd)
+        space_doorbell = Doorbell.from_fd(topo.episode_space_doorbell.fd)
+        self.routes = {p.name: EpisodeRoute(StepRing.attach(
+            p.episode_ring_path, expected_layout=p.layout, doorbell=doorbell,
+            space_doorbell=space_doorbell)) for p in topo.trainable()}
+        self.boards = {name: WeightsBoard.attach(p.board_path) for name, p in topo.policies.items()}
+        self.policies = {name: policy_info(p.definition) for name, p in topo.policies.items()}
+        core = CollectorCore(topo.cfg, self.policies, topo.read_counters())
+        weights = {name: weights_cache(p, self.boards[name]) for name, p in topo.policies.items()}
+        self.status = StatusBuilder(topo, core, weights, routes=self.routes)
+        self.server = CollectorServer(core, self.routes, weights, self.status,
                                       make_shm=self._make_shm_ingestor,
                                       ssl_ctx=server_context(topo.cfg.server),
                                       on_ingest=lambda: topo.write_counters(core.counters()))
@@ -70,7 +68,8 @@ class CollectorProcess:
     def _make_shm_ingestor(self, server: CollectorServer) -> ShmIngestor:
         """Called once, by ``CollectorServer.__init__``."""
         topo = self.topo
-        clients = ShmClients(topo.shm_prefix, topo.default.layout, self.spaces)
+        clients = ShmClients(topo.shm_prefix, self.policies, topo.cfg.server.max_agents_per_connection,
+                             server.core.new_stream_id)
         return ShmIngestor(server, clients, topo.cfg.runtime_dir / "doorbell.fifo",
                            attached_info(topo))
 
@@ -83,7 +82,7 @@ class CollectorProcess:
                  unix_socket=str(self.topo.cfg.socket_path))
         loop = asyncio.get_running_loop()
         loop.add_reader(self.ctx.inbox.fileno(), self._on_inbox)
-        self.server.on_weights_published(-1)
+        self.server.refresh_weights()
         tick = asyncio.ensure_future(self._tick())
         failed = asyncio.ensure_future(self.server.background.failed.wait())
         await asyncio.wait([asyncio.ensure_future(self.done.wait()), failed],
@@ -105,7 +104,7 @@ class CollectorProcess:
 
     def _on_weights(self, msg: m.WeightsPublished) -> None:
         self.status.on_learner(msg)
-        self.server.on_weights_published(msg.cutoff_ingest_id)
+        self.server.on_weights_published(msg.policy, msg.cutoff_ingest_id)
 
     def _on_drain(self, msg) -> None:
         if self.drain_started:  # Drain, then Stop (or the stop flag): one drain
@@ -133,8 +132,7 @@ class CollectorProcess:
             self.server.maybe_flush()
             self.server.shm.on_doorbell()  # safety net for a lost wake-up
             self.server.shm.reap_gone()
-            if self.server.weights.refresh():
-                self.server.first_weights.set()
+            self.server.refresh_weights()
             now = time.monotonic()
             if now >= next_status:
                 self._report_status()
@@ -145,21 +143,29 @@ class CollectorProcess:
         self.ctx.try_send("supervisor", self.status.summary(self.server.port))
 
 
-def attached_info(topo: Topology) -> dict:
-    """The constant part of every ATTACHED reply."""
+def attached_info(topo: Topology) -> dict[str, dict]:
+    """The constant part of every ATTACHED reply, by policy."""
     s = topo.cfg.sampling
-    policy = topo.default
-    return {"board_path": policy.board_path, "layout": policy.layout_json,
-            "policy_spec": policy.spec.to_json(),
-            "env_steps_per_sample": s.env_steps_per_sample, "force_on_policy": s.force_on_policy}
+    return {name: {"board_path": p.board_path, "layout": p.layout_json,
+                   "policy_spec": p.spec.to_json(), "env_steps_per_sample": s.env_steps_per_sample,
+                   "force_on_policy": s.force_on_policy} for name, p in topo.policies.items()}
+
+
+def weights_cache(policy: PolicyTopology, board: WeightsBoard) -> WeightsCache:
+    """SET_STATE source of one policy: its board, or the file of a frozen model trained
+    elsewhere (which has no board weights)."""
+    foreign = foreign_onnx(policy.definition)
+    return StaticWeights(board, foreign) if foreign is not None else WeightsCache(board, policy.spec)
 
 
 def run(topo: Topology, ctx: RoleContext) -> ExitCode:
     """The collector's process loop; returns when drained or stopped."""
     proc = CollectorProcess(topo, ctx)
     asyncio.run(proc.main())
-    proc.ring.close()
-    proc.board.close()
+    for route in proc.routes.values():
+        route.ring.close()
+    for board in proc.boards.values():
+        board.close()
     return ExitCode.OK
 
 

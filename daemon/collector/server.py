@@ -22,11 +22,12 @@ import numpy as np
 import structlog
 
 from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.codec import ProtocolError
 from rlinkd.client_lib.transport import EVICTED
 from rlinkd.daemon.collector.core import CollectorCore, Plan, Session, error_kind
 from rlinkd.daemon.collector.status import StatusBuilder
-from rlinkd.daemon.collector.weights import WeightsCache
+from rlinkd.daemon.collector.weights import WeightsCache, set_state_frame
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.errors import RlinkdError
 from rlinkd.shm.records import FLUSH, STREAM_END
@@ -95,26 +96,38 @@ class HandshakeTimeout(RlinkdError):
     """A connection's first message was not complete within ``server.handshake_timeout_s``."""
 
 
+class EpisodeRoute:
+    """One trainable policy's episode ring (producer side), written in ingest-id order
+    under one FIFO lock; ingest ids are per ring."""
+
+    def __init__(self, ring: StepRing) -> None:
+        self.ring, self.lock, self.next_ingest_id = ring, asyncio.Lock(), 1
+
+    @property
+    def last_id(self) -> int:
+        return self.next_ingest_id - 1
+
+
 class CollectorServer:
     """Owns the event-loop side of the collector. Built and run by ``collector.process``.
 
-    Everything arrives through the constructor: ``core`` (protocol semantics), ``ring``
-    (the episode ring, producer side, with its space doorbell), ``weights`` (SET_STATE
-    frames), ``status`` (answers STATUS), ``make_shm`` (called once, last, with this
-    server: builds the ``ShmIngestor`` for shared-memory clients), ``ssl_ctx`` (TLS or
-    None) and ``on_ingest`` (called after every ingest, e.g. to publish counters).
+    Everything arrives through the constructor: ``core`` (protocol semantics), ``routes``
+    (each trainable policy's episode ring, producer side, with its space doorbell),
+    ``weights`` (each policy's SET_STATE), ``status`` (answers STATUS), ``make_shm`` (called
+    once, last, with this server: builds the ``ShmIngestor`` for shared-memory clients),
+    ``ssl_ctx`` (TLS or None) and ``on_ingest`` (called after every ingest, e.g. to publish
+    counters).
     """
 
-    def __init__(self, core: CollectorCore, ring: StepRing, weights: WeightsCache,
-                 status: StatusBuilder, make_shm: Callable[[CollectorServer], ShmIngestor],
+    def __init__(self, core: CollectorCore, routes: dict[str, EpisodeRoute],
+                 weights: dict[str, WeightsCache], status: StatusBuilder,
+                 make_shm: Callable[[CollectorServer], ShmIngestor],
                  ssl_ctx: ssl.SSLContext | None = None,
                  on_ingest: Callable[[], None] = lambda: None) -> None:
-        self.core, self.ring, self.weights, self.status = core, ring, weights, status
+        self.core, self.routes, self.weights, self.status = core, routes, weights, status
         self.cfg = core.cfg
         self.on_ingest = on_ingest
         self.ssl_ctx = ssl_ctx
-        self.ring_lock = asyncio.Lock()
-        self.next_ingest_id = 1
         self.waiters: dict[int, asyncio.Future] = {}
         self.first_weights = asyncio.Event()
         self.writers: dict[int, asyncio.StreamWriter] = {}
@@ -234,36 +247,49 @@ class CollectorServer:
         return await asyncio.wait_for(reader.readexactly(size), max(0.0, deadline - loop.time()))
 
     async def _carry_out(self, session: Session, plan: Plan, writer: asyncio.StreamWriter) -> None:
-        last_id = None
+        last_ids = {}
         if plan.records is not None:
-            last_id = await self.ingest(plan.records)
+            for policy, records in plan.records.items():
+                last_ids[policy] = await self.ingest(policy, records)
             self.on_ingest()
         if plan.reply is not None:
             await self.send(writer, plan.reply)
         if plan.status:
             await self.send(writer, codec.encode(codec.StatusReport(status=self.status.build(self.port))))
         if plan.attach is not None:
-            await self.shm.attach(session, plan.attach, writer)
+            await self.shm.attach(session, plan.attach, plan.attach_policy, writer)
         if plan.shm_sample is not None:
             await self.shm.sample_ready(session, plan.shm_sample, writer)
+        held = plan.held
         if plan.newest_state:
-            await self._send_state(session, writer)
+            await self._send_state(session, writer, held)
         if plan.wait_for_training:
-            assert last_id is not None, "a plan waits for training only on records it ingested"
-            await self.wait_for_training(session, last_id)
-            await self._send_state(session, writer)
+            assert last_ids, "a plan waits for training only on records it ingested"
+            await self.wait_for_training(session, last_ids)
+            await self._send_state(session, writer, held)
 
     async def send(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
         writer.write(frame)  # one write per message
         await asyncio.wait_for(writer.drain(), self.cfg.server.read_timeout_s)
 
-    async def _send_state(self, session: Session, writer: asyncio.StreamWriter) -> None:
+    async def _send_state(self, session: Session, writer: asyncio.StreamWriter,
+                          held: dict[str, int] | None = None) -> None:
         await self.first_weights.wait()
-        self.weights.refresh()
-        session.last_sent_seq = self.weights.seq_no
-        frame = self.weights.frame
-        assert frame is not None, "first_weights is set only once a frame exists"
-        await self.send(writer, frame)
+        for cache in self.weights.values():
+            cache.refresh()
+        session.last_sent_seq = self.weights[DEFAULT_POLICY].seq_no
+        session.last_sent_seqs = {p: c.seq_no for p, c in self.weights.items()}
+        await self.send(writer, set_state_frame(self.weights, held))
+
+    def refresh_weights(self) -> bool:
+        """Re-read every policy's board; True (and ``first_weights`` set) once every policy
+        has a frame. Called on WeightsPublished and on the collector's tick."""
+        for cache in self.weights.values():
+            cache.refresh()
+        ready = all(cache.ready for cache in self.weights.values())
+        if ready:
+            self.first_weights.set()
+        return ready
 
     async def _protocol_error(self, session: Session, writer: asyncio.StreamWriter,
                               exc: ProtocolError) -> None:
@@ -295,12 +321,17 @@ class CollectorServer:
         self.maybe_flush()
 
     async def _end_stream(self, session: Session) -> None:
-        """Take the rest of a shm client's ring, then tell the connector the stream ended."""
+        """Take the rest of a shm client's rings, then tell the connector every stream of the
+        connection ended (its own, in each policy's ring, and each shm agent slot's)."""
+        streams = [(policy, session.stream_id) for policy in self.routes]
         if session.is_shm:
+            streams += self.shm.clients.streams(session.id)
             await self.shm.detach(session)
-        marker = np.zeros(1, self.ring.layout.dtype)
-        marker["flags"], marker["stream_id"] = STREAM_END, session.stream_id
-        await self.ingest(marker)
+        for policy, stream in dict.fromkeys(streams):
+            if policy in self.routes:
+                marker = np.zeros(1, self.routes[policy].ring.layout.dtype)
+                marker["flags"], marker["stream_id"] = STREAM_END, stream
+                await self.ingest(policy, marker)
 
     async def kick(self, session: Session, exc: ProtocolError) -> None:
         """Bad data from a session outside its own read loop (its shm ring): ERROR + close."""
@@ -309,51 +340,57 @@ class CollectorServer:
             await self._protocol_error(session, writer, exc)
             writer.close()
 
-    # ------------------------------------------------------------ episode ring
-    async def ingest(self, records: np.ndarray) -> int:
-        """Assign ingest ids and write records in order; waits (FIFO) while the ring is full."""
-        async with self.ring_lock:
+    # ------------------------------------------------------------ episode rings
+    async def ingest(self, policy: str, records: np.ndarray) -> int:
+        """Assign ingest ids and write records in order into ``policy``'s episode ring; waits
+        (FIFO) while the ring is full. Returns the last ingest id written."""
+        route = self.routes[policy]
+        async with route.lock:
             n = len(records)
-            records["ingest_id"] = np.arange(self.next_ingest_id, self.next_ingest_id + n)
-            self.next_ingest_id += n
+            records["ingest_id"] = np.arange(route.next_ingest_id, route.next_ingest_id + n)
+            route.next_ingest_id += n
             done = 0
             while done < n:
-                done += self.ring.write_batch(records[done:])
+                done += route.ring.write_batch(records[done:])
                 if done < n:
-                    await wait_for_space(self.ring)
-            return self.next_ingest_id - 1
+                    await wait_for_space(route.ring)
+            return route.last_id
 
-    async def _write_flush_marker(self) -> None:
-        marker = np.zeros(1, self.ring.layout.dtype)
+    async def _write_flush_marker(self, policy: str) -> None:
+        route = self.routes[policy]
+        marker = np.zeros(1, route.ring.layout.dtype)
         marker["flags"] = FLUSH
-        async with self.ring_lock:
-            marker["ingest_id"] = self.next_ingest_id - 1
-            while self.ring.write_batch(marker) == 0:
-                await wait_for_space(self.ring)
+        async with route.lock:
+            marker["ingest_id"] = route.last_id
+            while route.ring.write_batch(marker) == 0:
+                await wait_for_space(route.ring)
 
     # ------------------------------------------------------------ on-policy waits
-    async def wait_for_training(self, session: Session, last_id: int) -> None:
+    async def wait_for_training(self, session: Session, last_ids: dict[str, int]) -> None:
+        """Until every policy of ``last_ids`` published weights trained on those ingest ids."""
         fut = asyncio.get_running_loop().create_future()
         self.waiters[session.id] = fut
-        self.core.waits.start_wait(session, last_id, time.monotonic())
+        self.core.waits.start_wait(session, last_ids, time.monotonic())
         self.maybe_flush()
         await fut
         if self.draining:
             raise ConnectionAbortedError("draining")
 
     def maybe_flush(self) -> None:
-        """Ask the connector for a batch now when every on-policy sampler is waiting."""
-        last_id = self.next_ingest_id - 1
-        if self.core.waits.should_flush(self.core.on_policy_samplers(), last_id, time.monotonic()):
-            self.core.waits.last_flush_cutoff = last_id
-            self.background.spawn(self._write_flush_marker())
+        """Ask the connector of each policy for a batch now when every on-policy sampler is
+        waiting (or one waited too long) and some wait for that policy."""
+        samplers, now = self.core.on_policy_samplers(), time.monotonic()
+        for policy, route in self.routes.items():
+            if self.core.waits.should_flush(samplers, policy, route.last_id, now):
+                self.core.waits.last_flush_cutoff[policy] = route.last_id
+                self.background.spawn(self._write_flush_marker(policy))
 
-    def on_weights_published(self, cutoff_ingest_id: int) -> None:
-        """Learner trained on ingest ids <= cutoff (-1: none): refresh the frame, release waiters."""
-        self.weights.refresh()
-        if self.weights.ready:
-            self.first_weights.set()
-        for session in self.core.waits.released(self.core.on_policy_samplers(), cutoff_ingest_id):
+    def on_weights_published(self, policy: str, cutoff_ingest_id: int) -> None:
+        """``policy``'s learner trained on its ingest ids <= cutoff (-1: none): refresh the
+        frames, release the waiters this completes."""
+        self.refresh_weights()
+        for session in self.core.waits.released(self.core.on_policy_samplers(), policy,
+                                                cutoff_ingest_id):
             fut = self.waiters.pop(session.id, None)
             if fut is not None and not fut.done():
                 fut.set_result(None)

@@ -17,16 +17,18 @@ memfds with it, so there are no orphan rings to sweep).
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.columns import Columns, check_action_vector
 from rlinkd.client_lib.protocol.masking import MaskSpec, check_actions, check_masks
 from rlinkd.client_lib.protocol.records import read_obs
 from rlinkd.client_lib.protocol.spaces import Space
 from rlinkd.daemon.collector.ingest import InvalidEpisode, Spaces
-from rlinkd.shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED, StepLayout
+from rlinkd.shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED
 from rlinkd.shm.ring import StepRing, arm_sleep
 
 CLIENT_FLAGS = FINAL_OBS | TERMINATED | TRUNCATED | HAS_LOGP | HAS_DIST
@@ -35,16 +37,27 @@ MAX_RING_RECORDS = 1 << 20
 
 
 @dataclass
-class ShmSession:
-    """One attached client's ring and episode accounting."""
+class PolicyRing:
+    """One attached client's ring for one policy, and the agent slots seen in it."""
 
     ring: StepRing
-    pid: int | None = None         # the attaching process (SO_PEERCRED), watched for exit
-    open_return: float = 0.0
-    open_length: int = 0
+    policy: str
+    streams: np.ndarray            # agent slot -> our stream id (-1: not seen yet)
+    open_return: np.ndarray        # agent slot -> return of its episode so far
+    open_length: np.ndarray        # agent slot -> steps of its episode so far
     last_ingest_id: int = 0
-    done_episodes: list = field(default_factory=list)
-    refused: str | None = None     # why its ring was found bad; never read again
+    unsent: bool = False           # records since the last SAMPLE_READY
+
+
+@dataclass
+class ShmSession:
+    """One attached client: its rings (one per policy) and episode accounting."""
+
+    stream_id: int                 # the connection's own stream (slot 0 of the default ring)
+    rings: dict[str, PolicyRing] = field(default_factory=dict)
+    pid: int | None = None         # the attaching process (SO_PEERCRED), watched for exit
+    done_episodes: list = field(default_factory=list)  # (policy, return, length)
+    refused: str | None = None     # why a ring was found bad; never read again
     leaving: bool = False          # its connection closed: only the detach drain reads it now
 
 
@@ -63,23 +76,34 @@ def ring_capacity(requested: int | None, record_bytes: int) -> int:
 
 
 class ShmClients:
-    """Rings of attached clients, keyed by session id. Used only by the event loop."""
+    """Rings of attached clients, keyed by session id and policy. Used only by the event loop.
 
-    def __init__(self, prefix: str, layout: StepLayout, spaces: Spaces) -> None:
-        self.prefix = prefix
-        self.layout, self.spaces = layout, spaces
+    ``policies``: what each policy's records are checked against (``core.PolicyInfo``);
+    ``new_stream_id``: the core's allocator, one stream per (client, policy, agent slot);
+    slot 0 of the default policy's ring is the connection's own stream (a single-agent
+    client's records look exactly as before agent slots existed).
+    """
+
+    def __init__(self, prefix: str, policies: dict, max_agents: int,
+                 new_stream_id: Callable[[], int]) -> None:
+        self.prefix, self.policies, self.max_agents = prefix, policies, max_agents
+        self.new_stream_id = new_stream_id
         self.sessions: dict[int, ShmSession] = {}
 
-    def attach(self, session_id: int, capacity: int | None, pid: int | None = None) -> StepRing:
-        """Create the sealed ring of one client; ``ring.segment.fd`` is what to hand it.
-
-        Called on ATTACH. Raises ``ShmError`` (no memory) or ``OSError`` (memfds or
+    def attach(self, session_id: int, stream_id: int, policy: str, capacity: int | None,
+               pid: int | None = None) -> StepRing:
+        """Create the sealed ring of one client for one policy; ``ring.segment.fd`` is what to
+        hand it. Called on ATTACH. Raises ``ShmError`` (no memory) or ``OSError`` (memfds or
         seals unavailable); nothing is registered then.
         """
-        name = f"{self.prefix}.client-{session_id}-{secrets.token_hex(4)}"
-        ring = StepRing.create_sealed(name, self.layout,
-                                      ring_capacity(capacity, self.layout.record_bytes))
-        self.sessions[session_id] = ShmSession(ring, pid)
+        layout = self.policies[policy].layout
+        name = f"{self.prefix}.client-{session_id}-{policy}-{secrets.token_hex(4)}"
+        ring = StepRing.create_sealed(name, layout, ring_capacity(capacity, layout.record_bytes))
+        shm = self.sessions.setdefault(session_id, ShmSession(stream_id, pid=pid))
+        streams = np.full(1, -1, np.int64)
+        if policy == DEFAULT_POLICY:
+            streams[0] = stream_id
+        shm.rings[policy] = PolicyRing(ring, policy, streams, np.zeros(1), np.zeros(1, np.int64))
         return ring
 
     def gone(self) -> list[int]:
@@ -87,45 +111,70 @@ class ShmClients:
         return [sid for sid, s in self.sessions.items() if s.pid and not pid_alive(s.pid)]
 
     def detach(self, session_id: int) -> None:
-        """Forget a client and close its ring: our mapping and our descriptor (idempotent)."""
+        """Forget a client and close its rings: our mappings and descriptors (idempotent)."""
         shm = self.sessions.pop(session_id, None)
         if shm is not None:
-            shm.ring.close()
+            for pr in shm.rings.values():
+                pr.ring.close()
 
-    def read(self, session_id: int, max_records: int) -> np.ndarray:
-        """Validated records from one client's ring.
+    def streams(self, session_id: int) -> list[tuple[str, int]]:
+        """(policy, stream id) of every agent slot a client used (for STREAM_END markers)."""
+        shm = self.sessions.get(session_id)
+        if shm is None:
+            return []
+        return [(p, int(sid)) for p, pr in shm.rings.items() for sid in pr.streams if sid >= 0]
 
-        Raises InvalidEpisode on bad data; from then on the ring is refused (every later
-        read raises, ``readable`` skips it) until the client is detached.
+    def read(self, session_id: int, policy: str, max_records: int) -> np.ndarray:
+        """Validated records from one client's ring of one policy, stamped with our stream
+        ids (one per agent slot).
+
+        Raises InvalidEpisode on bad data; from then on the client is refused (every later
+        read raises, ``readable`` skips it) until it is detached.
         """
         shm = self.sessions[session_id]
         if shm.refused:
             raise InvalidEpisode(shm.refused)
+        pr = shm.rings[policy]
         try:
-            rec = self._read_checked(shm, max_records)
+            rec = self._read_checked(pr, max_records)
+            if len(rec):
+                shm.done_episodes.extend((policy, r, n) for r, n in self._episodes(pr, rec))
+                rec["stream_id"] = self._stream_ids(pr, rec["stream_id"])
+                pr.unsent = True
         except InvalidEpisode as exc:
             shm.refused = str(exc)
             raise
-        if len(rec):
-            shm.done_episodes.extend(self._episodes(shm, rec))
         return rec
 
-    def _read_checked(self, shm: ShmSession, max_records: int) -> np.ndarray:
-        unread = shm.ring.readable_records()  # the client writes tail (and could write head)
-        if not 0 <= unread <= shm.ring.capacity:
+    def _read_checked(self, pr: PolicyRing, max_records: int) -> np.ndarray:
+        unread = pr.ring.readable_records()  # the client writes tail (and could write head)
+        if not 0 <= unread <= pr.ring.capacity:
             raise InvalidEpisode(f"ring counters corrupt: {unread} unread records in a ring of "
-                                 f"{shm.ring.capacity}")
-        rec = shm.ring.read_batch(min(max_records, unread))  # the client may move tail meanwhile
+                                 f"{pr.ring.capacity}")
+        rec = pr.ring.read_batch(min(max_records, unread))  # the client may move tail meanwhile
         if len(rec):
-            validate_records(rec, self.spaces)
+            validate_records(rec, self.policies[pr.policy].spaces)
+            top = int(rec["stream_id"].max())
+            if top >= self.max_agents:
+                raise InvalidEpisode(f"ring record agent slot {top} is not below "
+                                     f"server.max_agents_per_connection={self.max_agents}")
         return rec
 
-    def readable(self) -> list[int]:
-        """Rings the drain loop should read: not refused, not leaving, with unread records."""
-        return [sid for sid, s in self.sessions.items() if self._watched(s) and s.ring.readable_records()]
+    def _stream_ids(self, pr: PolicyRing, slots: np.ndarray) -> np.ndarray:
+        """Our stream id of every record's agent slot (new slots get new streams)."""
+        ids = pr.streams[slots]
+        for slot in np.unique(slots[ids < 0]):
+            pr.streams[slot] = self.new_stream_id()
+        return pr.streams[slots] if np.any(ids < 0) else ids
+
+    def readable(self) -> list[tuple[int, str]]:
+        """(session, policy) rings the drain loop should read: not refused, not leaving,
+        with unread records."""
+        return [(sid, p) for sid, s in self.sessions.items() if self._watched(s)
+                for p, pr in s.rings.items() if pr.ring.readable_records()]
 
     def leave(self, session_id: int) -> None:
-        """The connection closed: the drain loop stops looking at this ring (detach reads it)."""
+        """The connection closed: the drain loop stops looking at its rings (detach reads them)."""
         if session_id in self.sessions:
             self.sessions[session_id].leaving = True
 
@@ -140,39 +189,62 @@ class ShmClients:
         leave by closing their socket, and a flag a client may set at will must not keep
         the drain loop spinning.
         """
-        rings = [s.ring for s in self.sessions.values() if self._watched(s)]
+        rings = [pr.ring for s in self.sessions.values() if self._watched(s) for pr in s.rings.values()]
         if not rings:
             return False
         arm_sleep(rings)
         return any(ring.readable_records() != 0 for ring in rings)
 
-    @staticmethod
-    def _episodes(shm: ShmSession, rec: np.ndarray) -> list[tuple[float, int]]:
-        """(return, length) of episodes these records complete; carries partial sums.
-
-        Vectorised per fragment: one cumulative sum, then a short loop over fragment ends.
-        """
-        flags = rec["flags"]
-        ends = np.flatnonzero(flags & FINAL_OBS)                         # FINAL_OBS rows
-        cum = np.cumsum(rec["reward"], dtype=np.float64)                 # [N]
-        starts = np.concatenate(([0], ends[:-1] + 1))
-        sums = cum[ends] - np.where(starts > 0, cum[starts - 1], 0.0)    # per fragment
-        done = (flags[ends] & (TERMINATED | TRUNCATED)) != 0
-        out = []
-        for total, length, finished in zip(sums.tolist(), (ends - starts).tolist(), done.tolist()):
-            shm.open_return += total
-            shm.open_length += length
-            if finished:
-                out.append((shm.open_return, shm.open_length))
-                shm.open_return, shm.open_length = 0.0, 0
-        tail = ends[-1] + 1 if len(ends) else 0
-        shm.open_return += float(cum[-1] - (cum[tail - 1] if tail else 0.0))
-        shm.open_length += len(rec) - tail
-        return out
+    def _episodes(self, pr: PolicyRing, rec: np.ndarray) -> list[tuple[float, int]]:
+        """(return, length) of episodes these records complete, per agent slot; carries each
+        slot's partial sums. One vectorised pass per slot present (one, for a single agent)."""
+        slots = rec["stream_id"]
+        top = int(slots.max())
+        _make_room(pr, top)
+        if slots[0] == top and np.all(slots == top):
+            return _slot_episodes(pr, top, rec)
+        return [ep for slot in np.unique(slots) for ep in _slot_episodes(pr, int(slot), rec[slots == slot])]
 
     def close(self) -> None:
         for sid in list(self.sessions):
             self.detach(sid)
+
+
+def _make_room(pr: PolicyRing, slot: int) -> None:
+    """Grow a ring's per-slot arrays (doubling) so that ``slot`` has an entry."""
+    if slot < len(pr.streams):
+        return
+    size = max(slot + 1, 2 * len(pr.streams))
+    pr.streams = _grown(pr.streams, size, -1)
+    pr.open_return, pr.open_length = _grown(pr.open_return, size, 0), _grown(pr.open_length, size, 0)
+
+
+def _grown(values: np.ndarray, size: int, fill) -> np.ndarray:
+    out = np.full(size, fill, values.dtype)
+    out[:len(values)] = values
+    return out
+
+
+def _slot_episodes(pr: PolicyRing, slot: int, rec: np.ndarray) -> list[tuple[float, int]]:
+    """Episodes one agent slot's records complete (vectorised: one cumulative sum, then a
+    short loop over fragment ends); updates the slot's carried return and length."""
+    flags = rec["flags"]
+    ends = np.flatnonzero(flags & FINAL_OBS)                         # FINAL_OBS rows
+    cum = np.cumsum(rec["reward"], dtype=np.float64)                 # [N]
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    sums = cum[ends] - np.where(starts > 0, cum[starts - 1], 0.0)    # per fragment
+    done = (flags[ends] & (TERMINATED | TRUNCATED)) != 0
+    out = []
+    ret, length = float(pr.open_return[slot]), int(pr.open_length[slot])
+    for total, steps, finished in zip(sums.tolist(), (ends - starts).tolist(), done.tolist()):
+        ret, length = ret + total, length + steps
+        if finished:
+            out.append((ret, length))
+            ret, length = 0.0, 0
+    tail = ends[-1] + 1 if len(ends) else 0
+    pr.open_return[slot] = ret + float(cum[-1] - (cum[tail - 1] if tail else 0.0))
+    pr.open_length[slot] = length + len(rec) - tail
+    return out
 
 
 def pid_alive(pid: int) -> bool:

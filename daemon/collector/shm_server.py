@@ -25,6 +25,7 @@ import numpy as np
 import structlog
 
 from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.daemon.collector.core import Session
 from rlinkd.daemon.collector.ingest import InvalidEpisode
 from rlinkd.daemon.collector.shm_clients import ShmClients
@@ -94,7 +95,7 @@ class ShmIngestor:
     """
 
     def __init__(self, server: CollectorServer, clients: ShmClients, doorbell_path: Path,
-                 attached_info: dict) -> None:
+                 attached_info: dict[str, dict]) -> None:
         self.server, self.clients = server, clients
         self.doorbell_path = doorbell_path
         self.doorbell = make_doorbell_fifo(doorbell_path)
@@ -113,23 +114,25 @@ class ShmIngestor:
         self.doorbell_path.unlink(missing_ok=True)
 
     # ------------------------------------------------------------ attach / detach
-    async def attach(self, session: Session, capacity: int, writer: asyncio.StreamWriter) -> None:
-        """ATTACH: create the client's sealed ring, reply ATTACHED, then send the ring's fd.
+    async def attach(self, session: Session, capacity: int, policy: str,
+                     writer: asyncio.StreamWriter) -> None:
+        """ATTACH: create the client's sealed ring for ``policy``, reply ATTACHED, then send
+        the ring's fd.
 
         Called by the server's connection loop. ``RingUnavailable`` when no ring can be
-        made; connection errors and timeouts end the connection (which detaches the ring).
+        made; connection errors and timeouts end the connection (which detaches the rings).
         """
         pid = peer_pid(writer)
         try:
-            ring = self.clients.attach(session.id, capacity, pid)
+            ring = self.clients.attach(session.id, session.stream_id, policy, capacity, pid)
         except (ShmError, OSError) as exc:
             raise RingUnavailable(f"no shared-memory ring for this client: {exc}") from exc
-        self.locks[session.id] = asyncio.Lock()
-        log.info("shm_client_attached", session=session.id, ring=ring.path,
+        self.locks.setdefault(session.id, asyncio.Lock())
+        log.info("shm_client_attached", session=session.id, policy=policy, ring=ring.path,
                  capacity_records=ring.capacity, pid=pid)
         name = ring.path.removeprefix(MEMFD_PATH_PREFIX)
         writer.write(codec.encode(codec.Attached(ring_name=name, doorbell_path=str(self.doorbell_path),
-                                                 **self.attached_info)))
+                                                 policy=policy, **self.attached_info[policy])))
         assert ring.segment.fd is not None, "create_sealed keeps the memfd open"
         await send_fd(writer, ring.segment.fd, self.server.cfg.server.read_timeout_s)
         ring.segment.close_fd()  # one descriptor fewer per client; our mapping stays
@@ -171,7 +174,7 @@ class ShmIngestor:
     async def _drain_all(self) -> None:
         try:
             while True:
-                for sid in self.clients.readable():
+                for sid in dict.fromkeys(sid for sid, _ in self.clients.readable()):
                     session = self.server.core.sessions.get(sid)
                     if session is not None:
                         await self._drain_or_kick(session)
@@ -186,28 +189,41 @@ class ShmIngestor:
         except InvalidEpisode as exc:
             await self.server.kick(session, exc)
 
-    async def drain_session(self, session: Session) -> int:
-        """Ingest everything readable now from one client's ring; its last ingest id."""
+    async def drain_session(self, session: Session) -> dict[str, int]:
+        """Ingest everything readable now from a client's rings; the last ingest id of each
+        trainable policy whose ring had records since the last SAMPLE_READY."""
         shm = self.clients.sessions.get(session.id)
         if shm is None:
-            return 0
+            return {}
         async with self.locks[session.id]:
-            while len(rec := self.clients.read(session.id, DRAIN_CHUNK)):
-                rec["stream_id"] = session.stream_id
-                steps = int(np.count_nonzero((rec["flags"] & FINAL_OBS) == 0))
-                shm.last_ingest_id = await self.server.ingest(rec)
-                self.server.core.count_shm(session, steps, shm.done_episodes)
-                shm.done_episodes = []
-                self.server.on_ingest()
-        return shm.last_ingest_id
+            for policy, pr in shm.rings.items():
+                while len(rec := self.clients.read(session.id, policy, DRAIN_CHUNK)):
+                    steps = int(np.count_nonzero((rec["flags"] & FINAL_OBS) == 0))
+                    if policy in self.server.routes:  # a frozen policy's steps are only counted
+                        pr.last_ingest_id = await self.server.ingest(policy, rec)
+                    self._count(session, shm, policy, steps)
+        return {p: pr.last_ingest_id for p, pr in shm.rings.items()
+                if pr.unsent and p in self.server.routes}
+
+    def _count(self, session: Session, shm, policy: str, steps: int) -> None:
+        episodes = [(r, n) for p, r, n in shm.done_episodes if p == policy]
+        shm.done_episodes = [e for e in shm.done_episodes if e[0] != policy]
+        self.server.core.count_shm(session, policy, steps, episodes)
+        self.server.on_ingest()
 
     async def sample_ready(self, session: Session, msg: codec.SampleReady, writer) -> None:
-        """Drain the client's ring, wait for training if on-policy, reply WEIGHTS_READY."""
-        last_id = await self.drain_session(session)
-        if msg.get_state and self.server.cfg.sampling.force_on_policy:
-            await self.server.wait_for_training(session, last_id)
+        """Drain the client's rings, wait for training if on-policy (every trainable policy
+        it wrote steps for), reply WEIGHTS_READY: the versions to read from each board."""
+        last_ids = await self.drain_session(session)
+        shm = self.clients.sessions.get(session.id)
+        for pr in (shm.rings.values() if shm else ()):
+            pr.unsent = False
+        if msg.get_state and self.server.cfg.sampling.force_on_policy and last_ids:
+            await self.server.wait_for_training(session, last_ids)
         await self.server.first_weights.wait()
-        self.server.weights.refresh()
-        seq = self.server.weights.board.latest_seq_no()
+        self.server.refresh_weights()
+        seqs = {p: self.server.weights[p].seq_no for p in session.shm_policies}
+        seq = seqs.get(DEFAULT_POLICY, next(iter(seqs.values()), -1))
         session.last_sent_seq = seq
-        await self.server.send(writer, codec.encode(codec.WeightsReady(seq)))
+        await self.server.send(writer, codec.encode(codec.WeightsReady(
+            seq, weights_seq_nos=seqs if len(seqs) > 1 or DEFAULT_POLICY not in seqs else None)))

@@ -13,14 +13,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.collector.core import CollectorCore
 from rlinkd.daemon.collector.latency import (MESSAGE_BOUNDS_S, UPDATE_BOUNDS_S, Histogram,
                                              HistogramSet)
 from rlinkd.daemon.collector.weights import WeightsCache
 from rlinkd.daemon.wiring import Topology
-from rlinkd.shm.ring import StepRing
 from rlinkd.shm.slots import FILLING, FREE, READY, TRAINING
 
 SLOT_STATE_NAMES = {FREE: "free", FILLING: "filling", READY: "ready", TRAINING: "training"}
@@ -65,14 +66,11 @@ class StatusBuilder:
     ``ring`` (the episode ring, when there is one) for its fill.
     """
 
-    def __init__(self, topo: Topology, core: CollectorCore, weights: WeightsCache,
-                 clock: Callable[[], float] = time.monotonic, ring: StepRing | None = None) -> None:
+    def __init__(self, topo: Topology, core: CollectorCore, weights: dict[str, WeightsCache],
+                 clock: Callable[[], float] = time.monotonic, routes: dict | None = None) -> None:
         self.topo, self.core, self.weights, self.clock = topo, core, weights, clock
-        self.ring = ring  # the episode ring (producer side) whose fill is reported
-        self.learner: m.LearnerState | None = None
-        self.update: m.TrainStats | None = None
-        self.trained_seq_no = -1
-        self.connector: dict = {}
+        self.routes = routes or {}  # trainable policies' episode rings (producer side): fill
+        self.learners = {name: PolicyReport() for name in weights}
         self.daemon: dict = {}
         self.rate = RateMeter()
         self.message_latency = HistogramSet(MESSAGE_BOUNDS_S)  # observed by the server
@@ -82,35 +80,74 @@ class StatusBuilder:
         """Collector tick (every ~50 ms): sample the ingested step count."""
         self.rate.sample(self.clock(), self.core.env_steps)
 
+    @property
+    def learner(self) -> m.LearnerState | None:
+        return self.learners[DEFAULT_POLICY].learner
+
+    @property
+    def update(self) -> m.TrainStats | None:
+        return self.learners[DEFAULT_POLICY].update
+
+    @property
+    def connector(self) -> dict:
+        return self.learners[DEFAULT_POLICY].connector
+
     def on_learner(self, msg: m.WeightsPublished) -> None:
         """Every WeightsPublished carries the live hyperparameters (also after a reload);
         only a trained one replaces the last update's stats."""
-        self.learner = msg.learner
+        report = self.learners.setdefault(msg.policy, PolicyReport())
+        report.learner = msg.learner
         if msg.update is not None:
-            self.update, self.trained_seq_no = msg.update, msg.seq_no
+            report.update, report.trained_seq_no = msg.update, msg.seq_no
             self.update_latency.observe(msg.update.update_time_s)
 
-    def learner_section(self) -> dict:
-        """The ``learner`` section of the report (empty before the learner reported)."""
-        if self.learner is None:
+    def learner_section(self, policy: str = DEFAULT_POLICY) -> dict:
+        """The ``learner`` section of a policy's report (empty before its learner reported)."""
+        r = self.learners[policy]
+        if r.learner is None:
             return {}
-        report = m.learner_report(self.learner, self.update)
-        return report | ({"weights_seq_no": self.trained_seq_no} if self.update else {})
+        report = m.learner_report(r.learner, r.update)
+        return report | ({"weights_seq_no": r.trained_seq_no} if r.update else {})
 
     def on_connector(self, msg: m.ConnectorStats) -> None:
-        self.connector = {"dropped_episodes": msg.dropped_episodes,
-                          "dropped_steps": msg.dropped_steps, "batches": msg.batches,
-                          "buffered_steps": msg.buffered_steps,
-                          "trained_steps": msg.trained_steps,
-                          "slots": {name: sum(1 for s in msg.slot_states if s == code)
-                                    for code, name in SLOT_STATE_NAMES.items()}}
+        self.learners.setdefault(msg.policy, PolicyReport()).connector = {
+            "dropped_episodes": msg.dropped_episodes, "dropped_steps": msg.dropped_steps,
+            "batches": msg.batches, "buffered_steps": msg.buffered_steps,
+            "trained_steps": msg.trained_steps,
+            "slots": {name: sum(1 for s in msg.slot_states if s == code)
+                      for code, name in SLOT_STATE_NAMES.items()}}
 
     def on_daemon_info(self, msg: m.DaemonInfo) -> None:
         self.daemon = m.daemon_report(msg)
 
     def summary(self, port: int) -> m.CollectorStatus:
         """What the supervisor gets every ``status_interval_s`` (TensorBoard, systemd)."""
-        return _summary_of(self.build(port), self.learner, self.update)
+        return _summary_of(self.build(port), self.learner, self.update, self.policy_digests())
+
+    def policy_digests(self) -> dict[str, m.PolicyDigest]:
+        """Every policy but the default (whose figures are the summary's own), when the
+        daemon has several."""
+        if len(self.weights) == 1:
+            return {}
+        return {name: m.PolicyDigest(
+            weights_seq_no=self.weights[name].seq_no, episodes=self.core.policy_stats[name].episodes,
+            episode_return_mean=_round(self.core.policy_stats[name].mean_return(100)),
+            learner=r.learner, update=r.update)
+            for name, r in self.learners.items() if name != DEFAULT_POLICY and name in self.weights}
+
+    def policies_section(self) -> dict:
+        """Per policy: version, trainable, steps, episodes, returns, learner and connector."""
+        out = {}
+        for name, cache in self.weights.items():
+            stats = self.core.policy_stats[name]
+            out[name] = {"weights_seq_no": cache.seq_no,
+                         "trainable": self.core.policies[name].trainable,
+                         "env_steps": self.core.policy_steps[name], "episodes": stats.episodes,
+                         "episode_return_mean": _round(stats.mean_return(100)),
+                         "episode_return_mean_20": _round(stats.mean_return(20)),
+                         "learner": self.learner_section(name),
+                         "connector": self.learners[name].connector}
+        return out
 
     def build(self, port: int) -> dict:
         """The status dict; ``port`` is the TCP listener's (known once listening)."""
@@ -121,11 +158,13 @@ class StatusBuilder:
             "episode_return_mean": _round(stats.mean_return(100)),
             "episode_return_mean_20": _round(stats.mean_return(20)),
             "episode_len_mean": _round(stats.mean_length()),
-            "weights_seq_no": self.weights.seq_no,
+            "weights_seq_no": self.weights[DEFAULT_POLICY].seq_no,
             "clients": len(core.samplers()),
             "connections": len(core.sessions),
-            "waiting_clients": sum(1 for s in core.samplers() if s.waiting_cutoff is not None),
-            "dropped_episodes": self.connector.get("dropped_episodes", 0),
+            "waiting_clients": sum(1 for s in core.samplers() if s.is_waiting),
+            "agents": core.open_agents(),
+            "dropped_episodes": sum(r.connector.get("dropped_episodes", 0)
+                                    for r in self.learners.values()),
             "protocol_errors": core.protocol_errors,
             "protocol_errors_by_kind": dict(sorted(core.protocol_errors_by_kind.items())),
             **core.admission.report(),
@@ -139,16 +178,19 @@ class StatusBuilder:
             "learner": self.learner_section(),
             "connector": self.connector,
             "episode_ring": self.ring_section(),
+            "policies": self.policies_section(),
             "latency": self.latency_section(),
             **self.daemon,
         }
 
     def ring_section(self) -> dict:
-        """Records waiting in the episode ring now, and its capacity (``{}`` without one)."""
-        if self.ring is None:
+        """Records waiting in the default policy's episode ring now, and its capacity (``{}``
+        without one)."""
+        route = self.routes.get(DEFAULT_POLICY)
+        if route is None:
             return {}
-        return {"records": self.ring.capacity - self.ring.free_records(),
-                "capacity": self.ring.capacity}
+        return {"records": route.ring.capacity - route.ring.free_records(),
+                "capacity": route.ring.capacity}
 
     def latency_section(self) -> dict:
         """Histograms since this collector started: RLlink messages by type (frame read →
@@ -163,8 +205,18 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def _summary_of(report: dict, learner: m.LearnerState | None,
-                update: m.TrainStats | None) -> m.CollectorStatus:
+@dataclass
+class PolicyReport:
+    """The latest learner and connector reports of one policy."""
+
+    learner: m.LearnerState | None = None
+    update: m.TrainStats | None = None
+    trained_seq_no: int = -1
+    connector: dict = field(default_factory=dict)
+
+
+def _summary_of(report: dict, learner: m.LearnerState | None, update: m.TrainStats | None,
+                policies: dict[str, m.PolicyDigest] | None = None) -> m.CollectorStatus:
     """The supervisor's typed digest of one status report."""
     return m.CollectorStatus(
         env_steps=report["env_steps"], episodes=report["episodes"],
@@ -172,4 +224,4 @@ def _summary_of(report: dict, learner: m.LearnerState | None,
         episode_return_mean=report["episode_return_mean"],
         episode_len_mean=report["episode_len_mean"], weights_seq_no=report["weights_seq_no"],
         clients=report["clients"], dropped_episodes=report["dropped_episodes"],
-        learner=learner, update=update)
+        learner=learner, update=update, policies=policies or {})

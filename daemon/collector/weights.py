@@ -10,12 +10,14 @@ write, not an export.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 import hashlib
 
 import numpy as np
 
 from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.policy_spec import OnnxWeightWriter, PolicySpec
 from rlinkd.shm.board import WeightsBoard
 
@@ -28,12 +30,14 @@ def set_state_payload(onnx_bytes: bytes) -> str:
 
 
 class WeightsCache:
-    """Newest SET_STATE frame. ``refresh`` is cheap when nothing changed (one shm read)."""
+    """One policy's newest SET_STATE: the message and its encoded frame. ``refresh`` is
+    cheap when nothing changed (one shm read)."""
 
     def __init__(self, board: WeightsBoard, spec: PolicySpec) -> None:
         self.board = board
         self.writer = OnnxWeightWriter(spec)
         self.seq_no = -1
+        self.message: codec.SetState | None = None
         self.frame: bytes | None = None
         self._flat = np.empty(spec.n_params(), np.float32)
 
@@ -42,12 +46,44 @@ class WeightsCache:
         if self.board.latest_seq_no() == self.seq_no:
             return False
         seq, flat = self.board.read(self._flat)
-        onnx_bytes = self.writer.encode(flat)
-        msg = codec.SetState(weights_seq_no=seq, onnx_file=set_state_payload(onnx_bytes),
-                             onnx_sha256=hashlib.sha256(onnx_bytes).hexdigest())
-        self.frame, self.seq_no = codec.encode(msg), seq
+        self._set(seq, self.writer.encode(flat))
         return True
+
+    def _set(self, seq: int, onnx_bytes: bytes) -> None:
+        self.message = codec.SetState(weights_seq_no=seq, onnx_file=set_state_payload(onnx_bytes),
+                                      onnx_sha256=hashlib.sha256(onnx_bytes).hexdigest())
+        self.frame, self.seq_no = codec.encode(self.message), seq
 
     @property
     def ready(self) -> bool:
         return self.frame is not None
+
+
+class StaticWeights(WeightsCache):
+    """A frozen policy trained elsewhere: its ONNX file, served as version 0, forever."""
+
+    def __init__(self, board: WeightsBoard, onnx_bytes: bytes) -> None:
+        self.board = board
+        self._set(0, onnx_bytes)
+
+    def refresh(self) -> bool:
+        return False
+
+
+def set_state_frame(caches: dict[str, WeightsCache], held: dict[str, int] | None) -> bytes:
+    """The SET_STATE for a client: the default policy's keys at the top level (a single-policy
+    daemon sends that cached frame as is) and, with several policies, ``policies`` carrying
+    every other one — without its model when ``held`` says the client has that version."""
+    default = caches[DEFAULT_POLICY]
+    assert default.frame is not None and default.message is not None, "refresh before serving"
+    if len(caches) == 1:
+        return default.frame
+    others = {}
+    for name, cache in caches.items():
+        if name == DEFAULT_POLICY or cache.message is None:
+            continue
+        entry: dict[str, object] = {"weights_seq_no": cache.seq_no}
+        if (held or {}).get(name) != cache.seq_no:
+            entry |= {"onnx_file": cache.message.onnx_file, "onnx_sha256": cache.message.onnx_sha256}
+        others[name] = entry
+    return codec.encode(dataclasses.replace(default.message, policies=others))

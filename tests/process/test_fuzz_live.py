@@ -35,13 +35,9 @@ from hypothesis import strategies as st
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.transport import RLlinkClient
 from rlinkd.client_lib.protocol.compact import encode_compact
-from rlinkd.client_lib.protocol.masking import mask_spec
-from rlinkd.client_lib.protocol.spaces import record_fields
-from rlinkd.daemon.collector.core import CollectorCore
-from rlinkd.daemon.collector.ingest import Spaces
+from rlinkd.daemon.collector.core import CollectorCore, policy_info
+from rlinkd.daemon.policies import policy_defs
 from rlinkd.daemon.config import load_config
-from rlinkd.daemon.wiring import make_policy_spec, resolve_spaces
-from rlinkd.shm.records import StepLayout
 from tests.helpers import DaemonProcess, raw_connect, raw_recv, raw_send, wait_for
 
 pytestmark = pytest.mark.process
@@ -64,12 +60,8 @@ class Oracle:
 
     def __init__(self, *overrides: tuple[str, str, object], path=None) -> None:
         cfg = load_config(path, overrides=list(overrides), resolve_dirs=False)
-        obs, act = resolve_spaces(cfg)
-        spec = make_policy_spec(cfg, obs, act)
         self.max_bytes = cfg.server.max_message_bytes
-        spaces = Spaces(obs, act, spec.dist_size, mask_spec(obs, act, cfg.env.action_mask_key))
-        self.core = CollectorCore(cfg, spaces, StepLayout(record_fields(obs), act.action_size,
-                                                          spec.dist_size))
+        self.core = CollectorCore(cfg, {name: policy_info(d) for name, d in policy_defs(cfg).items()})
 
     def replies(self, payload: bytes, transport: str) -> list[tuple[str, str]]:
         """[(type, ERROR message or "")] the server must send for ``payload`` then EOF."""

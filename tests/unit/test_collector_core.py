@@ -11,7 +11,7 @@ from rlinkd.client_lib.protocol.codec import BadMessage, EpisodeFragment
 from rlinkd.client_lib.protocol.spaces import Box, Discrete, space_from_json
 from rlinkd.daemon.collector import core as core_mod
 from rlinkd.daemon.collector.core import (CollectorCore, Plan, Session, Unauthenticated, WaitBook,
-                                   concat_records)
+                                          concat_records, single_policy)
 from rlinkd.daemon.collector.ingest import InvalidEpisode, Spaces
 from rlinkd.daemon.config import load_config
 from rlinkd.shm.records import FINAL_OBS, TERMINATED, StepLayout
@@ -23,7 +23,7 @@ LAYOUT = StepLayout.flat(2, 1, 3)
 
 def make_core(*overrides, counters=None) -> CollectorCore:
     cfg = load_config(overrides=list(overrides), resolve_dirs=False)
-    return CollectorCore(cfg, Spaces(OBS, ACT, dist_size=3), LAYOUT, counters=counters)
+    return CollectorCore(cfg, single_policy(Spaces(OBS, ACT, dist_size=3), LAYOUT), counters=counters)
 
 
 def frag(t: int, start: float = 0.0, *, terminated=False, truncated=False,
@@ -56,7 +56,11 @@ def test_get_config_sends_set_config_with_extensions(force):
     reply = decode_reply(core.handle(core.open_session("p", "tcp"), codec.GetConfig()))
     assert reply == codec.SetConfig(env_steps_per_sample=77, force_on_policy=force,
                                     observation_space=OBS.to_json(), action_space=ACT.to_json(),
-                                    protocol_version=codec.PROTOCOL_VERSION, compact_arrays=True)
+                                    protocol_version=codec.PROTOCOL_VERSION, compact_arrays=True,
+                                    policies={"default": {"observation_space": OBS.to_json(),
+                                                          "action_space": ACT.to_json(),
+                                                          "trainable": True}},
+                                    policy_mapping=[], max_agents_per_connection=1024)
     # the seed's keys, exactly as a seed-only client reads them
     body = codec.orjson.loads(core.handle(core.open_session("q", "tcp"),
                                           codec.GetConfig()).reply[8:])
@@ -93,7 +97,7 @@ def test_episodes_ingests_without_replying():
     plan = core.handle(session, codec.Episodes(episodes=(frag(3), frag(2, 5.0, terminated=True)),
                                                weights_seq_no=4))
     assert plan.reply is None and not plan.newest_state and not plan.wait_for_training
-    rec = plan.records
+    rec = plan.records["default"]
     assert rec.dtype == LAYOUT.dtype and len(rec) == (3 + 1) + (2 + 1)
     assert (rec["stream_id"] == session.stream_id).all()
     assert (rec["weights_seq_no"] == 4).all()
@@ -110,7 +114,7 @@ def test_episodes_and_get_state_on_policy_waits_for_training():
     core = make_core(("sampling", "force_on_policy", True))
     plan = core.handle(core.open_session("p", "tcp"),
                        codec.EpisodesAndGetState(episodes=(frag(2),)))
-    assert plan.records is not None and len(plan.records) == 3
+    assert plan.records is not None and len(plan.records["default"]) == 3
     assert plan.wait_for_training and not plan.newest_state and plan.reply is None
 
 
@@ -118,17 +122,17 @@ def test_episodes_and_get_state_off_policy_gets_newest_state():
     core = make_core(("sampling", "force_on_policy", False))
     plan = core.handle(core.open_session("p", "tcp"),
                        codec.EpisodesAndGetState(episodes=(frag(2),)))
-    assert plan.newest_state and not plan.wait_for_training and len(plan.records) == 3
+    assert plan.newest_state and not plan.wait_for_training and len(plan.records["default"]) == 3
 
 
 def test_missing_weights_seq_no_uses_the_last_weights_sent():
     core = make_core()
     session = core.open_session("p", "tcp")
-    assert (core.handle(session, codec.Episodes(episodes=(frag(1),))).records["weights_seq_no"]
-            == -1).all()
+    assert (core.handle(session, codec.Episodes(episodes=(frag(1),))).records["default"][
+        "weights_seq_no"] == -1).all()
     session.last_sent_seq = 12
-    assert (core.handle(session, codec.Episodes(episodes=(frag(1),))).records["weights_seq_no"]
-            == 12).all()
+    assert (core.handle(session, codec.Episodes(episodes=(frag(1),))).records["default"][
+        "weights_seq_no"] == 12).all()
 
 
 def test_fragments_continue_across_messages():
@@ -157,13 +161,13 @@ def test_composite_episodes_in_compact_form_become_per_leaf_records():
     from rlinkd.client_lib.protocol.spaces import Dict, record_fields
     obs_space = Dict({"camera": Box([4, 4, 3], "uint8", 0, 255), "speed": Box([1], low=0.0, high=9.0)})
     layout = StepLayout(record_fields(obs_space), 1, 3)
-    core = CollectorCore(load_config(resolve_dirs=False), Spaces(obs_space, ACT, dist_size=3), layout)
+    core = CollectorCore(load_config(resolve_dirs=False), single_policy(Spaces(obs_space, ACT, dist_size=3), layout))
     cameras = np.arange(3 * 48, dtype=np.uint8).reshape(3, 4, 4, 3)
     wire = EpisodeFragment(obs={"camera": encode_compact(cameras), "speed": [[0.5], [1.0], [1.5]]},
                            actions=[2, 0], rewards=np.ones(2), is_terminated=True, is_truncated=False)
     reply = decode_reply(core.handle(core.open_session("p", "tcp"), codec.GetConfig()))
     assert space_from_json(reply.observation_space) == obs_space
-    rec = core.handle(core.open_session("p", "tcp"), codec.Episodes(episodes=(wire,))).records
+    rec = core.handle(core.open_session("p", "tcp"), codec.Episodes(episodes=(wire,))).records["default"]
     assert rec.dtype == layout.dtype and rec["obs"]["camera"].dtype == np.uint8
     np.testing.assert_array_equal(rec["obs"]["camera"], cameras)
     np.testing.assert_array_equal(rec["obs"]["speed"][:, 0], np.float32([0.5, 1.0, 1.5]))
@@ -249,41 +253,52 @@ def sessions(n: int) -> list[Session]:
 def test_released_returns_only_satisfied_waiters_and_clears_them():
     book = WaitBook(max_wait_s=5.0)
     a, b, c = sessions(3)
-    book.start_wait(a, cutoff=10, now=0.0)
-    book.start_wait(b, cutoff=20, now=0.0)
-    assert book.released([a, b, c], cutoff=9) == []
-    assert book.released([a, b, c], cutoff=10) == [a]
-    assert a.waiting_cutoff is None and b.waiting_cutoff == 20 and c.waiting_cutoff is None
-    assert book.released([a, b, c], cutoff=10) == []
-    assert book.released([a, b, c], cutoff=100) == [b]
+    book.start_wait(a, {"default": 10}, now=0.0)
+    book.start_wait(b, {"default": 20}, now=0.0)
+    assert book.released([a, b, c], "default", cutoff=9) == []
+    assert book.released([a, b, c], "default", cutoff=10) == [a]
+    assert not a.waiting and b.waiting == {"default": 20} and not c.waiting
+    assert book.released([a, b, c], "default", cutoff=10) == []
+    assert book.released([a, b, c], "red", cutoff=100) == []   # another policy's weights
+    assert book.released([a, b, c], "default", cutoff=100) == [b]
+
+
+def test_a_client_waiting_for_two_policies_is_released_when_both_trained_its_steps():
+    book = WaitBook(max_wait_s=5.0)
+    (a,) = sessions(1)
+    book.start_wait(a, {"default": 10, "red": 3}, now=0.0)
+    assert book.released([a], "red", cutoff=3) == [] and a.waiting == {"default": 10}
+    assert book.released([a], "default", cutoff=10) == [a] and not a.waiting
 
 
 def test_should_flush_when_every_sampler_waits():
     book = WaitBook(max_wait_s=5.0)
     a, b = sessions(2)
-    assert not book.should_flush([a, b], last_ingest_id=10, now=0.0)  # nobody waits
-    book.start_wait(a, 10, now=0.0)
-    assert not book.should_flush([a, b], last_ingest_id=10, now=1.0)  # b still sampling
-    book.start_wait(b, 12, now=1.0)
-    assert book.should_flush([a, b], last_ingest_id=12, now=1.0)
+    assert not book.should_flush([a, b], "default", last_ingest_id=10, now=0.0)  # nobody waits
+    book.start_wait(a, {"default": 10}, now=0.0)
+    assert not book.should_flush([a, b], "default", last_ingest_id=10, now=1.0)  # b sampling
+    book.start_wait(b, {"red": 12}, now=1.0)   # b waits for another policy: all wait now
+    assert book.should_flush([a, b], "default", last_ingest_id=10, now=1.0)
+    assert book.should_flush([a, b], "red", last_ingest_id=12, now=1.0)
+    assert not book.should_flush([a, b], "blue", last_ingest_id=12, now=1.0)  # none wait for it
 
 
 def test_should_flush_when_one_waits_too_long():
     book = WaitBook(max_wait_s=5.0)
     a, b = sessions(2)
-    book.start_wait(a, 10, now=100.0)
-    assert not book.should_flush([a, b], 10, now=105.0)     # exactly max_wait: not yet
-    assert book.should_flush([a, b], 10, now=105.01)
+    book.start_wait(a, {"default": 10}, now=100.0)
+    assert not book.should_flush([a, b], "default", 10, now=105.0)  # exactly max_wait: not yet
+    assert book.should_flush([a, b], "default", 10, now=105.01)
 
 
 def test_should_flush_not_again_for_the_same_data():
     book = WaitBook(max_wait_s=5.0)
     (a,) = sessions(1)
-    book.start_wait(a, 10, now=0.0)
-    assert book.should_flush([a], 10, now=0.0)
-    book.last_flush_cutoff = 10           # the shell records the flush it asked for
-    assert not book.should_flush([a], 10, now=60.0)
-    assert book.should_flush([a], 11, now=60.0)
+    book.start_wait(a, {"default": 10}, now=0.0)
+    assert book.should_flush([a], "default", 10, now=0.0)
+    book.last_flush_cutoff["default"] = 10   # the shell records the flush it asked for
+    assert not book.should_flush([a], "default", 10, now=60.0)
+    assert book.should_flush([a], "default", 11, now=60.0)
 
 
 # ---------------------------------------------------------------- concat_records
@@ -300,3 +315,115 @@ def test_concat_records_keeps_the_padded_dtype():
     assert list(out["stream_id"]) == [1, 1, 3, 3, 3]
     np.testing.assert_array_equal(out["obs"]["obs"][2:], np.arange(9).reshape(3, 3) + 20)
     assert len(concat_records([], layout.dtype)) == 0
+
+
+# ---------------------------------------------------------------- many agents, several policies
+def multi_core(max_agents: int = 4) -> CollectorCore:
+    cfg = load_config(overrides=[("policies", "red.trainable", True),
+                                 ("policies", "blue.trainable", True),
+                                 ("policy_mapping", "red_*", "red"),
+                                 ("policy_mapping", "blue_*", "blue"),
+                                 ("server", "max_agents_per_connection", max_agents)],
+                      resolve_dirs=False)
+    spaces = Spaces(OBS, ACT, dist_size=3)
+    return CollectorCore(cfg, {"default": core_mod.PolicyInfo(spaces, LAYOUT),
+                               "red": core_mod.PolicyInfo(spaces, LAYOUT),
+                               "blue": core_mod.PolicyInfo(spaces, LAYOUT, trainable=False)})
+
+
+def agent_frag(agent: str | None, t: int, start: float = 0.0, episode: str | None = None,
+               policy: str | None = None, **kw) -> EpisodeFragment:
+    base = frag(t, start, **kw)
+    return EpisodeFragment(obs=base.obs, actions=base.actions, rewards=base.rewards,
+                           is_terminated=base.is_terminated, is_truncated=base.is_truncated,
+                           agent_id=agent, episode_id=episode, policy_id=policy)
+
+
+def test_each_agent_goes_to_its_policy_and_frozen_policies_are_only_counted():
+    core = multi_core()
+    session = core.open_session("p", "tcp")
+    plan = core.handle(session, codec.EpisodesAndGetState(episodes=(
+        agent_frag("red_1", 2), agent_frag("walker", 3), agent_frag("blue_1", 4, terminated=True),
+        agent_frag("x", 1, policy="red")), weights_seq_nos={"red": 5}))
+    assert set(plan.records) == {"default", "red"}            # blue is frozen: no records
+    assert len(plan.records["red"]) == (2 + 1) + (1 + 1) and len(plan.records["default"]) == 4
+    assert (plan.records["red"]["weights_seq_no"] == 5).all()
+    assert core.policy_steps == {"default": 3, "red": 3, "blue": 4}
+    assert core.policy_stats["blue"].episodes == 1 and core.stats.episodes == 1
+    assert set(session.agents) == {"red_1", "walker", "x"}     # open (cut) episodes
+    assert plan.wait_for_training
+
+
+def test_only_frozen_data_does_not_wait_for_training():
+    core = multi_core()
+    plan = core.handle(core.open_session("p", "tcp"), codec.EpisodesAndGetState(
+        episodes=(agent_frag("blue_1", 2),)))
+    assert not plan.records and plan.newest_state and not plan.wait_for_training
+
+
+@pytest.mark.parametrize("episodes, pattern", [
+    ((agent_frag("a", 1, policy="nope"),), r"episodes\[0\] \(agent 'a'\): unknown policy 'nope'"),
+    ((agent_frag("a", 1, episode="e1", terminated=True), agent_frag("a", 1, episode="e1")),
+     r"episodes\[1\] \(agent 'a'\): episode 'e1' already ended"),
+    (tuple(agent_frag(f"a{i}", 1) for i in range(5)),
+     r"episodes\[4\]: agent 'a4' is one more than server.max_agents_per_connection=4"),
+])
+def test_bad_agent_input_is_refused_naming_the_agent_and_nothing_is_counted(episodes, pattern):
+    core = multi_core()
+    session = core.open_session("p", "tcp")
+    with pytest.raises(InvalidEpisode, match=pattern):
+        core.handle(session, codec.Episodes(episodes=episodes))
+    assert core.env_steps == 0 and not session.agents
+
+
+def test_an_observation_outside_its_policys_space_names_the_agent():
+    core = multi_core()
+    bad = agent_frag("red_2", 1, start=50.0)   # beyond Box(-10, 10)
+    with pytest.raises(InvalidEpisode, match=r"episodes\[0\] \(agent 'red_2'\)\.obs"):
+        core.handle(core.open_session("p", "tcp"), codec.Episodes(episodes=(bad,)))
+
+
+def test_an_ended_episode_id_is_remembered_across_messages_and_agents_stay_within_the_limit():
+    core = multi_core(max_agents=2)
+    session = core.open_session("p", "tcp")
+    core.handle(session, codec.Episodes(episodes=(agent_frag("a", 1, episode="1", terminated=True),)))
+    with pytest.raises(InvalidEpisode, match="episode '1' already ended"):
+        core.handle(session, codec.Episodes(episodes=(agent_frag("a", 1, episode="1"),)))
+    core.handle(session, codec.Episodes(episodes=(agent_frag("a", 1, episode="2"),
+                                                  agent_frag("b", 1))))  # two open: the limit
+    with pytest.raises(InvalidEpisode, match="agent 'c' is one more"):
+        core.handle(session, codec.Episodes(episodes=(agent_frag("c", 1),)))
+    core.handle(session, codec.Episodes(episodes=(agent_frag("b", 1, terminated=True),)))
+    core.handle(session, codec.Episodes(episodes=(agent_frag("c", 1),)))  # b left: room for c
+
+
+def test_a_continued_episode_keeps_its_policy():
+    core = multi_core()
+    session = core.open_session("p", "tcp")
+    first = agent_frag("a", 2)                             # cut: continues next message
+    core.handle(session, codec.Episodes(episodes=(first,)))
+    last_obs = first.obs[-1]
+    cont = EpisodeFragment(obs=[last_obs, [0.0, 0.0]], actions=[1], rewards=np.ones(1),
+                           is_terminated=True, is_truncated=False, agent_id="a", policy_id="red")
+    with pytest.raises(InvalidEpisode, match="continues an episode of policy 'default' with "
+                                             "policy 'red'"):
+        core.handle(session, codec.Episodes(episodes=(cont,)))
+
+
+def test_set_config_announces_policies_mapping_and_the_agent_limit():
+    reply = decode_reply(multi_core().handle(multi_core().open_session("p", "tcp"), codec.GetConfig()))
+    assert set(reply.policies) == {"default", "red", "blue"}
+    assert reply.policies["blue"]["trainable"] is False
+    assert reply.policy_mapping == [["red_*", "red"], ["blue_*", "blue"]]
+    assert reply.max_agents_per_connection == 4
+
+
+def test_attach_names_a_known_policy_once():
+    core = multi_core()
+    session = core.open_session("p", "unix")
+    assert core.handle(session, codec.Attach(pid=1, policy="red")).attach_policy == "red"
+    assert core.handle(session, codec.Attach(pid=1)).attach_policy == "default"
+    with pytest.raises(BadMessage, match="already attached for policy 'red'"):
+        core.handle(session, codec.Attach(pid=1, policy="red"))
+    with pytest.raises(BadMessage, match="unknown policy 'nope'"):
+        core.handle(session, codec.Attach(pid=1, policy="nope"))

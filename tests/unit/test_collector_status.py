@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlinkd.client_lib.protocol.spaces import Box, Discrete
-from rlinkd.daemon.collector.core import CollectorCore
+from rlinkd.daemon.collector.core import CollectorCore, single_policy
 from rlinkd.daemon.collector.ingest import Spaces
 from rlinkd.daemon.collector.status import RATE_WINDOW_S, RateMeter, StatusBuilder
 from rlinkd.daemon.config import load_config
@@ -26,10 +26,10 @@ class FakeClock:
 
 def make_builder(clock: FakeClock) -> StatusBuilder:
     cfg = load_config(resolve_dirs=False)
-    core = CollectorCore(cfg, Spaces(Box([2], low=-1.0, high=1.0), Discrete(2), dist_size=2),
-                         StepLayout.flat(2, 1, 2))
+    core = CollectorCore(cfg, single_policy(Spaces(Box([2], low=-1.0, high=1.0), Discrete(2),
+                                                   dist_size=2), StepLayout.flat(2, 1, 2)))
     topo = SimpleNamespace(cfg=cfg, started_at=time.time())
-    return StatusBuilder(topo, core, SimpleNamespace(seq_no=3), clock=clock)
+    return StatusBuilder(topo, core, {"default": SimpleNamespace(seq_no=3)}, clock=clock)
 
 
 def run_rate(polls_per_second: int, seconds: int = 30, steps_per_s: int = 1000) -> float:

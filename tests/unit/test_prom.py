@@ -15,7 +15,7 @@ from rlinkd.client_lib.protocol.spaces import Box, Discrete
 from rlinkd.daemon.collector.ingest import Spaces
 from rlinkd.daemon import messages as m
 from rlinkd.daemon import prom
-from rlinkd.daemon.collector.core import CollectorCore, protocol_error_kinds
+from rlinkd.daemon.collector.core import CollectorCore, single_policy, protocol_error_kinds
 from rlinkd.daemon.collector.latency import MESSAGE_BOUNDS_S, Histogram, HistogramSet
 from rlinkd.daemon.collector.status import StatusBuilder
 from rlinkd.daemon.config import load_config
@@ -44,11 +44,12 @@ def daemon_info() -> m.DaemonInfo:
 def status_report() -> dict:
     """A report as the collector builds it, after traffic, two updates and some errors."""
     cfg = load_config(resolve_dirs=False)
-    core = CollectorCore(cfg, Spaces(Box([2], low=-1.0, high=1.0), Discrete(2), 2),
-                         StepLayout.flat(2, 1, 2))
+    core = CollectorCore(cfg, single_policy(Spaces(Box([2], low=-1.0, high=1.0), Discrete(2), 2),
+                                            StepLayout.flat(2, 1, 2)))
     ring = SimpleNamespace(capacity=1024, free_records=lambda: 1000)
     topo = SimpleNamespace(cfg=cfg, started_at=time.time() - 5)
-    builder = StatusBuilder(topo, core, SimpleNamespace(seq_no=2), ring=ring)
+    builder = StatusBuilder(topo, core, {"default": SimpleNamespace(seq_no=2)},
+                            routes={"default": SimpleNamespace(ring=ring)})
     core.env_steps, core.stats.episodes = 5000, 40
     for kind in ("bad_header", "invalid_episode", "invalid_episode"):
         core.count_protocol_error(kind)
