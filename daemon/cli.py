@@ -216,6 +216,14 @@ def format_status(s: dict) -> str:
              f"last checkpoint {ckpt.get('path', '-')} (age {ckpt.get('age_s', '-')} s)"]
     if s.get("metrics_url"):
         lines.append(f"metrics {s['metrics_url']}")
+    policies = s.get("policies") or {}
+    if len(policies) > 1 or s.get("agents"):
+        lines.append(f"agents with an episode in progress {s.get('agents', 0)}")
+        for name, p in policies.items():
+            lines.append(f"  policy {name:<12} seq_no {p.get('weights_seq_no')}  "
+                         f"{'trained' if p.get('trainable') else 'frozen'}  env_steps "
+                         f"{p.get('env_steps')}  episodes {p.get('episodes')}  return mean "
+                         f"{p.get('episode_return_mean')}")
     for role, c in (s.get("children") or {}).items():
         lines.append(f"  {role:<12} pid {c.get('pid')}  restarts {c.get('restarts')}")
     return "\n".join(lines)

@@ -73,6 +73,7 @@ GAUGES: dict[str, tuple[Path, str]] = {
     "rlinkd_connections": (("connections",), "Open connections (TCP and Unix socket; the "
                            "scrape's own STATUS connection included)."),
     "rlinkd_waiting_clients": (("waiting_clients",), "On-policy clients waiting for weights."),
+    "rlinkd_agents": (("agents",), "Agents of TCP connections with an episode in progress."),
     "rlinkd_episode_return_mean": (("episode_return_mean",), "Mean return of the last 100 "
                                    "episodes."),
     "rlinkd_episode_return_mean_20": (("episode_return_mean_20",), "Mean return of the last "
@@ -125,7 +126,8 @@ def families(scrape: Scrape) -> list[Metric]:
                                            "answered this scrape's STATUS.",
                                            value=int(scrape.collector_up))]
     out += _plain(report)
-    for build in (_state, _protocol_errors, _clients, _slots, _children, _config, _latency):
+    for build in (_state, _protocol_errors, _clients, _slots, _children, _config, _latency,
+                  _policies):
         out += build(report)
     out += _processes(scrape.processes)
     return out
@@ -274,6 +276,30 @@ def _processes(samples: Mapping[str, ProcessSample]) -> list[Metric]:
         rss.add_metric([role], sample.rss_bytes)
     return [cpu, rss]
 
+
+
+POLICY_GAUGES: dict[str, tuple[Path, str]] = {
+    "rlinkd_policy_weights_seq_no": (("weights_seq_no",), "Weights version of each policy."),
+    "rlinkd_policy_env_steps": (("env_steps",), "Env steps ingested for each policy."),
+    "rlinkd_policy_episodes": (("episodes",), "Episodes completed by each policy's agents."),
+    "rlinkd_policy_episode_return_mean": (("episode_return_mean",), "Mean return of each "
+                                          "policy's last 100 episodes."),
+    "rlinkd_policy_learner_updates": (("learner", "updates"), "Updates of each policy's learner."),
+}
+"""Labelled by ``policy`` (every policy, the default one included)."""
+
+
+def _policies(report: Mapping[str, Any]) -> list[Metric]:
+    policies = report.get("policies") or {}
+    out = []
+    for name, (path, doc) in POLICY_GAUGES.items():
+        family = GaugeMetricFamily(name, doc, labels=["policy"])
+        for policy, section in policies.items():
+            value = lookup(section, path)
+            if value is not None:
+                family.add_metric([policy], value)
+        out.append(family)
+    return out if policies else []
 
 
 def _slots(report: Mapping[str, Any]) -> list[Metric]:

@@ -217,3 +217,16 @@ def test_histogram_buckets_include_their_upper_bound():
     hs.observe("A", 0.5)
     assert hs.report() == {"bounds_s": [1.0], "by_kind": {"A": {"counts": [1, 0], "sum_s": 0.5},
                                                           "B": {"counts": [0, 1], "sum_s": 2.0}}}
+
+
+def test_every_policy_is_a_label_of_the_policy_families():
+    report = {"policies": {"default": {"weights_seq_no": 7, "env_steps": 100, "episodes": 3,
+                                       "episode_return_mean": 9.5, "learner": {"updates": 7}},
+                           "opponent": {"weights_seq_no": 0, "env_steps": 50, "episodes": 1,
+                                        "episode_return_mean": None, "learner": {}}}}
+    families = {f.name: f for f in prom._policies(report)}
+    seq = {s.labels["policy"]: s.value for s in families["rlinkd_policy_weights_seq_no"].samples}
+    assert seq == {"default": 7, "opponent": 0}
+    returns = families["rlinkd_policy_episode_return_mean"].samples
+    assert [(s.labels["policy"], s.value) for s in returns] == [("default", 9.5)]  # None: absent
+    assert prom._policies({}) == []
