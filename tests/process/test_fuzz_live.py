@@ -45,7 +45,8 @@ pytestmark = pytest.mark.process
 MIN_TOTAL_CASES = 10_000
 MAX_RSS_GROWTH_BYTES = 100 * 1024 * 1024
 FAMILIES = ("random_bytes", "mutated_frames", "truncated_frames", "hostile_episodes",
-            "nesting_and_headers", "huge_arrays", "slow_clients", "composite_episodes")
+            "nesting_and_headers", "huge_arrays", "slow_clients", "composite_episodes",
+            "agent_episodes")
 
 
 def fuzz_settings(examples: int):
@@ -941,6 +942,79 @@ def test_composite_daemon_is_healthy_after_fuzzing(composite_target):
     assert status["env_steps"] > 0, status  # valid episodes were accepted too
     children = status["children"]
     assert {r: c["pid"] for r, c in children.items()} == composite_target.pids_before, children
+    log = daemon.log()
+    assert "Traceback" not in log, log[log.index("Traceback") - 2000:][:6000]
+
+
+# ---------------------------------------------------------------- many agents, two policies
+AGENTS_CONFIG = """
+[server]
+max_agents_per_connection = 4
+[policies.red]
+trainable = true
+[policy_mapping]
+"red_*" = "red"
+"""
+AGENT_IDS = ["red_1", "red_2", "a", "b", "c", "x" * 65, "\u0001", 5, "", None]
+EPISODE_IDS = ["1", "2", None, "", 7]
+POLICY_IDS = [None, None, "red", "default", "nope"]
+
+
+@pytest.fixture(scope="module")
+def agents_target(tmp_path_factory):
+    """A third daemon: two policies, a mapping, at most 4 agents per connection."""
+    from tests.conftest import DaemonPool
+    base = tmp_path_factory.mktemp("agents")
+    (base / "a.toml").write_text(AGENTS_CONFIG)
+    pool = DaemonPool(base)
+    daemon = pool.start("--config", str(base / "a.toml"))
+    status = daemon.status()
+    yield FuzzTarget(daemon, Oracle(path=base / "a.toml"), errors_before=status["protocol_errors"],
+                     rss_before=process_rss(daemon),
+                     pids_before={r: c["pid"] for r, c in status["children"].items()})
+    pool.close()
+
+
+def agent_episode(rng: random.Random) -> dict:
+    """A valid CartPole-shaped fragment with random (valid or not) agent/episode/policy ids."""
+    steps = rng.randrange(0, 4)
+    ep = {"obs": [[rng.uniform(-0.1, 0.1) for _ in range(4)] for _ in range(steps + 1)],
+          "actions": [rng.randrange(2) for _ in range(steps)], "rewards": [1.0] * steps,
+          "is_terminated": rng.random() < 0.4, "is_truncated": False}
+    for key, choices in (("agent_id", AGENT_IDS), ("episode_id", EPISODE_IDS),
+                         ("policy_id", POLICY_IDS)):
+        value = rng.choice(choices)
+        if value is not None:
+            ep[key] = value
+    return ep
+
+
+@fuzz_settings(30)
+@given(seed=seeds)
+def test_agent_ids_policies_and_episode_ids(agents_target, seed):
+    """Connections of 1-3 EPISODES messages whose fragments name agents, episodes and
+    policies (good and bad; limits crossed across messages), some JSON-mutated: every reply
+    is exactly the oracle's."""
+    rng = random.Random(seed)
+    payloads = []
+    for i in range(CASES):
+        frames = []
+        for _ in range(rng.randrange(1, 4)):
+            msg = {"type": "EPISODES", "episodes": [agent_episode(rng) for _ in range(rng.randrange(1, 5))]}
+            frames.append(frame(mutate_json(rng, msg) if i % 5 == 4 else msg))
+        payloads.append(b"".join(frames))
+    agents_target.run("agent_episodes", payloads)
+
+
+def test_agents_daemon_is_healthy_after_fuzzing(agents_target):
+    daemon = agents_target.daemon
+    assert daemon.proc.poll() is None, "the daemon died"
+    status = daemon.status()
+    grew = status["protocol_errors"] - agents_target.errors_before
+    assert grew == agents_target.expected_errors > 200, (grew, agents_target.expected_errors)
+    assert status["policies"]["red"]["env_steps"] > 0 and status["policies"]["default"]["env_steps"] > 0
+    children = status["children"]
+    assert {r: c["pid"] for r, c in children.items()} == agents_target.pids_before, children
     log = daemon.log()
     assert "Traceback" not in log, log[log.index("Traceback") - 2000:][:6000]
 
