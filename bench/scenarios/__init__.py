@@ -40,4 +40,8 @@ SUITE = {
                              ("--quick", "--out", "{results}/image_ingest-quick.json")),
     "minatar": Scenario("bench.scenarios.minatar", "minatar.json", (),
                         ("--quick", "--out", "{results}/minatar-quick.json")),
+    "vector": Scenario("bench.scenarios.vector", "vector.json", ("--runs", "{runs}"),
+                       ("--quick", "--out", "{results}/vector-quick.json")),
+    "multiagent": Scenario("bench.scenarios.multiagent", "multiagent.json", ("--runs", "{runs}"),
+                           ("--quick", "--out", "{results}/multiagent-quick.json")),
 }
