@@ -62,20 +62,34 @@ def session(model: bytes, threads: int = 1):
 
 
 class OnnxPolicy:
-    """An onnxruntime session on one weights version."""
+    """An onnxruntime session on one weights version. Inputs are matched to observation
+    leaves by name (``onnx_input_key``); a model with one input of another name (trained
+    elsewhere, served for a frozen policy) gets the only observation leaf."""
 
     def __init__(self, msg: codec.SetState) -> None:
         self.session = session(decode_onnx(msg))
         self.output = self.session.get_outputs()[0].name
-        self.inputs = {i.name: onnx_input_key(i.name) for i in self.session.get_inputs()}
+        names = [i.name for i in self.session.get_inputs()]
+        self.inputs = {name: _input_key(name, len(names)) for name in names}
         self.weights_seq_no = msg.weights_seq_no
 
     def dist_inputs(self, obs: Columns | np.ndarray) -> np.ndarray:
         """[N, dist_size] for observation columns (leaf key -> [N, ...], record dtypes; a
         bare array for a root leaf)."""
         obs = obs if isinstance(obs, Mapping) else {"": obs}
-        feed = {name: obs[key] for name, key in self.inputs.items()}
+        feed = {name: obs[key] if key is not None else next(iter(obs.values()))
+                for name, key in self.inputs.items()}
         return self.session.run([self.output], feed)[0]
+
+
+def _input_key(name: str, n_inputs: int) -> str | None:
+    """The leaf an input feeds; None: "the only one" (a single input of a foreign name)."""
+    try:
+        return onnx_input_key(name)
+    except ValueError:
+        if n_inputs == 1:
+            return None
+        raise
 
 
 class BoardPolicy:

@@ -25,7 +25,7 @@ from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.links import LinkConfig, ReconnectingLink, TcpLink, server_config
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.discovery import local_socket
-from rlinkd.client_lib.policy import BoardPolicy
+from rlinkd.client_lib.policy import BoardPolicy, OnnxPolicy
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.records import concat_records, fragment_records
 from rlinkd.client_lib.transport import Address, RLlinkClient, RLlinkError, parse_address
@@ -35,6 +35,8 @@ from rlinkd.shm.records import StepLayout
 from rlinkd.shm.ring import StepRing
 
 DEFAULT_TCP = "tcp://127.0.0.1:5555"
+LocalNet = BoardPolicy | OnnxPolicy
+"""What a policy acts with here: board weights (numpy/onnxruntime), or a served ONNX model."""
 WRITE_TIMEOUT_S = 300.0
 
 
@@ -43,13 +45,14 @@ class RingAttachment:
     """One policy's ring, weights board, network and record layout on this connection."""
 
     ring: StepRing
-    board: WeightsBoard
+    board: WeightsBoard | None  # None: a frozen model trained elsewhere, fetched by GET_STATE
     spec: PolicySpec
     layout: StepLayout
 
     def close(self) -> None:
         self.ring.close()
-        self.board.close()
+        if self.board is not None:
+            self.board.close()
 
 
 class ShmLink(ReconnectingLink):
@@ -127,18 +130,18 @@ class ShmLink(ReconnectingLink):
         self.wanted = []
         return self._with_retry(lambda: self.config)
 
-    def policy(self, name: str) -> BoardPolicy:
+    def policy(self, name: str) -> LocalNet:
         """Policy ``name``'s newest weights; attaches its ring first if needed (retrying)."""
         if name not in self.wanted:
             self.wanted.append(name)
 
-        def attach_and_read() -> BoardPolicy:
+        def attach_and_read() -> LocalNet:
             if name not in self.attached:
                 self._attach(self._client(), name)
             return self._policy(name)
         return self._with_retry(attach_and_read)
 
-    def exchange(self, sends, held: dict[str, int], get_state: bool = True) -> dict[str, BoardPolicy]:
+    def exchange(self, sends, held: dict[str, int], get_state: bool = True) -> dict[str, LocalNet]:
         """Write each fragment into its policy's ring (``stream_id`` = its slot), then one
         SAMPLE_READY; returns the policies whose weights changed (re-sent after a reconnect).
         ``get_state`` False: written only if connected, no reply awaited, nothing returned."""
@@ -169,8 +172,9 @@ class ShmLink(ReconnectingLink):
         ring = StepRing.attach_fd(ring_fd, attached.ring_name, expected_layout=layout)
         fifo = os.open(attached.doorbell_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         ring.doorbell = Doorbell(fifo)  # FIFO doorbell: the collector sleeps on its read end
-        self.attached[policy] = RingAttachment(ring, WeightsBoard.attach(attached.board_path),
-                                               PolicySpec.from_json(attached.policy_spec), layout)
+        board = WeightsBoard.attach(attached.board_path) if attached.board_path else None
+        self.attached[policy] = RingAttachment(ring, board, PolicySpec.from_json(attached.policy_spec),
+                                               layout)
 
     def _attachment(self, policy: str | None) -> RingAttachment:
         """The policy's ring and board; ConnectionError (so ``_with_retry`` reconnects) when
@@ -180,15 +184,27 @@ class ShmLink(ReconnectingLink):
             raise ConnectionError(f"{self.socket_path}: not attached")
         return part
 
-    def _policy(self, policy: str | None) -> BoardPolicy:
+    def _policy(self, policy: str | None) -> LocalNet:
         part = self._attachment(policy)
+        if part.board is None:
+            return self._served_model(policy or DEFAULT_POLICY)
         deadline = time.monotonic() + self.reconnect_timeout_s
         while part.board.latest_seq_no() < 0 and time.monotonic() < deadline:
             time.sleep(0.01)  # the learner is still starting
         seq, flat = part.board.read()
         return BoardPolicy(part.spec, flat, seq)
 
-    def _submit(self, fragments, seq_no: int, get_state: bool) -> BoardPolicy | None:
+    def _served_model(self, name: str) -> OnnxPolicy:
+        """A policy without board weights (a frozen model trained elsewhere): its ONNX model
+        from GET_STATE on our socket, run with onnxruntime. It never changes."""
+        state = self._client().get_state()
+        entry = (state.policies or {}).get(name) if name != DEFAULT_POLICY else None
+        if entry is not None:
+            state = codec.SetState(weights_seq_no=entry["weights_seq_no"],
+                                   onnx_file=entry["onnx_file"], onnx_sha256=entry.get("onnx_sha256"))
+        return OnnxPolicy(state)
+
+    def _submit(self, fragments, seq_no: int, get_state: bool) -> LocalNet | None:
         part = self._attachment(None)
         records = concat_records([fragment_records(f, part.layout, 0, seq_no) for f in fragments],
                                  part.layout.dtype)
@@ -198,7 +214,7 @@ class ShmLink(ReconnectingLink):
             return None
         return self._policy(None) if reply.weights_seq_no != seq_no else None
 
-    def _write_all(self, sends, held: dict[str, int], get_state: bool) -> dict[str, BoardPolicy]:
+    def _write_all(self, sends, held: dict[str, int], get_state: bool) -> dict[str, LocalNet]:
         by_policy: dict[str, list] = {}
         for slot, frag in sends:
             by_policy.setdefault(frag.policy_id or DEFAULT_POLICY, []).append((slot, frag))

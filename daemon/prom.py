@@ -291,7 +291,7 @@ POLICY_GAUGES: dict[str, tuple[Path, str]] = {
 
 def _policies(report: Mapping[str, Any]) -> list[Metric]:
     policies = report.get("policies") or {}
-    out = []
+    out: list[Metric] = []
     for name, (path, doc) in POLICY_GAUGES.items():
         family = GaugeMetricFamily(name, doc, labels=["policy"])
         for policy, section in policies.items():

@@ -144,9 +144,11 @@ class CollectorProcess:
 
 
 def attached_info(topo: Topology) -> dict[str, dict]:
-    """The constant part of every ATTACHED reply, by policy."""
+    """The constant part of every ATTACHED reply, by policy (no board path for a frozen model
+    trained elsewhere: the client fetches that model with GET_STATE)."""
     s = topo.cfg.sampling
-    return {name: {"board_path": p.board_path, "layout": p.layout_json,
+    return {name: {"board_path": "" if foreign_onnx(p.definition) else p.board_path,
+                   "layout": p.layout_json,
                    "policy_spec": p.spec.to_json(), "env_steps_per_sample": s.env_steps_per_sample,
                    "force_on_policy": s.force_on_policy} for name, p in topo.policies.items()}
 

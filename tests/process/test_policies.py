@@ -116,3 +116,28 @@ def test_a_frozen_policy_never_changes_while_the_other_trains(daemon_factory, tm
     status = d.status()
     assert status["policies"]["opponent"]["weights_seq_no"] == 0
     assert status["policies"]["opponent"]["episodes"] >= 16   # counted, never trained on
+
+
+def test_a_frozen_model_trained_elsewhere_plays_over_tcp_and_shared_memory(daemon_factory, tmp_path):
+    from rlinkd.client_lib import connect_multi
+    from tests.unit.test_frozen import foreign_model
+    model = tmp_path / "elsewhere.onnx"
+    model.write_bytes(foreign_model(2))            # logits = obs @ ones: prefers nothing
+    d = daemon_factory("--set", "sampling.env_steps_per_sample=32",
+                       "--set", "policies.opponent.trainable=false",
+                       "--set", f'policies.opponent.load_from="{model}"',
+                       "--set", "policy_mapping.opp_*=opponent", name="foreign")
+    rng = np.random.default_rng(3)
+    for address in (f"tcp://127.0.0.1:{d.port}", f"shm:{d.state_dir}"):
+        client = connect_multi(address, seed=1)
+        assert client.policy_for("opp_1") == "opponent"
+        for t in range(40):
+            obs = {a: rng.uniform(-0.05, 0.05, 4).astype(np.float32) for a in ("me", "opp_1")}
+            actions = client.act(obs)
+            assert set(actions) == {"me", "opp_1"} and actions["opp_1"] in (0, 1)
+            client.step({"me": 1.0, "opp_1": 0.0}, obs, terminated={"me": t % 10 == 9,
+                                                                     "opp_1": t % 10 == 9})
+        client.close()
+    status = d.status()
+    assert status["policies"]["opponent"]["weights_seq_no"] == 0
+    assert status["policies"]["opponent"]["episodes"] >= 6 and status["policies"]["default"]["episodes"] >= 6
