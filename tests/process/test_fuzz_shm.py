@@ -11,6 +11,7 @@ well-behaved shm client keeps training.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import socket
@@ -26,6 +27,7 @@ from rlinkd.client_lib.protocol.masking import mask_spec
 from rlinkd.client_lib.protocol.spaces import Box, Dict, Discrete, MultiBinary, MultiDiscrete, record_fields
 from rlinkd.client_lib.shm_client import receive_ring_fd
 from rlinkd.daemon.collector.ingest import InvalidEpisode, Spaces
+from rlinkd.daemon.collector.core import single_policy
 from rlinkd.daemon.collector.shm_clients import ShmClients
 from rlinkd.shm.records import FINAL_OBS, StepLayout
 from rlinkd.shm.ring import HEAD_OFFSET, TAIL_OFFSET, StepRing, records_offset
@@ -69,8 +71,8 @@ def valid_records(n: int, layout: StepLayout = LAYOUT) -> np.ndarray:
 def attached(steps: int | None = None, layout: StepLayout = LAYOUT, spaces: Spaces = SPACES):
     """A collector-side ShmClients with client 1 attached; ``steps`` valid steps written by a
     producer first (None: nothing). Detaches (closes the ring) on exit."""
-    clients = ShmClients("fz", layout, spaces)
-    ring = clients.attach(1, RING_RECORDS)
+    clients = ShmClients("fz", single_policy(spaces, layout), 1024, itertools.count(100).__next__)
+    ring = clients.attach(1, 1, "default", RING_RECORDS)
     try:
         if steps is not None:
             producer = client_side(ring)
@@ -124,7 +126,7 @@ def test_a_scribbled_composite_ring_is_read_validated_or_refused(steps, writes):
 def test_valid_composite_records_pass_and_a_masked_action_is_refused():
     """The composite fuzz starts from records that pass (so scribbles are what it tests)."""
     with attached(20, C_LAYOUT, C_SPACES) as (clients, _):
-        assert len(clients.read(1, 256)) == 21
+        assert len(clients.read(1, "default", 256)) == 21
     with attached(None, C_LAYOUT, C_SPACES) as (clients, ring):
         bad = valid_records(3, C_LAYOUT)
         bad["action"][1, 0] = 1                      # the mask forbids turn choice 1
@@ -132,7 +134,7 @@ def test_valid_composite_records_pass_and_a_masked_action_is_refused():
         producer.write_batch(bad)
         producer.close()
         with pytest.raises(InvalidEpisode, match="action mask forbids"):
-            clients.read(1, 256)
+            clients.read(1, "default", 256)
 
 
 def scribble_and_check(clients: ShmClients, ring: StepRing, writes) -> None:
@@ -141,13 +143,13 @@ def scribble_and_check(clients: ShmClients, ring: StepRing, writes) -> None:
     read = refused = 0
     for _ in range(RING_RECORDS // 256 + 2):
         try:
-            read += len(clients.read(1, 256))
+            read += len(clients.read(1, "default", 256))
         except InvalidEpisode:
             refused += 1
             break
     if refused:  # refused for good: never read again, never reported readable, no busy loop
         with pytest.raises(InvalidEpisode):
-            clients.read(1, 256)
+            clients.read(1, "default", 256)
         assert clients.readable() == [] and clients.arm() is False
     else:
         assert read <= RING_RECORDS and clients.readable() == []
@@ -157,9 +159,9 @@ def scribble_and_check(clients: ShmClients, ring: StepRing, writes) -> None:
 def test_impossible_counters_are_refused(tail, head):
     with attached() as (clients, ring):
         scribble(ring, [(TAIL_OFFSET, tail.to_bytes(8, "little")), (HEAD_OFFSET, head.to_bytes(8, "little"))])
-        assert clients.readable() == [1]
+        assert clients.readable() == [(1, "default")]
         with pytest.raises(InvalidEpisode, match="ring counters corrupt"):
-            clients.read(1, 256)
+            clients.read(1, "default", 256)
         assert clients.readable() == [] and clients.arm() is False
 
 
@@ -177,13 +179,13 @@ def test_a_leaving_clients_ring_is_no_longer_watched_but_still_drained():
     with attached(10) as (clients, _):
         clients.leave(1)
         assert clients.readable() == [] and clients.arm() is False
-        assert len(clients.read(1, 1 << 14)) == 11
+        assert len(clients.read(1, "default", 1 << 14)) == 11
 
 
 def test_reads_never_exceed_the_unread_count_checked():
     """A full ring read with a chunk larger than the ring returns at most ``capacity`` records."""
     with attached(RING_RECORDS - 1) as (clients, _):
-        assert len(clients.read(1, 1 << 14)) == RING_RECORDS
+        assert len(clients.read(1, "default", 1 << 14)) == RING_RECORDS
 
 
 # ---------------------------------------------------------------- live daemon
