@@ -4,8 +4,9 @@ against the two-client demo, in the same run, each until mean return 450.
     python -m bench.scenarios.vector [--runs 3] [--num-envs 64] [--quick]
 
 Per run and seed, alternating the two definitions (so machine noise hits both alike):
-``rlinkd demo --clients 2 --transport tcp`` (the demo) and ``rlinkd demo --clients 1
---num-envs 64 --transport shm`` (one vectorized client). Measures wall time to SOLVED, env
+``rlinkd demo --clients 2 --transport tcp`` (the demo, default settings) and ``rlinkd demo
+--clients 1 --num-envs 64 --transport shm`` with ``VECTOR_SETTINGS`` (one vectorized client;
+samples and batches sized for 64 copies). Measures wall time to SOLVED, env
 steps to solve, and env steps/s (the daemon's own rate, median of its once-a-second
 progress lines once training has begun). Writes bench/results/vector.json.
 """
@@ -23,11 +24,19 @@ from bench.harness.common import median_range, write_result
 from bench.harness.demo import demo_command, demo_summary
 
 RATE = re.compile(r"steps\s+([\d,]+)\s+([\d,]+) steps/s")
-DEFINITIONS = {"demo (2 TCP clients)": (2, 1, "tcp"), "vectorized (1 shm client, N envs)": (1, None, "shm")}
+VECTOR_SETTINGS = ["sampling.env_steps_per_sample=4096", "sampling.train_batch_size=4096",
+                   "ppo.minibatch_size=2048", "ppo.num_epochs=4"]
+"""The vectorized client's daemon: a sample is 64 steps of each of 64 copies, one batch per
+sample, 2 minibatches of 2048, 4 epochs (the demo keeps the defaults: 256-step samples,
+512-step batches, minibatches of 128, 10 epochs)."""
+DEFINITIONS = {"demo (2 TCP clients)": (2, 1, "tcp", []),
+               "vectorized (1 shm client, N envs)": (1, None, "shm", VECTOR_SETTINGS)}
 
 
-def one_run(clients: int, num_envs: int, transport: str, seed: int, timeout_s: float) -> dict:
-    cmd = [*demo_command(clients, transport, seed, timeout_s=timeout_s), "--num-envs", str(num_envs)]
+def one_run(clients: int, num_envs: int, transport: str, seed: int, timeout_s: float,
+            overrides: list[str]) -> dict:
+    cmd = [*demo_command(clients, transport, seed, overrides, timeout_s=timeout_s),
+           "--num-envs", str(num_envs)]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout_s + 120)
@@ -67,9 +76,9 @@ def main() -> int:
     args = ap.parse_args()
     runs: dict[str, list[dict]] = {name: [] for name in DEFINITIONS}
     for seed in range(1 if args.quick else args.runs):
-        for name, (clients, envs, transport) in DEFINITIONS.items():
+        for name, (clients, envs, transport, overrides) in DEFINITIONS.items():
             run = one_run(clients, envs or args.num_envs, transport, seed,
-                          120.0 if args.quick else args.timeout_s)
+                          120.0 if args.quick else args.timeout_s, overrides)
             runs[name].append(run)
             print(json.dumps({"definition": name, **run}), flush=True)
     result = {"num_envs": args.num_envs, "runs": runs,
