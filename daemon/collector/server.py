@@ -97,8 +97,10 @@ class HandshakeTimeout(RlinkdError):
 
 
 class EpisodeRoute:
-    """One trainable policy's episode ring (producer side), written in ingest-id order
-    under one FIFO lock; ingest ids are per ring."""
+    """One trainable policy's episode ring (producer side), written in ingest-id order;
+    ingest ids are per ring. ``lock``: one FIFO lock shared by every route (the server sets
+    it): all rings share one space doorbell, and two writers awaiting that one fd at once
+    would take each other's wake-ups."""
 
     def __init__(self, ring: StepRing) -> None:
         self.ring, self.lock, self.next_ingest_id = ring, asyncio.Lock(), 1
@@ -125,6 +127,9 @@ class CollectorServer:
                  ssl_ctx: ssl.SSLContext | None = None,
                  on_ingest: Callable[[], None] = lambda: None) -> None:
         self.core, self.routes, self.weights, self.status = core, routes, weights, status
+        shared = asyncio.Lock()
+        for route in routes.values():
+            route.lock = shared
         self.cfg = core.cfg
         self.on_ingest = on_ingest
         self.ssl_ctx = ssl_ctx

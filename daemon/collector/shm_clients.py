@@ -203,11 +203,41 @@ class ShmClients:
         _make_room(pr, top)
         if slots[0] == top and np.all(slots == top):
             return _slot_episodes(pr, top, rec)
-        return [ep for slot in np.unique(slots) for ep in _slot_episodes(pr, int(slot), rec[slots == slot])]
+        return _many_slot_episodes(pr, rec, slots)
 
     def close(self) -> None:
         for sid in list(self.sessions):
             self.detach(sid)
+
+
+def _many_slot_episodes(pr: PolicyRing, rec: np.ndarray, slots: np.ndarray) -> list[tuple[float, int]]:
+    """Episode accounting of records of many agent slots, without a loop over records or
+    slots: records are grouped by slot (a stable sort keeps each slot's order), cut into
+    episode pieces (a new piece after each TERMINATED/TRUNCATED FINAL_OBS record), each piece
+    summed with ``bincount``; a slot's first piece continues its open episode, its last one
+    (unless finished) becomes the new open episode."""
+    order = np.argsort(slots, kind="stable")
+    s, flags = slots[order], rec["flags"][order]
+    final = (flags & FINAL_OBS) != 0
+    done = final & ((flags & (TERMINATED | TRUNCATED)) != 0)
+    group_start = np.ones(len(s), bool)
+    group_start[1:] = s[1:] != s[:-1]
+    piece_start = group_start.copy()
+    piece_start[1:] |= done[:-1]
+    piece = np.cumsum(piece_start) - 1
+    ret = np.bincount(piece, weights=rec["reward"][order].astype(np.float64))
+    length = np.bincount(piece, weights=~final).astype(np.int64)
+    first = np.flatnonzero(piece_start)
+    piece_slot = s[first]
+    carry = group_start[first]                                   # continues the open episode
+    ret[carry] += pr.open_return[piece_slot[carry]]
+    length[carry] += pr.open_length[piece_slot[carry]]
+    finished = done[np.append(first[1:] - 1, len(s) - 1)]         # each piece's last record
+    last = np.append(piece_slot[1:] != piece_slot[:-1], True)     # each slot's last piece
+    keep = ~finished[last]
+    pr.open_return[piece_slot[last]] = np.where(keep, ret[last], 0.0)
+    pr.open_length[piece_slot[last]] = np.where(keep, length[last], 0)
+    return list(zip(ret[finished].tolist(), length[finished].tolist()))
 
 
 def _make_room(pr: PolicyRing, slot: int) -> None:

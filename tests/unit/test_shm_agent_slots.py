@@ -11,7 +11,7 @@ from rlinkd.client_lib.protocol.records import concat_records
 from rlinkd.daemon.collector.core import single_policy
 from rlinkd.daemon.collector.ingest import InvalidEpisode
 from rlinkd.daemon.collector.shm_clients import ShmClients
-from rlinkd.shm.records import TERMINATED
+from rlinkd.shm.records import FINAL_OBS, TERMINATED, TRUNCATED
 from tests.process.test_fuzz_shm import LAYOUT, SPACES, client_side, valid_records
 
 SESSION_STREAM = 7
@@ -66,4 +66,42 @@ def test_a_slot_beyond_the_limit_refuses_the_client():
     with pytest.raises(InvalidEpisode):                          # refused from then on
         c.read(1, "default", 16)
     assert c.readable() == []
+    c.close()
+
+
+def reference_episodes(rec: np.ndarray, open_state: dict) -> list[tuple[float, int]]:
+    """A per-record loop: what the vectorised accounting must equal."""
+    done = []
+    for slot, flags, reward in zip(rec["stream_id"].tolist(), rec["flags"].tolist(),
+                                   rec["reward"].tolist()):
+        ret, length = open_state.get(slot, (0.0, 0))
+        ret, length = ret + reward, length + (0 if flags & FINAL_OBS else 1)
+        if flags & FINAL_OBS and flags & (TERMINATED | TRUNCATED):
+            done.append((ret, length))
+            ret, length = 0.0, 0
+        open_state[slot] = (ret, length)
+    return done
+
+
+@pytest.mark.parametrize("n_slots", [1, 5])
+def test_per_slot_accounting_equals_a_record_by_record_loop(n_slots):
+    c, rng, state = clients(), np.random.default_rng(n_slots), {}
+    producer = client_side(c.sessions[1].rings["default"].ring)
+    expected = []
+    for _ in range(20):
+        n = int(rng.integers(1, 200))
+        rec = LAYOUT.empty(n)
+        rec["stream_id"] = rng.integers(0, n_slots, n)
+        final = rng.random(n) < 0.2
+        rec["flags"] = np.where(final, FINAL_OBS | rng.choice([0, TERMINATED, TRUNCATED], n), 0)
+        rec["reward"] = np.where(final, 0.0, rng.integers(-3, 4, n))
+        expected += reference_episodes(rec, state)
+        producer.write_batch(rec)
+        c.read(1, "default", 1024)
+    got = [(r, n) for _, r, n in c.sessions[1].done_episodes]
+    assert sorted(got) == sorted(expected) and len(expected) > 10
+    pr = c.sessions[1].rings["default"]
+    for slot, (ret, length) in state.items():
+        assert (pr.open_return[slot], pr.open_length[slot]) == (ret, length)
+    producer.close()
     c.close()
