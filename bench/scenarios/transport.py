@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import itertools
 import multiprocessing as mp
 import os
 import pstats
@@ -125,7 +126,7 @@ def _ingest_loop(clients, session_id: int, out_ring, stats) -> tuple[int, int]:
     """
     from rlinkd.daemon.collector.shm_server import DRAIN_CHUNK
     from rlinkd.shm.records import FINAL_OBS
-    ring = clients.sessions[session_id].ring
+    ring = clients.sessions[session_id].rings["default"].ring
     shm = clients.sessions[session_id]
     next_id, steps, records = 1, 0, 0
     while True:
@@ -134,13 +135,12 @@ def _ingest_loop(clients, session_id: int, out_ring, stats) -> tuple[int, int]:
                 return steps, records
             ring.wait_readable(1.0)
             continue
-        rec = clients.read(session_id, DRAIN_CHUNK)        # read_batch + validate_records
-        rec["stream_id"] = session_id                       # ShmIngestor.drain_session
+        rec = clients.read(session_id, "default", DRAIN_CHUNK)  # read_batch + validate + streams
         n = len(rec)
         rec["ingest_id"] = np.arange(next_id, next_id + n)  # CollectorServer.ingest
         next_id += n
         steps += int(np.count_nonzero((rec["flags"] & FINAL_OBS) == 0))
-        for ret, length in shm.done_episodes:               # CollectorCore.count_shm
+        for _policy, ret, length in shm.done_episodes:      # CollectorCore.count_shm
             stats.record(ret, length)
         shm.done_episodes = []
         out_ring.write_batch(rec)                           # the episode ring ...
@@ -157,9 +157,10 @@ def shm_consumer(conn, prefix: str, fifo_path: str, profile: bool, spaces_fn=car
     from rlinkd.daemon.collector.shm_clients import ShmClients
     from rlinkd.daemon.collector.shm_server import make_doorbell_fifo
     from rlinkd.shm.ring import StepRing
+    from rlinkd.daemon.collector.core import single_policy
     spaces, layout = spaces_fn()
-    clients = ShmClients(prefix, layout, spaces)
-    ring = clients.attach(1, None)
+    clients = ShmClients(prefix, single_policy(spaces, layout), 1024, itertools.count(2).__next__)
+    ring = clients.attach(1, 1, "default", None)
     ring.doorbell = make_doorbell_fifo(Path(fifo_path))
     out_ring = StepRing.create(f"{SHM_DIR}/{prefix}.episodes", layout, episode_records)
     try:

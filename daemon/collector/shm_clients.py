@@ -138,9 +138,7 @@ class ShmClients:
         try:
             rec = self._read_checked(pr, max_records)
             if len(rec):
-                shm.done_episodes.extend((policy, r, n) for r, n in self._episodes(pr, rec))
-                rec["stream_id"] = self._stream_ids(pr, rec["stream_id"])
-                pr.unsent = True
+                self._stamp(shm, pr, rec)
         except InvalidEpisode as exc:
             shm.refused = str(exc)
             raise
@@ -154,18 +152,29 @@ class ShmClients:
         rec = pr.ring.read_batch(min(max_records, unread))  # the client may move tail meanwhile
         if len(rec):
             validate_records(rec, self.policies[pr.policy].spaces)
-            top = int(rec["stream_id"].max())
-            if top >= self.max_agents:
-                raise InvalidEpisode(f"ring record agent slot {top} is not below "
-                                     f"server.max_agents_per_connection={self.max_agents}")
         return rec
 
-    def _stream_ids(self, pr: PolicyRing, slots: np.ndarray) -> np.ndarray:
-        """Our stream id of every record's agent slot (new slots get new streams)."""
-        ids = pr.streams[slots]
-        for slot in np.unique(slots[ids < 0]):
-            pr.streams[slot] = self.new_stream_id()
-        return pr.streams[slots] if np.any(ids < 0) else ids
+    def _stamp(self, shm: ShmSession, pr: PolicyRing, rec: np.ndarray) -> None:
+        """Account the records' episodes per agent slot, then replace each slot by our stream
+        id. One slot (a single agent): scalar work only, the fast path."""
+        slots = rec["stream_id"]
+        lo, hi = int(slots.min()), int(slots.max())
+        if hi >= self.max_agents:
+            raise InvalidEpisode(f"ring record agent slot {hi} is not below "
+                                 f"server.max_agents_per_connection={self.max_agents}")
+        _make_room(pr, hi)
+        if lo == hi:
+            done = _slot_episodes(pr, hi, rec)
+            if pr.streams[hi] < 0:
+                pr.streams[hi] = self.new_stream_id()
+            rec["stream_id"] = pr.streams[hi]
+        else:
+            done = _many_slot_episodes(pr, rec, slots)
+            for slot in np.unique(slots[pr.streams[slots] < 0]):
+                pr.streams[slot] = self.new_stream_id()
+            rec["stream_id"] = pr.streams[slots]
+        shm.done_episodes.extend((pr.policy, r, n) for r, n in done)
+        pr.unsent = True
 
     def readable(self) -> list[tuple[int, str]]:
         """(session, policy) rings the drain loop should read: not refused, not leaving,
@@ -194,16 +203,6 @@ class ShmClients:
             return False
         arm_sleep(rings)
         return any(ring.readable_records() != 0 for ring in rings)
-
-    def _episodes(self, pr: PolicyRing, rec: np.ndarray) -> list[tuple[float, int]]:
-        """(return, length) of episodes these records complete, per agent slot; carries each
-        slot's partial sums. One vectorised pass per slot present (one, for a single agent)."""
-        slots = rec["stream_id"]
-        top = int(slots.max())
-        _make_room(pr, top)
-        if slots[0] == top and np.all(slots == top):
-            return _slot_episodes(pr, top, rec)
-        return _many_slot_episodes(pr, rec, slots)
 
     def close(self) -> None:
         for sid in list(self.sessions):
