@@ -32,8 +32,10 @@ from bench.harness.daemon import Daemon
 TEAM_SIZES = (8, 32, 128)
 AGENTS_PER_COPY = 7 / 3
 WINDOW_STEPS = 10_000
-LEARN_SETTINGS = ["sampling.env_steps_per_sample=128", "sampling.train_batch_size=256",
-                  "ppo.minibatch_size=128", "ppo.lr=0.003"]
+LEARN_SETTINGS = ["sampling.env_steps_per_sample=1024", "sampling.train_batch_size=2048",
+                  "ppo.minibatch_size=512", "ppo.lr=0.001", "ppo.ent_coef=0.01"]
+"""As tests/process/test_multi_agent.py (the smaller samples first tried, 128 steps at lr
+0.003, learned but oscillated between 4 and 13)."""
 THROUGHPUT_SETTINGS = ["sampling.env_steps_per_sample=4096", "sampling.train_batch_size=4096",
                        "ppo.minibatch_size=2048", "ppo.num_epochs=4"]
 """Samples and batches sized for many agents (as bench.scenarios.vector's 64 copies)."""
