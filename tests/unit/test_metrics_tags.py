@@ -1,0 +1,36 @@
+"""Tier 1: the TensorBoard scalars of a status report (daemon.metrics): the default policy
+under the plain tags, every other policy under ``policy/<name>/``."""
+from __future__ import annotations
+
+from rlinkd.daemon import messages as m
+from rlinkd.daemon.metrics import scalars_from_status
+
+STATE = m.LearnerState(lr=0.001, ent_coef=0.0, updates=3, trained_steps=300, rejected_batches=0)
+
+
+def status(**policies: m.PolicyDigest) -> m.CollectorStatus:
+    return m.CollectorStatus(env_steps=1000, episodes=10, env_steps_per_s=500.0,
+                             episode_return_mean=20.0, episode_len_mean=20.0, weights_seq_no=3,
+                             clients=2, dropped_episodes=0, learner=STATE, update=None,
+                             policies=policies)
+
+
+def test_a_single_policy_daemon_writes_only_the_plain_tags():
+    tags = scalars_from_status(status())
+    assert tags["episode/return_mean"] == 20.0 and tags["learner/lr"] == 0.001
+    assert not any(t.startswith("policy/") for t in tags)
+
+
+def test_every_other_policy_gets_its_own_tags():
+    red = m.PolicyDigest(weights_seq_no=9, episodes=4, episode_return_mean=-1.5,
+                         learner=m.LearnerState(lr=0.01, ent_coef=0.0, updates=9,
+                                                trained_steps=900, rejected_batches=0),
+                         update=None)
+    frozen = m.PolicyDigest(weights_seq_no=0, episodes=2, episode_return_mean=None,
+                            learner=None, update=None)
+    tags = scalars_from_status(status(red=red, opponent=frozen))
+    assert tags["policy/red/episode/return_mean"] == -1.5
+    assert tags["policy/red/weights_seq_no"] == 9.0 and tags["policy/red/learner/lr"] == 0.01
+    assert tags["policy/opponent/weights_seq_no"] == 0.0
+    assert "policy/opponent/episode/return_mean" not in tags  # None is left out
+    assert tags["learner/lr"] == 0.001                        # the default's stay plain
