@@ -14,7 +14,9 @@ counts::
                                                     bit6 STREAM_END (marker: the stream's
                                                     client went away)
     1           3              (pad)
-    4           4              stream_id       u32  producer writes 0; the daemon fills it
+    4           4              stream_id       u32  producer writes its agent slot (0: a single
+                                                    agent); the daemon replaces it by its
+                                                    own stream id for that slot
     8           8              weights_seq_no  i64  policy version that chose the action, -1 unknown
     16          8              ingest_id       u64  producer writes 0; the daemon fills it
     24          4              reward          f32
