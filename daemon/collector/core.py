@@ -19,12 +19,11 @@ import numpy as np
 
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
-from rlinkd.client_lib.protocol.codec import BadMessage, EpisodeFragment, Message
-from rlinkd.client_lib.protocol.fragments import Fragment
+from rlinkd.client_lib.protocol.codec import BadMessage, Message
 from rlinkd.client_lib.protocol.records import concat_records, fragment_records
 from rlinkd.daemon.collector.admission import Admission
-from rlinkd.daemon.collector.ingest import (EpisodeStats, EpisodeTracker, InvalidEpisode, Limits,
-                                           Spaces, validate_fragment)
+from rlinkd.daemon.collector.agents import AgentRules, AgentState
+from rlinkd.daemon.collector.ingest import EpisodeStats, Limits, PolicyInfo, Spaces
 from rlinkd.client_lib.protocol.masking import mask_spec
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.policies import PolicyDef
@@ -84,24 +83,6 @@ class Session:
         return bool(self.waiting)
 
 
-@dataclass
-class AgentState:
-    """One agent of a connection while its episode is open (cut, to be continued)."""
-
-    policy: str
-    tracker: EpisodeTracker = field(default_factory=EpisodeTracker)
-
-
-@dataclass(frozen=True)
-class PolicyInfo:
-    """What the core knows of one policy: what its episodes are checked against, their record
-    layout, and whether they are trained (a frozen policy's episodes are only counted)."""
-
-    spaces: Spaces
-    layout: StepLayout
-    trainable: bool = True
-
-
 def policy_info(d: PolicyDef) -> PolicyInfo:
     """What the collector checks a policy's episodes against (spaces, mask, record layout)."""
     spaces = Spaces(d.obs_space, d.act_space, d.spec.dist_size,
@@ -112,16 +93,6 @@ def policy_info(d: PolicyDef) -> PolicyInfo:
 def single_policy(spaces: Spaces, layout: StepLayout) -> dict[str, PolicyInfo]:
     """The policies of a daemon with only the default one (tests, tools)."""
     return {DEFAULT_POLICY: PolicyInfo(spaces, layout)}
-
-
-@dataclass(frozen=True)
-class Checked:
-    """One validated fragment of a message, before anything is counted."""
-
-    agent: str          # "" when the fragment has no agent_id
-    policy: str
-    frag: Fragment
-    episode_id: str | None
 
 
 @dataclass
@@ -187,8 +158,9 @@ class CollectorCore:
         self.cfg = cfg
         self.policies = policies
         self.mapping = cfg.policy_mapping
-        self.limits = Limits(cfg.server.max_episode_steps, cfg.server.max_obs_floats)
         self.max_agents = cfg.server.max_agents_per_connection
+        self.agents = AgentRules(policies, cfg.policy_mapping, self.max_agents,
+                                 Limits(cfg.server.max_episode_steps, cfg.server.max_obs_floats))
         self.policy_stats = {name: EpisodeStats() for name in policies}
         self.policy_steps = dict.fromkeys(policies, 0)
         self.sessions: dict[int, Session] = {}
@@ -315,10 +287,13 @@ class CollectorCore:
     def ingest(self, session: Session, msg: codec.Episodes) -> dict[str, np.ndarray]:
         """Validate every fragment first (all or nothing), then count; the step records of
         each trainable policy's fragments, by policy (frozen policies' are only counted)."""
-        checked = self._check_all(session, msg.episodes)
+        checked = self.agents.check_all(session.agents, session.ended, msg.episodes)
         parts: dict[str, list[np.ndarray]] = {}
         for c in checked:
-            self._account(session, c)
+            for ret, length in self.agents.account(session.agents, session.ended, c):
+                self.stats.record(ret, length)
+                self.policy_stats[c.policy].record(ret, length)
+            self._count_steps(session, c.policy, c.frag.num_steps)
             info = self.policies[c.policy]
             if info.trainable:
                 seq = self._behaviour_seq(session, msg, c.policy)
@@ -327,60 +302,10 @@ class CollectorCore:
         session.is_sampler = True
         return {p: concat_records(v, self.policies[p].layout.dtype) for p, v in parts.items()}
 
-    def _check_all(self, session: Session, episodes) -> list[Checked]:
-        """Every fragment checked against its agent's policy, the agent limit, episode ids."""
-        checked, known = [], set(session.agents)
-        ended: set[tuple[str, str]] = set()
-        for i, wire in enumerate(episodes):
-            c = self._check(session, wire, i, ended)
-            if c.agent not in known:
-                known.add(c.agent)
-                if len(known) > self.max_agents:
-                    raise InvalidEpisode(f"episodes[{i}]: agent {c.agent!r} is one more than "
-                                         f"server.max_agents_per_connection={self.max_agents}")
-            if c.episode_id is not None and (c.frag.is_terminated or c.frag.is_truncated):
-                ended.add((c.agent, c.episode_id))
-            checked.append(c)
-        return checked
-
-    def _check(self, session: Session, wire: EpisodeFragment, i: int, ended: set) -> Checked:
-        agent = wire.agent_id or ""
-        where = f"episodes[{i}] (agent {agent!r})" if agent else f"episodes[{i}]"
-        policy = wire.policy_id or self.mapping.policy_for(wire.agent_id)
-        if policy not in self.policies:
-            raise InvalidEpisode(f"{where}: unknown policy {policy!r} (known: "
-                                 f"{', '.join(self.policies)})")
-        key = (agent, wire.episode_id)
-        if wire.episode_id is not None and (key in session.ended or key in ended):
-            raise InvalidEpisode(f"{where}: episode {wire.episode_id!r} already ended")
-        frag = validate_fragment(wire, self.policies[policy].spaces, self.limits, where)
-        state = session.agents.get(agent)
-        if (state is not None and state.policy != policy and state.tracker.last_obs is not None
-                and frag.first_obs_equals(state.tracker.last_obs, -1)):
-            raise InvalidEpisode(f"{where}: continues an episode of policy {state.policy!r} "
-                                 f"with policy {policy!r}")
-        return Checked(agent, policy, frag, wire.episode_id)
-
-    def _account(self, session: Session, c: Checked) -> None:
-        """Count one checked fragment: steps, the episodes it completes, the agent's state."""
-        state = session.agents.get(c.agent)
-        if state is None or state.policy != c.policy:
-            state = AgentState(c.policy)
-        for ret, length in state.tracker.add(c.frag):
-            self.stats.record(ret, length)
-            self.policy_stats[c.policy].record(ret, length)
-        if c.frag.is_terminated or c.frag.is_truncated:
-            session.agents.pop(c.agent, None)
-            if c.episode_id is not None:
-                session.ended[(c.agent, c.episode_id)] = None
-                while len(session.ended) > 4 * self.max_agents:
-                    session.ended.popitem(last=False)
-        else:
-            session.agents[c.agent] = state
-        steps = c.frag.num_steps
+    def _count_steps(self, session: Session, policy: str, steps: int) -> None:
         session.env_steps += steps
         self.env_steps += steps
-        self.policy_steps[c.policy] += steps
+        self.policy_steps[policy] += steps
 
     @staticmethod
     def _behaviour_seq(session: Session, msg: codec.Episodes, policy: str) -> int:

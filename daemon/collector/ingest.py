@@ -19,6 +19,7 @@ from rlinkd.client_lib.protocol.columns import Columns
 from rlinkd.client_lib.protocol.fragments import Fragment, from_wire
 from rlinkd.client_lib.protocol.masking import MaskSpec, check_actions, check_masks
 from rlinkd.client_lib.protocol.spaces import InvalidValue, Space
+from rlinkd.shm.records import StepLayout
 
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -47,6 +48,16 @@ class Spaces:
     def obs_elements(self) -> int:
         """Numbers in one observation (all leaves)."""
         return sum(math.prod(leaf.space.record_shape) for leaf in self.obs.leaves())
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """What the collector knows of one policy: what its episodes are checked against, their
+    record layout, and whether they are trained (a frozen policy's episodes are only counted)."""
+
+    spaces: Spaces
+    layout: StepLayout
+    trainable: bool = True
 
 
 def validate_fragment(frag: EpisodeFragment, spaces: Spaces, limits: Limits,
