@@ -861,19 +861,24 @@ spaces.push = { type = "Box", shape = [1], low = -1.0, high = 1.0 }
 """
 
 
+def configured_target(tmp_path_factory, name: str, config: str):
+    """Another daemon under fuzz on its own config file, and its oracle (yields, then stops it)."""
+    from tests.conftest import DaemonPool
+    base = tmp_path_factory.mktemp(name)
+    (base / "rlinkd.toml").write_text(config)
+    pool = DaemonPool(base)
+    daemon = pool.start("--config", str(base / "rlinkd.toml"))
+    status = daemon.status()
+    yield FuzzTarget(daemon, Oracle(path=base / "rlinkd.toml"),
+                     errors_before=status["protocol_errors"], rss_before=process_rss(daemon),
+                     pids_before={r: c["pid"] for r, c in status["children"].items()})
+    pool.close()
+
+
 @pytest.fixture(scope="module")
 def composite_target(tmp_path_factory):
     """A second daemon, on a Dict/Tuple observation with a uint8 image and an action mask."""
-    from tests.conftest import DaemonPool
-    base = tmp_path_factory.mktemp("composite")
-    (base / "c.toml").write_text(COMPOSITE_CONFIG)
-    pool = DaemonPool(base)
-    daemon = pool.start("--config", str(base / "c.toml"))
-    status = daemon.status()
-    yield FuzzTarget(daemon, Oracle(path=base / "c.toml"), errors_before=status["protocol_errors"],
-                     rss_before=process_rss(daemon),
-                     pids_before={r: c["pid"] for r, c in status["children"].items()})
-    pool.close()
+    yield from configured_target(tmp_path_factory, "composite", COMPOSITE_CONFIG)
 
 
 def composite_episode(rng: random.Random, steps: int) -> dict:
@@ -933,17 +938,24 @@ def test_mutated_composite_episodes(composite_target, seed, steps):
     target.run("composite_episodes", payloads)
 
 
-def test_composite_daemon_is_healthy_after_fuzzing(composite_target):
-    daemon = composite_target.daemon
+def healthy_after_fuzzing(target: FuzzTarget, min_errors: int) -> dict:
+    """The daemon lives, no child restarted, protocol_errors grew by exactly the ERRORs the
+    oracle predicted (more than ``min_errors``), no traceback logged; its status."""
+    daemon = target.daemon
     assert daemon.proc.poll() is None, "the daemon died"
     status = daemon.status()
-    grew = status["protocol_errors"] - composite_target.errors_before
-    assert grew == composite_target.expected_errors > 300, (grew, composite_target.expected_errors)
-    assert status["env_steps"] > 0, status  # valid episodes were accepted too
+    grew = status["protocol_errors"] - target.errors_before
+    assert grew == target.expected_errors > min_errors, (grew, target.expected_errors)
     children = status["children"]
-    assert {r: c["pid"] for r, c in children.items()} == composite_target.pids_before, children
+    assert {r: c["pid"] for r, c in children.items()} == target.pids_before, children
     log = daemon.log()
     assert "Traceback" not in log, log[log.index("Traceback") - 2000:][:6000]
+    return status
+
+
+def test_composite_daemon_is_healthy_after_fuzzing(composite_target):
+    status = healthy_after_fuzzing(composite_target, 300)
+    assert status["env_steps"] > 0, status  # valid episodes were accepted too
 
 
 # ---------------------------------------------------------------- many agents, two policies
@@ -963,16 +975,7 @@ POLICY_IDS = [None, None, "red", "default", "nope"]
 @pytest.fixture(scope="module")
 def agents_target(tmp_path_factory):
     """A third daemon: two policies, a mapping, at most 4 agents per connection."""
-    from tests.conftest import DaemonPool
-    base = tmp_path_factory.mktemp("agents")
-    (base / "a.toml").write_text(AGENTS_CONFIG)
-    pool = DaemonPool(base)
-    daemon = pool.start("--config", str(base / "a.toml"))
-    status = daemon.status()
-    yield FuzzTarget(daemon, Oracle(path=base / "a.toml"), errors_before=status["protocol_errors"],
-                     rss_before=process_rss(daemon),
-                     pids_before={r: c["pid"] for r, c in status["children"].items()})
-    pool.close()
+    yield from configured_target(tmp_path_factory, "agents", AGENTS_CONFIG)
 
 
 def agent_episode(rng: random.Random) -> dict:
@@ -1007,16 +1010,8 @@ def test_agent_ids_policies_and_episode_ids(agents_target, seed):
 
 
 def test_agents_daemon_is_healthy_after_fuzzing(agents_target):
-    daemon = agents_target.daemon
-    assert daemon.proc.poll() is None, "the daemon died"
-    status = daemon.status()
-    grew = status["protocol_errors"] - agents_target.errors_before
-    assert grew == agents_target.expected_errors > 200, (grew, agents_target.expected_errors)
+    status = healthy_after_fuzzing(agents_target, 200)
     assert status["policies"]["red"]["env_steps"] > 0 and status["policies"]["default"]["env_steps"] > 0
-    children = status["children"]
-    assert {r: c["pid"] for r, c in children.items()} == agents_target.pids_before, children
-    log = daemon.log()
-    assert "Traceback" not in log, log[log.index("Traceback") - 2000:][:6000]
 
 
 def test_zz_daemon_is_healthy_after_fuzzing(target):
