@@ -2,10 +2,6 @@
 memory (agents joining and leaving, per-agent episodes in the daemon's counters), a
 VectorEnv through run_env, and the cooperative Rendezvous task learned with parameter
 sharing (tests/tasks/rendezvous.py).
-
-These need the collector's side of issue 11 (agent streams; SET_CONFIG announcing
-``max_agents_per_connection``). Against a daemon without it, connect_multi raises
-MultiAgentUnsupported and each test skips saying so.
 """
 from __future__ import annotations
 
@@ -16,31 +12,21 @@ import numpy as np
 import pytest
 
 from rlinkd.client_lib import run_env
-from rlinkd.client_lib.multi import MultiAgentUnsupported, connect_multi, connect_vector
+from rlinkd.client_lib.multi import connect_multi, connect_vector
 from tests.helpers import wait_for
 from tests.tasks.rendezvous import (ACTION_SPACE_TOML, OBSERVATION_SPACE_TOML, Rendezvous,
                                     returns)
 
 pytestmark = pytest.mark.process
 
-NOT_READY = ("the daemon does not support many agents per connection yet (collector side of "
-             "issue 11, branch h-collector, not merged)")
-
 
 def address(d, transport: str) -> str:
     return f"tcp://127.0.0.1:{d.port}" if transport == "tcp" else f"shm:{d.state_dir}"
 
 
-def connect_or_skip(connect, *args, **kwargs):
-    try:
-        return connect(*args, **kwargs)
-    except MultiAgentUnsupported:
-        pytest.skip(NOT_READY)
-
-
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_agents_join_and_leave_over_one_connection(daemon, transport):
-    client = connect_or_skip(connect_multi, address(daemon, transport), seed=0)
+    client = connect_multi(address(daemon, transport), seed=0)
     rng = np.random.default_rng(0)
     obs = {f"car-{i}": rng.uniform(-0.05, 0.05, 4).astype(np.float32) for i in range(3)}
     ended, steps = 0, 0
@@ -64,10 +50,7 @@ def test_agents_join_and_leave_over_one_connection(daemon, transport):
 
 def test_run_env_drives_a_vector_env(daemon):
     env = gym.make_vec("CartPole-v1", num_envs=8, vectorization_mode="sync")
-    try:
-        stats = run_env(env, f"tcp://127.0.0.1:{daemon.port}", steps=2048, seed=1)
-    except MultiAgentUnsupported:
-        pytest.skip(NOT_READY)
+    stats = run_env(env, f"tcp://127.0.0.1:{daemon.port}", steps=2048, seed=1)
     assert stats.steps == 2048 and stats.episodes > 0
     status = wait_for(lambda: (s := daemon.status())["env_steps"] >= 2048 and s, 20,
                       what="steps ingested")
@@ -75,7 +58,7 @@ def test_run_env_drives_a_vector_env(daemon):
 
 
 def test_vector_client_over_shared_memory(daemon):
-    client = connect_or_skip(connect_vector, f"shm:{daemon.state_dir}", 16, seed=2)
+    client = connect_vector(f"shm:{daemon.state_dir}", 16, seed=2)
     env = gym.make_vec("CartPole-v1", num_envs=16, vectorization_mode="sync")
     run_env(env, client, steps=2 * client.env_steps_per_sample, seed=2)
     client.close()
@@ -107,7 +90,7 @@ def test_rendezvous_is_learned_with_parameter_sharing(daemon_factory, tmp_path, 
     config = tmp_path / "rendezvous.toml"
     config.write_text(CONFIG)
     d = daemon_factory("--config", str(config))
-    client = connect_or_skip(connect_multi, address(d, transport), seed=0)
+    client = connect_multi(address(d, transport), seed=0)
 
     def greedy(obs):  # the client's current weights, most likely action, nothing recorded
         ids = list(obs)
