@@ -22,7 +22,7 @@ import numpy as np
 
 from rlinkd.client_lib.links import TcpLink
 from rlinkd.client_lib.policy import ActionChooser
-from rlinkd.client_lib.protocol.columns import to_columns
+from rlinkd.client_lib.protocol.columns import Columns, to_columns
 from rlinkd.client_lib.protocol.fragments import Fragment
 from rlinkd.client_lib.protocol.spaces import Space, space_from_gym
 from rlinkd.client_lib.shm_client import ShmLink, open_local_link
@@ -39,6 +39,16 @@ class FragmentBuffer:
     rewards: list = field(default_factory=list)
     logp: list = field(default_factory=list)
     dist: list = field(default_factory=list)
+
+    def record(self, pending: tuple, reward: float, next_obs: Columns) -> None:
+        """One step: the (action, logp, dist) chosen by ``act``, its reward and the observation
+        after it (columns of one row)."""
+        action, logp, dist = pending
+        self.actions.append(action)
+        self.logp.append(logp)
+        self.dist.append(dist)
+        self.rewards.append(float(reward))
+        self.obs.append(next_obs)
 
     def to_fragment(self, terminated: bool, truncated: bool, agent_id: str | None = None,
                     episode_id: str | None = None, policy_id: str | None = None) -> Fragment:
@@ -98,14 +108,9 @@ class Agent:
         """Record the outcome of the last ``act``; may send a sample and update weights."""
         if self.pending is None:
             raise RuntimeError("step() must follow act()")
-        action, logp, dist = self.pending
-        self.pending = None
+        pending, self.pending = self.pending, None
         b = self.buffer
-        b.actions.append(action)
-        b.logp.append(logp)
-        b.dist.append(dist)
-        b.rewards.append(float(reward))
-        b.obs.append(to_columns([next_obs], self.obs_space, 1, "next_obs"))
+        b.record(pending, reward, to_columns([next_obs], self.obs_space, 1, "next_obs"))
         self.steps_since_send += 1
         if terminated or truncated:
             self.done_fragments.append(b.to_fragment(bool(terminated), bool(truncated)))

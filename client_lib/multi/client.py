@@ -183,14 +183,8 @@ class MultiAgentClient:
                 truncated: bool) -> None:
         ep = self.episodes[agent_id]
         assert ep.pending is not None, "checked by _check_step"
-        action, logp, dist = ep.pending
-        ep.pending = None
-        b = ep.buffer
-        b.actions.append(action)
-        b.logp.append(logp)
-        b.dist.append(dist)
-        b.rewards.append(reward)
-        b.obs.append(obs_row)
+        pending, ep.pending = ep.pending, None
+        ep.buffer.record(pending, reward, obs_row)
         if terminated or truncated:
             self.done.append((ep.slot, ep.fragment(terminated, truncated)))
             self.slots.release(ep.slot)
