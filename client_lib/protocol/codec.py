@@ -75,6 +75,20 @@ class MessageType(str, enum.Enum):
     ATTACHED = "ATTACHED"
     SAMPLE_READY = "SAMPLE_READY"
     WEIGHTS_READY = "WEIGHTS_READY"
+    # rlinkd serving, evaluation and metrics extensions (declared in protocol.serving)
+    START_EPISODE = "START_EPISODE"
+    EPISODE_STARTED = "EPISODE_STARTED"
+    GET_ACTION = "GET_ACTION"
+    ACTION = "ACTION"
+    LOG_RETURNS = "LOG_RETURNS"
+    END_EPISODE = "END_EPISODE"
+    STEP = "STEP"
+    STEP_BATCH = "STEP_BATCH"
+    ACTIONS = "ACTIONS"
+    EVAL_RESULTS = "EVAL_RESULTS"
+    METRICS = "METRICS"
+    SERVE_ATTACH = "SERVE_ATTACH"
+    SERVE_ATTACHED = "SERVE_ATTACHED"
 
 
 # ---------------------------------------------------------------- messages
@@ -513,3 +527,8 @@ for _cls in (Ping, Pong, GetConfig, SetConfig, SetState, Error, Status, StatusRe
              Attach, Attached, SampleReady, WeightsReady):
     _DECODERS[_cls.TYPE] = _decode_simple(_cls)
 _DECODERS[MessageType.GET_STATE] = lambda o: GetState(weights_seq_nos=_seq_nos(o))
+
+# The serving messages live in their own module; it imports this one, so it registers last.
+from rlinkd.client_lib.protocol.serving import DECODERS as _SERVING_DECODERS  # noqa: E402
+
+_DECODERS.update(_SERVING_DECODERS)
