@@ -203,6 +203,28 @@ class ConnectorConfig:
 
 
 @dataclass(frozen=True)
+class InferenceConfig:
+    """[inference]: server-side action serving (the `inference` role)."""
+
+    backend: str = setting("auto", "Forward-pass backend: `auto` times numpy and onnxruntime "
+                           "at start and keeps the faster (torch on CUDA when a GPU is present).",
+                           choices=("auto", "numpy", "onnxruntime", "torch"))
+    max_batch: int = setting(256, "Most action requests answered by one forward pass.",
+                             minimum=1, maximum=4096)
+    max_wait_us: int = setting(200, "Longest a request waits for others to batch with it "
+                               "(0: answer whatever is pending at once). Requests are answered "
+                               "at once when every open episode has one pending.",
+                               minimum=0, maximum=100_000)
+    tcp_lanes: int = setting(4096, "Episodes TCP serving clients may have open at once "
+                             "(daemon-wide; a START beyond it is refused with ERROR).",
+                             minimum=1, maximum=65536)
+    env_steps_per_sample: int = setting(0, "Training steps the inference role records per "
+                                        "policy before it hands them on and (on-policy) waits "
+                                        "for weights trained on them; 0: "
+                                        "sampling.train_batch_size.", minimum=0)
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     """[checkpoint]: periodic and on-demand checkpoints."""
 
@@ -264,6 +286,7 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     connector: ConnectorConfig = field(default_factory=ConnectorConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     policies: dict[str, PolicyConfig] = field(default_factory=dict, metadata={
@@ -288,7 +311,8 @@ class Config:
 
 SECTIONS: dict[str, type] = {"server": ServerConfig, "env": EnvConfig, "sampling": SamplingConfig,
             "ppo": PPOConfig, "learner": LearnerConfig, "connector": ConnectorConfig,
-            "checkpoint": CheckpointConfig, "daemon": DaemonConfig, "metrics": MetricsConfig}
+            "checkpoint": CheckpointConfig, "inference": InferenceConfig, "daemon": DaemonConfig,
+            "metrics": MetricsConfig}
 
 
 # ---------------------------------------------------------------- value coercion

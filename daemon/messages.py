@@ -134,6 +134,36 @@ class ConnectorStats:
     policy: str = DEFAULT_POLICY
 
 
+@message(to="collector")
+@dataclass(frozen=True)
+class InferenceStats:
+    """Inference → collector (periodic): what the serving role did since it started."""
+
+    requests: int              # lane requests answered (actions, ends, errors)
+    actions: int               # actions chosen
+    batches: int               # forward passes
+    errors: int                # requests answered with an error status
+    lanes_open: int            # episodes open on every lane area
+    areas: int                 # lane areas served (shm clients + the collector's TCP areas)
+    held: tuple[str, ...]      # policies whose training requests wait for new weights
+    batch_sizes: dict[str, int]  # "<=N" (batch-size bucket) -> forward passes
+    backends: dict[str, str]     # policy -> backend
+    cpu_s: float                 # the role's process CPU time
+    weights_seq_nos: dict[str, int] = field(default_factory=dict)
+
+
+def inference_report(msg: InferenceStats) -> dict:
+    """The ``inference`` status section from the role's report."""
+    return {"requests": msg.requests, "actions": msg.actions, "batches": msg.batches,
+            "errors": msg.errors, "lanes_open": msg.lanes_open, "areas": msg.areas,
+            "held": list(msg.held),
+            "mean_batch_size": round(msg.actions / msg.batches, 2) if msg.batches else None,
+            "batch_sizes": dict(msg.batch_sizes), "backends": dict(msg.backends),
+            "cpu_s": round(msg.cpu_s, 2),
+            "cpu_ms_per_1000_actions": round(1e6 * msg.cpu_s / msg.actions, 2) if msg.actions else None,
+            "weights_seq_nos": dict(msg.weights_seq_nos)}
+
+
 @dataclass(frozen=True)
 class ChildInfo:
     """One role process as the supervisor sees it."""

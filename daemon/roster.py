@@ -25,6 +25,7 @@ ROSTER = (
     RoleDecl("collector", "rlinkd.daemon.collector.process"),
     RoleDecl("connector", "rlinkd.daemon.connector.process"),
     RoleDecl("checkpointer", "rlinkd.daemon.checkpoint.process"),
+    RoleDecl("inference", "rlinkd.daemon.inference.process"),
 )
 ROLES = tuple(decl.name for decl in ROSTER)
 ROLE_MODULES = {decl.name: decl.module for decl in ROSTER}

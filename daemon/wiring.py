@@ -14,6 +14,12 @@ slots, snapshot area); a frozen policy has only its board. Per policy:
                                                                                               │
     supervisor ◀── Listening / CollectorStatus / LearnerReady / CheckpointDone ───────────────┘
 
+Server-side actions (the ``inference`` role) add request/response lanes in shared memory:
+
+    shm action client ──lane area (memfd)──▶ inference ──episode ring (as an internal client)──▶ collector
+    TCP action client ──▶ collector ──TCP lane area (file, per policy)──▶ inference
+                             └──area channel (socketpair: memfds + doorbells)──▶ inference
+
 ``daemon.inprocess.InProcessDaemon`` runs all four roles as threads of one process on the same
 topology, for debugging and for the in-process tests.
 """
@@ -37,7 +43,9 @@ from rlinkd.daemon.config import Config
 from rlinkd.daemon.policies import PolicyDef
 from rlinkd.daemon.ipc import Inbox, SharedFd
 from rlinkd.daemon.roster import ROLES
+from rlinkd.daemon.inference.channel import make_pair
 from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.lanes import LaneArea, LaneLayout
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.blob import BlobArea
 from rlinkd.shm.records import StepLayout
@@ -63,6 +71,7 @@ class PolicyTopology:
     episode_ring_path: str = ""
     slots_path: str = ""
     snapshot_path: str = ""
+    tcp_lanes_path: str = ""  # the collector's lane area for this policy's TCP action clients
 
     @property
     def name(self) -> str:
@@ -91,7 +100,7 @@ class PolicyTopology:
 
     def segment_paths(self) -> list[str]:
         return [p for p in (self.episode_ring_path, self.board_path, self.slots_path,
-                            self.snapshot_path) if p]
+                            self.snapshot_path, self.tcp_lanes_path) if p]
 
 
 @dataclass
@@ -106,6 +115,10 @@ class Topology:
     episode_space_doorbell: SharedFd  # eventfd: connector rings it when the collector waits for space
     counters: ctypes.Array[ctypes.c_longlong]  # mp Array('q', lock=False): COUNTERS, collector-written
     shm_prefix: str
+    request_doorbell: SharedFd  # eventfd: action clients (and the collector) wake the inference role
+    tcp_response_doorbell: SharedFd  # eventfd: the inference role wakes the collector's TCP lanes
+    area_channel: tuple[SharedFd, SharedFd]  # socketpair (collector end, inference end)
+    internal_token: str  # the inference role's credential as the collector's internal client
     started_at: float = field(default_factory=time.time)
     resume_checkpoint: str = ""
 
@@ -170,9 +183,18 @@ def build_topology(cfg: Config) -> Topology:
     space_doorbell = SharedFd(Doorbell.create().fileno())
     # collector → checkpointer/supervisor: env_steps, episodes (survives collector restarts)
     counters = mp.get_context("spawn").Array("q", len(COUNTERS), lock=False)
+    # action clients, collector → inference: "a lane holds a request" (rung if it announced sleep)
+    request_doorbell = SharedFd(Doorbell.create().fileno())
+    # inference → collector: "a TCP lane holds a response" (rung if the collector announced waiting)
+    tcp_response_doorbell = SharedFd(Doorbell.create().fileno())
+    # collector ⇄ inference: shm action clients' lane areas and response doorbells (fds)
+    collector_end, inference_end = make_pair()
     return Topology(cfg=cfg, policies=made, inboxes=inboxes, heartbeats=heartbeats,
                     episode_doorbell=doorbell, episode_space_doorbell=space_doorbell,
-                    counters=counters, shm_prefix=prefix)
+                    counters=counters, shm_prefix=prefix, request_doorbell=request_doorbell,
+                    tcp_response_doorbell=tcp_response_doorbell,
+                    area_channel=(SharedFd(collector_end), SharedFd(inference_end)),
+                    internal_token=secrets.token_hex(16))
 
 
 def step_layout(d: PolicyDef) -> StepLayout:
@@ -187,6 +209,10 @@ def _policy_segments(cfg: Config, d: PolicyDef, path) -> PolicyTopology:
     board = path(f"board.{d.name}")
     WeightsBoard.create(board, d.spec.n_params(), _spec_json(d.spec)).close()
     topo = PolicyTopology(d, layout.to_json(), board)
+    # collector → inference: requests of this policy's TCP action clients (one lane per episode)
+    topo.tcp_lanes_path = path(f"lanes.{d.name}")
+    lanes = LaneLayout(layout)
+    LaneArea.create(topo.tcp_lanes_path, lanes, tcp_lane_capacity(cfg.inference.tcp_lanes, lanes)).close()
     if not d.trainable:
         return topo
     # collector → connector: every validated step of this policy, in ingest order (bounded)
@@ -230,6 +256,17 @@ def destroy_topology(topo: Topology) -> None:
         inbox.close()
     topo.episode_doorbell.close()
     topo.episode_space_doorbell.close()
+    for fd in (topo.request_doorbell, topo.tcp_response_doorbell, *topo.area_channel):
+        fd.close()
+
+
+TCP_LANES_MAX_BYTES = 64 << 20
+
+
+def tcp_lane_capacity(configured: int, lanes: LaneLayout) -> int:
+    """``inference.tcp_lanes``, but at most TCP_LANES_MAX_BYTES of lanes (image observations)
+    and at least 64 lanes."""
+    return max(64, min(configured, TCP_LANES_MAX_BYTES // lanes.lane_bytes))
 
 
 def _pow2(n: int) -> int:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.protocol import codec, serving
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.codec import BadMessage, Message
 from rlinkd.client_lib.protocol.records import concat_records, fragment_records
@@ -77,6 +77,7 @@ class Session:
     agents: dict[str, AgentState] = field(default_factory=dict)  # open episodes; "" = no agent_id
     ended: OrderedDict = field(default_factory=OrderedDict)  # (agent, episode_id) seen ending
     shm_policies: set[str] = field(default_factory=set)  # policies with an attached ring
+    internal: bool = False  # the daemon's own inference role (PING with the internal token)
 
     @property
     def is_waiting(self) -> bool:
@@ -108,6 +109,7 @@ class Plan:
     attach_policy: str = DEFAULT_POLICY  # shm: ... for this policy's agents
     held: dict[str, int] | None = None   # versions the client holds (SET_STATE omits their models)
     shm_sample: codec.SampleReady | None = None  # shm: drain the ring, then reply WEIGHTS_READY
+    serve: Message | None = None         # server-side actions: handled by collector.serving
 
 
 class WaitBook:
@@ -154,8 +156,9 @@ class CollectorCore:
     """Protocol semantics and counters. Called only from the collector's event loop."""
 
     def __init__(self, cfg: Config, policies: dict[str, PolicyInfo],
-                 counters: dict | None = None) -> None:
+                 counters: dict | None = None, internal_token: str = "") -> None:
         self.cfg = cfg
+        self.internal_token = internal_token
         self.policies = policies
         self.mapping = cfg.policy_mapping
         self.max_agents = cfg.server.max_agents_per_connection
@@ -198,8 +201,10 @@ class CollectorCore:
         return [s for s in self.sessions.values() if s.is_sampler]
 
     def on_policy_samplers(self) -> list[Session]:
-        """Clients that wait for weights after each sample (the flush rule counts these)."""
-        return [s for s in self.sessions.values() if s.waits_for_state]
+        """Clients that wait for weights after each sample (the flush rule counts these). The
+        inference role counts only while it waits: between samples it may have no episodes
+        open at all, and must not hold up the flush of clients that do wait."""
+        return [s for s in self.sessions.values() if s.waits_for_state and (s.is_waiting or not s.internal)]
 
     def count_protocol_error(self, kind: str) -> None:
         """Called by the shell once per connection closed for bad input (``error_kind``)."""
@@ -221,13 +226,23 @@ class CollectorCore:
         token = getattr(msg, "token", None)
         if not isinstance(msg, (codec.Ping, codec.Status)) or token is None:
             raise Unauthenticated("authentication required: send PING with the token first")
-        if not hmac.compare_digest(token.encode(), self.cfg.server.token.encode()):
+        if not (hmac.compare_digest(token.encode(), self.cfg.server.token.encode())
+                or self._is_internal(token)):
             raise Unauthenticated("wrong token")
         session.authenticated = True
         return self.handle(session, msg)
 
+    def _is_internal(self, token: str | None) -> bool:
+        return bool(self.internal_token and token) and hmac.compare_digest(
+            str(token).encode(), self.internal_token.encode())
+
     def _ping(self, session: Session, msg: codec.Ping) -> Plan:
+        if session.transport == "unix" and self._is_internal(msg.token):
+            session.internal = True
         return Plan(reply=codec.encode(codec.Pong()))
+
+    def _serve(self, session: Session, msg: Message) -> Plan:
+        return Plan(serve=msg)
 
     def _get_config(self, session: Session, msg: codec.GetConfig) -> Plan:
         s, default = self.cfg.sampling, self.policies[DEFAULT_POLICY].spaces
@@ -281,7 +296,9 @@ class CollectorCore:
     _HANDLERS: ClassVar[dict[type, Callable[[CollectorCore, Session, Any], Plan]]] = {
         codec.Ping: _ping, codec.GetConfig: _get_config, codec.GetState: _get_state,
         codec.Status: _status, codec.Episodes: _episodes, codec.EpisodesAndGetState: _episodes,
-        codec.Attach: _attach, codec.SampleReady: _sample_ready}
+        codec.Attach: _attach, codec.SampleReady: _sample_ready,
+        **dict.fromkeys((serving.StartEpisode, serving.GetAction, serving.LogReturns, serving.EndEpisode,
+                         serving.Step, serving.StepBatch, serving.ServeAttach), _serve)}
 
     # ------------------------------------------------------------ ingestion
     def ingest(self, session: Session, msg: codec.Episodes) -> dict[str, np.ndarray]:

@@ -15,6 +15,7 @@ import structlog
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.collector.core import CollectorCore, policy_info
 from rlinkd.daemon.collector.server import CollectorServer, EpisodeRoute
+from rlinkd.daemon.collector.serving import ServingFront
 from rlinkd.daemon.collector.shm_clients import ShmClients
 from rlinkd.daemon.collector.shm_server import ShmIngestor
 from rlinkd.daemon.collector.status import StatusBuilder
@@ -51,18 +52,22 @@ class CollectorProcess:
             space_doorbell=space_doorbell)) for p in topo.trainable()}
         self.boards = {name: WeightsBoard.attach(p.board_path) for name, p in topo.policies.items()}
         self.policies = {name: policy_info(p.definition) for name, p in topo.policies.items()}
-        core = CollectorCore(topo.cfg, self.policies, topo.read_counters())
+        core = CollectorCore(topo.cfg, self.policies, topo.read_counters(),
+                             internal_token=topo.internal_token)
         weights = {name: weights_cache(p, self.boards[name]) for name, p in topo.policies.items()}
-        self.status = StatusBuilder(topo, core, weights, routes=self.routes)
+        serving = ServingFront(topo, self.policies)
+        self.status = StatusBuilder(topo, core, weights, routes=self.routes, serving_status=serving.status)
         self.server = CollectorServer(core, self.routes, weights, self.status,
                                       make_shm=self._make_shm_ingestor,
                                       ssl_ctx=server_context(topo.cfg.server),
-                                      on_ingest=lambda: topo.write_counters(core.counters()))
+                                      on_ingest=lambda: topo.write_counters(core.counters()),
+                                      serving=serving)
         self.done = asyncio.Event()
         self.route = m.Router("collector", {
             m.WeightsPublished: self._on_weights, m.ConnectorStats: self.status.on_connector,
             m.DaemonInfo: self.status.on_daemon_info, m.Drain: self._on_drain,
-            m.Stop: self._on_drain, m.Reload: self._on_reload})
+            m.Stop: self._on_drain, m.Reload: self._on_reload,
+            m.InferenceStats: self.status.on_inference})
         self.drain_started = False
 
     def _make_shm_ingestor(self, server: CollectorServer) -> ShmIngestor:
@@ -76,6 +81,8 @@ class CollectorProcess:
     async def main(self) -> None:
         await self.server.start()
         self.server.shm.start()
+        assert self.server.serving is not None
+        self.server.serving.start()
         self.ctx.send("supervisor", m.Listening(self.topo.cfg.server.host, self.server.port,
                                                 str(self.topo.cfg.socket_path)))
         log.info("listening", host=self.topo.cfg.server.host, port=self.server.port,
@@ -92,6 +99,7 @@ class CollectorProcess:
         loop.remove_reader(self.ctx.inbox.fileno())
         tick.cancel()
         self.server.shm.stop()
+        self.server.serving.stop()  # type: ignore[union-attr]
 
     def _on_inbox(self) -> None:
         """Event-loop reader callback: a message that fails to decode or to dispatch ends the

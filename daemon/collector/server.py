@@ -35,6 +35,7 @@ from rlinkd.shm.errors import ShmError
 from rlinkd.shm.ring import StepRing
 
 if TYPE_CHECKING:
+    from rlinkd.daemon.collector.serving import ServingFront
     from rlinkd.daemon.collector.shm_server import ShmIngestor
 
 log = structlog.get_logger("collector")
@@ -125,7 +126,8 @@ class CollectorServer:
                  weights: dict[str, WeightsCache], status: StatusBuilder,
                  make_shm: Callable[[CollectorServer], ShmIngestor],
                  ssl_ctx: ssl.SSLContext | None = None,
-                 on_ingest: Callable[[], None] = lambda: None) -> None:
+                 on_ingest: Callable[[], None] = lambda: None,
+                 serving: ServingFront | None = None) -> None:
         self.core, self.routes, self.weights, self.status = core, routes, weights, status
         shared = asyncio.Lock()
         for route in routes.values():
@@ -142,6 +144,7 @@ class CollectorServer:
         self.background = Background()
         self.error_log = RateLimit(per_s=10.0)
         self.shm = make_shm(self)
+        self.serving = serving
 
     # ------------------------------------------------------------ listeners
     async def start(self) -> None:
@@ -265,6 +268,12 @@ class CollectorServer:
             await self.shm.attach(session, plan.attach, plan.attach_policy, writer)
         if plan.shm_sample is not None:
             await self.shm.sample_ready(session, plan.shm_sample, writer)
+        if plan.serve is not None:
+            if self.serving is None:
+                raise codec.BadMessage(f"{plan.serve.TYPE.value}: this server does not serve actions")
+            reply = await self.serving.handle(session, plan.serve, writer)
+            if reply is not None:
+                await self.send(writer, reply)
         held = plan.held
         if plan.newest_state:
             await self._send_state(session, writer, held)
@@ -321,6 +330,8 @@ class CollectorServer:
             self.shm.clients.leave(session.id)  # or the drain loop would spin on a session-less ring
         self.writers.pop(session.id, None)
         self.waiters.pop(session.id, None)
+        if self.serving is not None:
+            self.serving.forget(session)
         if session.is_sampler or session.is_shm:  # an attached ring goes even if never used
             self.background.spawn(self._end_stream(session))
         self.maybe_flush()

@@ -59,6 +59,7 @@ class ShmSession:
     done_episodes: list = field(default_factory=list)  # (policy, return, length)
     refused: str | None = None     # why a ring was found bad; never read again
     leaving: bool = False          # its connection closed: only the detach drain reads it now
+    max_slots: int = 0             # agent slots allowed (0: server.max_agents_per_connection)
 
 
 DEFAULT_RING_BYTES = 64 << 20
@@ -91,7 +92,7 @@ class ShmClients:
         self.sessions: dict[int, ShmSession] = {}
 
     def attach(self, session_id: int, stream_id: int, policy: str, capacity: int | None,
-               pid: int | None = None) -> StepRing:
+               pid: int | None = None, max_slots: int = 0) -> StepRing:
         """Create the sealed ring of one client for one policy; ``ring.segment.fd`` is what to
         hand it. Called on ATTACH. Raises ``ShmError`` (no memory) or ``OSError`` (memfds or
         seals unavailable); nothing is registered then.
@@ -99,7 +100,7 @@ class ShmClients:
         layout = self.policies[policy].layout
         name = f"{self.prefix}.client-{session_id}-{policy}-{secrets.token_hex(4)}"
         ring = StepRing.create_sealed(name, layout, ring_capacity(capacity, layout.record_bytes))
-        shm = self.sessions.setdefault(session_id, ShmSession(stream_id, pid=pid))
+        shm = self.sessions.setdefault(session_id, ShmSession(stream_id, pid=pid, max_slots=max_slots))
         streams = np.full(1, -1, np.int64)
         if policy == DEFAULT_POLICY:
             streams[0] = stream_id
@@ -159,7 +160,7 @@ class ShmClients:
         id. One slot (a single agent): scalar work only, the fast path."""
         slots = rec["stream_id"]
         lo, hi = int(slots.min()), int(slots.max())
-        if hi >= self.max_agents:
+        if hi >= (shm.max_slots or self.max_agents):
             raise InvalidEpisode(f"ring record agent slot {hi} is not below "
                                  f"server.max_agents_per_connection={self.max_agents}")
         _make_room(pr, hi)

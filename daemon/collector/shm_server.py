@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("collector")
 DRAIN_CHUNK = 1 << 14
 REAP_INTERVAL_S = 1.0  # how often attaching pids are checked (one /proc read each)
+INTERNAL_MAX_SLOTS = 1 << 20  # the inference role: one slot per served training episode
 
 
 def peer_pid(writer) -> int | None:
@@ -58,8 +59,13 @@ class RingUnavailable(codec.ProtocolError):
 
 
 async def send_fd(writer: asyncio.StreamWriter, fd: int, timeout_s: float) -> None:
-    """Hand ``fd`` to the Unix-socket peer of ``writer``: one ``codec.RING_FD_BYTE`` with the
-    descriptor as SCM_RIGHTS, after everything written before it.
+    """``send_fds`` of one descriptor (a ring's, after ATTACHED)."""
+    await send_fds(writer, [fd], timeout_s)
+
+
+async def send_fds(writer: asyncio.StreamWriter, fds: list[int], timeout_s: float) -> None:
+    """Hand ``fds`` to the Unix-socket peer of ``writer``: one ``codec.RING_FD_BYTE`` with the
+    descriptors as SCM_RIGHTS, after everything written before it.
 
     Waits (up to ``timeout_s``, else ``asyncio.TimeoutError``) until asyncio's write buffer
     is empty, so the byte cannot overtake an earlier frame. ``ConnectionError`` if the
@@ -73,7 +79,7 @@ async def send_fd(writer: asyncio.StreamWriter, fd: int, timeout_s: float) -> No
         transport.set_write_buffer_limits()
     with socket.socket(fileno=os.dup(writer.get_extra_info("socket").fileno())) as sock:
         try:
-            socket.send_fds(sock, [codec.RING_FD_BYTE], [fd])
+            socket.send_fds(sock, [codec.RING_FD_BYTE], fds)
         except BlockingIOError as exc:
             raise ConnectionError("client does not read: its ring descriptor cannot be sent") from exc
 
@@ -124,7 +130,8 @@ class ShmIngestor:
         """
         pid = peer_pid(writer)
         try:
-            ring = self.clients.attach(session.id, session.stream_id, policy, capacity, pid)
+            ring = self.clients.attach(session.id, session.stream_id, policy, capacity, pid,
+                                       max_slots=INTERNAL_MAX_SLOTS if session.internal else 0)
         except (ShmError, OSError) as exc:
             raise RingUnavailable(f"no shared-memory ring for this client: {exc}") from exc
         self.locks.setdefault(session.id, asyncio.Lock())

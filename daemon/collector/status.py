@@ -67,8 +67,11 @@ class StatusBuilder:
     """
 
     def __init__(self, topo: Topology, core: CollectorCore, weights: dict[str, WeightsCache],
-                 clock: Callable[[], float] = time.monotonic, routes: dict | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, routes: dict | None = None,
+                 serving_status: Callable[[], dict] = dict) -> None:
         self.topo, self.core, self.weights, self.clock = topo, core, weights, clock
+        self.serving_status = serving_status  # the collector's serving front (lanes, episodes)
+        self.inference: dict = {}
         self.routes = routes or {}  # trainable policies' episode rings (producer side): fill
         self.learners = {name: PolicyReport() for name in weights}
         self.daemon: dict = {}
@@ -116,6 +119,10 @@ class StatusBuilder:
             "trained_steps": msg.trained_steps,
             "slots": {name: sum(1 for s in msg.slot_states if s == code)
                       for code, name in SLOT_STATE_NAMES.items()}}
+
+    def on_inference(self, msg: m.InferenceStats) -> None:
+        """The inference role's periodic report (server-side actions)."""
+        self.inference = m.inference_report(msg)
 
     def on_daemon_info(self, msg: m.DaemonInfo) -> None:
         self.daemon = m.daemon_report(msg)
@@ -180,6 +187,7 @@ class StatusBuilder:
             "episode_ring": self.ring_section(),
             "policies": self.policies_section(),
             "latency": self.latency_section(),
+            "inference": self.inference | self.serving_status(),
             **self.daemon,
         }
 

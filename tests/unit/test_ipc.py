@@ -44,6 +44,9 @@ SAMPLES = [
     m.CheckpointDone(request_id=2, reason="sigusr1", ok=True, path="/x/ckpt-000001", seq_no=7,
                      error=""),
     m.LearnerReady(seq_no=0, resumed_from=""),
+    m.InferenceStats(requests=10, actions=9, batches=3, errors=1, lanes_open=2, areas=3,
+                     held=("default",), batch_sizes={"<=4": 2, "<=8": 1}, backends={"default": "numpy"},
+                     cpu_s=0.5, weights_seq_nos={"default": 3}),
 ]
 
 

@@ -167,7 +167,7 @@ def test_deadline_kills_only_the_roles_still_running_and_exits():
     core = make_core()
     core.checkpoint_finished(final_request_id(core.terminate(100.0)))
     core.tick(101.0, fresh())                                # Stop sent
-    for role in ("learner", "connector", "checkpointer"):
+    for role in ("learner", "connector", "checkpointer", "inference"):
         core.child_exited(role, 0, 102.0)
     assert core.tick(100.0 + BUDGET_S - 0.01, fresh()) == []
     with capture_logs() as logs:
@@ -219,7 +219,7 @@ def test_boot_error_stops_the_daemon_with_boot_error(code):
     assert sent(actions, m.CheckpointRequest) == []          # the learner is gone: no checkpoint
     assert core.roles["learner"].restart_at is None
     assert len(sent(core.tick(3.1, fresh()), m.Stop)) == len(ROLES)
-    for role in ("collector", "connector", "checkpointer"):
+    for role in ("collector", "connector", "checkpointer", "inference"):
         core.child_exited(role, 0, 3.5)
     assert core.tick(3.6, fresh()) == [Exit(ExitCode.BOOT_ERROR)]
 

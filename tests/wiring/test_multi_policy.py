@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from rlinkd.daemon.roster import ROLES
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.codec import EpisodeFragment
 from rlinkd.client_lib.shm_client import receive_ring_fd
@@ -71,7 +72,7 @@ def two_policies(tmp_path):
                              ("ppo", "minibatch_size", 100)])
     d = InProcessDaemon(cfg).start()
     yield d
-    assert d.stop() == {"collector": 0, "connector": 0, "learner": 0, "checkpointer": 0}
+    assert d.stop() == {role: 0 for role in ROLES}
 
 
 def run_rounds(port: int, agents: list[str], steps: int, rounds: int, out: dict) -> None:

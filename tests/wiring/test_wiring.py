@@ -11,6 +11,7 @@ from rlinkd.client_lib.transport import RLlinkClient
 from rlinkd.daemon.checkpoint import store
 from rlinkd.daemon.config import load_config
 from rlinkd.daemon.inprocess import InProcessDaemon
+from rlinkd.daemon.roster import ROLES
 
 
 @pytest.fixture
@@ -23,7 +24,7 @@ def inproc(tmp_path):
     d = InProcessDaemon(cfg).start()
     yield d
     codes = d.stop()
-    assert codes == {"collector": 0, "connector": 0, "learner": 0, "checkpointer": 0}
+    assert codes == {role: 0 for role in ROLES}
 
 
 def test_one_process_trains_and_checkpoints(inproc):
@@ -95,7 +96,7 @@ def test_messages_larger_than_the_episode_ring_wait_for_space_and_all_arrive(tmp
         assert status["env_steps"] == 9000
         assert status["weights_seq_no"] >= 3  # each on-policy sample went through the ring and was trained on
     finally:
-        assert d.stop() == {"collector": 0, "connector": 0, "learner": 0, "checkpointer": 0}
+        assert d.stop() == {role: 0 for role in ROLES}
 
 
 def test_an_attach_that_gets_no_ring_is_refused_and_shm_clients_train_after(inproc, monkeypatch):

@@ -1,0 +1,75 @@
+"""The collector↔inference area channel: a SOCK_SEQPACKET socketpair made by the wiring.
+
+The collector owns client connections, so it makes each shared-memory action client's lane
+area (a sealed memfd) and its response doorbell (an eventfd), hands both to the client, and
+announces them to the inference role over this channel with the descriptors attached
+(SCM_RIGHTS). One datagram per message, a small JSON object:
+
+    collector -> inference   {"op": "open", "area_id": N, "policy": P, "name": S}   + fds [area, response doorbell]
+    collector -> inference   {"op": "close", "area_id": N}     the client went away
+    collector -> inference   {"op": "reset"}                   a new collector: forget every client area
+    inference -> collector   {"op": "hello"}                   a new inference role: send every open area again
+
+Each side's descriptor is non-blocking; a datagram is at most MAX_DATAGRAM bytes. Messages
+that do not parse are a bug of ours (``ChannelError``), never client input.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import orjson
+
+from rlinkd.daemon.errors import RlinkdError
+
+MAX_DATAGRAM = 4096
+MAX_FDS = 2
+
+
+class ChannelError(RlinkdError):
+    """A malformed channel datagram (a bug: both ends are rlinkd roles)."""
+
+
+def make_pair() -> tuple[int, int]:
+    """(collector end, inference end), both non-blocking and close-on-exec."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    for s in (a, b):
+        s.setblocking(False)
+    return a.detach(), b.detach()
+
+
+@dataclass(frozen=True)
+class ChannelMessage:
+    op: str
+    area_id: int = -1
+    policy: str = ""
+    name: str = ""
+    fds: tuple[int, ...] = ()
+
+
+def send(sock: socket.socket, msg: ChannelMessage) -> None:
+    """One datagram; ``BlockingIOError`` when the peer's queue is full (the caller decides)."""
+    body = orjson.dumps({"op": msg.op, "area_id": msg.area_id, "policy": msg.policy, "name": msg.name})
+    if msg.fds:
+        socket.send_fds(sock, [body], list(msg.fds))
+    else:
+        sock.send(body)
+
+
+def receive(sock: socket.socket) -> ChannelMessage | None:
+    """The next datagram, or None when none is waiting. The caller owns the fds it carries."""
+    try:
+        data, fds, _flags, _ = socket.recv_fds(sock, MAX_DATAGRAM, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
+    except BlockingIOError:
+        return None
+    if not data:
+        raise ChannelError("area channel closed by its peer")
+    try:
+        obj = orjson.loads(data)
+        return ChannelMessage(obj["op"], int(obj["area_id"]), str(obj["policy"]), str(obj["name"]),
+                              tuple(fds))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        for fd in fds:
+            os.close(fd)
+        raise ChannelError(f"bad area channel datagram {data[:80]!r}") from exc

@@ -1,0 +1,238 @@
+"""Server-side episodes: what the inference role remembers per lane, and the step records
+it turns answered requests into (pure; no shared memory, no sockets).
+
+A training lane's last answered request is its *pending step* (observation, action,
+log-prob, dist inputs, version). The next STEP or END brings that step's reward: the
+step is complete and becomes one step record, exactly what a client-side shared-memory
+client would have written (``shm.records``). END adds the FINAL_OBS record with the done
+flags. A cut (``cut``) closes every open fragment with a FINAL_OBS record of its pending
+observation and no done flag: the next fragment of that episode starts with the pending
+step, as a continued client-side fragment does. Evaluation lanes (EVALUATE on START)
+produce no records: only their return and length, reported when they end.
+
+Records carry the lane's *stream slot* (``SlotPool``), the agent slot of the inference
+role's ring of that policy, held while the episode is open.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_RELEASE, OP_START, OP_STEP, STATUS_BAD_OBS,
+                              STATUS_BAD_OP, STATUS_LOST, STATUS_OK, TERMINATED, TRUNCATED)
+from rlinkd.shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, StepLayout
+from rlinkd.shm.records import TERMINATED as REC_TERMINATED, TRUNCATED as REC_TRUNCATED
+
+STEP_FLAGS = np.uint8(HAS_LOGP | HAS_DIST)
+
+
+class SlotPool:
+    """Agent slots of one policy's ring, lowest free first (the collector keeps per-slot
+    state sized by the highest slot used)."""
+
+    def __init__(self) -> None:
+        self.free: list[int] = []
+        self.next = 0
+
+    def take(self) -> int:
+        if self.free:
+            return self.free.pop()
+        self.next += 1
+        return self.next - 1
+
+    def give(self, slot: int) -> None:
+        self.free.append(slot)
+        if len(self.free) > 64:
+            self.free.sort(reverse=True)
+
+
+@dataclass
+class Requests:
+    """One area's pending requests, copied out of shared memory (the client may write the
+    lanes again as soon as they are answered)."""
+
+    lanes: np.ndarray    # [n] lane index
+    seqs: np.ndarray     # [n] u32 req_seq as read
+    ops: np.ndarray      # [n] u8
+    flags: np.ndarray    # [n] u8
+    rewards: np.ndarray  # [n] f32
+    obs: np.ndarray      # [n] the lanes' obs structured rows (a copy)
+
+    @classmethod
+    def read(cls, lanes_view: np.ndarray, idx: np.ndarray) -> Requests:
+        rows = lanes_view[idx]  # one fancy-index copy of the whole lanes
+        return cls(idx, rows["req_seq"], rows["op"], rows["flags"], rows["reward"], rows["obs"])
+
+    def __len__(self) -> int:
+        return len(self.lanes)
+
+
+@dataclass
+class EvalEnd:
+    episode_return: float
+    episode_length: int
+    weights_seq_no: int
+
+
+@dataclass
+class Outcome:
+    """What one batch of requests did: per request a status and whether it needs an action;
+    the step records to send; finished evaluation episodes; steps that train."""
+
+    status: np.ndarray      # [n] i32
+    wants_action: np.ndarray  # [n] bool
+    explore: np.ndarray     # [n] bool (False: evaluation lanes act greedily)
+    records: np.ndarray     # step records, in order
+    eval_ends: list[EvalEnd]
+    train_steps: int
+
+
+class LaneBook:
+    """The episode state of every lane of one area (one policy). Owned by the inference
+    process; ``apply`` is called once per batch with that area's pending requests, then
+    ``remember`` with the actions chosen."""
+
+    def __init__(self, capacity: int, layout: StepLayout, slots: SlotPool) -> None:
+        self.layout, self.slots = layout, slots
+        self.open = np.zeros(capacity, bool)
+        self.evaluate = np.zeros(capacity, bool)
+        self.slot = np.full(capacity, -1, np.int64)
+        self.pending = layout.empty(capacity)  # the last answered request as a step record
+        self.has_pending = np.zeros(capacity, bool)
+        self.fragment_steps = np.zeros(capacity, np.int64)  # steps since the fragment began
+        self.ret = np.zeros(capacity, np.float64)
+        self.length = np.zeros(capacity, np.int64)
+
+    def open_training_lanes(self) -> int:
+        return int(np.count_nonzero(self.open & ~self.evaluate))
+
+    # ------------------------------------------------------------ one batch
+    def apply(self, req: Requests, bad_obs: np.ndarray) -> Outcome:
+        """Validate ops against lane state, complete pending steps, end and start episodes.
+        ``bad_obs`` [n] marks requests whose observation failed the space check."""
+        ops, lanes = req.ops, req.lanes
+        known = np.isin(ops, (OP_START, OP_STEP, OP_END, OP_RELEASE))
+        status = np.where(known, STATUS_OK, STATUS_BAD_OP).astype(np.int32)
+        needs_open = (ops == OP_STEP) | (ops == OP_END)
+        status[known & needs_open & ~self.open[lanes]] = STATUS_LOST
+        status[(status == STATUS_OK) & bad_obs & (ops != OP_RELEASE)] = STATUS_BAD_OBS
+        ok = status == STATUS_OK
+        explore = ~self.evaluate[lanes]  # as the lanes stood before this batch's STARTs
+        parts = [self._complete(req, ok & needs_open)]
+        train_steps = len(parts[0])
+        evals = self._end(req, ok & (ops == OP_END), parts)
+        self._abandon(lanes[ok & ((ops == OP_START) | (ops == OP_RELEASE)) & self.open[lanes]], parts)
+        self._start(req, ok & (ops == OP_START))
+        wants = ok & ((ops == OP_START) | (ops == OP_STEP))
+        explore[ops == OP_START] = ~self.evaluate[lanes[ops == OP_START]]
+        records = concat(parts, self.layout)
+        return Outcome(status, wants, explore, records, evals, train_steps)
+
+    def _complete(self, req: Requests, rows: np.ndarray) -> np.ndarray:
+        """Pending steps completed by their reward: training lanes give records, evaluation
+        lanes add to their return."""
+        lanes = req.lanes[rows]
+        rewards = req.rewards[rows]
+        self.ret[lanes] += rewards
+        self.length[lanes] += 1
+        train = ~self.evaluate[lanes] & self.has_pending[lanes]
+        rec = self.pending[lanes[train]].copy()
+        rec["reward"] = rewards[train]
+        self.fragment_steps[lanes[train]] += 1
+        self.has_pending[lanes] = False
+        return rec
+
+    def _end(self, req: Requests, rows: np.ndarray, parts: list[np.ndarray]) -> list[EvalEnd]:
+        lanes = req.lanes[rows]
+        evals = [EvalEnd(float(self.ret[i]), int(self.length[i]), int(self.pending["weights_seq_no"][i]))
+                 for i in lanes[self.evaluate[lanes]]]
+        train = ~self.evaluate[lanes]
+        final = self.layout.empty(int(np.count_nonzero(train)))
+        final["obs"] = req.obs[rows][train]
+        done = req.flags[rows][train]
+        final["flags"] = (FINAL_OBS | np.where(done & TERMINATED, REC_TERMINATED, 0)
+                          | np.where(done & TRUNCATED, REC_TRUNCATED, 0)).astype(np.uint8)
+        final["stream_id"] = self.slot[lanes[train]]
+        final["weights_seq_no"] = -1
+        parts.append(final)
+        self._close(lanes)
+        return evals
+
+    def _abandon(self, lanes: np.ndarray, parts: list[np.ndarray]) -> None:
+        """A lane restarted or released mid-episode: its fragment ends truncated at the
+        pending observation (every step before it is complete)."""
+        train = lanes[~self.evaluate[lanes] & (self.fragment_steps[lanes] > 0)]
+        final = self.layout.empty(len(train))
+        final["obs"] = self.pending["obs"][train]
+        final["flags"] = FINAL_OBS | REC_TRUNCATED
+        final["stream_id"] = self.slot[train]
+        parts.append(final)
+        self._close(lanes)
+
+    def _close(self, lanes: np.ndarray) -> None:
+        for slot in self.slot[lanes]:
+            if slot >= 0:
+                self.slots.give(int(slot))
+        self.open[lanes] = False
+        self.has_pending[lanes] = False
+        self.slot[lanes] = -1
+        self.fragment_steps[lanes] = 0
+
+    def _start(self, req: Requests, rows: np.ndarray) -> None:
+        lanes = req.lanes[rows]
+        self.open[lanes] = True
+        self.evaluate[lanes] = (req.flags[rows] & EVALUATE) != 0
+        self.ret[lanes] = 0.0
+        self.length[lanes] = 0
+        self.fragment_steps[lanes] = 0
+        for i in lanes[~self.evaluate[lanes]]:
+            self.slot[i] = self.slots.take()
+
+    def remember(self, req: Requests, rows: np.ndarray, actions: np.ndarray, logp: np.ndarray,
+                 dist: np.ndarray, seq: int) -> None:
+        """The actions chosen for requests ``rows``: they are the lanes' pending steps."""
+        lanes = req.lanes[rows]
+        p = self.pending
+        p["obs"][lanes] = req.obs[rows]
+        p["action"][lanes] = actions
+        p["logp"][lanes] = logp
+        if p["dist"].shape[1]:
+            p["dist"][lanes] = dist
+        p["weights_seq_no"][lanes] = seq
+        p["flags"][lanes] = STEP_FLAGS
+        p["stream_id"][lanes] = self.slot[lanes]
+        self.has_pending[lanes] = True
+
+    # ------------------------------------------------------------ sample boundaries
+    def cut(self) -> np.ndarray:
+        """Close every training fragment that has steps: a FINAL_OBS record of its pending
+        observation, no done flag (the episode continues in the next fragment)."""
+        lanes = np.flatnonzero(self.open & ~self.evaluate & (self.fragment_steps > 0) & self.has_pending)
+        final = self.layout.empty(len(lanes))
+        final["obs"] = self.pending["obs"][lanes]
+        final["flags"] = FINAL_OBS
+        final["stream_id"] = self.slot[lanes]
+        self.fragment_steps[lanes] = 0
+        return final
+
+    def drop_all(self) -> np.ndarray:
+        """The area's client went away: end every open training fragment (truncated)."""
+        parts: list[np.ndarray] = []
+        self._abandon(np.flatnonzero(self.open), parts)
+        return parts[0]
+
+
+def concat(parts: list[np.ndarray], layout: StepLayout) -> np.ndarray:
+    """Record arrays joined keeping the exact record dtype (np.concatenate would drop padding)."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return layout.empty(0)
+    if len(parts) == 1:
+        return parts[0]
+    out = layout.empty(sum(len(p) for p in parts))
+    start = 0
+    for p in parts:
+        out[start:start + len(p)] = p
+        start += len(p)
+    return out

@@ -1,0 +1,102 @@
+"""The inference role as the collector's *internal client*: one Unix-socket connection per
+trainable policy, exactly like a co-located shared-memory client (PING with the topology's
+internal token, ATTACH for that policy's ring, step records into the ring, SAMPLE_READY),
+so served steps train exactly like client-side data and are counted the same way.
+
+On-policy (``sampling.force_on_policy``): after SAMPLE_READY the policy is *held* until the
+collector's WEIGHTS_READY says weights trained on those steps are on the board; held
+training requests wait in their lanes (evaluation requests are still served).
+Every call is non-blocking except ``connect`` (bounded by ``CONNECT_TIMEOUT_S``) and the
+small frame writes; a lost connection raises ``ConnectionError`` and the shell reconnects.
+"""
+from __future__ import annotations
+
+import os
+import select
+
+import numpy as np
+
+from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.protocol.serving import EvalEpisode, EvalResults, MAX_EVAL_EPISODES
+from rlinkd.client_lib.shm_client import request_ring
+from rlinkd.client_lib.transport import Address, RLlinkClient
+from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.records import StepLayout
+from rlinkd.shm.ring import StepRing
+
+CONNECT_TIMEOUT_S = 10.0
+RING_RECORDS = 1 << 17
+WRITE_TIMEOUT_S = 30.0
+
+
+class PolicyLink:
+    """One trainable policy's connection and ring. Built by the inference shell per policy."""
+
+    def __init__(self, socket_path: str, token: str, policy: str, layout: StepLayout) -> None:
+        self.socket_path, self.token, self.policy, self.layout = socket_path, token, policy, layout
+        self.client: RLlinkClient | None = None
+        self.ring: StepRing | None = None
+        self.held = False
+        self.steps = 0          # training steps written since the last SAMPLE_READY
+        self.unsent_records = 0
+
+    def connect(self) -> None:
+        """Handshake and ring (blocking, bounded). ``ConnectionError``/``OSError`` if the
+        collector is not there yet; the caller retries with backoff."""
+        client = RLlinkClient(Address("unix", path=self.socket_path), timeout_s=CONNECT_TIMEOUT_S).connect()
+        try:
+            client.ping(self.token)
+            attached, fd = request_ring(client, RING_RECORDS, self.policy)
+            ring = StepRing.attach_fd(fd, attached.ring_name, expected_layout=self.layout)
+            fifo = os.open(attached.doorbell_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            ring.doorbell = Doorbell(fifo)
+        except BaseException:
+            client.close()
+            raise
+        self.client, self.ring, self.held, self.steps = client, ring, False, 0
+
+    @property
+    def connected(self) -> bool:
+        return self.client is not None
+
+    def fileno(self) -> int:
+        assert self.client is not None and self.client.sock is not None
+        return self.client.sock.fileno()
+
+    def write(self, records: np.ndarray, train_steps: int) -> None:
+        """Append step records to the ring (waits for space: the collector drains it)."""
+        if len(records):
+            assert self.ring is not None
+            self.ring.write_batch(records, timeout_s=WRITE_TIMEOUT_S)
+        self.steps += train_steps
+
+    def sample_ready(self, on_policy: bool) -> None:
+        """Hand the steps written so far on; on-policy, hold until WEIGHTS_READY."""
+        assert self.client is not None
+        self.client.send(codec.SampleReady(env_steps=self.steps, get_state=on_policy))
+        self.steps = 0
+        self.held = on_policy
+
+    def poll_release(self) -> bool:
+        """Read a waiting WEIGHTS_READY (non-blocking): True once the hold ends."""
+        if not self.held or self.client is None or self.client.sock is None:
+            return False
+        if not select.select([self.client.sock], [], [], 0)[0]:
+            return False
+        reply = self.client.recv()
+        if not isinstance(reply, codec.WeightsReady):
+            raise ConnectionError(f"internal link: expected WEIGHTS_READY, got {reply.TYPE.value}")
+        self.held = False
+        return True
+
+    def send_eval(self, episodes: list[EvalEpisode]) -> None:
+        assert self.client is not None
+        for i in range(0, len(episodes), MAX_EVAL_EPISODES):
+            self.client.send(EvalResults(tuple(episodes[i:i + MAX_EVAL_EPISODES])))
+
+    def close(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+        if self.client is not None:
+            self.client.close()
+        self.client, self.ring, self.held = None, None, False

@@ -1,0 +1,217 @@
+"""Inference process shell: areas from the channel, links to the collector, sleep and wake.
+
+Loop (until Stop): serve what is pending (``InferenceServer.serve_once``); when nothing is,
+announce sleep in every lane area, fence, look once more, then sleep on the request
+doorbell, the area channel, the links' sockets and the inbox (at most IDLE_S, for the
+heartbeat). Lane areas of shared-memory clients arrive over the area channel (fds); the
+collector's TCP lane areas are files in the topology. On start the role says "hello" on the
+channel so a collector that outlived a previous inference process sends its areas again.
+Every trainable policy has a ``PolicyLink`` (reconnected with backoff when the collector
+restarts). Stats go to the collector every ``daemon.status_interval_s``.
+"""
+from __future__ import annotations
+
+import os
+import select
+import socket
+import time
+
+import structlog
+
+from rlinkd.daemon import messages as m
+from rlinkd.daemon.errors import ExitCode
+from rlinkd.daemon.inference import channel
+from rlinkd.daemon.inference.backend import PolicyRunner
+from rlinkd.daemon.inference.episodes import LaneBook, SlotPool
+from rlinkd.daemon.inference.link import PolicyLink
+from rlinkd.daemon.inference.server import HISTOGRAM_BOUNDS, InferenceServer, PolicyServing, ServedArea
+from rlinkd.daemon.log import reload_level
+from rlinkd.daemon.roles import RoleContext
+from rlinkd.daemon.wiring import PolicyTopology, Topology
+from rlinkd.shm.board import WeightsBoard
+from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.errors import ShmError
+from rlinkd.shm.lanes import LaneArea, LaneLayout
+
+log = structlog.get_logger("inference")
+IDLE_S = 0.1
+BUSY_RETRY_S = 0.002
+EVAL_FLUSH_S = 0.5
+RECONNECT_S = (0.05, 2.0)
+TCP_AREA_BASE = 1 << 30  # area ids of the collector's TCP areas (shm clients' ids are below)
+
+
+class Inference:
+    """The role's state: the serving core plus the shell's descriptors."""
+
+    def __init__(self, topo: Topology, ctx: RoleContext) -> None:
+        self.topo, self.ctx, cfg = topo, ctx, topo.cfg
+        self.server = InferenceServer({name: self._policy(p) for name, p in topo.policies.items()},
+                                      cfg.inference.max_batch, cfg.inference.max_wait_us * 1e-6,
+                                      cfg.sampling.force_on_policy)
+        self.request_bell = Doorbell(os.dup(topo.request_doorbell.fd))
+        self.tcp_bell = Doorbell(os.dup(topo.tcp_response_doorbell.fd))
+        self.channel = socket.socket(fileno=os.dup(topo.area_channel[1].fd))
+        self.channel.setblocking(False)
+        self.next_connect = {name: 0.0 for name in self.server.policies}
+        self.backoff = {name: RECONNECT_S[0] for name in self.server.policies}
+        self.next_stats = self.next_eval = 0.0
+        self._add_tcp_areas()
+
+    def _policy(self, p: PolicyTopology) -> PolicyServing:
+        cfg = self.topo.cfg
+        runner = PolicyRunner(p.name, p.spec, p.obs_space, p.act_space,
+                              WeightsBoard.attach(p.board_path), cfg.inference.backend)
+        link = (PolicyLink(str(cfg.socket_path), self.topo.internal_token, p.name, p.layout)
+                if p.trainable else None)
+        steps = cfg.inference.env_steps_per_sample or cfg.sampling.train_batch_size
+        return PolicyServing(runner, p.obs_space, SlotPool(), link, steps)
+
+    def _add_tcp_areas(self) -> None:
+        for i, p in enumerate(self.topo.policies.values()):
+            area = LaneArea.attach(p.tcp_lanes_path, LaneLayout(p.layout))
+            area.set_pid("reader", os.getpid())
+            book = LaneBook(area.capacity, p.layout, self.server.policies[p.name].slots)
+            self.server.add(ServedArea(TCP_AREA_BASE + i, area, book, p.name, self.tcp_bell,
+                                       shared_bell=True))
+
+    # ------------------------------------------------------------ the loop
+    def step(self) -> None:
+        self._connect_links()
+        self._release_holds()
+        self._read_channel()
+        answered = self.server.serve_once()
+        self._periodic()
+        if not answered:
+            self._sleep(BUSY_RETRY_S if self.server.arrivals() else IDLE_S)
+
+    def _sleep(self, timeout_s: float) -> None:
+        areas = [a.area for a in self.server.areas.values()]
+        for area in areas:
+            area.announce_server_sleep()
+        from rlinkd.shm._sync import store_load_fence
+        store_load_fence()
+        if timeout_s == IDLE_S and self.server.arrivals():
+            timeout_s = 0.0
+        fds = [self.request_bell.fileno(), self.channel.fileno(), self.ctx.inbox.fileno()]
+        fds += [p.link.fileno() for p in self.server.policies.values() if p.link and p.link.connected
+                and p.link.held]
+        select.select(fds, [], [], timeout_s)
+        self.request_bell.drain()
+        for area in areas:
+            area.take_server_sleeping()
+
+    def _release_holds(self) -> None:
+        for name, policy in self.server.policies.items():
+            link = policy.link
+            if link is None or not link.connected:
+                continue
+            try:
+                link.poll_release()
+            except (ConnectionError, OSError) as exc:
+                self._lost(name, link, exc)
+
+    def _connect_links(self) -> None:
+        now = time.monotonic()
+        for name, policy in self.server.policies.items():
+            link = policy.link
+            if link is None or link.connected or now < self.next_connect[name]:
+                continue
+            try:
+                link.connect()
+                self.backoff[name] = RECONNECT_S[0]
+                log.info("inference_link_connected", policy=name)
+            except (ConnectionError, OSError, ShmError) as exc:
+                self.next_connect[name] = now + self.backoff[name]
+                self.backoff[name] = min(self.backoff[name] * 2, RECONNECT_S[1])
+                log.debug("inference_link_retry", policy=name, error=str(exc))
+
+    def _lost(self, name: str, link: PolicyLink, exc: BaseException) -> None:
+        log.info("inference_link_lost", policy=name, error=str(exc))
+        link.close()
+        self.next_connect[name] = time.monotonic() + RECONNECT_S[0]
+
+    def _read_channel(self) -> None:
+        while (msg := channel.receive(self.channel)) is not None:
+            if msg.op == "open":
+                self._open_area(msg)
+            elif msg.op == "close":
+                self.server.remove(msg.area_id)
+            elif msg.op == "reset":
+                for area_id in [i for i in self.server.areas if i < TCP_AREA_BASE]:
+                    self.server.remove(area_id)
+                for served in self.server.areas.values():
+                    served.book.drop_all()
+
+    def _open_area(self, msg: channel.ChannelMessage) -> None:
+        area_fd, bell_fd = msg.fds
+        p = self.topo.policies.get(msg.policy)
+        if p is None:
+            os.close(area_fd)
+            os.close(bell_fd)
+            return
+        area = LaneArea.from_fd(area_fd, msg.name, LaneLayout(p.layout))
+        area.set_pid("reader", os.getpid())
+        book = LaneBook(area.capacity, p.layout, self.server.policies[p.name].slots)
+        self.server.remove(msg.area_id)
+        self.server.add(ServedArea(msg.area_id, area, book, p.name, Doorbell(bell_fd)))
+
+    def _periodic(self) -> None:
+        now = time.monotonic()
+        if now >= self.next_eval:
+            self.next_eval = now + EVAL_FLUSH_S
+            try:
+                self.server.flush_eval()
+            except (ConnectionError, OSError) as exc:
+                log.info("inference_eval_not_sent", error=str(exc))
+        if now >= self.next_stats:
+            self.next_stats = now + self.topo.cfg.daemon.status_interval_s
+            self.ctx.try_send("collector", self.stats())
+
+    def stats(self) -> m.InferenceStats:
+        s, pols = self.server.stats, self.server.policies
+        times = os.times()
+        return m.InferenceStats(
+            requests=s.requests, actions=s.actions, batches=s.batches, errors=s.errors,
+            lanes_open=self.server.open_lanes(), areas=len(self.server.areas),
+            held=tuple(n for n, p in pols.items() if p.held),
+            batch_sizes={f"<={b}": c for b, c in zip(HISTOGRAM_BOUNDS, s.histogram) if c},
+            backends={n: p.runner.backend for n, p in pols.items() if p.runner.backend},
+            cpu_s=times.user + times.system,
+            weights_seq_nos={n: p.runner.weights_seq_no for n, p in pols.items()})
+
+    def hello(self) -> None:
+        try:
+            channel.send(self.channel, channel.ChannelMessage("hello"))
+        except BlockingIOError:
+            log.warning("inference_hello_not_sent")
+
+    def close(self) -> None:
+        for area_id in list(self.server.areas):
+            self.server.remove(area_id)
+        for policy in self.server.policies.values():
+            if policy.link is not None:
+                policy.link.close()
+            policy.runner.board.close()
+        self.channel.close()
+        self.request_bell.close()
+        self.tcp_bell.close()
+
+
+def run(topo: Topology, ctx: RoleContext) -> ExitCode:
+    """The inference role's process loop."""
+    inf = Inference(topo, ctx)
+    handle = m.Router("inference", {m.Stop: lambda _msg: ctx.stop.set(),
+                                    m.Reload: lambda msg: reload_level(msg.changes, "inference")})
+    inf.hello()
+    log.info("inference_ready", max_batch=topo.cfg.inference.max_batch,
+             max_wait_us=topo.cfg.inference.max_wait_us)
+    try:
+        while not ctx.stop.is_set():
+            ctx.heartbeat()
+            inf.step()
+            for msg in ctx.inbox.drain():
+                handle(msg)
+    finally:
+        inf.close()
+    return ExitCode.OK

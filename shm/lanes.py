@@ -1,0 +1,283 @@
+"""LaneArea: request/response lanes between action clients and the inference role.
+
+A *lane* carries one agent's episode at a time: the client writes a request (an
+observation, the reward of the last action, done flags) and publishes it by bumping
+``req_seq``; the inference role answers in the same lane (action, log-prob, weights
+version, status) and publishes by setting ``resp_seq = req_seq``. A lane holds at most one
+request in flight, so a client with L lanes has at most L requests outstanding (the
+bound on what one client can ask of the server). One client process (or the collector, for
+its TCP clients) writes requests into an area; the inference role alone writes responses.
+
+Wake-ups, each with its own eventfd and the Dekker handshake of ``shm._sync``:
+- request doorbell (one per daemon, shared by every area): the inference role sets
+  ``server_sleeping`` in every area header, fences, rescans, then sleeps; a client that
+  published a request fences, and if it sees ``server_sleeping`` it clears it and rings;
+- response doorbell (one per area): a client about to block sets ``client_waiting``,
+  fences, rechecks its lane, then sleeps; the inference role, after publishing responses,
+  fences, and rings the area's doorbell only if ``client_waiting`` was set (and clears it).
+
+Segment layout: ``LANE_HEADER``, the layout description, then ``capacity`` lanes::
+
+    offset  size  field            type  written by
+    0       8     magic            8s    creator   b"RLKLANE1"
+    8       4     layout_version   u32   creator   LANE_LAYOUT_VERSION
+    12      4     lane_bytes       u32   creator   a multiple of 64 (a lane owns its cache lines)
+    16      4     capacity         u32   creator   lanes
+    20      4     writer_pid       u32   client    requests are written by this process
+    24      4     reader_pid       u32   inference
+    28      4     layout_bytes     u32   creator   L, length of the layout description at 64
+    32      4     server_sleeping  u32   inference sets before sleeping; a client that sees it clears it
+    36      4     client_waiting   u32   client sets before sleeping; the inference role clears it
+    40      8     requests         u64   client    requests ever published (lets the server skip idle areas)
+    48      16    (pad)
+    64      L     layout           creator   ``LaneLayout.to_json()`` (the step layout of the policy), ASCII
+    R             lanes[capacity]        R = 64 + L rounded up to 64
+
+One lane (``LaneLayout.dtype``; A action floats, the obs fields as in ``shm.records``)::
+
+    offset  size  field           type     written by
+    0       4     req_seq         u32      client     bumped (mod 2**32) to publish a request
+    4       4     resp_seq        u32      inference  = req_seq once the response is complete
+    8       1     op              u8       client     OP_START, OP_STEP, OP_END, OP_RELEASE
+    9       1     flags           u8       client     bit0 TERMINATED, bit1 TRUNCATED, bit2 EVALUATE (with START)
+    10      2     (pad)
+    12      4     reward          f32      client     reward of the last action (STEP, END)
+    16      4     status          i32      inference  0 OK, else a STATUS_* code (the lane's episode is over)
+    20      4     (pad)
+    24      8     weights_seq_no  i64      inference  the version that chose ``action``
+    32      4     logp            f32      inference
+    36      4     (pad)
+    40      4*A   action          f32[A]   inference  (Discrete: one float holding the index)
+    o             obs             fields   client     o = 40 + 4A rounded up to 8; per-field padding as in records
+                  (pad to a multiple of 64)
+"""
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+
+from rlinkd.shm._sync import store_load_fence
+from rlinkd.shm.errors import LayoutError
+from rlinkd.shm.records import StepLayout
+from rlinkd.shm.segment import Segment, check_field, check_magic
+
+LANE_MAGIC = b"RLKLANE1"
+LANE_LAYOUT_VERSION = 1
+LANE_HEADER = struct.Struct("<8sIIIIIIIIQ16x")
+assert LANE_HEADER.size == 64
+SLEEPING_OFFSET, WAITING_OFFSET, REQUESTS_OFFSET = 32, 36, 40
+WRITER_PID_OFFSET, READER_PID_OFFSET = 20, 24
+MAX_LANES = 1 << 16
+
+OP_START, OP_STEP, OP_END, OP_RELEASE = 1, 2, 3, 4
+"""START: first observation of a new episode -> action. STEP: reward of the last action +
+next observation -> action. END: reward + final observation, done flags -> acknowledged.
+RELEASE: drop the lane's episode without recording its last step (client reset)."""
+TERMINATED, TRUNCATED, EVALUATE = 1, 2, 4
+
+STATUS_OK = 0
+STATUS_BAD_OP = 1          # an op that does not fit the lane's state (STEP before START, ...)
+STATUS_BAD_OBS = 2         # the observation does not fit the policy's space
+STATUS_LOST = 3            # the server lost the lane's episode (inference restarted): START again
+STATUS_MESSAGES = {STATUS_BAD_OP: "operation out of order for this lane",
+                   STATUS_BAD_OBS: "observation does not fit the observation space",
+                   STATUS_LOST: "the daemon lost this episode (restart): start a new one"}
+
+
+def _align(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+class LaneLayout:
+    """The lane record of one policy: derived from its ``StepLayout`` (obs fields, action size)."""
+
+    ACTION_OFFSET = 40
+
+    def __init__(self, step: StepLayout) -> None:
+        self.step = step
+        self.action_size = step.action_size
+        self.obs_offset = _align(self.ACTION_OFFSET + 4 * self.action_size, 8)
+        obs_dtype = step.dtype["obs"]
+        self.lane_bytes = _align(self.obs_offset + obs_dtype.itemsize, 64)
+        self.dtype = np.dtype({
+            "names": ["req_seq", "resp_seq", "op", "flags", "reward", "status",
+                      "weights_seq_no", "logp", "action", "obs"],
+            "formats": ["<u4", "<u4", "u1", "u1", "<f4", "<i4", "<i8", "<f4",
+                        ("<f4", (self.action_size,)), obs_dtype],
+            "offsets": [0, 4, 8, 9, 12, 16, 24, 32, self.ACTION_OFFSET, self.obs_offset],
+            "itemsize": self.lane_bytes})
+
+    def to_json(self) -> dict:
+        return {"lane_bytes": self.lane_bytes, "step_layout": self.step.to_json()}
+
+    @classmethod
+    def from_json(cls, spec: object) -> LaneLayout:
+        if not isinstance(spec, dict) or "step_layout" not in spec:
+            raise LayoutError(f"bad lane layout description {str(spec)[:80]!r}")
+        layout = cls(StepLayout.from_json(spec["step_layout"]))
+        if spec.get("lane_bytes") != layout.lane_bytes:
+            raise LayoutError(f"lane layout says {spec.get('lane_bytes')!r} bytes a lane, "
+                              f"its fields make {layout.lane_bytes}")
+        return layout
+
+    def description(self) -> bytes:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode("ascii")
+
+    def area_bytes(self, lanes: int) -> int:
+        return lanes_offset(len(self.description())) + lanes * self.lane_bytes
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LaneLayout) and other.to_json() == self.to_json()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def lanes_offset(layout_bytes: int) -> int:
+    return _align(LANE_HEADER.size + layout_bytes, 64)
+
+
+class LaneArea:
+    """One mapped lane area. ``lanes`` is the structured numpy view of every lane.
+
+    Made by the collector (``create``/``create_sealed``), mapped by one client and by the
+    inference role (``attach``/``from_fd``), which check magic, version, sizes and layout.
+    """
+
+    def __init__(self, segment: Segment, layout: LaneLayout, capacity: int) -> None:
+        self.segment, self.layout, self.capacity = segment, layout, capacity
+        start = lanes_offset(len(layout.description()))
+        self.lanes = np.ndarray((capacity,), layout.dtype, buffer=segment.buf, offset=start)
+        self._words = segment.buf[:64].cast("I")
+        self._counter = segment.buf[REQUESTS_OFFSET:REQUESTS_OFFSET + 8].cast("Q")
+        self._seq_words = segment.buf[start:start + capacity * layout.lane_bytes].cast("I")
+        self._stride = layout.lane_bytes // 4
+
+    # ------------------------------------------------------------ making and attaching
+    @classmethod
+    def create(cls, path: str, layout: LaneLayout, capacity: int) -> LaneArea:
+        """A file-backed area (the collector's own, made by the wiring)."""
+        return cls._init(Segment.create(path, layout.area_bytes(_check_capacity(capacity))),
+                         layout, capacity)
+
+    @classmethod
+    def create_sealed(cls, name: str, layout: LaneLayout, capacity: int) -> LaneArea:
+        """A sealed memfd area for one shared-memory client (fd passed on by SCM_RIGHTS)."""
+        return cls._init(Segment.create_sealed(name, layout.area_bytes(_check_capacity(capacity))),
+                         layout, capacity)
+
+    @classmethod
+    def _init(cls, segment: Segment, layout: LaneLayout, capacity: int) -> LaneArea:
+        desc = layout.description()
+        LANE_HEADER.pack_into(segment.buf, 0, LANE_MAGIC, LANE_LAYOUT_VERSION, layout.lane_bytes,
+                              capacity, _pid(), _pid(), len(desc), 0, 0, 0)
+        segment.buf[LANE_HEADER.size:LANE_HEADER.size + len(desc)] = desc
+        return cls(segment, layout, capacity)
+
+    @classmethod
+    def attach(cls, path: str, expected: LaneLayout | None = None) -> LaneArea:
+        return Segment.open_checked(path, lambda seg: cls._checked(seg, expected))
+
+    @classmethod
+    def from_fd(cls, fd: int, name: str, expected: LaneLayout | None = None) -> LaneArea:
+        """Map a sealed area received over a Unix socket; takes ownership of ``fd``."""
+        segment = Segment.from_fd(fd, name)
+        try:
+            return cls._checked(segment, expected)
+        except BaseException:
+            segment.close()
+            raise
+
+    @classmethod
+    def _checked(cls, segment: Segment, expected: LaneLayout | None) -> LaneArea:
+        if segment.size < LANE_HEADER.size:
+            raise LayoutError(f"{segment.path}: {segment.size} bytes is smaller than a lane header")
+        magic, version, lane_bytes, capacity, _, _, layout_bytes, *_ = LANE_HEADER.unpack_from(segment.buf)
+        check_magic(segment.path, magic, LANE_MAGIC, "lane area")
+        check_field(segment.path, "layout_version", version, LANE_LAYOUT_VERSION)
+        if not 0 < layout_bytes <= segment.size - LANE_HEADER.size:
+            raise LayoutError(f"{segment.path}: layout description of {layout_bytes} bytes does not fit")
+        try:
+            spec = json.loads(bytes(segment.buf[LANE_HEADER.size:LANE_HEADER.size + layout_bytes]))
+        except ValueError as exc:
+            raise LayoutError(f"{segment.path}: unreadable lane layout ({exc})") from exc
+        layout = LaneLayout.from_json(spec)
+        check_field(segment.path, "lane_bytes", lane_bytes, layout.lane_bytes)
+        if expected is not None and layout != expected:
+            raise LayoutError(f"{segment.path}: lane layout {spec} is not the expected {expected.to_json()}")
+        if not 0 < capacity <= MAX_LANES or layout.area_bytes(capacity) > segment.size:
+            raise LayoutError(f"{segment.path}: {capacity} lanes do not fit {segment.size} bytes")
+        return cls(segment, layout, capacity)
+
+    def close(self) -> None:
+        self.lanes = None  # type: ignore[assignment]
+        for view in (self._words, self._counter, self._seq_words):
+            view.release()
+        self.segment.close()
+
+    # ------------------------------------------------------------ header words
+    def set_pid(self, role: str, pid: int) -> None:
+        """Record the writing client (``"writer"``) or the inference role (``"reader"``)."""
+        self._words[(WRITER_PID_OFFSET if role == "writer" else READER_PID_OFFSET) // 4] = pid
+
+    @property
+    def requests(self) -> int:
+        return self._counter[0]
+
+    @property
+    def server_sleeping(self) -> bool:
+        return bool(self._words[SLEEPING_OFFSET // 4])
+
+    def announce_server_sleep(self) -> None:
+        self._words[SLEEPING_OFFSET // 4] = 1
+
+    def take_server_sleeping(self) -> bool:
+        """Client side, after publishing: True if the server slept (then ring it)."""
+        store_load_fence()
+        if self._words[SLEEPING_OFFSET // 4]:
+            self._words[SLEEPING_OFFSET // 4] = 0
+            return True
+        return False
+
+    def announce_client_wait(self) -> None:
+        self._words[WAITING_OFFSET // 4] = 1
+        store_load_fence()
+
+    def take_client_waiting(self) -> bool:
+        """Server side, after publishing responses: True if the client sleeps (ring it)."""
+        if self._words[WAITING_OFFSET // 4]:
+            self._words[WAITING_OFFSET // 4] = 0
+            return True
+        return False
+
+    # ------------------------------------------------------------ client side
+    def publish(self, lane: int) -> None:
+        """Publish the request written into ``lanes[lane]`` (data first, then the seq word)."""
+        i = lane * self._stride
+        self._seq_words[i] = (self._seq_words[i] + 1) & 0xFFFFFFFF
+        self._counter[0] = self._counter[0] + 1
+
+    def answered(self, lane: int) -> bool:
+        i = lane * self._stride
+        return self._seq_words[i] == self._seq_words[i + 1]
+
+    # ------------------------------------------------------------ server side
+    def pending(self) -> np.ndarray:
+        """Indices of lanes with a request not yet answered."""
+        return np.flatnonzero(self.lanes["req_seq"] != self.lanes["resp_seq"])
+
+    def answer(self, lanes: np.ndarray, seqs: np.ndarray) -> None:
+        """Publish responses already written into ``lanes`` (``seqs``: their req_seq as read)."""
+        self.lanes["resp_seq"][lanes] = seqs
+
+
+def _check_capacity(capacity: int) -> int:
+    if not isinstance(capacity, int) or not 0 < capacity <= MAX_LANES:
+        raise ValueError(f"lane capacity must be 1..{MAX_LANES}, got {capacity!r}")
+    return capacity
+
+
+def _pid() -> int:
+    import os
+    return os.getpid()
