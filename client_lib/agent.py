@@ -148,10 +148,25 @@ class Agent:
 def connect(address: str = "tcp://127.0.0.1:5555", *, token: str | None = None,
             observation_space=None, action_space=None, explore: bool = True,
             seed: int | None = None, reconnect_timeout_s: float = 120.0,
-            ssl_context=None, capacity_records: int | None = None) -> Agent:
+            ssl_context=None, capacity_records: int | None = None,
+            inference: str = "client", mode: str = "train", policy: str | None = None):
     """An Agent connected to ``address`` (``tcp://H:P``, ``H:P``, ``unix:///path``,
     ``shm`` or ``auto``; see ``client_lib.shm_client`` for the last two).
-    ``capacity_records`` sizes a shared-memory ring (ValueError for a TCP address)."""
+    ``capacity_records`` sizes a shared-memory ring (ValueError for a TCP address).
+
+    ``inference="server"``: the daemon chooses every action (``client_lib.served``; same
+    ``act``/``step`` API, nothing runs here); ``"client"`` (default): the policy runs here.
+    ``mode="evaluate"``: greedy actions, nothing sent trains."""
+    if inference not in ("client", "server"):
+        raise ValueError(f"inference must be 'client' or 'server', not {inference!r}")
+    if mode not in ("train", "evaluate"):
+        raise ValueError(f"mode must be 'train' or 'evaluate', not {mode!r}")
+    if inference == "server":
+        from rlinkd.client_lib.served import open_served
+        return open_served(address, token=token, reconnect_timeout_s=reconnect_timeout_s,
+                           ssl_context=ssl_context, evaluate=mode == "evaluate", policy=policy)
+    if policy is not None:
+        raise ValueError("policy= applies to inference='server' (client-side agents use the mapping)")
     obs = _as_spec(observation_space)
     act = _as_spec(action_space)
     link = open_link(address, token=token, reconnect_timeout_s=reconnect_timeout_s,

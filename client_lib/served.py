@@ -1,0 +1,317 @@
+"""Server-side inference for one agent: the daemon chooses every action.
+
+    agent = connect("tcp://127.0.0.1:5555", inference="server")   # or "shm", "unix:///..."
+    action = agent.act(obs)                      # one round trip (STEP: reward + obs -> action)
+    agent.step(reward, next_obs, terminated, truncated)   # sends nothing unless the episode ended
+
+Same ``act``/``step``/``close`` API as the client-side ``Agent``; nothing here runs a network.
+Over TCP (or the Unix socket without shared memory) each action is one RLlink STEP round trip
+(``protocol.serving``); over shared memory (``shm``, ``auto`` on the daemon's host) the
+request goes into a lane of the client's own lane area and the answer comes back in the same
+lane (``shm.lanes``), no socket on the hot path. ``mode="evaluate"``: greedy actions, and the
+episodes never train (their returns reach the daemon's ``eval`` statistics).
+
+A lost connection or a daemon restart costs only the episode in progress: the link reconnects
+(with backoff, up to ``reconnect_timeout_s``) and the next ``act`` starts a new episode.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import select
+import socket
+import time
+
+import numpy as np
+
+from rlinkd.client_lib.links import ReconnectingLink
+from rlinkd.client_lib.protocol import codec, serving
+from rlinkd.client_lib.protocol.columns import action_columns, native, to_columns
+from rlinkd.client_lib.protocol.spaces import Space, field_name, space_from_json
+from rlinkd.client_lib.transport import Address, RLlinkClient, RLlinkError, ServerError
+from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_START, OP_STEP, STATUS_LOST, STATUS_MESSAGES,
+                              STATUS_OK, TERMINATED, TRUNCATED, LaneArea, LaneLayout)
+
+SPIN_S = 30e-6       # busy-wait this long for an answer before sleeping on the doorbell
+WAIT_SLICE_S = 1.0   # between checks that the daemon is still there
+
+
+class EpisodeLost(RLlinkError):
+    """The daemon no longer knows the episode (it restarted): start a new one."""
+
+
+class ServedTcpLink(ReconnectingLink):
+    """Serving messages over a TCP or Unix-socket RLlink connection."""
+
+    def __init__(self, address: Address, token: str | None, reconnect_timeout_s: float,
+                 ssl_context=None) -> None:
+        self.address, self.token, self.ssl_context = address, token, ssl_context
+        self.reconnect_timeout_s, self.reconnects = reconnect_timeout_s, 0
+        self.client: RLlinkClient | None = None
+        self.config: codec.SetConfig | None = None
+
+    def describe(self) -> str:
+        return str(self.address)
+
+    def _connect(self) -> None:
+        client = RLlinkClient(self.address, ssl_context=self.ssl_context).connect()
+        try:
+            client.ping(self.token)
+            self.config = client.get_config()
+        except BaseException:
+            client.close()
+            raise
+        self.client = client
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def start(self, episode_id: str, obs, evaluate: bool, policy: str | None) -> tuple[np.ndarray | object, int]:
+        """START_EPISODE + GET_ACTION pipelined: one round trip."""
+        client = self._client()
+        client.send(serving.StartEpisode(episode_id, False if evaluate else None, policy_id=policy))
+        client.send(serving.GetAction(episode_id, obs))
+        client.recv()  # EPISODE_STARTED (an ERROR raises here)
+        return self._action(client.recv())
+
+    def step(self, episode_id: str, reward: float, obs) -> tuple[object, int]:
+        client = self._client()
+        client.send(serving.Step(episode_id, reward, obs))
+        return self._action(client.recv())
+
+    def end(self, episode_id: str, reward: float, obs, terminated: bool, truncated: bool) -> None:
+        self._client().send(serving.Step(episode_id, reward, obs, terminated, truncated))
+        self._action(self._client().recv())
+
+    @staticmethod
+    def _action(msg: codec.Message) -> tuple[object, int]:
+        if not isinstance(msg, serving.Action):
+            raise RLlinkError(f"expected ACTION, got {msg.TYPE.value}")
+        return msg.action, msg.weights_seq_no
+
+
+class ServedShmLink(ReconnectingLink):
+    """One lane of a shared-memory lane area (SERVE_ATTACH on the daemon's Unix socket)."""
+
+    def __init__(self, socket_path: str, token: str | None, reconnect_timeout_s: float,
+                 policy: str | None = None) -> None:
+        self.socket_path, self.token, self.policy = socket_path, token, policy
+        self.reconnect_timeout_s, self.reconnects = reconnect_timeout_s, 0
+        self.client: RLlinkClient | None = None
+        self.config: codec.SetConfig | None = None
+        self.area: LaneArea | None = None
+        self.bells: tuple[Doorbell, Doorbell] | None = None  # (request, response)
+        self.in_flight = False
+        self.obs_space: Space | None = None
+        self.act_space: Space | None = None
+
+    def describe(self) -> str:
+        return self.socket_path
+
+    def _connect(self) -> None:
+        client = RLlinkClient(Address("unix", path=self.socket_path)).connect()
+        try:
+            client.ping(self.token)
+            self.config = client.get_config()
+            client.send(serving.ServeAttach(pid=os.getpid(), lanes=1, policy=self.policy))
+            reply = client.recv()
+            if not isinstance(reply, serving.ServeAttached):
+                raise RLlinkError(f"expected SERVE_ATTACHED, got {reply.TYPE.value}")
+            area_fd, request_fd, response_fd = receive_fds(client, serving.LANE_FD_COUNT)
+            self.area = LaneArea.from_fd(area_fd, reply.area_name, LaneLayout.from_json(reply.layout))
+            self.area.set_pid("writer", os.getpid())
+            self.bells = (Doorbell.from_fd(request_fd), Doorbell.from_fd(response_fd))
+            self.obs_space = space_from_json(reply.observation_space)
+            self.act_space = space_from_json(reply.action_space)
+        except BaseException:
+            client.close()
+            self.close()
+            raise
+        self.client, self.in_flight = client, False
+
+    def close(self) -> None:
+        if self.area is not None:
+            self.area.close()
+            self.area = None
+        if self.bells is not None:
+            for bell in self.bells:
+                bell.close()
+            self.bells = None
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def request(self, op: int, reward: float, obs, flags: int, wait: bool = True) -> tuple[object, int]:
+        """Write one request into lane 0, publish it, and (``wait``) return the answer."""
+        area = self._area()
+        if self.in_flight:
+            self._wait(area)  # the previous END's answer
+        lanes = area.lanes
+        if obs is not None:
+            self._write_obs(lanes, obs)
+        lanes["op"][0], lanes["flags"][0], lanes["reward"][0] = op, flags, reward
+        area.publish(0)
+        if area.take_server_sleeping():
+            assert self.bells is not None
+            self.bells[0].ring()
+        self.in_flight = True
+        if not wait:
+            return None, -1
+        return self._wait(area)
+
+    def _area(self) -> LaneArea:
+        if self.client is None or self.area is None:
+            raise ConnectionError(f"{self.socket_path}: not connected")
+        return self.area
+
+    def _write_obs(self, lanes: np.ndarray, obs) -> None:
+        assert self.obs_space is not None and self.area is not None
+        cols = to_columns([obs], self.obs_space, 1, "obs")
+        self.area.layout.step.write_obs(lanes[0:1]["obs"], {field_name(k): v for k, v in cols.items()})
+
+    def _wait(self, area: LaneArea) -> tuple[object, int]:
+        """Spin briefly, then sleep on the response doorbell (checking the socket for a daemon
+        that went away); the answer or an error."""
+        deadline = time.perf_counter() + SPIN_S
+        while not area.answered(0) and time.perf_counter() < deadline:
+            pass
+        while not area.answered(0):
+            area.announce_client_wait()
+            if area.answered(0):
+                break
+            assert self.bells is not None and self.client is not None and self.client.sock is not None
+            ready, _, _ = select.select([self.bells[1].fileno(), self.client.sock], [], [], WAIT_SLICE_S)
+            if self.client.sock in ready:
+                self.client.recv()  # ERROR raises; EOF raises ConnectionError
+            self.bells[1].drain()
+        self.in_flight = False
+        row = area.lanes[0]
+        status = int(row["status"])
+        if status == STATUS_LOST:
+            raise EpisodeLost(STATUS_MESSAGES[status])
+        if status != STATUS_OK:
+            raise ServerError(STATUS_MESSAGES.get(status, f"serving status {status}"))
+        assert self.act_space is not None
+        action = native(action_columns(np.array(row["action"], np.float32)[None], self.act_space),
+                        self.act_space, 0)
+        return action, int(row["weights_seq_no"])
+
+
+def receive_fds(client: RLlinkClient, count: int) -> list[int]:
+    """The byte after SERVE_ATTACHED and the ``count`` descriptors it carries."""
+    assert client.sock is not None
+    data, fds, flags, _ = socket.recv_fds(client.sock, 1, count, socket.MSG_CMSG_CLOEXEC)
+    if not data:
+        raise ConnectionError("daemon closed the connection before sending the lane area")
+    if data != codec.RING_FD_BYTE or len(fds) != count or flags & socket.MSG_CTRUNC:
+        for fd in fds:
+            os.close(fd)
+        raise RLlinkError(f"expected {count} descriptors after SERVE_ATTACHED, got {len(fds)}")
+    return fds
+
+
+class ServedAgent:
+    """One agent whose actions the daemon chooses (see the module docstring)."""
+
+    def __init__(self, link: ServedTcpLink | ServedShmLink, evaluate: bool = False,
+                 policy: str | None = None) -> None:
+        self.link, self.evaluate, self.policy = link, evaluate, policy
+        link._with_retry(lambda: None)  # connect now: errors surface at connect()
+        assert link.config is not None
+        self.obs_space = space_from_json(link.config.observation_space or {})
+        self.act_space = space_from_json(link.config.action_space or {})
+        self.episode_id: str | None = None
+        self.reward = 0.0
+        self.weights_seq_no = -1
+        self.lost_episodes = 0
+
+    def act(self, obs, explore: bool | None = None):
+        """The daemon's action for ``obs`` (starts an episode when none is open)."""
+        if explore is not None and explore == self.evaluate:
+            raise ValueError("explore is decided by mode= for server-side inference")
+        try:
+            action, self.weights_seq_no = self._request(obs)
+        except (EpisodeLost, ConnectionError, OSError) as exc:
+            self._recover(exc)
+            action, self.weights_seq_no = self.link._with_retry(lambda: self._request(obs))
+        return action
+
+    def _request(self, obs) -> tuple[object, int]:
+        link = self.link
+        if self.episode_id is None:
+            self.episode_id = secrets.token_hex(8)
+            if isinstance(link, ServedShmLink):
+                return link.request(OP_START, 0.0, _wire(obs), EVALUATE if self.evaluate else 0)
+            return link.start(self.episode_id, _wire(obs), self.evaluate, self.policy)
+        reward, self.reward = self.reward, 0.0
+        if isinstance(link, ServedShmLink):
+            return link.request(OP_STEP, reward, _wire(obs), 0)
+        return link.step(self.episode_id, reward, _wire(obs))
+
+    def _recover(self, exc: BaseException) -> None:
+        """The episode in progress is gone (daemon restart, lost connection): reconnect, start over."""
+        self.lost_episodes += 1
+        self.episode_id, self.reward = None, 0.0
+        if not isinstance(exc, EpisodeLost):
+            self.link.close()
+
+    def step(self, reward: float, next_obs, terminated: bool, truncated: bool) -> None:
+        """Record the reward of the last action; an ended episode is reported at once."""
+        if self.episode_id is None:
+            raise RuntimeError("step() must follow act()")
+        self.reward += float(reward)
+        if not (terminated or truncated):
+            return
+        reward, self.reward, eid, self.episode_id = self.reward, 0.0, self.episode_id, None
+        flags = (TERMINATED if terminated else 0) | (TRUNCATED if truncated else 0)
+        try:
+            if isinstance(self.link, ServedShmLink):
+                self.link.request(OP_END, reward, _wire(next_obs), flags, wait=False)
+            else:
+                self.link.end(eid, reward, _wire(next_obs), bool(terminated), bool(truncated))
+        except (EpisodeLost, ConnectionError, OSError) as exc:
+            self._recover(exc)
+
+    def close(self) -> None:
+        self.link.close()
+
+
+def _wire(obs):
+    """Observations as JSON/array values (numpy arrays pass through; lists stay lists)."""
+    return obs.tolist() if isinstance(obs, np.ndarray) and obs.ndim == 0 else obs
+
+
+def open_served(address: str, *, token: str | None, reconnect_timeout_s: float, ssl_context,
+                evaluate: bool, policy: str | None) -> ServedAgent:
+    """A ServedAgent for ``address``: shared-memory lanes for ``shm``, ``unix://`` and ``auto``
+    (when a daemon runs here), as for client-side agents; RLlink serving messages for
+    ``tcp://`` and ``H:P``."""
+    from rlinkd.client_lib.transport import parse_address
+    kind, _, where = address.partition(":")
+    link: ServedTcpLink | ServedShmLink
+    if address.startswith("unix://"):
+        link = ServedShmLink(parse_address(address).path, token, reconnect_timeout_s, policy)
+    elif kind in ("shm", "auto"):
+        socket_path = _wait_for_socket(where or None, reconnect_timeout_s)
+        if socket_path is None and kind == "auto":
+            link = ServedTcpLink(parse_address("tcp://127.0.0.1:5555"), token, reconnect_timeout_s)
+        elif socket_path is None:
+            raise ConnectionError(f"no running rlinkd found in state dir {where or '(default)'}")
+        else:
+            link = ServedShmLink(socket_path, token, reconnect_timeout_s, policy)
+    else:
+        link = ServedTcpLink(parse_address(address), token, reconnect_timeout_s, ssl_context)
+    return ServedAgent(link, evaluate=evaluate, policy=policy)
+
+
+def _wait_for_socket(state_dir: str | None, timeout_s: float) -> str | None:
+    from rlinkd.client_lib.protocol.discovery import local_socket
+    deadline = time.monotonic() + min(timeout_s, 10.0)
+    path = local_socket(state_dir)
+    while path is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        path = local_socket(state_dir)
+    return path
