@@ -18,6 +18,7 @@ import time
 
 import structlog
 
+from rlinkd.client_lib.transport import RLlinkError
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.inference import channel
@@ -121,8 +122,8 @@ class Inference:
                 link.connect()
                 self.backoff[name] = RECONNECT_S[0]
                 log.info("inference_link_connected", policy=name)
-            except (ConnectionError, OSError, ShmError) as exc:
-                self.next_connect[name] = now + self.backoff[name]
+            except (ConnectionError, OSError, ShmError, RLlinkError) as exc:  # the collector is
+                self.next_connect[name] = now + self.backoff[name]         # (re)starting: retry
                 self.backoff[name] = min(self.backoff[name] * 2, RECONNECT_S[1])
                 log.debug("inference_link_retry", policy=name, error=str(exc))
 
