@@ -33,7 +33,7 @@ from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_START, OP_STEP, STATUS_LOST, STATUS_MESSAGES,
                               STATUS_OK, TERMINATED, TRUNCATED, LaneArea, LaneLayout)
 
-SPIN_S = 30e-6       # busy-wait this long for an answer before sleeping on the doorbell
+SPIN_S = 100e-6      # busy-wait this long for an answer before sleeping on the doorbell
 WAIT_SLICE_S = 1.0   # between checks that the daemon is still there
 
 

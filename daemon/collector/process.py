@@ -8,6 +8,7 @@ a periodic tick heart-beats, forces overdue on-policy batches and reports status
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import structlog
@@ -168,10 +169,22 @@ def weights_cache(policy: PolicyTopology, board: WeightsBoard) -> WeightsCache:
     return StaticWeights(board, foreign) if foreign is not None else WeightsCache(board, policy.spec)
 
 
+def event_loop_runner():
+    """``uvloop.run`` when uvloop is installed (about twice asyncio's message rate: see
+    BENCHMARKS.md), else ``asyncio.run``; ``RLINKD_ASYNCIO=1`` forces the latter."""
+    if os.environ.get("RLINKD_ASYNCIO") != "1":
+        try:
+            import uvloop
+            return uvloop.run
+        except ImportError:
+            pass
+    return asyncio.run
+
+
 def run(topo: Topology, ctx: RoleContext) -> ExitCode:
     """The collector's process loop; returns when drained or stopped."""
     proc = CollectorProcess(topo, ctx)
-    asyncio.run(proc.main())
+    event_loop_runner()(proc.main())
     for route in proc.routes.values():
         route.ring.close()
     for board in proc.boards.values():

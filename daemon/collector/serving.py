@@ -20,6 +20,7 @@ import itertools
 import os
 import secrets
 import socket
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -42,6 +43,24 @@ from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_RELEASE, OP_START, OP_STEP, S
 log = structlog.get_logger("collector")
 ENDED_MEMORY = 1024  # ended episode ids remembered per connection (to name the error)
 ANSWER_TIMEOUT_S = 30.0
+
+
+SPIN_S = 60e-6
+
+
+def _spin_until_answered(area: LaneArea, lane: int) -> bool:
+    """Busy-wait up to SPIN_S for one answer (only for a lone request: the event loop has
+    nothing else waiting on the inference role then)."""
+    until = time.perf_counter() + SPIN_S
+    while time.perf_counter() < until:
+        if area.answered(lane):
+            return True
+    return False
+
+
+def _time_out(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(ConnectionError("the inference role did not answer"))
 
 
 class ServingError(BadMessage):
@@ -101,7 +120,7 @@ class ServingFront:
         self.sessions: dict[int, ServingSession] = {}
         self.area_ids = itertools.count(1)
         self.max_episodes = self.cfg.server.max_agents_per_connection
-        self.counts = {"episodes_started": 0, "requests": 0, "shm_clients": 0}
+        self.counts = {"episodes_started": 0, "tcp_messages": 0, "shm_clients": 0}
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -118,7 +137,7 @@ class ServingFront:
     async def handle(self, session: Session, msg: codec.Message, writer) -> bytes | None:
         """Carry out one serving message; the reply frame (None: no reply)."""
         state = self.sessions.setdefault(session.id, ServingSession())
-        self.counts["requests"] += 1
+        self.counts["tcp_messages"] += 1
         if isinstance(msg, serving.StartEpisode):
             return self._start(session, state, msg)
         if isinstance(msg, serving.LogReturns):
@@ -196,17 +215,21 @@ class ServingFront:
     async def _answer(self, ep: EpisodeLane) -> tuple[int, int]:
         """Wait for the lane's answer: (status, weights_seq_no)."""
         tl = self.lanes[ep.policy]
-        fut = asyncio.get_running_loop().create_future()
-        tl.waiting[ep.lane] = fut
         if tl.area.take_server_sleeping():
             self.request_bell.ring()
+        elif not tl.waiting and _spin_until_answered(tl.area, ep.lane):
+            row = tl.area.lanes[ep.lane]  # a lone request to an awake role: no loop turn
+            return int(row["status"]), int(row["weights_seq_no"])
+        fut = asyncio.get_running_loop().create_future()
+        tl.waiting[ep.lane] = fut
         tl.area.announce_client_wait()
         if tl.area.answered(ep.lane):
             self._resolve(tl, ep.lane)
+        timer = asyncio.get_running_loop().call_later(ANSWER_TIMEOUT_S, _time_out, fut)
         try:
-            await asyncio.wait_for(fut, ANSWER_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            raise ConnectionError("the inference role did not answer") from None
+            await fut  # (not wait_for: that costs a task and a loop turn per request)
+        finally:
+            timer.cancel()
         row = tl.area.lanes[ep.lane]
         return int(row["status"]), int(row["weights_seq_no"])
 

@@ -13,6 +13,8 @@ client-side one.
 """
 from __future__ import annotations
 
+import math
+import random
 import time
 from collections.abc import Callable, Mapping
 
@@ -25,7 +27,7 @@ from rlinkd.client_lib.protocol.netonnx import OnnxWeightWriter
 from rlinkd.client_lib.protocol.netops import DIST
 from rlinkd.client_lib.protocol.policy_spec import ONNX_OUTPUT_NAME, PolicySpec
 from rlinkd.client_lib.protocol.records import obs_columns
-from rlinkd.client_lib.protocol.spaces import Space
+from rlinkd.client_lib.protocol.spaces import Space, field_name
 from rlinkd.shm.board import WeightsBoard
 
 log = structlog.get_logger("inference")
@@ -79,34 +81,38 @@ def candidates(spec: PolicySpec) -> list[str]:
     return ["onnxruntime", "numpy"] if has_conv(spec) else ["numpy", "onnxruntime"]
 
 
-def time_backend(forward: Forward, sample_obs: Callable[[int], Mapping[str, np.ndarray]],
-                 repeats: int = 20) -> float:
-    """Median seconds of one call on batch 1 plus one on batch 64 (the two regimes served)."""
-    costs = []
-    for rows in (1, 64):
-        obs = sample_obs(rows)
-        forward(obs)  # warm up
-        runs = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            forward(obs)
-            runs.append(time.perf_counter() - t0)
-        costs.append(float(np.median(runs)))
-    return sum(costs)
+SMALL_BATCH = 16
+"""Batches below this many rows run on the backend fastest at batch 1, others on the one
+fastest at batch 64 (numpy wins small MLP batches, onnxruntime large ones)."""
+
+
+def time_backend(forward: Forward, obs: Mapping[str, np.ndarray], repeats: int = 20) -> float:
+    """Median seconds of one call."""
+    forward(obs)  # warm up
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        forward(obs)
+        runs.append(time.perf_counter() - t0)
+    return float(np.median(runs))
 
 
 def choose_backend(spec: PolicySpec, flat: np.ndarray, wanted: str,
-                   sample_obs: Callable[[int], Mapping[str, np.ndarray]]) -> tuple[str, dict[str, float]]:
-    """(backend name, seconds measured per candidate). ``wanted`` other than "auto" is taken
-    as is (no timing)."""
+                   sample_obs: Callable[[int], Mapping[str, np.ndarray]]
+                   ) -> tuple[tuple[str, str], dict[str, float]]:
+    """((backend for small batches, for large ones), seconds measured per candidate and batch
+    size). ``wanted`` other than "auto" is taken for both, without timing."""
     if wanted != "auto":
-        return wanted, {}
+        return (wanted, wanted), {}
     timings = {}
     for name in candidates(spec):
-        timings[name] = time_backend(MAKERS[name](spec, flat), sample_obs)
-    if len(timings) == 1:
-        return next(iter(timings)), timings
-    return min(timings, key=timings.__getitem__), timings
+        forward = MAKERS[name](spec, flat)
+        for rows in (1, 64):
+            timings[f"{name}@{rows}"] = time_backend(forward, sample_obs(rows))
+    names = candidates(spec)
+    small = min(names, key=lambda n: timings[f"{n}@1"])
+    large = min(names, key=lambda n: timings[f"{n}@64"])
+    return (small, large), timings
 
 
 class PolicyRunner:
@@ -117,16 +123,39 @@ class PolicyRunner:
                  board: WeightsBoard, backend: str, seed: int | None = None) -> None:
         self.name, self.spec, self.obs_space, self.board = name, spec, obs_space, board
         self.wanted = backend
-        self.backend = ""
+        self.backends: tuple[str, str] = ("", "")
         self.chooser = ActionChooser(act_space, seed)
+        self.rng = random.Random(seed)
+        self.categorical = self.chooser._single_categorical
         self.weights_seq_no = -1
         self.flat = np.empty(spec.n_params(), np.float32)
-        self.forward: Forward | None = None
+        self.forwards: tuple[Forward, Forward] | None = None
         self.timings: dict[str, float] = {}
+        self.leaves = [(leaf.key, field_name(leaf.key), leaf.space) for leaf in obs_space.leaves()]
+
+    def columns(self, obs_rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Leaf columns (views) of lane obs rows: ``records.obs_columns`` without its lookups."""
+        return {key: obs_rows[name] for key, name, _ in self.leaves}
+
+    def bad_rows(self, obs_rows: np.ndarray) -> np.ndarray:
+        """[n] True where an observation does not fit the space (the spaces' own checks,
+        vectorised; row by row only when the batch as a whole fails)."""
+        bad = np.zeros(len(obs_rows), bool)
+        if all(space.check(obs_rows[name], "obs") is None for _, name, space in self.leaves):
+            return bad
+        for i in range(len(obs_rows)):
+            bad[i] = any(space.check(obs_rows[name][i:i + 1], "obs") is not None
+                         for _, name, space in self.leaves)
+        return bad
 
     @property
     def ready(self) -> bool:
-        return self.forward is not None
+        return self.forwards is not None
+
+    @property
+    def backend(self) -> str:
+        small, large = self.backends
+        return small if small == large else f"{small} (<{SMALL_BATCH} rows), {large}" if small else ""
 
     def refresh(self) -> bool:
         """Load the board's newest version if it changed (between batches). True if loaded."""
@@ -134,11 +163,13 @@ class PolicyRunner:
         if latest < 0 or latest == self.weights_seq_no:
             return False
         seq, _ = self.board.read(self.flat)
-        if not self.backend:
-            self.backend, self.timings = choose_backend(self.spec, self.flat, self.wanted, self._sample_obs)
+        if not self.backends[0]:
+            self.backends, self.timings = choose_backend(self.spec, self.flat, self.wanted, self._sample_obs)
             log.info("inference_backend", policy=self.name, backend=self.backend,
                      timings_us={k: round(v * 1e6, 1) for k, v in self.timings.items()})
-        self.forward = MAKERS[self.backend](self.spec, self.flat)
+        small = MAKERS[self.backends[0]](self.spec, self.flat)
+        large = small if self.backends[1] == self.backends[0] else MAKERS[self.backends[1]](self.spec, self.flat)
+        self.forwards = (small, large)
         self.weights_seq_no = seq
         return True
 
@@ -151,8 +182,11 @@ class PolicyRunner:
     def act(self, obs_rows: np.ndarray, explore: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(actions [N, A] f32, logp [N] f32, dist inputs [N, D] f32) for obs rows (the lane
         records' structured obs), sampling where ``explore`` and taking the mode elsewhere."""
-        assert self.forward is not None, "refresh() first"
-        dist = np.asarray(self.forward(obs_columns(obs_rows, self.obs_space)), np.float32)
+        assert self.forwards is not None, "refresh() first"
+        forward = self.forwards[0 if len(obs_rows) < SMALL_BATCH else 1]
+        dist = np.asarray(forward(self.columns(obs_rows)), np.float32)
+        if len(dist) == 1 and self.categorical:
+            return self._one_categorical(dist, bool(explore[0]))
         if explore.all():
             actions, logp = self.chooser.choose_batch(dist, True)
         elif not explore.any():
@@ -163,3 +197,20 @@ class PolicyRunner:
             for mask, flag in ((explore, True), (~explore, False)):
                 actions[mask], logp[mask] = self.chooser.choose_batch(dist[mask], flag)
         return actions, np.asarray(logp, np.float32), dist
+
+    def _one_categorical(self, dist: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One Discrete choice in plain Python floats (a few microseconds; the numpy path
+        costs ~8): the same softmax distribution and log-probability."""
+        logits = dist[0].tolist()
+        top = max(logits)
+        weights = [math.exp(x - top) for x in logits]
+        total = sum(weights)
+        if explore:
+            u, a, acc = self.rng.random() * total, 0, weights[0]
+            while acc < u and a < len(weights) - 1:
+                a += 1
+                acc += weights[a]
+        else:
+            a = logits.index(top)
+        logp = logits[a] - top - math.log(total)
+        return np.array([[a]], np.float32), np.array([logp], np.float32), dist

@@ -129,6 +129,68 @@ class LaneBook:
         records = concat(parts, self.layout)
         return Outcome(status, wants, explore, records, evals, train_steps)
 
+    def apply_one(self, lane: int, op: int, flags: int, reward: float, obs: np.ndarray,
+                  bad_obs: bool, out: list[np.ndarray]) -> tuple[int, bool, bool, EvalEnd | None, int]:
+        """``apply`` for one request, in scalar code (the common case of a lone client: a
+        tenth of the vectorised path's cost). Appends step records to ``out``; returns
+        (status, wants_action, explore, finished evaluation episode or None, train steps)."""
+        is_open = bool(self.open[lane])
+        if op not in (OP_START, OP_STEP, OP_END, OP_RELEASE):
+            return STATUS_BAD_OP, False, True, None, 0
+        if op in (OP_STEP, OP_END) and not is_open:
+            return STATUS_LOST, False, True, None, 0
+        if bad_obs and op != OP_RELEASE:
+            return STATUS_BAD_OBS, False, True, None, 0
+        evaluate, steps, ended = bool(self.evaluate[lane]), 0, None
+        if op in (OP_STEP, OP_END):
+            self.ret[lane] += reward
+            self.length[lane] += 1
+            if not evaluate and self.has_pending[lane]:
+                rec = self.pending[lane:lane + 1].copy()
+                rec["reward"] = reward
+                out.append(rec)
+                self.fragment_steps[lane] += 1
+                steps = 1
+            self.has_pending[lane] = False
+        if op == OP_END:
+            if evaluate:
+                ended = EvalEnd(float(self.ret[lane]), int(self.length[lane]),
+                                int(self.pending["weights_seq_no"][lane]))
+            else:
+                final = self.layout.empty(1)
+                final["obs"][0] = obs
+                final["flags"] = (FINAL_OBS | (REC_TERMINATED if flags & TERMINATED else 0)
+                                  | (REC_TRUNCATED if flags & TRUNCATED else 0))
+                final["stream_id"] = self.slot[lane]
+                final["weights_seq_no"] = -1
+                out.append(final)
+            self._close(np.array([lane]))
+        elif op in (OP_START, OP_RELEASE) and is_open:
+            self._abandon(np.array([lane]), out)
+        if op == OP_START:
+            self._start_one(lane, bool(flags & EVALUATE))
+            evaluate = bool(flags & EVALUATE)
+        return STATUS_OK, op in (OP_START, OP_STEP), not evaluate, ended, steps
+
+    def _start_one(self, lane: int, evaluate: bool) -> None:
+        self.open[lane], self.evaluate[lane] = True, evaluate
+        self.ret[lane], self.length[lane], self.fragment_steps[lane] = 0.0, 0, 0
+        if not evaluate:
+            self.slot[lane] = self.slots.take()
+
+    def remember_one(self, lane: int, obs: np.ndarray, action: np.ndarray, logp: float,
+                     dist: np.ndarray, seq: int) -> None:
+        p = self.pending[lane]
+        p["obs"] = obs
+        p["action"] = action
+        p["logp"] = logp
+        if len(dist):
+            p["dist"] = dist
+        p["weights_seq_no"] = seq
+        p["flags"] = STEP_FLAGS
+        p["stream_id"] = self.slot[lane]
+        self.has_pending[lane] = True
+
     def _complete(self, req: Requests, rows: np.ndarray) -> np.ndarray:
         """Pending steps completed by their reward: training lanes give records, evaluation
         lanes add to their return."""

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.client_lib.protocol.serving import EvalEpisode
 from rlinkd.client_lib.protocol.spaces import Space
 from rlinkd.daemon.inference.backend import PolicyRunner
@@ -182,7 +181,9 @@ class InferenceServer:
             for served, _req in items:  # no weights yet (learner booting): leave them pending
                 served.deferred = True
             return 0
-        outcomes = [served.book.apply(req, self._bad_obs(req, policy.obs_space)) for served, req in items]
+        if len(items) == 1 and len(items[0][1]) == 1:
+            return self._serve_one(name, policy, *items[0])
+        outcomes = [served.book.apply(req, runner.bad_rows(req.obs)) for served, req in items]
         acting = [(served, req, out) for (served, req), out in zip(items, outcomes)]
         self._act(runner, acting)
         records, steps = [], 0
@@ -194,6 +195,32 @@ class InferenceServer:
                                              policy_id=name) for e in out.eval_ends]
         self._send(name, concat(records, runner_layout(items)), steps)
         return sum(len(req) for _, req in items)
+
+    def _serve_one(self, name: str, policy: PolicyServing, served: ServedArea, req: Requests) -> int:
+        """``_serve_policy`` for a lone request, in scalar code (a lone client's every step)."""
+        runner, lane = policy.runner, int(req.lanes[0])
+        out: list[np.ndarray] = []
+        status, wants, explore, ended, steps = served.book.apply_one(
+            lane, int(req.ops[0]), int(req.flags[0]), float(req.rewards[0]), req.obs[0],
+            bool(runner.bad_rows(req.obs)[0]), out)
+        row = served.area.lanes[lane]
+        if wants:
+            actions, logp, dist = runner.act(req.obs, np.array([explore]))
+            row["action"], row["logp"] = actions[0], logp[0]
+            served.book.remember_one(lane, req.obs[0], actions[0], float(logp[0]), dist[0],
+                                     runner.weights_seq_no)
+            self.stats.batch(1)
+            self.stats.actions += 1
+        row["status"], row["weights_seq_no"] = status, runner.weights_seq_no
+        served.area.answer(req.lanes, req.seqs)
+        self.stats.requests += 1
+        self.stats.errors += status != 0
+        if ended is not None:
+            policy.eval_ends.append(EvalEpisode(ended.episode_return, ended.episode_length,
+                                                ended.weights_seq_no, policy_id=name))
+        if out or steps:
+            self._send(name, concat(out, served.book.layout), steps)
+        return 1
 
     def _act(self, runner: PolicyRunner, acting: list[tuple[ServedArea, Requests, Outcome]]) -> None:
         """One forward pass over every request that wants an action; results go into the lanes
@@ -226,19 +253,6 @@ class InferenceServer:
         served.area.answer(req.lanes, req.seqs)
         self.stats.requests += len(req)
         self.stats.errors += int(np.count_nonzero(out.status))
-
-    @staticmethod
-    def _bad_obs(req: Requests, space: Space) -> np.ndarray:
-        """[n] True where the observation does not fit the space (vectorised; row by row
-        only when the batch as a whole fails)."""
-        bad = np.zeros(len(req), bool)
-        cols = obs_columns(req.obs, space)
-        if all(leaf.space.check(cols[leaf.key], "obs") is None for leaf in space.leaves()):
-            return bad
-        for i in range(len(req)):
-            bad[i] = any(leaf.space.check(cols[leaf.key][i:i + 1], "obs") is not None
-                         for leaf in space.leaves())
-        return bad
 
     # ------------------------------------------------------------ steps out
     def _send(self, name: str, records: np.ndarray, train_steps: int) -> None:
