@@ -105,6 +105,7 @@ class ServedShmLink(ReconnectingLink):
         self.area: LaneArea | None = None
         self.bells: tuple[Doorbell, Doorbell] | None = None  # (request, response)
         self.in_flight = False
+        self.wait_s = 0.0  # EWMA of the time answers take
         self.obs_space: Space | None = None
         self.act_space: Space | None = None
 
@@ -175,9 +176,11 @@ class ServedShmLink(ReconnectingLink):
     def _wait(self, area: LaneArea) -> tuple[object, int]:
         """Spin briefly, then sleep on the response doorbell (checking the socket for a daemon
         that went away); the answer or an error."""
-        deadline = time.perf_counter() + SPIN_S
-        while not area.answered(0) and time.perf_counter() < deadline:
-            pass
+        started = time.perf_counter()
+        if self.wait_s < 2 * SPIN_S:  # answers come fast: spin for them (else sleep at once,
+            deadline = started + SPIN_S  # leaving the CPU to the daemon and other clients)
+            while not area.answered(0) and time.perf_counter() < deadline:
+                pass
         while not area.answered(0):
             area.announce_client_wait()
             if area.answered(0):
@@ -188,6 +191,7 @@ class ServedShmLink(ReconnectingLink):
                 self.client.recv()  # ERROR raises; EOF raises ConnectionError
             self.bells[1].drain()
         self.in_flight = False
+        self.wait_s += 0.1 * (time.perf_counter() - started - self.wait_s)
         row = area.lanes[0]
         status = int(row["status"])
         if status == STATUS_LOST:
