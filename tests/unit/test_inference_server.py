@@ -1,0 +1,193 @@
+"""The inference role's core: lane bookkeeping (vectorised and scalar paths agree), step records
+a served episode becomes, sample cuts and on-policy holds, evaluation lanes, weight versions."""
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from rlinkd.daemon import policies as P
+from rlinkd.daemon.config import load_config
+from rlinkd.daemon.inference.backend import PolicyRunner, choose_backend
+from rlinkd.daemon.inference.episodes import LaneBook, Requests, SlotPool, concat
+from rlinkd.daemon.inference.server import InferenceServer, PolicyServing, ServedArea
+from rlinkd.daemon.wiring import step_layout
+from rlinkd.shm.board import WeightsBoard
+from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_RELEASE, OP_START, OP_STEP, STATUS_BAD_OBS,
+                              STATUS_BAD_OP, STATUS_LOST, STATUS_OK, TERMINATED, LaneArea, LaneLayout)
+from rlinkd.shm.records import FINAL_OBS, HAS_LOGP, TERMINATED as REC_TERMINATED, TRUNCATED as REC_TRUNCATED
+
+OBS = np.array([0.01, 0.02, 0.03, 0.04], np.float32)
+
+
+class FakeLink:
+    """Stands in for PolicyLink: keeps what the server hands on."""
+
+    def __init__(self, layout) -> None:
+        self.layout, self.records, self.steps, self.samples = layout, [], 0, 0
+        self.held, self.connected = False, True
+
+    def write(self, records, train_steps):
+        self.records.append(records.copy())
+        self.steps += train_steps
+
+    @property
+    def all(self):
+        return concat(self.records, self.layout)
+
+    def sample_ready(self, on_policy):
+        self.samples += 1
+        self.steps = 0
+        self.held = on_policy
+
+
+@pytest.fixture
+def setup(tmp_path):
+    d = P.policy_defs(load_config(None, []))["default"]
+    board = WeightsBoard.create(str(tmp_path / "board"), d.spec.n_params(), orjson.dumps(d.spec.to_json()))
+    rng = np.random.default_rng(0)
+    board.publish(5, rng.normal(size=d.spec.n_params()).astype(np.float32) * 0.1)
+    layout = step_layout(d)
+    runner = PolicyRunner("default", d.spec, d.obs_space, d.act_space, board, "numpy", seed=0)
+    link = FakeLink(layout)
+    policy = PolicyServing(runner, d.obs_space, SlotPool(), link, sample_steps=6)
+    server = InferenceServer({"default": policy}, max_batch=64, max_wait_s=0.0, on_policy=True)
+    areas = []
+    for i in range(2):
+        area = LaneArea.create(str(tmp_path / f"lanes{i}"), LaneLayout(layout), 4)
+        server.add(ServedArea(i, area, LaneBook(4, layout, policy.slots), "default", Doorbell.create()))
+        areas.append(area)
+    return server, areas, link, board, d
+
+
+def request(area, lane, op, obs=OBS, reward=0.0, flags=0):
+    area.lanes["obs"]["obs"][lane] = obs
+    area.lanes["op"][lane], area.lanes["flags"][lane], area.lanes["reward"][lane] = op, flags, reward
+    area.publish(lane)
+
+
+def test_an_episode_becomes_step_records_like_a_client_side_one(setup):
+    server, (area, _), link, _, _ = setup
+    request(area, 0, OP_START)
+    assert server.serve_once() == 1 and area.answered(0)
+    assert area.lanes["status"][0] == STATUS_OK and area.lanes["weights_seq_no"][0] == 5
+    first_action = float(area.lanes["action"][0][0])
+    request(area, 0, OP_STEP, OBS + 0.01, reward=1.0)
+    server.serve_once()
+    request(area, 0, OP_END, OBS + 0.02, reward=2.0, flags=TERMINATED)
+    server.serve_once()
+    rec = link.all
+    assert list(rec["reward"][:2]) == [1.0, 2.0] and link.steps == 2
+    assert float(rec["action"][0][0]) == first_action
+    assert np.allclose(rec["obs"]["obs"][0], OBS) and np.allclose(rec["obs"]["obs"][2], OBS + 0.02)
+    assert all(rec["flags"][:2] & HAS_LOGP) and rec["flags"][2] == FINAL_OBS | REC_TERMINATED
+    assert len(set(rec["stream_id"])) == 1 and list(rec["weights_seq_no"][:2]) == [5, 5]
+
+
+def test_errors_per_request_leave_the_others_alone(setup):
+    server, (a, b), link, _, _ = setup
+    request(a, 0, OP_STEP, reward=1.0)               # no episode open here: lost
+    request(a, 1, 9)                                 # no such op
+    request(a, 2, OP_START, np.array([np.nan, 0, 0, 0], np.float32))
+    request(b, 0, OP_START)
+    assert server.serve_once() == 4
+    assert [int(s) for s in a.lanes["status"][:3]] == [STATUS_LOST, STATUS_BAD_OP, STATUS_BAD_OBS]
+    assert b.lanes["status"][0] == STATUS_OK and server.stats.errors == 3
+
+
+def test_scalar_and_vectorised_bookkeeping_agree(setup):
+    _, (area, _), _, _, d = setup
+    layout = step_layout(d)
+    books = [LaneBook(4, layout, SlotPool()) for _ in range(2)]
+    script = [(OP_START, 0, 0.0), (OP_STEP, 0, 1.0), (OP_STEP, 0, 0.5), (OP_END, TERMINATED, 2.0),
+              (OP_START, EVALUATE, 0.0), (OP_STEP, 0, 3.0), (OP_END, 0, 1.0), (OP_START, 0, 0.0),
+              (OP_RELEASE, 0, 0.0)]
+    outs: list[list] = [[], []]
+    for i, (op, flags, reward) in enumerate(script):
+        request(area, 1, op, OBS + 0.01 * i, reward, flags)
+        req = Requests.read(area.lanes, np.array([1]))
+        scalar = books[0].apply_one(1, op, flags, reward, req.obs[0], False, outs[0])
+        vector = books[1].apply(req, np.zeros(1, bool))
+        outs[1].append(vector.records)
+        assert (scalar[0], scalar[1], scalar[2]) == (vector.status[0], vector.wants_action[0], vector.explore[0])
+        assert (scalar[3] is None) == (not vector.eval_ends)
+        if scalar[1]:
+            act = np.array([float(i % 2)], np.float32)
+            books[0].remember_one(1, req.obs[0], act, -0.5, np.zeros(2, np.float32), 3)
+            books[1].remember(req, np.array([True]), act[None], np.array([-0.5], np.float32),
+                              np.zeros((1, 2), np.float32), 3)
+        area.answer(np.array([1]), req.seqs)
+    a, b = (np.concatenate([x for x in o if len(x)]) for o in outs)
+    assert a.tobytes() == b.tobytes() and len(a) == 4  # 3 steps + FINAL_OBS; evaluation and
+    assert a["flags"][-1] == FINAL_OBS | REC_TERMINATED  # the released start record nothing
+
+
+def test_evaluation_lanes_record_nothing_and_report_their_return(setup):
+    server, (area, _), link, _, _ = setup
+    request(area, 0, OP_START, flags=EVALUATE)
+    server.serve_once()
+    request(area, 0, OP_STEP, reward=1.5)
+    server.serve_once()
+    request(area, 0, OP_END, reward=2.0, flags=TERMINATED)
+    server.serve_once()
+    assert len(link.all) == 0 and link.steps == 0
+    ends = server.policies["default"].eval_ends
+    assert [(e.episode_return, e.episode_length) for e in ends] == [(3.5, 2)]
+
+
+def test_a_sample_cut_holds_training_lanes_until_weights_arrive(setup):
+    server, (a, b), link, board, d = setup
+    request(a, 0, OP_START)
+    request(b, 0, OP_START, flags=EVALUATE)
+    server.serve_once()
+    for i in range(6):
+        request(a, 0, OP_STEP, OBS + 0.01 * i, reward=1.0)
+        server.serve_once()
+    assert link.samples == 1 and link.held
+    cut = link.all[-1:]
+    assert cut["flags"][0] == FINAL_OBS  # the fragment ends mid-episode, no done flag
+    request(a, 0, OP_STEP, reward=1.0)
+    request(b, 0, OP_STEP, reward=1.0)
+    server.serve_once()
+    assert not a.answered(0) and b.answered(0)  # held: only the evaluation lane is served
+    board.publish(6, board.read()[1] * 0.5)
+    link.held = False  # WEIGHTS_READY
+    server.serve_once()
+    assert a.answered(0) and a.lanes["weights_seq_no"][0] == 6
+
+
+def test_a_batch_never_mixes_versions(setup):
+    server, (a, b), _, board, d = setup
+    for lane in range(4):
+        request(a, lane, OP_START)
+        request(b, lane, OP_START)
+    board.publish(9, board.read()[1] * 0.5)
+    server.serve_once()
+    assert set(a.lanes["weights_seq_no"]) | set(b.lanes["weights_seq_no"]) == {9}
+    assert server.stats.batches == 1 and server.stats.histogram[3] == 1  # one batch of 8
+
+
+def test_a_client_gone_ends_its_fragments_truncated(setup):
+    server, (area, _), link, _, _ = setup
+    request(area, 0, OP_START)
+    server.serve_once()
+    request(area, 0, OP_STEP, reward=1.0)
+    server.serve_once()
+    server.remove(0)
+    rec = link.all
+    assert rec["flags"][-1] == FINAL_OBS | REC_TRUNCATED and 0 not in server.areas
+
+
+def test_backends_agree_and_auto_chooses_by_timing(setup):
+    _, _, _, board, d = setup
+    from rlinkd.daemon.inference.backend import MAKERS
+    _, flat = board.read()
+    runner = PolicyRunner("default", d.spec, d.obs_space, d.act_space, board, "numpy")
+    obs = {"": np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)}
+    outs = {name: MAKERS[name](d.spec, flat)(obs) for name in ("numpy", "onnxruntime", "torch")}
+    assert np.allclose(outs["numpy"], outs["onnxruntime"], atol=1e-5)
+    assert np.allclose(outs["numpy"], outs["torch"], atol=1e-5)
+    (small, large), timings = choose_backend(d.spec, flat, "auto", runner._sample_obs)
+    assert {small, large} <= {"numpy", "onnxruntime"} and len(timings) == 4
+    assert timings[f"{small}@1"] == min(v for k, v in timings.items() if k.endswith("@1"))
