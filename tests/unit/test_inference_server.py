@@ -86,7 +86,7 @@ def test_an_episode_becomes_step_records_like_a_client_side_one(setup):
 
 
 def test_errors_per_request_leave_the_others_alone(setup):
-    server, (a, b), link, _, _ = setup
+    server, (a, b), _, _, _ = setup
     request(a, 0, OP_STEP, reward=1.0)               # no episode open here: lost
     request(a, 1, 9)                                 # no such op
     request(a, 2, OP_START, np.array([np.nan, 0, 0, 0], np.float32))
@@ -137,7 +137,7 @@ def test_evaluation_lanes_record_nothing_and_report_their_return(setup):
 
 
 def test_a_sample_cut_holds_training_lanes_until_weights_arrive(setup):
-    server, (a, b), link, board, d = setup
+    server, (a, b), link, board, _ = setup
     request(a, 0, OP_START)
     request(b, 0, OP_START, flags=EVALUATE)
     server.serve_once()
@@ -158,7 +158,7 @@ def test_a_sample_cut_holds_training_lanes_until_weights_arrive(setup):
 
 
 def test_a_batch_never_mixes_versions(setup):
-    server, (a, b), _, board, d = setup
+    server, (a, b), _, board, _ = setup
     for lane in range(4):
         request(a, lane, OP_START)
         request(b, lane, OP_START)
