@@ -1,0 +1,129 @@
+"""Server-side actions through the whole daemon in one process: raw serving messages and
+their errors, client_lib's server-inference agent on both transports, evaluation episodes."""
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rlinkd.client_lib import connect
+from rlinkd.client_lib.protocol import serving as s
+from rlinkd.client_lib.transport import RLlinkClient, ServerError
+from rlinkd.daemon.config import load_config
+from rlinkd.daemon.inprocess import InProcessDaemon
+from rlinkd.daemon.roster import ROLES
+from tests.helpers import wait_for
+
+OBS = [0.01, 0.02, 0.03, 0.04]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serving")
+    cfg = load_config(None, [("daemon", "state_dir", str(tmp / "state")), ("server", "port", 0),
+                             ("server", "max_agents_per_connection", 4),
+                             ("sampling", "env_steps_per_sample", 200),
+                             ("sampling", "train_batch_size", 400), ("ppo", "minibatch_size", 100)])
+    d = InProcessDaemon(cfg).start()
+    yield d
+    assert d.stop() == {role: 0 for role in ROLES}
+
+
+def tcp(daemon) -> RLlinkClient:
+    return RLlinkClient(f"tcp://127.0.0.1:{daemon.listening.port}").connect()
+
+
+def status(daemon) -> dict:
+    with RLlinkClient(f"unix://{daemon.listening.unix_socket}") as c:
+        return c.status()
+
+
+def test_raw_messages_get_actions_and_record_steps(daemon):
+    before = status(daemon)["env_steps"]
+    c = tcp(daemon)
+    started = c.request(s.StartEpisode(), s.EpisodeStarted)
+    eid = started.episode_id
+    assert started.policy_id == "default"
+    first = c.request(s.GetAction(eid, OBS), s.Action)
+    assert first.action in (0, 1) and first.episode_id == eid and first.weights_seq_no >= 0
+    c.send(s.LogReturns(eid, 0.5))
+    c.send(s.LogReturns(eid, 0.5))
+    assert c.request(s.Step(eid, 1.0, OBS), s.Action).action in (0, 1)
+    c.send(s.EndEpisode(eid, OBS, terminated=True))
+    batch = c.request(s.StepBatch((s.BatchEntry("a", OBS, start=True), s.BatchEntry("b", OBS, start=True))),
+                      s.Actions)
+    assert len(batch.actions) == 2 and len(set(batch.weights_seq_nos)) == 1
+    batch = c.request(s.StepBatch((s.BatchEntry("a", OBS, reward=1.0),
+                                   s.BatchEntry("b", OBS, reward=1.0, truncated=True))), s.Actions)
+    assert batch.actions[1] is None and batch.weights_seq_nos[1] == -1
+    c.close()
+    wait_for(lambda: status(daemon)["env_steps"] >= before + 3, 10, what="served steps reach the collector")
+
+
+@pytest.mark.parametrize("messages, words", [
+    ([s.GetAction("nope", OBS)], "unknown episode"),
+    ([s.StartEpisode("x"), s.StartEpisode("x")], "already open"),
+    ([s.StartEpisode("x"), s.EndEpisode("x", OBS), s.GetAction("x", OBS)], "already ended"),
+    ([s.StartEpisode("x"), s.GetAction("x", [1, 2])], "observation"),
+    ([s.StartEpisode("x"), s.Step("x", 1.0, OBS)], "before its first action"),
+    ([s.StartEpisode(policy_id="nobody")], "unknown policy"),
+    ([s.StartEpisode(f"e{i}") for i in range(5)], "max_agents_per_connection"),
+    ([s.StepBatch((s.BatchEntry("q", OBS, reward=1.0),))], "unknown episode"),
+])
+def test_errors_go_to_that_client_only(daemon, messages, words):
+    other = tcp(daemon)
+    oid = other.request(s.StartEpisode(), s.EpisodeStarted).episode_id
+    c = tcp(daemon)
+    with pytest.raises(ServerError, match=words):
+        for msg in messages:
+            c.send(msg)
+            if isinstance(msg, (s.StartEpisode, s.GetAction, s.Step, s.StepBatch)):
+                c.recv()
+    c.close()
+    assert other.request(s.GetAction(oid, OBS), s.Action).action in (0, 1)  # unaffected
+    other.close()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_client_lib_server_inference_trains(daemon, transport):
+    address = (f"tcp://127.0.0.1:{daemon.listening.port}" if transport == "tcp"
+               else f"unix://{daemon.listening.unix_socket}")
+    before = status(daemon)
+    agent = connect(address, inference="server")
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    seqs = []
+    for _ in range(900):
+        action = agent.act(obs)
+        seqs.append(agent.weights_seq_no)
+        obs2, r, term, trunc, _ = env.step(action)
+        agent.step(r, obs2, term, trunc)
+        obs = env.reset()[0] if term or trunc else obs2
+    agent.close()
+    assert seqs == sorted(seqs) and seqs[-1] > seqs[0]  # trained on, versions only go up
+    after = wait_for(lambda: (st := status(daemon))["env_steps"] >= before["env_steps"] + 800
+                     and st["inference"].get("actions", 0) >= 900 and st["inference"]["lanes_open"] == 0
+                     and st, 15, what="served steps counted, actions reported, the lane released")
+    inf = after["inference"]
+    assert inf["batch_sizes"] and inf["backends"]["default"]
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_evaluation_episodes_train_nothing(daemon, transport):
+    address = (f"tcp://127.0.0.1:{daemon.listening.port}" if transport == "tcp"
+               else f"unix://{daemon.listening.unix_socket}")
+    agent = connect(address, inference="server", mode="evaluate")
+    before = status(daemon)
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=1)
+    episodes = 0
+    while episodes < 3:
+        obs2, r, term, trunc, _ = env.step(agent.act(obs))
+        agent.step(r, obs2, term, trunc)
+        obs = obs2
+        if term or trunc:
+            episodes += 1
+            obs, _ = env.reset()
+    agent.close()
+    after = status(daemon)
+    assert after["env_steps"] == before["env_steps"] and after["episodes"] == before["episodes"]
