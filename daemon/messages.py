@@ -315,6 +315,7 @@ class CollectorStatus:
     learner: LearnerState | None
     update: TrainStats | None
     policies: dict[str, PolicyDigest] = field(default_factory=dict)  # every other policy
+    scalars: dict[str, float] = field(default_factory=dict)  # more TensorBoard tags: eval/*, client/*
 
 
 @message(to=SUPERVISOR)

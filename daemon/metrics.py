@@ -4,7 +4,7 @@ Every ``CollectorStatus`` (once per ``status_interval_s``) becomes one TensorBoa
 at step = env_steps under ``<state_dir>/tensorboard``: episode return and length,
 policy and value loss, KL, entropy, env steps/s, policy lag, connected clients; with
 several policies, each other policy's return, version and learner stats under
-``policy/<name>/``. An I/O
+``policy/<name>/``; evaluation episodes under ``eval/``, client metrics under ``client/``. An I/O
 error disables the output (logged once); training never stops for metrics.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ def scalars_from_status(status: CollectorStatus) -> dict[str, float]:
     out = _scalars(status, SCALARS, "")
     for name, digest in status.policies.items():
         out |= _scalars(digest, POLICY_SCALARS, f"policy/{name}/")
-    return out
+    return out | status.scalars
 
 
 def _scalars(source: object, table: dict[str, tuple[str, str]], prefix: str) -> dict[str, float]:
@@ -74,8 +74,8 @@ class TensorBoardMetrics:
 
     def record(self, status: CollectorStatus) -> None:
         step = status.env_steps
-        if self.disabled or step == self.last_step:
-            return
+        if self.disabled or (step == self.last_step and not status.scalars):
+            return  # (evaluation and client metrics come in without env steps)
         try:
             if self.writer is None:
                 self.writer = EventWriter(self.directory)

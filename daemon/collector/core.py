@@ -22,6 +22,7 @@ from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.codec import BadMessage, Message
 from rlinkd.client_lib.protocol.records import concat_records, fragment_records
 from rlinkd.daemon.collector.admission import Admission
+from rlinkd.daemon.collector.evaluation import ClientMetrics, EvalBook
 from rlinkd.daemon.collector.agents import AgentRules, AgentState
 from rlinkd.daemon.collector.ingest import EpisodeStats, Limits, PolicyInfo, Spaces
 from rlinkd.client_lib.protocol.masking import mask_spec
@@ -176,6 +177,8 @@ class CollectorCore:
         self.stats.episodes = int(counters.get("episodes", 0))
         self.protocol_errors = 0
         self.protocol_errors_by_kind = dict.fromkeys(protocol_error_kinds(), 0)
+        self.evaluation = EvalBook(list(policies))
+        self.client_metrics = ClientMetrics()
         self.messages = 0
 
     # ------------------------------------------------------------ sessions
@@ -196,6 +199,7 @@ class CollectorCore:
 
     def close_session(self, session: Session) -> None:
         self.sessions.pop(session.id, None)
+        self.client_metrics.forget(session.id)
 
     def samplers(self) -> list[Session]:
         return [s for s in self.sessions.values() if s.is_sampler]
@@ -243,6 +247,15 @@ class CollectorCore:
 
     def _serve(self, session: Session, msg: Message) -> Plan:
         return Plan(serve=msg)
+
+    def _eval_results(self, session: Session, msg: serving.EvalResults) -> Plan:
+        """Evaluation episodes: counted under ``eval``, never in env_steps/episodes."""
+        self.evaluation.record(msg.episodes, self.mapping.policy_for)
+        return Plan()
+
+    def _metrics(self, session: Session, msg: serving.Metrics) -> Plan:
+        self.client_metrics.record(session.id, msg.metrics)
+        return Plan()
 
     def _get_config(self, session: Session, msg: codec.GetConfig) -> Plan:
         s, default = self.cfg.sampling, self.policies[DEFAULT_POLICY].spaces
@@ -298,7 +311,8 @@ class CollectorCore:
         codec.Status: _status, codec.Episodes: _episodes, codec.EpisodesAndGetState: _episodes,
         codec.Attach: _attach, codec.SampleReady: _sample_ready,
         **dict.fromkeys((serving.StartEpisode, serving.GetAction, serving.LogReturns, serving.EndEpisode,
-                         serving.Step, serving.StepBatch, serving.ServeAttach), _serve)}
+                         serving.Step, serving.StepBatch, serving.ServeAttach), _serve),
+        serving.EvalResults: _eval_results, serving.Metrics: _metrics}
 
     # ------------------------------------------------------------ ingestion
     def ingest(self, session: Session, msg: codec.Episodes) -> dict[str, np.ndarray]:

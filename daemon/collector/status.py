@@ -129,7 +129,8 @@ class StatusBuilder:
 
     def summary(self, port: int) -> m.CollectorStatus:
         """What the supervisor gets every ``status_interval_s`` (TensorBoard, systemd)."""
-        return _summary_of(self.build(port), self.learner, self.update, self.policy_digests())
+        scalars = self.core.evaluation.scalars(DEFAULT_POLICY) | self.core.client_metrics.take_scalars()
+        return _summary_of(self.build(port), self.learner, self.update, self.policy_digests(), scalars)
 
     def policy_digests(self) -> dict[str, m.PolicyDigest]:
         """Every policy but the default (whose figures are the summary's own), when the
@@ -188,6 +189,9 @@ class StatusBuilder:
             "policies": self.policies_section(),
             "latency": self.latency_section(),
             "inference": self.inference | self.serving_status(),
+            "eval": core.evaluation.report(),
+            "client_metrics": core.client_metrics.report(),
+            "client_metrics_dropped": core.client_metrics.dropped,
             **self.daemon,
         }
 
@@ -224,7 +228,8 @@ class PolicyReport:
 
 
 def _summary_of(report: dict, learner: m.LearnerState | None, update: m.TrainStats | None,
-                policies: dict[str, m.PolicyDigest] | None = None) -> m.CollectorStatus:
+                policies: dict[str, m.PolicyDigest] | None = None,
+                scalars: dict[str, float] | None = None) -> m.CollectorStatus:
     """The supervisor's typed digest of one status report."""
     return m.CollectorStatus(
         env_steps=report["env_steps"], episodes=report["episodes"],
@@ -232,4 +237,4 @@ def _summary_of(report: dict, learner: m.LearnerState | None, update: m.TrainSta
         episode_return_mean=report["episode_return_mean"],
         episode_len_mean=report["episode_len_mean"], weights_seq_no=report["weights_seq_no"],
         clients=report["clients"], dropped_episodes=report["dropped_episodes"],
-        learner=learner, update=update, policies=policies or {})
+        learner=learner, update=update, policies=policies or {}, scalars=scalars or {})
