@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rlinkd.client_lib.reporting import EvalTally, MetricBuffer
 from rlinkd.client_lib.links import TcpLink
 from rlinkd.client_lib.policy import ActionChooser
 from rlinkd.client_lib.protocol.columns import Columns, to_columns
@@ -66,8 +67,16 @@ class Agent:
 
     def __init__(self, link, observation_space: Space | None = None,
                  action_space: Space | None = None, explore: bool = True,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, mode: str = "train") -> None:
+        if mode not in ("train", "evaluate"):
+            raise ValueError(f"mode must be 'train' or 'evaluate', not {mode!r}")
+        if mode == "train" and not explore:
+            raise ValueError("a training agent explores (greedy steps would train PPO on a "
+                             "deterministic policy): use mode='evaluate' for greedy play")
         self.link = link
+        self.evaluate = mode == "evaluate"
+        self.tally = EvalTally(link.send_message)
+        self.metrics = MetricBuffer(link.send_message)
         cfg, self.policy = link.open()
         obs_space = cfg.observation_space or observation_space
         act_space = cfg.action_space or action_space
@@ -95,10 +104,15 @@ class Agent:
         """Choose an action for ``obs`` (its native form: an array, a dict of arrays for a
         Dict space, a tuple for a Tuple space) with the local policy, no network round trip.
         Returns the action in its native form. ``spaces.InvalidValue`` if ``obs`` does not
-        fit the observation space."""
+        fit the observation space. ``explore=False``: the greedy action; a training agent does
+        not train on that step (its episode's fragment is cut there)."""
         x = to_columns([obs], self.obs_space, 1, "obs")
         dist = self.policy.dist_inputs(x)
-        action, logp = self.chooser.choose(dist, self.explore if explore is None else explore)
+        if self.evaluate or explore is False:
+            action, _ = self.chooser.choose(dist, False)
+            self.pending = ()  # a greedy step: never training data
+            return self.chooser.to_env(action)
+        action, logp = self.chooser.choose(dist, True)
         if not self.buffer.obs:
             self.buffer.obs.append(x)
         self.pending = (action, logp, dist[0])
@@ -109,6 +123,12 @@ class Agent:
         if self.pending is None:
             raise RuntimeError("step() must follow act()")
         pending, self.pending = self.pending, None
+        if self.evaluate:
+            self._evaluation_step(reward, bool(terminated or truncated))
+            return
+        if not pending:
+            self._greedy_step(next_obs, bool(terminated or truncated))
+            return
         b = self.buffer
         b.record(pending, reward, to_columns([next_obs], self.obs_space, 1, "next_obs"))
         self.steps_since_send += 1
@@ -117,6 +137,30 @@ class Agent:
             self.buffer = FragmentBuffer()
         if self.steps_since_send >= self.env_steps_per_sample:
             self.sync()
+
+    def _greedy_step(self, next_obs, ended: bool) -> None:
+        """A training agent stepped with a greedy action: cut the fragment before it (its
+        steps bootstrap from the greedy step's observation) and go on from ``next_obs``."""
+        if self.buffer.actions:
+            self.done_fragments.append(self.buffer.to_fragment(False, False))
+        self.buffer = FragmentBuffer()
+        if not ended:
+            self.buffer.obs.append(to_columns([next_obs], self.obs_space, 1, "next_obs"))
+
+    def _evaluation_step(self, reward: float, ended: bool) -> None:
+        """Evaluation: nothing trains; an ended episode's return is reported and the newest
+        weights are fetched (only if newer)."""
+        self.tally.step(reward, ended, self.policy.weights_seq_no)
+        if ended:
+            policy = self.link.refresh(self.policy.weights_seq_no)
+            if policy is not None:
+                self.policy = policy
+
+    def log_metric(self, name: str, value: float) -> None:
+        """A scalar for TensorBoard ``client/<name>`` (RELAAX's ``metrics.scalar``): sent as a
+        mean at most twice a second; the daemon limits names and rate per client.
+        ValueError for a name outside 1-64 of ``[A-Za-z0-9_./-]`` or a non-finite value."""
+        self.metrics.add(name, value)
 
     def sync(self) -> None:
         """Send what was collected and install the weights that come back."""
@@ -137,8 +181,11 @@ class Agent:
         return fragments
 
     def close(self) -> None:
-        """Send any remaining steps (without waiting for weights) and disconnect."""
+        """Send any remaining steps (without waiting for weights), evaluation results and
+        metrics, and disconnect."""
         try:
+            self.tally.flush()
+            self.metrics.flush()
             self.link.send_only(self._take_fragments(), self.policy.weights_seq_no)
         except (ConnectionError, OSError):
             pass
@@ -149,16 +196,20 @@ def connect(address: str = "tcp://127.0.0.1:5555", *, token: str | None = None,
             observation_space=None, action_space=None, explore: bool = True,
             seed: int | None = None, reconnect_timeout_s: float = 120.0,
             ssl_context=None, capacity_records: int | None = None,
-            inference: str = "client", mode: str = "train", policy: str | None = None):
+            inference: str = "client", mode: str | None = None, policy: str | None = None):
     """An Agent connected to ``address`` (``tcp://H:P``, ``H:P``, ``unix:///path``,
     ``shm`` or ``auto``; see ``client_lib.shm_client`` for the last two).
     ``capacity_records`` sizes a shared-memory ring (ValueError for a TCP address).
 
     ``inference="server"``: the daemon chooses every action (``client_lib.served``; same
     ``act``/``step`` API, nothing runs here); ``"client"`` (default): the policy runs here.
-    ``mode="evaluate"``: greedy actions, nothing sent trains."""
+    ``mode="evaluate"``: greedy actions, nothing sent trains, weights refreshed after each
+    episode, returns reported (status ``eval``, TensorBoard ``eval/*``). ``explore=False``
+    without a mode means ``mode="evaluate"``; ``mode="train"`` with ``explore=False`` is a
+    ValueError (greedy steps must not train)."""
     if inference not in ("client", "server"):
         raise ValueError(f"inference must be 'client' or 'server', not {inference!r}")
+    mode = mode or ("train" if explore else "evaluate")
     if mode not in ("train", "evaluate"):
         raise ValueError(f"mode must be 'train' or 'evaluate', not {mode!r}")
     if inference == "server":
@@ -171,7 +222,7 @@ def connect(address: str = "tcp://127.0.0.1:5555", *, token: str | None = None,
     act = _as_spec(action_space)
     link = open_link(address, token=token, reconnect_timeout_s=reconnect_timeout_s,
                      ssl_context=ssl_context, capacity_records=capacity_records)
-    return Agent(link, obs, act, explore=explore, seed=seed)
+    return Agent(link, obs, act, explore=explore or mode == "evaluate", seed=seed, mode=mode)
 
 
 def open_link(address: str, *, token: str | None, reconnect_timeout_s: float, ssl_context,

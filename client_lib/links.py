@@ -119,6 +119,10 @@ class ReconnectingLink(abc.ABC):
     def close(self) -> None:
         """Drop the connection (idempotent); the next ``_with_retry`` reconnects."""
 
+    def send_message(self, msg: codec.Message) -> None:
+        """One message that expects no reply (EVAL_RESULTS, METRICS), reconnecting if needed."""
+        self._with_retry(lambda: self._client().send(msg))
+
     def _client(self) -> RLlinkClient:
         """The connected client; ConnectionError (so ``_with_retry`` reconnects) when there is none."""
         if self.client is None:
@@ -184,6 +188,15 @@ class TcpLink(ReconnectingLink):
     def send_only(self, fragments: list[Fragment], seq_no: int) -> None:
         if self.client is not None and fragments:
             self.client.episodes(self._wire(fragments), seq_no)
+
+    def refresh(self, seq_no: int) -> OnnxPolicy | None:
+        """The newest weights if they are newer than ``seq_no`` (GET_STATE naming the version
+        held: the daemon leaves the model out when it is the same), else None."""
+        def fetch() -> OnnxPolicy | None:
+            msg = self._client().request(codec.GetState(weights_seq_nos={DEFAULT_POLICY: seq_no}),
+                                         codec.SetState)
+            return OnnxPolicy(msg) if msg.weights_seq_no != seq_no and msg.onnx_file else None
+        return self._with_retry(fetch)
 
     # ------------------------------------------------------------ many policies
     def open_policies(self) -> LinkConfig:

@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from rlinkd.client_lib.links import ReconnectingLink
+from rlinkd.client_lib.reporting import MetricBuffer
 from rlinkd.client_lib.protocol import codec, serving
 from rlinkd.client_lib.protocol.columns import action_columns, native, to_columns
 from rlinkd.client_lib.protocol.spaces import Space, field_name, space_from_json
@@ -231,6 +232,11 @@ class ServedAgent:
         self.reward = 0.0
         self.weights_seq_no = -1
         self.lost_episodes = 0
+        self.metrics = MetricBuffer(link.send_message)
+
+    def log_metric(self, name: str, value: float) -> None:
+        """A scalar for TensorBoard ``client/<name>`` (see ``Agent.log_metric``)."""
+        self.metrics.add(name, value)
 
     def act(self, obs, explore: bool | None = None):
         """The daemon's action for ``obs`` (starts an episode when none is open)."""
@@ -280,6 +286,10 @@ class ServedAgent:
             self._recover(exc)
 
     def close(self) -> None:
+        try:
+            self.metrics.flush()
+        except (ConnectionError, OSError):
+            pass
         self.link.close()
 
 

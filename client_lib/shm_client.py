@@ -103,6 +103,15 @@ class ShmLink(ReconnectingLink):
     def use_spaces(self, obs_space, act_space) -> None:
         """Records carry the spaces' leaves as the daemon laid them out: nothing to do."""
 
+    def refresh(self, seq_no: int) -> LocalNet | None:
+        """The board's newest weights if newer than ``seq_no`` (no message at all), else None."""
+        def read() -> LocalNet | None:
+            part = self._attachment(None)
+            if part.board is None or part.board.latest_seq_no() == seq_no:
+                return None
+            return self._policy(None)
+        return self._with_retry(read)
+
     def send_only(self, fragments, seq_no: int) -> None:
         if self.client is not None and fragments:
             self._submit(fragments, seq_no, get_state=False)

@@ -3,7 +3,6 @@ their errors, client_lib's server-inference agent on both transports, evaluation
 from __future__ import annotations
 
 import gymnasium as gym
-import numpy as np
 import pytest
 
 from rlinkd.client_lib import connect
@@ -127,3 +126,39 @@ def test_evaluation_episodes_train_nothing(daemon, transport):
     agent.close()
     after = status(daemon)
     assert after["env_steps"] == before["env_steps"] and after["episodes"] == before["episodes"]
+
+
+@pytest.mark.parametrize("inference", ["client", "server"])
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_evaluation_clients_report_returns_and_metrics(daemon, transport, inference):
+    address = (f"tcp://127.0.0.1:{daemon.listening.port}" if transport == "tcp"
+               else f"unix://{daemon.listening.unix_socket}")
+    agent = connect(address, inference=inference, mode="evaluate")
+    before = status(daemon)
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=2)
+    episodes = 0
+    while episodes < 2:
+        obs2, r, term, trunc, _ = env.step(agent.act(obs))
+        agent.step(r, obs2, term, trunc)
+        obs = obs2
+        if term or trunc:
+            episodes += 1
+            obs, _ = env.reset()
+    agent.log_metric(f"{transport}_{inference}/fps", 60.0)
+    agent.close()
+    after = wait_for(lambda: (st := status(daemon))["eval"]["episodes"] >= before["eval"]["episodes"] + 2
+                     and f"{transport}_{inference}/fps" in st["client_metrics"] and st, 10,
+                     what="evaluation episodes and the metric reported")
+    assert after["env_steps"] == before["env_steps"] and after["episodes"] == before["episodes"]
+    assert after["eval"]["policies"]["default"]["episode_return_mean"] > 0
+    assert after["client_metrics"][f"{transport}_{inference}/fps"]["last"] == 60.0
+
+
+def test_explore_false_means_evaluate_and_a_training_agent_refuses_it(daemon):
+    address = f"tcp://127.0.0.1:{daemon.listening.port}"
+    agent = connect(address, explore=False)
+    assert agent.evaluate
+    agent.close()
+    with pytest.raises(ValueError, match="evaluate"):
+        connect(address, explore=False, mode="train")
