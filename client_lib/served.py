@@ -38,7 +38,7 @@ SPIN_S = 100e-6      # busy-wait this long for an answer before sleeping on the 
 WAIT_SLICE_S = 1.0   # between checks that the daemon is still there
 
 
-class EpisodeLost(RLlinkError):
+class EpisodeLost(ServerError):
     """The daemon no longer knows the episode (it restarted): start a new one."""
 
 
@@ -196,7 +196,7 @@ class ServedShmLink(ReconnectingLink):
         row = area.lanes[0]
         status = int(row["status"])
         if status == STATUS_LOST:
-            raise EpisodeLost(STATUS_MESSAGES[status])
+            raise EpisodeLost(STATUS_MESSAGES[status], retry=True)
         if status != STATUS_OK:
             raise ServerError(STATUS_MESSAGES.get(status, f"serving status {status}"))
         assert self.act_space is not None
@@ -244,7 +244,9 @@ class ServedAgent:
             raise ValueError("explore is decided by mode= for server-side inference")
         try:
             action, self.weights_seq_no = self._request(obs)
-        except (EpisodeLost, ConnectionError, OSError) as exc:
+        except (EpisodeLost, ConnectionError, OSError, ServerError) as exc:
+            if isinstance(exc, ServerError) and not exc.retry:
+                raise
             self._recover(exc)
             action, self.weights_seq_no = self.link._with_retry(lambda: self._request(obs))
         return action
@@ -282,7 +284,9 @@ class ServedAgent:
                 self.link.request(OP_END, reward, _wire(next_obs), flags, wait=False)
             else:
                 self.link.end(eid, reward, _wire(next_obs), bool(terminated), bool(truncated))
-        except (EpisodeLost, ConnectionError, OSError) as exc:
+        except (EpisodeLost, ConnectionError, OSError, ServerError) as exc:
+            if isinstance(exc, ServerError) and not exc.retry:
+                raise
             self._recover(exc)
 
     def close(self) -> None:

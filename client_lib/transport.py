@@ -26,7 +26,8 @@ class RLlinkError(Exception):
 
 EVICTED = "evicted:"
 """Start of the ERROR a daemon sends a connection it evicts during its handshake."""
-RETRYABLE_ERRORS = ("daemon shutting down", EVICTED)
+EPISODE_LOST = "episode lost:"
+RETRYABLE_ERRORS = ("daemon shutting down", EVICTED, EPISODE_LOST)
 """Starts of ERROR messages worth a reconnect: the daemon is stopping (it may come back),
 or this connection was evicted in its handshake by a flood of newer ones."""
 

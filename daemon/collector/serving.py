@@ -31,6 +31,7 @@ from rlinkd.client_lib.protocol import codec, serving
 from rlinkd.client_lib.protocol.codec import BadMessage
 from rlinkd.client_lib.protocol.columns import action_columns, native, to_columns
 from rlinkd.client_lib.protocol.spaces import InvalidValue, field_name
+from rlinkd.client_lib.transport import EPISODE_LOST
 from rlinkd.daemon.collector.core import Session
 from rlinkd.daemon.collector.ingest import PolicyInfo
 from rlinkd.daemon.collector.shm_server import send_fds
@@ -237,9 +238,9 @@ class ServingFront:
         if status == STATUS_OK:
             return
         self._finish(state, eid)
-        what = STATUS_MESSAGES.get(status, f"status {status}")
-        raise ServingError(f"episode {eid!r}: {what}" + (" (a daemon restart lost it)" if status == STATUS_LOST
-                                                          else ""))
+        if status == STATUS_LOST:  # (client_lib reconnects and starts a new episode on it)
+            raise ServingError(f"{EPISODE_LOST} {eid!r}: a daemon restart lost it, start a new one")
+        raise ServingError(f"episode {eid!r}: {STATUS_MESSAGES.get(status, f'status {status}')}")
 
     async def _act(self, state: ServingSession, eid: str, reward: float | None, obs) -> bytes:
         ep = self._open(state, eid)
