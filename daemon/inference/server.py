@@ -80,7 +80,9 @@ class PolicyServing:
 
     @property
     def held(self) -> bool:
-        return self.link is not None and self.link.held
+        """Training requests wait: for weights trained on the last sample (on-policy), or for
+        the link to the collector (its steps would be lost)."""
+        return self.link is not None and (self.link.held or not self.link.connected)
 
 
 class InferenceServer:

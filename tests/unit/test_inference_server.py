@@ -191,3 +191,16 @@ def test_backends_agree_and_auto_chooses_by_timing(setup):
     (small, large), timings = choose_backend(d.spec, flat, "auto", runner._sample_obs)
     assert {small, large} <= {"numpy", "onnxruntime"} and len(timings) == 4
     assert timings[f"{small}@1"] == min(v for k, v in timings.items() if k.endswith("@1"))
+
+
+def test_training_requests_wait_for_the_link_to_the_collector(setup):
+    """Steps served while the collector is unreachable would be lost: they wait instead."""
+    server, (a, b), link, _, _ = setup
+    link.connected = False
+    request(a, 0, OP_START)
+    request(b, 0, OP_START, flags=EVALUATE)
+    server.serve_once()
+    assert not a.answered(0) and b.answered(0)
+    link.connected = True
+    server.serve_once()
+    assert a.answered(0) and a.lanes["status"][0] == STATUS_OK
