@@ -181,7 +181,7 @@ class InferenceServer:
         over all of them, answers into the lanes, step records to the policy's link."""
         policy = self.policies[name]
         runner = policy.runner
-        if not policy.held:
+        if not policy.held or not runner.ready:  # (held: keep the version it sampled with)
             runner.refresh()
         if not runner.ready:
             for served, _req in items:  # no weights yet (learner booting): leave them pending
