@@ -168,7 +168,8 @@ class StatusBuilder:
             "episode_len_mean": _round(stats.mean_length()),
             "weights_seq_no": self.weights[DEFAULT_POLICY].seq_no,
             "clients": len(core.samplers()),
-            "connections": len(core.sessions),
+            "connections": sum(1 for s in core.sessions.values() if not s.internal),
+            "internal_connections": sum(1 for s in core.sessions.values() if s.internal),
             "waiting_clients": sum(1 for s in core.samplers() if s.is_waiting),
             "agents": core.open_agents(),
             "dropped_episodes": sum(r.connector.get("dropped_episodes", 0)

@@ -46,7 +46,7 @@ MIN_TOTAL_CASES = 10_000
 MAX_RSS_GROWTH_BYTES = 100 * 1024 * 1024
 FAMILIES = ("random_bytes", "mutated_frames", "truncated_frames", "hostile_episodes",
             "nesting_and_headers", "huge_arrays", "slow_clients", "composite_episodes",
-            "agent_episodes")
+            "agent_episodes", "serving")
 
 
 def fuzz_settings(examples: int):
@@ -1014,6 +1014,58 @@ def test_agents_daemon_is_healthy_after_fuzzing(agents_target):
     assert status["policies"]["red"]["env_steps"] > 0 and status["policies"]["default"]["env_steps"] > 0
 
 
+# ---------------------------------------------------------------- server-side actions
+SERVE_IDS = ["e1", "e2", "e3", "", "x" * 65, 7, None]
+SERVE_REPLIES = {"PONG", "EPISODE_STARTED", "ACTION", "ACTIONS", "ERROR"}
+
+
+def serving_message(rng: random.Random) -> dict:
+    """A serving, evaluation or metrics message over a few episode ids (good and bad)."""
+    eid = rng.choice(SERVE_IDS)
+    obs = rng.choice([[0.01, 0.02, 0.03, 0.04], [0.01] * 4, [1, 2], "obs", [[0.0] * 4], None])
+    kind = rng.choice(["START_EPISODE", "START_EPISODE", "GET_ACTION", "GET_ACTION", "STEP",
+                       "STEP", "LOG_RETURNS", "END_EPISODE", "STEP_BATCH", "EVAL_RESULTS", "METRICS"])
+    if kind == "START_EPISODE":
+        return {"type": kind, "episode_id": eid, "training_enabled": rng.choice([None, True, False])}
+    if kind in ("GET_ACTION", "END_EPISODE"):
+        return {"type": kind, "episode_id": eid, "observation": obs}
+    if kind in ("STEP", "LOG_RETURNS"):
+        return {"type": kind, "episode_id": eid, "observation": obs, "reward": rng.choice([1.0, "1", None]),
+                "terminated": rng.random() < 0.2}
+    if kind == "STEP_BATCH":
+        return {"type": kind, "steps": [{"episode_id": rng.choice(SERVE_IDS), "observation": obs,
+                                         "start": rng.random() < 0.5, "reward": rng.choice([None, 1.0])}
+                                        for _ in range(rng.randrange(0, 4))]}
+    if kind == "EVAL_RESULTS":
+        return {"type": kind, "episodes": [{"episode_return": rng.choice([1.0, "x"]),
+                                            "episode_length": rng.choice([3, -1]),
+                                            "policy_id": rng.choice([None, "default", "nobody"])}]}
+    return {"type": kind, "metrics": {rng.choice(["fps", "sim/lag", "bad name", "x" * 70]): 1.0}}
+
+
+@fuzz_settings(25)
+@given(seed=seeds)
+def test_serving_messages(target, seed):
+    """Connections of 1-6 serving messages (valid and not, some JSON-mutated): every reply is
+    a serving reply, a connection gets at most one ERROR and nothing after it, and every
+    ERROR is counted (the final health check compares the daemon's count)."""
+    rng = random.Random(seed)
+    payloads = []
+    for i in range(CASES):
+        msgs = [serving_message(rng) for _ in range(rng.randrange(1, 7))]
+        payloads.append(b"".join(frame(mutate_json(rng, m) if i % 5 == 4 else m) for m in msgs))
+    transports = [("tcp", "unix")[i % 2] for i in range(len(payloads))]
+    conns = exchange(target.daemon, list(zip(transports, payloads)), 60.0)
+    for payload, conn in zip(payloads, conns):
+        got, whole = parse_replies(bytes(conn.data))
+        kinds = [kind for kind, _ in got]
+        assert set(kinds) <= SERVE_REPLIES, (kinds, payload[:300])
+        assert "ERROR" not in kinds[:-1], (kinds, payload[:300])
+        assert whole or conn.reset, (bytes(conn.data)[-200:], payload[:300])
+        target.expected_errors += kinds.count("ERROR")
+    count_cases("serving", len(payloads))
+
+
 def test_zz_daemon_is_healthy_after_fuzzing(target):
     """Runs last: the checks over the whole module's fuzzing."""
     missing = set(FAMILIES) - set(TALLY.families)
@@ -1060,3 +1112,4 @@ def write_report(path: str | None, elapsed: float, grew: int, growth: int, daemo
               "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
     with open(path, "w") as f:
         json.dump(report, f, indent=1)
+
