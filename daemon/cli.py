@@ -101,6 +101,9 @@ def _add_client(client: argparse.ArgumentParser) -> None:
                         help="step N copies of the env in this process (a gymnasium vector "
                              "env, one connection, one batched act per step; default: "
                              "%(default)s)")
+    client.add_argument("--inference", choices=("client", "server"), default="client",
+                        help="where actions are chosen: in this process (client) or by the "
+                             "daemon's inference role (server; default: %(default)s)")
     client.add_argument("--report-every-s", type=float, default=5.0,
                         help="seconds between JSON progress lines (default: %(default)g)")
     _add_state_dir(client)
@@ -115,6 +118,9 @@ def _add_demo(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("--num-envs", type=int, default=1, metavar="N",
                       help="env copies each client steps (a vectorized client; default: "
                            "%(default)s)")
+    demo.add_argument("--inference", choices=("client", "server"), default="client",
+                      help="the clients' actions: chosen by each client, or served by the "
+                           "daemon (default: %(default)s)")
     demo.add_argument("--target", type=float, default=450.0,
                       help="stop, solved, once the mean return of the last 20 episodes "
                            "reaches this (default: %(default)g)")

@@ -19,8 +19,9 @@ def run_client(args: argparse.Namespace) -> int:
     import gymnasium as gym
     from rlinkd.client_lib.runner import run_env
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwind: run_env closes the agent
-    if args.num_envs < 1:
-        print("rlinkd client: --num-envs must be at least 1", file=sys.stderr)
+    if args.num_envs < 1 or (args.num_envs > 1 and args.inference == "server"):
+        print("rlinkd client: --num-envs must be at least 1 (and 1 with --inference server)",
+              file=sys.stderr)
         return 64
     env = (gym.make(args.env) if args.num_envs == 1 else
            gym.make_vec(args.env, num_envs=args.num_envs, vectorization_mode="sync"))
@@ -33,9 +34,15 @@ def run_client(args: argparse.Namespace) -> int:
 
     stats = run_env(env, resolve_connect(args.connect, args.state_dir), steps=args.steps,
                     episodes=args.episodes, explore=not args.greedy, seed=args.seed,
-                    token=args.token, on_episode=on_episode)
+                    token=args.token, on_episode=on_episode, **served(args))
     print(json.dumps(dict(_progress(stats), event="done")), flush=True)
     return 0
+
+
+def served(args: argparse.Namespace) -> dict:
+    """connect() keywords for ``--inference server`` (a single env: vector clients choose
+    their actions themselves)."""
+    return {"inference": "server"} if args.inference == "server" else {}
 
 
 def _progress(stats) -> dict:

@@ -33,11 +33,12 @@ def client_address(i: int, transport: str, info: dict, state_dir: Path) -> str:
 
 
 def start_clients(n: int, transport: str, info: dict, state_dir: Path,
-                  seed: int = 0, num_envs: int = 1) -> list[subprocess.Popen]:
+                  seed: int = 0, num_envs: int = 1, inference: str = "client") -> list[subprocess.Popen]:
     with open(state_dir / "clients.log", "ab") as out:  # each child keeps its own copy of the fd
         return [subprocess.Popen(rlinkd_command("client", "--env", "CartPole-v1",
                                                 "--seed", str(1000 + 100 * seed + i),
                                                 "--num-envs", str(num_envs),
+                                                "--inference", inference,
                                                 "--connect", client_address(i, transport, info, state_dir)),
                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
                 for i in range(n)]
@@ -73,7 +74,7 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         info = daemon.wait_ready(120.0)
         clients = start_clients(args.clients, args.transport, info, state_dir, args.seed,
-                                args.num_envs)
+                                args.num_envs, args.inference)
         solved, status = watch(args, info, t0)
     finally:
         stop_processes(clients)

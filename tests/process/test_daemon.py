@@ -83,13 +83,14 @@ def test_64_clients_at_once_each_with_own_state(daemon):
 def test_only_learner_and_checkpointer_load_torch(daemon):
     status = daemon.status()
     children = {role: info["pid"] for role, info in status["children"].items()}
-    assert set(children) == {"collector", "connector", "learner", "checkpointer"}
+    assert set(children) == {"collector", "connector", "learner", "checkpointer", "inference"}
 
     def has_torch(pid: int) -> bool:
         return any("libtorch" in m.path for m in psutil.Process(pid).memory_maps())
 
     assert not has_torch(children["collector"])
     assert not has_torch(children["connector"])
+    assert not has_torch(children["inference"])  # numpy/onnxruntime unless a GPU asks for torch
     assert has_torch(children["learner"])
 
 
