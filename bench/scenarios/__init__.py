@@ -44,4 +44,6 @@ SUITE = {
                        ("--quick", "--out", "{results}/vector-quick.json")),
     "multiagent": Scenario("bench.scenarios.multiagent", "multiagent.json", ("--runs", "{runs}"),
                            ("--quick", "--out", "{results}/multiagent-quick.json")),
+    "serving": Scenario("bench.scenarios.serving", "serving.json", ("--runs", "{runs}"),
+                        ("--quick", "--out", "{results}/serving-quick.json")),
 }
