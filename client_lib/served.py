@@ -187,8 +187,9 @@ class ServedShmLink(ReconnectingLink):
             if area.answered(0):
                 break
             assert self.bells is not None and self.client is not None and self.client.sock is not None
-            ready, _, _ = select.select([self.bells[1].fileno(), self.client.sock], [], [], WAIT_SLICE_S)
-            if self.client.sock in ready:
+            sock_fd = self.client.sock.fileno()
+            ready, _, _ = select.select([self.bells[1].fileno(), sock_fd], [], [], WAIT_SLICE_S)
+            if sock_fd in ready:
                 self.client.recv()  # ERROR raises; EOF raises ConnectionError
             self.bells[1].drain()
         self.in_flight = False

@@ -100,7 +100,7 @@ class CollectorProcess:
         loop.remove_reader(self.ctx.inbox.fileno())
         tick.cancel()
         self.server.shm.stop()
-        self.server.serving.stop()  # type: ignore[union-attr]
+        self.server.serving.stop()
 
     def _on_inbox(self) -> None:
         """Event-loop reader callback: a message that fails to decode or to dispatch ends the

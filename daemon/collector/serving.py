@@ -274,7 +274,8 @@ class ServingFront:
         """Publish every entry, ring once, await every answer; ACTIONS in entry order."""
         eps = [self._entry(session, state, e) for e in msg.steps]
         results = await asyncio.gather(*(self._answer(ep) for ep in eps))
-        actions, seqs = [], []
+        actions: list = []
+        seqs: list[int] = []
         for entry, ep, (status, seq) in zip(msg.steps, eps, results):
             self._check(state, entry.episode_id, status)
             if entry.ends:
