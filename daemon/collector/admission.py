@@ -42,6 +42,7 @@ class Admission:
         self.max_pending = min(max_pending, max_connections)
         self.pending: OrderedDict[int, None] = OrderedDict()  # oldest first
         self.established: set[int] = set()
+        self.exempt: set[int] = set()  # the daemon's own connections (the inference role's)
         self.evictions = self.handshake_timeouts = self.refusals = 0
 
     @property
@@ -70,11 +71,20 @@ class Admission:
     def handshake_done(self, conn_id: int) -> bool:
         """Its first message was accepted: it keeps its place until it closes. False when
         it holds no pending place (evicted while its message was being read: close it)."""
+        if conn_id in self.exempt:
+            return True
         if conn_id not in self.pending:
             return False
         del self.pending[conn_id]
         self.established.add(conn_id)
         return True
+
+    def exempt_from_limits(self, conn_id: int) -> None:
+        """One of the daemon's own connections (proved by the internal token): it takes no
+        place, so clients get every place ``max_connections`` promises."""
+        self.pending.pop(conn_id, None)
+        self.established.discard(conn_id)
+        self.exempt.add(conn_id)
 
     def timed_out(self, conn_id: int) -> None:
         """Its handshake deadline passed: counted; the shell closes it (then ``leave``)."""
@@ -85,6 +95,7 @@ class Admission:
         """It closed (or was closed): its place is free. Unknown ids are ignored."""
         self.pending.pop(conn_id, None)
         self.established.discard(conn_id)
+        self.exempt.discard(conn_id)
 
     def report(self) -> dict[str, int]:
         """The status report's admission figures."""

@@ -243,6 +243,7 @@ class CollectorCore:
     def _ping(self, session: Session, msg: codec.Ping) -> Plan:
         if session.transport == "unix" and self._is_internal(msg.token):
             session.internal = True
+            self.admission.exempt_from_limits(session.id)
         return Plan(reply=codec.encode(codec.Pong()))
 
     def _serve(self, session: Session, msg: Message) -> Plan:

@@ -98,7 +98,8 @@ class ShmClients:
         seals unavailable); nothing is registered then.
         """
         layout = self.policies[policy].layout
-        name = f"{self.prefix}.client-{session_id}-{policy}-{secrets.token_hex(4)}"
+        kind = "inference" if max_slots else "client"  # (the daemon's own role: not a client)
+        name = f"{self.prefix}.{kind}-{session_id}-{policy}-{secrets.token_hex(4)}"
         ring = StepRing.create_sealed(name, layout, ring_capacity(capacity, layout.record_bytes))
         shm = self.sessions.setdefault(session_id, ShmSession(stream_id, pid=pid, max_slots=max_slots))
         streams = np.full(1, -1, np.int64)

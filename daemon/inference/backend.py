@@ -55,7 +55,7 @@ def torch_forward(spec: PolicySpec, flat: np.ndarray) -> Forward:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = ActorCritic(spec).to(device)
     model.load_flat(flat)
-    model.eval()
+    model.train(False)
 
     def run(obs: Mapping[str, np.ndarray]) -> np.ndarray:
         with torch.inference_mode():
