@@ -44,7 +44,7 @@ def serve(port: int, train_batch_size: int) -> None:
               .environment(env=None, observation_space=gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
                            action_space=gym.spaces.Discrete(2))
               .offline_data(input_=lambda ioctx: PolicyServerInput(ioctx, "127.0.0.1", port))
-              .env_runners(num_env_runners=0)
+              .env_runners(num_env_runners=0, enable_connectors=False)
               .training(train_batch_size=train_batch_size)
               .evaluation(off_policy_estimation_methods={})
               .reporting(min_sample_timesteps_per_iteration=train_batch_size))
