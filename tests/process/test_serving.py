@@ -122,3 +122,28 @@ def test_a_flooding_client_does_not_hold_up_another(daemon):
     wait_for(lambda: daemon.status()["connections"] == 1, 30, what="both closed (1: this query)")
     wait_for(lambda: daemon.status()["inference"]["lanes_open"] == 0, 30,
              what="the flooder's lanes released")
+
+
+@pytest.mark.parametrize("inference", ["client", "server"])
+def test_evaluation_returns_and_client_metrics_reach_tensorboard(daemon_factory, inference):
+    from rlinkd.client_lib import connect
+    from tests.process.test_supervision import tensorboard_tags_by_step
+    d = daemon_factory("--set", "daemon.status_interval_s=0.2")
+    transport = f"tcp://127.0.0.1:{d.port}" if inference == "client" else f"shm:{d.state_dir}"
+    agent = connect(transport, inference=inference, mode="evaluate")
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=3)
+    for _ in range(3):
+        done = False
+        while not done:
+            obs2, r, term, trunc, _ = env.step(agent.act(obs))
+            agent.step(r, obs2, term, trunc)
+            obs, done = obs2, term or trunc
+        obs, _ = env.reset()
+        agent.log_metric("sim/fps", 120.0)
+    agent.close()
+    wanted = {"eval/episode_return_mean", "eval/episode_len_mean", "eval/episodes", "client/sim/fps"}
+    tags = wait_for(lambda: (t := set().union(*tensorboard_tags_by_step(d.state_dir).values() or [set()]))
+                    >= wanted and t, 30, what="eval/* and client/* tags in the event file")
+    assert wanted <= tags
+    assert d.status()["env_steps"] == 0  # evaluation trained nothing
