@@ -63,8 +63,8 @@ class ServingStats:
     histogram: list[int] = field(default_factory=lambda: [0] * len(HISTOGRAM_BOUNDS))
 
     def batch(self, size: int) -> None:
-        self.batches += 1
-        self.histogram[min(int(np.searchsorted(HISTOGRAM_BOUNDS, size)), len(HISTOGRAM_BOUNDS) - 1)] += 1
+        self.batches += 1  # the bounds are the powers of two: bucket = ceil(log2(size))
+        self.histogram[min((size - 1).bit_length(), len(HISTOGRAM_BOUNDS) - 1)] += 1
 
 
 @dataclass
