@@ -36,6 +36,7 @@ from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_START, OP_STEP, STATUS_LOST, 
 
 SPIN_S = 100e-6      # busy-wait this long for an answer before sleeping on the doorbell
 WAIT_SLICE_S = 1.0   # between checks that the daemon is still there
+CLOSE_WAIT_S = 5.0   # close() waits this long for the answer to a last END sent without waiting
 
 
 class EpisodeLost(ServerError):
@@ -148,6 +149,19 @@ class ServedShmLink(ReconnectingLink):
         if self.client is not None:
             self.client.close()
             self.client = None
+
+    def finish(self, timeout_s: float) -> None:
+        """Wait (polling, at most ``timeout_s``) until the request in flight (an END sent
+        without waiting) is answered. Called by ``ServedAgent.close``: a lane area closed
+        before its END is served makes the daemon end the fragment truncated, losing that
+        last step. Returns early when the daemon closes the connection or sends an ERROR."""
+        deadline = time.monotonic() + timeout_s
+        sock = self.client.sock if self.client is not None else None
+        while (self.in_flight and self.area is not None and sock is not None and not self.area.answered(0)
+               and time.monotonic() < deadline):
+            if select.select([sock], [], [], 0.001)[0]:
+                break
+        self.in_flight = False
 
     def request(self, op: int, reward: float, obs, flags: int, wait: bool = True) -> tuple[object, int]:
         """Write one request into lane 0, publish it, and (``wait``) return the answer."""
@@ -303,6 +317,8 @@ class ServedAgent:
             self.metrics.flush()
         except (ConnectionError, OSError):
             pass
+        if isinstance(self.link, ServedShmLink):
+            self.link.finish(CLOSE_WAIT_S)  # the last END's step still trains
         self.link.close()
 
 

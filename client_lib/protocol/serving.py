@@ -74,6 +74,11 @@ class Action(Message):
     action: Any                # the action in its JSON form; None when the episode ended
     weights_seq_no: int = -1   # the policy version that chose it
 
+    def to_body(self) -> dict[str, Any]:
+        """``action`` is always present: null (not absent) for an ended episode."""
+        return {"type": self.TYPE.value, "episode_id": self.episode_id, "action": self.action,
+                "weights_seq_no": self.weights_seq_no}
+
 
 @dataclass(frozen=True)
 class LogReturns(Message):

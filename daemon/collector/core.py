@@ -127,12 +127,18 @@ class WaitBook:
     def __init__(self, max_wait_s: float) -> None:
         self.max_wait_s = max_wait_s
         self.last_flush_cutoff: dict[str, int] = {}
+        self.trained: dict[str, int] = {}  # per policy: the highest cutoff published so far
 
-    def start_wait(self, session: Session, cutoffs: dict[str, int], now: float) -> None:
-        session.waiting, session.waiting_since = dict(cutoffs), now
+    def start_wait(self, session: Session, cutoffs: dict[str, int], now: float) -> bool:
+        """Wait for the parts not trained yet (a batch may have trained a client's records
+        before it asked: no later publish would release it). False: nothing to wait for."""
+        session.waiting = {p: c for p, c in cutoffs.items() if c > self.trained.get(p, -1)}
+        session.waiting_since = now
+        return bool(session.waiting)
 
     def released(self, sessions: list[Session], policy: str, cutoff: int) -> list[Session]:
         """Sessions whose last wait ``policy``'s weights up to ``cutoff`` satisfied."""
+        self.trained[policy] = max(self.trained.get(policy, -1), cutoff)
         done = []
         for s in sessions:
             if s.waiting.get(policy, cutoff + 1) <= cutoff:

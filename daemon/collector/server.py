@@ -391,10 +391,12 @@ class CollectorServer:
 
     # ------------------------------------------------------------ on-policy waits
     async def wait_for_training(self, session: Session, last_ids: dict[str, int]) -> None:
-        """Until every policy of ``last_ids`` published weights trained on those ingest ids."""
+        """Until every policy of ``last_ids`` published weights trained on those ingest ids
+        (at once when they all have already)."""
+        if not self.core.waits.start_wait(session, last_ids, time.monotonic()):
+            return
         fut = asyncio.get_running_loop().create_future()
         self.waiters[session.id] = fut
-        self.core.waits.start_wait(session, last_ids, time.monotonic())
         self.maybe_flush()
         await fut
         if self.draining:

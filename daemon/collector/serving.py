@@ -98,7 +98,8 @@ class TcpLanes:
         self.info = info
         self.free = list(range(self.area.capacity - 1, -1, -1))
         self.waiting: dict[int, asyncio.Future] = {}
-        self.releasing: set[int] = set()
+        self.draining: set[int] = set()   # closed connections' lanes with a request in flight
+        self.releasing: set[int] = set()  # lanes with OP_RELEASE in flight: free once answered
 
     def take(self) -> int:
         if not self.free:
@@ -308,15 +309,33 @@ class ServingFront:
         """Event-loop reader: the inference role answered some TCP lanes."""
         self.response_bell.drain()
         for tl in self.lanes.values():
-            for lane in [lane for lane in tl.waiting if tl.area.answered(lane)]:
-                self._resolve(tl, lane)
-            for lane in [lane for lane in tl.releasing if tl.area.answered(lane)]:
-                tl.releasing.discard(lane)
-                tl.free.append(lane)
-            if tl.waiting or tl.releasing:
+            self._sweep(tl)
+            if tl.waiting or tl.releasing or tl.draining:
                 tl.area.announce_client_wait()
-                for lane in [lane for lane in tl.waiting if tl.area.answered(lane)]:
-                    self._resolve(tl, lane)
+                self._sweep(tl)  # answers that came before the announcement
+
+    def _sweep(self, tl: TcpLanes) -> None:
+        """Resolve answered requests, release drained lanes, free released ones."""
+        for lane in [lane for lane in tl.waiting if tl.area.answered(lane)]:
+            self._resolve(tl, lane)
+        for lane in [lane for lane in tl.draining if tl.area.answered(lane)]:
+            tl.draining.discard(lane)
+            self._release(tl, lane)
+        for lane in [lane for lane in tl.releasing if tl.area.answered(lane)]:
+            tl.releasing.discard(lane)
+            tl.free.append(lane)
+
+    def _release(self, tl: TcpLanes, lane: int) -> None:
+        """Publish OP_RELEASE on an idle lane (the role ends its open episode, if any: a
+        request in flight when the connection closed may have opened one); the lane is
+        free once that is answered."""
+        row = tl.area.lanes[lane:lane + 1]
+        row["op"], row["flags"] = OP_RELEASE, 0
+        tl.area.publish(lane)
+        tl.releasing.add(lane)
+        if tl.area.take_server_sleeping():
+            self.request_bell.ring()
+        tl.area.announce_client_wait()
 
     @staticmethod
     def _resolve(tl: TcpLanes, lane: int) -> None:
@@ -334,16 +353,10 @@ class ServingFront:
             tl = self.lanes[ep.policy]
             if ep.lane in tl.waiting or not tl.area.answered(ep.lane):
                 tl.waiting.pop(ep.lane, None)
-                tl.releasing.add(ep.lane)  # freed once its last request is answered
-                continue
-            if ep.started:
-                row = tl.area.lanes[ep.lane:ep.lane + 1]
-                row["op"], row["flags"] = OP_RELEASE, 0
-                tl.area.publish(ep.lane)
-                tl.releasing.add(ep.lane)
-                if tl.area.take_server_sleeping():
-                    self.request_bell.ring()
+                tl.draining.add(ep.lane)  # released once its last request is answered
                 tl.area.announce_client_wait()
+            elif ep.started:
+                self._release(tl, ep.lane)
             else:
                 tl.free.append(ep.lane)
         if state.area is not None:

@@ -271,6 +271,19 @@ def test_a_client_waiting_for_two_policies_is_released_when_both_trained_its_ste
     assert book.released([a], "default", cutoff=10) == [a] and not a.waiting
 
 
+def test_records_trained_before_the_wait_starts_need_no_wait():
+    """The connector may train a client's records (and publish) before its SAMPLE_READY or
+    EPISODES_AND_GET_STATE wait starts: that wait must not wait for another publish."""
+    book = WaitBook(max_wait_s=5.0)
+    a, b = sessions(2)
+    assert book.released([a, b], "default", cutoff=10) == []   # nobody waits yet
+    assert not book.start_wait(a, {"default": 10}, now=0.0) and not a.waiting
+    assert book.start_wait(b, {"default": 11, "red": 3}, now=0.0) and b.waiting == {"default": 11, "red": 3}
+    assert book.released([a, b], "red", cutoff=2) == []
+    assert not book.start_wait(a, {"default": 8, "red": 2}, now=0.0)   # both trained already
+    assert book.start_wait(a, {"default": 10, "red": 3}, now=0.0) and a.waiting == {"red": 3}
+
+
 def test_should_flush_when_every_sampler_waits():
     book = WaitBook(max_wait_s=5.0)
     a, b = sessions(2)
