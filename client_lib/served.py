@@ -215,7 +215,8 @@ class ServedShmLink(ReconnectingLink):
                 self.client.recv()  # ERROR raises; EOF raises ConnectionError
             self.bells[1].drain()
         self.in_flight = False
-        self.wait_s += 0.1 * (time.perf_counter() - started - self.wait_s)
+        # (a sample capped at 10 spins: an on-policy hold of 100 ms must not stop the spinning)
+        self.wait_s += 0.1 * (min(time.perf_counter() - started, 10 * SPIN_S) - self.wait_s)
         row = area.lanes[0]
         status = int(row["status"])
         if status == STATUS_LOST:

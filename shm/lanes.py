@@ -40,10 +40,11 @@ One lane (``LaneLayout.dtype``; A action floats, the obs fields as in ``shm.reco
     4       4     resp_seq        u32      inference  = req_seq once the response is complete
     8       1     op              u8       client     OP_START, OP_STEP, OP_END, OP_RELEASE
     9       1     flags           u8       client     bit0 TERMINATED, bit1 TRUNCATED, bit2 EVALUATE (with START)
-    10      2     (pad)
+    10      2     group_size      u16      client     requests published together (0: a lone request)
     12      4     reward          f32      client     reward of the last action (STEP, END)
     16      4     status          i32      inference  0 OK, else a STATUS_* code (the lane's episode is over)
-    20      4     (pad)
+    20      4     group           u32      client     id shared by a group (0: none): the inference role
+                                                      answers a group in one pass, all or none pending
     24      8     weights_seq_no  i64      inference  the version that chose ``action``
     32      4     logp            f32      inference
     36      4     (pad)
@@ -64,7 +65,7 @@ from rlinkd.shm.records import StepLayout
 from rlinkd.shm.segment import Segment, check_field, check_magic
 
 LANE_MAGIC = b"RLKLANE1"
-LANE_LAYOUT_VERSION = 1
+LANE_LAYOUT_VERSION = 2  # 2: request groups
 LANE_HEADER = struct.Struct("<8sIIIIIIIIQ16x")
 assert LANE_HEADER.size == 64
 SLEEPING_OFFSET, WAITING_OFFSET, REQUESTS_OFFSET = 32, 36, 40
@@ -102,11 +103,11 @@ class LaneLayout:
         obs_dtype = step.dtype["obs"]
         self.lane_bytes = _align(self.obs_offset + obs_dtype.itemsize, 64)
         self.dtype = np.dtype({
-            "names": ["req_seq", "resp_seq", "op", "flags", "reward", "status",
+            "names": ["req_seq", "resp_seq", "op", "flags", "group_size", "reward", "status", "group",
                       "weights_seq_no", "logp", "action", "obs"],
-            "formats": ["<u4", "<u4", "u1", "u1", "<f4", "<i4", "<i8", "<f4",
+            "formats": ["<u4", "<u4", "u1", "u1", "<u2", "<f4", "<i4", "<u4", "<i8", "<f4",
                         ("<f4", (self.action_size,)), obs_dtype],
-            "offsets": [0, 4, 8, 9, 12, 16, 24, 32, self.ACTION_OFFSET, self.obs_offset],
+            "offsets": [0, 4, 8, 9, 10, 12, 16, 20, 24, 32, self.ACTION_OFFSET, self.obs_offset],
             "itemsize": self.lane_bytes})
 
     def to_json(self) -> dict:
@@ -266,6 +267,19 @@ class LaneArea:
     def pending(self) -> np.ndarray:
         """Indices of lanes with a request not yet answered."""
         return np.flatnonzero(self.lanes["req_seq"] != self.lanes["resp_seq"])
+
+    def ready(self) -> tuple[np.ndarray, bool]:
+        """(indices of lanes with a request to answer now, whether some group is still
+        incomplete): the members of a group count only once all of them are pending."""
+        idx = self.pending()
+        groups = self.lanes["group"][idx]
+        if not groups.any():
+            return idx, False
+        sizes = self.lanes["group_size"][idx]
+        ids, first, counts = np.unique(groups, return_index=True, return_counts=True)
+        complete = ids[(ids == 0) | (counts >= sizes[first])]
+        ready = np.isin(groups, complete)
+        return idx[ready], not ready.all()
 
     def answer(self, lanes: np.ndarray, seqs: np.ndarray) -> None:
         """Publish responses already written into ``lanes`` (``seqs``: their req_seq as read)."""

@@ -121,6 +121,7 @@ class ServingFront:
         self.channel.setblocking(False)
         self.sessions: dict[int, ServingSession] = {}
         self.area_ids = itertools.count(1)
+        self.groups = (1 + i % 0xFFFFFFFF for i in itertools.count())  # STEP_BATCH ids, never 0
         self.max_episodes = self.cfg.server.max_agents_per_connection
         self.counts = {"episodes_started": 0, "tcp_messages": 0, "shm_clients": 0}
 
@@ -201,17 +202,27 @@ class ServingFront:
             state.ended.popitem(last=False)
 
     # ------------------------------------------------------------ requests
-    def _write(self, ep: EpisodeLane, op: int, reward: float, obs, flags: int = 0) -> None:
+    def _write(self, ep: EpisodeLane, op: int, reward: float, obs, flags: int = 0,
+               group: tuple[int, int] = (0, 0)) -> None:
         """Validate ``obs`` and publish one request in the episode's lane."""
-        tl = self.lanes[ep.policy]
-        space = tl.info.spaces.obs
+        self._publish(ep, op, reward, self._columns(ep, obs), flags, group)
+
+    def _columns(self, ep: EpisodeLane, obs) -> dict:
+        """``obs`` checked against the episode's policy's space (BadMessage if it does not fit)."""
         try:
-            cols = to_columns([obs], space, 1, "observation")
+            return to_columns([obs], self.lanes[ep.policy].info.spaces.obs, 1, "observation")
         except InvalidValue as exc:
             raise BadMessage(str(exc)) from None
+
+    def _publish(self, ep: EpisodeLane, op: int, reward: float, cols: dict, flags: int,
+                 group: tuple[int, int]) -> None:
+        """One request into the episode's lane (``group``: (id, size) of a STEP_BATCH, which
+        the inference role answers in one pass, so with one weights version)."""
+        tl = self.lanes[ep.policy]
         row = tl.area.lanes[ep.lane:ep.lane + 1]
         tl.area.layout.step.write_obs(row["obs"], {field_name(k): v for k, v in cols.items()})
         row["op"], row["flags"], row["reward"] = op, flags | (EVALUATE if ep.evaluate else 0), reward
+        row["group"], row["group_size"] = group
         tl.area.publish(ep.lane)
 
     async def _answer(self, ep: EpisodeLane) -> tuple[int, int]:
@@ -272,8 +283,15 @@ class ServingFront:
         self._finish(state, eid)
 
     async def _batch(self, session: Session, state: ServingSession, msg: serving.StepBatch) -> bytes:
-        """Publish every entry, ring once, await every answer; ACTIONS in entry order."""
-        eps = [self._entry(session, state, e) for e in msg.steps]
+        """Check every entry, then publish them all as one group, await every answer;
+        ACTIONS in entry order. (Nothing is published unless every entry is valid: a group
+        the role waits to see whole must never be left half published.)"""
+        checked = [self._entry(state, e) for e in msg.steps]
+        group = (next(self.groups), len(checked))
+        for ep, op, reward, cols, flags in checked:
+            self._publish(ep, op, reward, cols, flags, group)
+            ep.reward, ep.started = 0.0, True
+        eps = [ep for ep, *_ in checked]
         results = await asyncio.gather(*(self._answer(ep) for ep in eps))
         actions: list = []
         seqs: list[int] = []
@@ -288,21 +306,17 @@ class ServingFront:
                 seqs.append(seq)
         return codec.encode(serving.Actions(actions, seqs))
 
-    def _entry(self, session: Session, state: ServingSession, e: serving.BatchEntry) -> EpisodeLane:
+    def _entry(self, state: ServingSession, e: serving.BatchEntry) -> tuple:
+        """(episode, op, reward, observation columns, flags) of one STEP_BATCH entry, checked."""
         if e.start:
             ep = self._new_episode(state, e.episode_id, e.agent_id, e.policy_id, e.training_enabled)
         else:
             ep = self._open(state, e.episode_id)
             if not ep.started:
                 raise ServingError(f"steps[{e.episode_id!r}]: a step before the episode's first action")
-        reward = ep.reward + (e.reward or 0.0)
-        if e.ends:
-            flags = (TERMINATED if e.terminated else 0) | (TRUNCATED if e.truncated else 0)
-            self._write(ep, OP_END, reward, e.observation, flags)
-        else:
-            self._write(ep, OP_STEP if ep.started else OP_START, reward, e.observation)
-        ep.reward, ep.started = 0.0, True
-        return ep
+        flags = (TERMINATED if e.terminated else 0) | (TRUNCATED if e.truncated else 0)
+        op = OP_END if e.ends else OP_STEP if ep.started else OP_START
+        return ep, op, ep.reward + (e.reward or 0.0), self._columns(ep, e.observation), flags
 
     # ------------------------------------------------------------ responses
     def on_responses(self) -> None:
@@ -330,7 +344,7 @@ class ServingFront:
         request in flight when the connection closed may have opened one); the lane is
         free once that is answered."""
         row = tl.area.lanes[lane:lane + 1]
-        row["op"], row["flags"] = OP_RELEASE, 0
+        row["op"], row["flags"], row["group"] = OP_RELEASE, 0, 0
         tl.area.publish(lane)
         tl.releasing.add(lane)
         if tl.area.take_server_sleeping():

@@ -130,7 +130,7 @@ class Inference:
                 continue
             try:
                 link.poll_release()
-            except (ConnectionError, OSError) as exc:
+            except (ConnectionError, OSError, RLlinkError) as exc:  # (ERROR: shutting down)
                 self._lost(name, link, exc)
 
     def _connect_links(self) -> None:

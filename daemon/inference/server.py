@@ -152,14 +152,14 @@ class InferenceServer:
             if count == served.seen and not served.deferred:
                 continue
             served.seen = count
-            idx = served.area.pending()
+            idx, incomplete = served.area.ready()  # a group (STEP_BATCH) only when complete
             policy = self.policies[served.policy]
             if policy.held and len(idx):
                 keep = self._serveable_while_held(served, idx)
-                served.deferred = len(keep) < len(idx)
+                served.deferred = incomplete or len(keep) < len(idx)
                 idx = keep
             else:
-                served.deferred = False
+                served.deferred = incomplete
             if len(idx):
                 out.setdefault(served.policy, []).append((served, Requests.read(served.area.lanes, idx)))
         return out
@@ -172,7 +172,9 @@ class InferenceServer:
         book = served.book
         ok = ((ops == OP_END) | (ops == OP_RELEASE) | ((ops == OP_START) & ((flags & EVALUATE) != 0))
               | ((ops != OP_START) & book.open[idx] & book.evaluate[idx]))
-        return idx[ok]
+        groups = lanes["group"][idx]
+        held_groups = np.unique(groups[~ok & (groups != 0)])  # a group goes whole or waits whole
+        return idx[ok & ~np.isin(groups, held_groups)]
 
     # ------------------------------------------------------------ one policy
     def _serve_policy(self, name: str, items: list[tuple[ServedArea, Requests]]) -> int:

@@ -204,3 +204,17 @@ def test_training_requests_wait_for_the_link_to_the_collector(setup):
     link.connected = True
     server.serve_once()
     assert a.answered(0) and a.lanes["status"][0] == STATUS_OK
+
+
+def test_a_group_is_answered_in_one_pass_with_one_version(setup):
+    server, (a, _), _, board, _ = setup
+    for lane in range(3):
+        a.lanes["group"][lane], a.lanes["group_size"][lane] = 5, 3
+    request(a, 0, OP_START)
+    request(a, 1, OP_START)
+    server.serve_once()
+    assert not a.answered(0) and not a.answered(1)  # 2 of 3: the group waits
+    board.publish(8, board.read()[1] * 0.5)
+    request(a, 2, OP_START)
+    server.serve_once()
+    assert all(a.answered(i) for i in range(3)) and set(a.lanes["weights_seq_no"][:3]) == {8}

@@ -100,3 +100,16 @@ def test_attach_refuses_another_layout_and_too_many_lanes(tmp_path):
     with pytest.raises(ValueError):
         LaneArea.create(str(tmp_path / "b"), layout(), MAX_LANES + 1)
     assert lanes_offset(1) == 128
+
+
+def test_a_group_is_ready_only_when_all_its_members_are(tmp_path):
+    area = LaneArea.create(str(tmp_path / "a"), layout(), 8)
+    for lane, group in ((0, 0), (1, 7), (2, 7)):
+        area.lanes["group"][lane], area.lanes["group_size"][lane] = group, 3 if group else 0
+        area.publish(lane)
+    idx, incomplete = area.ready()
+    assert list(idx) == [0] and incomplete  # group 7 has 2 of its 3 requests in
+    area.lanes["group"][5], area.lanes["group_size"][5] = 7, 3
+    area.publish(5)
+    idx, incomplete = area.ready()
+    assert list(idx) == [0, 1, 2, 5] and not incomplete
