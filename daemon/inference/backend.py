@@ -176,7 +176,7 @@ class PolicyRunner:
     @property
     def backend(self) -> str:
         small, large = self.backends
-        return small if small == large else f"{small} (<{SMALL_BATCH} rows), {large}" if small else ""
+        return small if small == large else f"{small}/{large}"  # (batches <SMALL_BATCH rows / larger)
 
     def refresh(self) -> bool:
         """Load the board's newest version if it changed (between batches). True if loaded."""
