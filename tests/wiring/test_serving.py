@@ -28,6 +28,19 @@ def daemon(tmp_path_factory):
     assert d.stop() == {role: 0 for role in ROLES}
 
 
+def play_episodes(agent, episodes: int, seed: int) -> None:
+    """Whole CartPole episodes through ``agent`` (act, step, reset on done)."""
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=seed)
+    for _ in range(episodes):
+        done = False
+        while not done:
+            obs2, r, term, trunc, _ = env.step(agent.act(obs))
+            agent.step(r, obs2, term, trunc)
+            obs, done = obs2, term or trunc
+        obs, _ = env.reset()
+
+
 def tcp(daemon) -> RLlinkClient:
     return RLlinkClient(f"tcp://127.0.0.1:{daemon.listening.port}").connect()
 
@@ -113,16 +126,7 @@ def test_evaluation_episodes_train_nothing(daemon, transport):
                else f"unix://{daemon.listening.unix_socket}")
     agent = connect(address, inference="server", mode="evaluate")
     before = status(daemon)
-    env = gym.make("CartPole-v1")
-    obs, _ = env.reset(seed=1)
-    episodes = 0
-    while episodes < 3:
-        obs2, r, term, trunc, _ = env.step(agent.act(obs))
-        agent.step(r, obs2, term, trunc)
-        obs = obs2
-        if term or trunc:
-            episodes += 1
-            obs, _ = env.reset()
+    play_episodes(agent, 3, seed=1)
     agent.close()
     after = status(daemon)
     assert after["env_steps"] == before["env_steps"] and after["episodes"] == before["episodes"]
@@ -135,16 +139,7 @@ def test_evaluation_clients_report_returns_and_metrics(daemon, transport, infere
                else f"unix://{daemon.listening.unix_socket}")
     agent = connect(address, inference=inference, mode="evaluate")
     before = status(daemon)
-    env = gym.make("CartPole-v1")
-    obs, _ = env.reset(seed=2)
-    episodes = 0
-    while episodes < 2:
-        obs2, r, term, trunc, _ = env.step(agent.act(obs))
-        agent.step(r, obs2, term, trunc)
-        obs = obs2
-        if term or trunc:
-            episodes += 1
-            obs, _ = env.reset()
+    play_episodes(agent, 2, seed=2)
     agent.log_metric(f"{transport}_{inference}/fps", 60.0)
     agent.close()
     after = wait_for(lambda: (st := status(daemon))["eval"]["episodes"] >= before["eval"]["episodes"] + 2
