@@ -207,29 +207,33 @@ SOLVE_DEFINITIONS = {"client-side (demo, 2 TCP clients)": ("client", "tcp"),
                      "server-side, 2 TCP clients": ("server", "tcp")}
 
 
+def _row(name: str, p: dict, target: str = "", digits: int = 0) -> str:
+    return f"| {name} | {p['p50']:.{digits}f} µs | {p['p99']:.{digits}f} µs | {target} |"
+
+
 def table_markdown(r: dict) -> str:
     """The write-up's tables from one result."""
     lim, one, many = r["limits_us"], r["one_client_us"], r["many_clients"]
     fwd = lim["forward_batch1"]
     lines = ["| one action, one client | p50 | p99 | target (p50) |", "| --- | --- | --- | --- |",
-             f"| rlinkd, shared memory (`unix://`) | {one['shm']['p50']:.0f} µs | {one['shm']['p99']:.0f} µs | ≤ 50 µs |",
-             f"| rlinkd, TCP | {one['tcp']['p50']:.0f} µs | {one['tcp']['p99']:.0f} µs | ≤ 200 µs |",
-             f"| limit: blocking shm round trip (word + eventfd each way) | {lim['shm_round_trip']['p50']:.0f} µs "
-             f"| {lim['shm_round_trip']['p99']:.0f} µs | |",
-             f"| limit: TCP + orjson round trip (echo) | {lim['tcp_orjson_round_trip']['p50']:.0f} µs "
-             f"| {lim['tcp_orjson_round_trip']['p99']:.0f} µs | |",
-             f"| limit: onnxruntime batch-1 forward | {fwd['onnxruntime']['p50']:.1f} µs | {fwd['onnxruntime']['p99']:.1f} µs | |",
-             f"| limit: numpy batch-1 forward | {fwd['numpy']['p50']:.1f} µs | {fwd['numpy']['p99']:.1f} µs | |",
-             "", f"| {many['clients']} client processes | actions/s | mean batch | inference CPU per 1,000 actions | target |",
-             "| --- | --- | --- | --- | --- |"]
+             _row("rlinkd, shared memory (`unix://`)", one["shm"], "≤ 50 µs"),
+             _row("rlinkd, TCP", one["tcp"], "≤ 200 µs"),
+             _row("limit: blocking shm round trip (word + eventfd each way)", lim["shm_round_trip"]),
+             _row("limit: TCP + orjson round trip (echo)", lim["tcp_orjson_round_trip"]),
+             _row("limit: onnxruntime batch-1 forward", fwd["onnxruntime"], digits=1),
+             _row("limit: numpy batch-1 forward", fwd["numpy"], digits=1), "",
+             f"| {many['clients']} client processes | actions/s | mean batch | inference CPU per 1,000 "
+             "actions | target |", "| --- | --- | --- | --- | --- |"]
     for t, target in (("shm", "≥ 100,000"), ("tcp", "≥ 30,000")):
         m = many[t]
         lines.append(f"| {t} | {m['actions_per_s']:,} | {m['mean_batch_size']} | "
                      f"{m['inference_cpu_ms_per_1000_actions']} ms | {target} |")
-    lines += ["", "| CartPole-v1 to mean return 450 | solved | wall time (median, min – max) |", "| --- | --- | --- |"]
+    lines += ["", "| CartPole-v1 to mean return 450 | solved | wall time (median, min – max) |",
+              "| --- | --- | --- |"]
     for name, s in r["solve"].items():
         w = s["wall_s"]
-        lines.append(f"| {name} | {s['solved']}/{len(s['runs'])} | {w['median']:.1f} s ({w['min']:.1f} – {w['max']:.1f}) |")
+        lines.append(f"| {name} | {s['solved']}/{len(s['runs'])} | {w['median']:.1f} s "
+                     f"({w['min']:.1f} – {w['max']:.1f}) |")
     return "\n".join(lines)
 
 
