@@ -221,11 +221,12 @@ class CollectorServer:
         (HandshakeTimeout otherwise, counted in status). A frame that stalls past its own
         ``read_timeout_s`` first is closed silently, like any later frame."""
         limit_s = self.cfg.server.handshake_timeout_s
-        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        started = loop.time()  # the timers' own clock (uvloop's lags time.monotonic())
         try:
             return await asyncio.wait_for(self._read_frame(reader), limit_s)
         except asyncio.TimeoutError:
-            if time.monotonic() - started < limit_s:
+            if loop.time() - started < limit_s:
                 raise  # the frame's read timeout, not the handshake's
             self.core.admission.timed_out(session.id)
             raise HandshakeTimeout from None
@@ -245,21 +246,15 @@ class CollectorServer:
         writer.close()
 
     async def _read_frame(self, reader: asyncio.StreamReader) -> bytes:
-        """First byte within idle_timeout_s; the rest of the frame within read_timeout_s."""
+        """First byte within idle_timeout_s; the rest of the frame within read_timeout_s.
+        Bytes already buffered are taken without any timer (the hot path of a busy client)."""
         srv = self.cfg.server
-        if buffered(reader) > codec.HEADER_BYTES:  # a whole header is here: no waiting at all
-            size = codec.parse_header(await reader.readexactly(codec.HEADER_BYTES), srv.max_message_bytes)
-            if buffered(reader) >= size:
-                return await reader.readexactly(size)
-            return await asyncio.wait_for(reader.readexactly(size), srv.read_timeout_s)
-        first = await asyncio.wait_for(reader.readexactly(1), srv.idle_timeout_s or None)
+        first = await read_within(reader, 1, srv.idle_timeout_s or None)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + srv.read_timeout_s  # one budget for header and body
-        rest = await asyncio.wait_for(reader.readexactly(codec.HEADER_BYTES - 1), srv.read_timeout_s)
+        rest = await read_within(reader, codec.HEADER_BYTES - 1, srv.read_timeout_s)
         size = codec.parse_header(first + rest, srv.max_message_bytes)
-        if buffered(reader) >= size:
-            return await reader.readexactly(size)
-        return await asyncio.wait_for(reader.readexactly(size), max(0.0, deadline - loop.time()))
+        return await read_within(reader, size, max(0.0, deadline - loop.time()))
 
     async def _carry_out(self, session: Session, plan: Plan, writer: asyncio.StreamWriter) -> None:
         last_ids = {}
@@ -494,6 +489,23 @@ async def wait_for_space(ring: StepRing) -> None:
     finally:
         loop.remove_reader(fd)
         ring.disarm_space_wait()
+
+
+async def read_within(reader: asyncio.StreamReader, n: int, timeout_s: float | None) -> bytes:
+    """``readexactly(n)``, with a timer only when the bytes are not all buffered yet."""
+    if buffered(reader) >= n:
+        return await reader.readexactly(n)
+    return await within(reader.readexactly(n), timeout_s)
+
+
+async def within(aw, timeout_s: float | None):
+    """``aw`` with a timeout (``asyncio.TimeoutError``): ``asyncio.timeout`` (a timer on the
+    running task) where Python has it, else ``wait_for`` (which costs a task)."""
+    timeout = getattr(asyncio, "timeout", None)
+    if timeout is None or timeout_s is None:
+        return await asyncio.wait_for(aw, timeout_s)
+    async with timeout(timeout_s):
+        return await aw
 
 
 def buffered(reader: asyncio.StreamReader) -> int:
