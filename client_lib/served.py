@@ -99,8 +99,8 @@ class ServedShmLink(ReconnectingLink):
     """One lane of a shared-memory lane area (SERVE_ATTACH on the daemon's Unix socket)."""
 
     def __init__(self, socket_path: str, token: str | None, reconnect_timeout_s: float,
-                 policy: str | None = None) -> None:
-        self.socket_path, self.token, self.policy = socket_path, token, policy
+                 policy: str | None = None, lanes: int = 1) -> None:
+        self.socket_path, self.token, self.policy, self.lanes = socket_path, token, policy, lanes
         self.reconnect_timeout_s, self.reconnects = reconnect_timeout_s, 0
         self.client: RLlinkClient | None = None
         self.config: codec.SetConfig | None = None
@@ -120,7 +120,7 @@ class ServedShmLink(ReconnectingLink):
         try:
             client.ping(self.token)
             self.config = client.get_config()
-            client.send(serving.ServeAttach(pid=os.getpid(), lanes=1, policy=self.policy))
+            client.send(serving.ServeAttach(pid=os.getpid(), lanes=self.lanes, policy=self.policy))
             reply = client.recv()
             if not isinstance(reply, serving.ServeAttached):
                 raise RLlinkError(f"expected SERVE_ATTACHED, got {reply.TYPE.value}")
@@ -330,25 +330,29 @@ def _wire(obs):
 
 def open_served(address: str, *, token: str | None, reconnect_timeout_s: float, ssl_context,
                 evaluate: bool, policy: str | None) -> ServedAgent:
-    """A ServedAgent for ``address``: shared-memory lanes for ``shm``, ``unix://`` and ``auto``
-    (when a daemon runs here), as for client-side agents; RLlink serving messages for
-    ``tcp://`` and ``H:P``."""
+    """A ServedAgent for ``address`` (see ``served_link``)."""
+    link = served_link(address, token=token, reconnect_timeout_s=reconnect_timeout_s,
+                       ssl_context=ssl_context, policy=policy)
+    return ServedAgent(link, evaluate=evaluate, policy=policy)
+
+
+def served_link(address: str, *, token: str | None, reconnect_timeout_s: float, ssl_context,
+                policy: str | None, lanes: int = 1) -> ServedTcpLink | ServedShmLink:
+    """The serving link ``address`` names, not yet connected: shared-memory lanes (``lanes``
+    of them) for ``shm``, ``unix://`` and ``auto`` (when a daemon runs here), as for
+    client-side agents; RLlink serving messages for ``tcp://`` and ``H:P``."""
     from rlinkd.client_lib.transport import parse_address
     kind, _, where = address.partition(":")
-    link: ServedTcpLink | ServedShmLink
     if address.startswith("unix://"):
-        link = ServedShmLink(parse_address(address).path, token, reconnect_timeout_s, policy)
-    elif kind in ("shm", "auto"):
+        return ServedShmLink(parse_address(address).path, token, reconnect_timeout_s, policy, lanes)
+    if kind in ("shm", "auto"):
         socket_path = _wait_for_socket(where or None, reconnect_timeout_s)
-        if socket_path is None and kind == "auto":
-            link = ServedTcpLink(parse_address("tcp://127.0.0.1:5555"), token, reconnect_timeout_s)
-        elif socket_path is None:
+        if socket_path is not None:
+            return ServedShmLink(socket_path, token, reconnect_timeout_s, policy, lanes)
+        if kind == "shm":
             raise ConnectionError(f"no running rlinkd found in state dir {where or '(default)'}")
-        else:
-            link = ServedShmLink(socket_path, token, reconnect_timeout_s, policy)
-    else:
-        link = ServedTcpLink(parse_address(address), token, reconnect_timeout_s, ssl_context)
-    return ServedAgent(link, evaluate=evaluate, policy=policy)
+        return ServedTcpLink(parse_address("tcp://127.0.0.1:5555"), token, reconnect_timeout_s)
+    return ServedTcpLink(parse_address(address), token, reconnect_timeout_s, ssl_context)
 
 
 def _wait_for_socket(state_dir: str | None, timeout_s: float) -> str | None:

@@ -71,6 +71,7 @@ assert LANE_HEADER.size == 64
 SLEEPING_OFFSET, WAITING_OFFSET, REQUESTS_OFFSET = 32, 36, 40
 WRITER_PID_OFFSET, READER_PID_OFFSET = 20, 24
 MAX_LANES = 1 << 16
+MAX_GROUP = (1 << 16) - 1  # requests in one group (group_size is a u16)
 
 OP_START, OP_STEP, OP_END, OP_RELEASE = 1, 2, 3, 4
 """START: first observation of a new episode -> action. STEP: reward of the last action +
@@ -259,6 +260,19 @@ class LaneArea:
         self._seq_words[i] = (self._seq_words[i] + 1) & 0xFFFFFFFF
         self._counter[0] = self._counter[0] + 1
 
+    def publish_group(self, rows: np.ndarray, group: int) -> None:
+        """Publish the requests written into lanes ``rows`` (distinct) as one group ``group``
+        (never 0): the inference role answers them in one pass. Data first, then the seq words."""
+        lanes = self.lanes
+        lanes["group"][rows], lanes["group_size"][rows] = group, len(rows)
+        seqs = lanes["req_seq"]
+        seqs[rows] += np.uint32(1)  # (wraps mod 2**32)
+        self._counter[0] = self._counter[0] + len(rows)
+
+    def answered_all(self, rows: np.ndarray) -> bool:
+        lanes = self.lanes
+        return bool((lanes["req_seq"][rows] == lanes["resp_seq"][rows]).all())
+
     def answered(self, lane: int) -> bool:
         i = lane * self._stride
         return self._seq_words[i] == self._seq_words[i + 1]
@@ -276,6 +290,8 @@ class LaneArea:
         if not groups.any():
             return idx, False
         sizes = self.lanes["group_size"][idx]
+        if groups[0] == groups[-1] and (groups == groups[0]).all():  # one group (a vector act)
+            return (idx, False) if len(idx) >= sizes[0] else (idx[:0], True)
         ids, first, counts = np.unique(groups, return_index=True, return_counts=True)
         complete = ids[(ids == 0) | (counts >= sizes[first])]
         ready = np.isin(groups, complete)

@@ -167,9 +167,38 @@ def _worker(addr: str, secs: float, q, start) -> None:
 
 def many_clients(d: ServeProcess, transport: str, clients: int, secs: float) -> dict:
     addr = f"tcp://127.0.0.1:{d.port}" if transport == "tcp" else f"unix://{d.unix_socket}"
+    return _throughput(d, [(_worker, (addr, secs))] * clients, secs)
+
+
+def _vector_worker(addr: str, copies: int, secs: float, q, start) -> None:
+    from rlinkd.client_lib.multi import connect_vector
+    client = connect_vector(addr, copies, inference="server")
+    obs = np.tile(np.asarray(OBS, np.float32), (copies, 1))
+    rewards, done = np.ones(copies, np.float32), np.zeros(copies, bool)
+    client.act(obs)
+    start.wait()
+    n, t_end = 0, time.perf_counter() + secs
+    while time.perf_counter() < t_end:
+        client.step(rewards, obs, done, done)
+        client.act(obs)
+        n += copies
+    q.put(n)
+    client.step(rewards, obs, ~done, done)
+    client.close()
+
+
+def vector_clients(d: ServeProcess, transport: str, agents: int, procs: int, secs: float) -> dict:
+    """``agents`` agents as ``procs`` processes of ``connect_vector(..., inference="server")``."""
+    addr = f"tcp://127.0.0.1:{d.port}" if transport == "tcp" else f"unix://{d.unix_socket}"
+    return _throughput(d, [(_vector_worker, (addr, agents // procs, secs))] * procs, secs)
+
+
+def _throughput(d: ServeProcess, workers: list, secs: float) -> dict:
+    """Actions/s of ``workers`` ((target, args) per process, each putting its count on a
+    queue after ``start``), with the role's batch sizes and CPU over the same interval."""
     ctx = mp.get_context("fork")
     q, start = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_worker, args=(addr, secs, q, start)) for _ in range(clients)]
+    procs = [ctx.Process(target=target, args=(*args, q, start)) for target, args in workers]
     for p in procs:
         p.start()
     time.sleep(3.0)

@@ -38,7 +38,7 @@ from rlinkd.daemon.collector.shm_server import send_fds
 from rlinkd.daemon.inference import channel
 from rlinkd.daemon.wiring import Topology
 from rlinkd.shm.doorbell import Doorbell
-from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_RELEASE, OP_START, OP_STEP, STATUS_LOST,
+from rlinkd.shm.lanes import (EVALUATE, MAX_GROUP, OP_END, OP_RELEASE, OP_START, OP_STEP, STATUS_LOST,
                               STATUS_MESSAGES, STATUS_OK, TERMINATED, TRUNCATED, LaneArea, LaneLayout)
 
 log = structlog.get_logger("collector")
@@ -171,12 +171,14 @@ class ServingFront:
         return codec.encode(serving.EpisodeStarted(eid, state.episodes[eid].policy))
 
     def _new_episode(self, state: ServingSession, eid: str, agent_id: str | None,
-                     policy_id: str | None, training_enabled: bool | None) -> EpisodeLane:
+                     policy_id: str | None, training_enabled: bool | None,
+                     ending: int = 0) -> EpisodeLane:
+        """(``ending``: episodes this STEP_BATCH ends, which do not count against the limit.)"""
         if eid in state.episodes:
             raise ServingError(f"episode {eid!r} is already open on this connection")
         if eid in state.ended:
             raise ServingError(f"episode {eid!r} already ended")
-        if len(state.episodes) >= self.max_episodes:
+        if len(state.episodes) - ending >= self.max_episodes:
             raise ServingError(f"more than server.max_agents_per_connection={self.max_episodes} "
                                "episodes open on one connection")
         policy = policy_id or self.topo.mapping.policy_for(agent_id)
@@ -283,40 +285,98 @@ class ServingFront:
         self._finish(state, eid)
 
     async def _batch(self, session: Session, state: ServingSession, msg: serving.StepBatch) -> bytes:
-        """Check every entry, then publish them all as one group, await every answer;
-        ACTIONS in entry order. (Nothing is published unless every entry is valid: a group
-        the role waits to see whole must never be left half published.)"""
-        checked = [self._entry(state, e) for e in msg.steps]
-        group = (next(self.groups), len(checked))
-        for ep, op, reward, cols, flags in checked:
-            self._publish(ep, op, reward, cols, flags, group)
-            ep.reward, ep.started = 0.0, True
-        eps = [ep for ep, *_ in checked]
-        results = await asyncio.gather(*(self._answer(ep) for ep in eps))
-        actions: list = []
-        seqs: list[int] = []
-        for entry, ep, (status, seq) in zip(msg.steps, eps, results):
-            self._check(state, entry.episode_id, status)
-            if entry.ends:
-                self._finish(state, entry.episode_id)
-                actions.append(None)
-                seqs.append(-1)
-            else:
-                actions.append(self._action(ep))
-                seqs.append(seq)
+        """Check every entry, then publish each policy's entries as one group, await every
+        answer; ACTIONS in entry order. (Nothing is published unless every entry is valid: a
+        group the role waits to see whole must never be left half published.)"""
+        if len(msg.steps) > MAX_GROUP:
+            raise ServingError(f"STEP_BATCH: more than {MAX_GROUP} entries")
+        checked, by_policy, columns = self._check_batch(state, msg)
+        group = next(self.groups)
+        for name, rows in by_policy.items():
+            self._publish_group(name, [checked[i] for i in rows], columns[name], group)
+        actions: list = [None] * len(checked)
+        seqs: list[int] = [-1] * len(checked)
+        for name, rows in by_policy.items():
+            await self._await_group(name, [checked[i][0] for i in rows])
+            self._collect(state, name, [(msg.steps[i], checked[i][0], i) for i in rows], actions, seqs)
         return codec.encode(serving.Actions(actions, seqs))
 
-    def _entry(self, state: ServingSession, e: serving.BatchEntry) -> tuple:
-        """(episode, op, reward, observation columns, flags) of one STEP_BATCH entry, checked."""
+    def _check_batch(self, state: ServingSession, msg: serving.StepBatch) -> tuple[list, dict, dict]:
+        """(checked entries, entry indices per policy, observation columns per policy). A
+        refused entry raises (the connection then closes, releasing what this batch opened)."""
+        ending = sum(e.ends for e in msg.steps)
+        checked = [self._entry(state, e, ending) for e in msg.steps]
+        by_policy: dict[str, list[int]] = {}
+        for i, (ep, *_rest) in enumerate(checked):
+            by_policy.setdefault(ep.policy, []).append(i)
+        columns = {name: self._batch_columns(name, [msg.steps[i].observation for i in rows])
+                   for name, rows in by_policy.items()}
+        return checked, by_policy, columns
+
+    def _entry(self, state: ServingSession, e: serving.BatchEntry, ending: int) -> tuple:
+        """(episode, op, reward, flags) of one STEP_BATCH entry, checked."""
         if e.start:
-            ep = self._new_episode(state, e.episode_id, e.agent_id, e.policy_id, e.training_enabled)
+            ep = self._new_episode(state, e.episode_id, e.agent_id, e.policy_id, e.training_enabled,
+                                   ending)
         else:
             ep = self._open(state, e.episode_id)
             if not ep.started:
                 raise ServingError(f"steps[{e.episode_id!r}]: a step before the episode's first action")
         flags = (TERMINATED if e.terminated else 0) | (TRUNCATED if e.truncated else 0)
         op = OP_END if e.ends else OP_STEP if ep.started else OP_START
-        return ep, op, ep.reward + (e.reward or 0.0), self._columns(ep, e.observation), flags
+        return ep, op, ep.reward + (e.reward or 0.0), flags
+
+    def _batch_columns(self, policy: str, observations: list) -> dict:
+        """One policy's STEP_BATCH observations checked against its space in one pass."""
+        try:
+            return to_columns(observations, self.lanes[policy].info.spaces.obs, len(observations),
+                              "observation")
+        except InvalidValue as exc:
+            raise BadMessage(str(exc)) from None
+
+    def _publish_group(self, policy: str, checked: list[tuple], cols: dict, group: int) -> None:
+        """One policy's entries into their lanes, published as group ``group`` (the role
+        answers it in one pass, with one weights version)."""
+        tl = self.lanes[policy]
+        idx = np.array([ep.lane for ep, *_ in checked])
+        lanes = tl.area.lanes
+        for key, column in cols.items():
+            lanes["obs"][field_name(key)][idx] = column
+        lanes["op"][idx] = [op for _, op, _, _ in checked]
+        lanes["flags"][idx] = [flags | (EVALUATE if ep.evaluate else 0) for ep, _, _, flags in checked]
+        lanes["reward"][idx] = [reward for _, _, reward, _ in checked]
+        for ep, *_ in checked:
+            ep.reward, ep.started = 0.0, True
+        tl.area.publish_group(idx, group)
+
+    async def _await_group(self, policy: str, eps: list[EpisodeLane]) -> None:
+        """Until every lane of a published group is answered: the role answers a group in
+        one pass, so once the first is, the others are within a few stores (checked, with
+        a bound: then each is awaited on its own)."""
+        tl = self.lanes[policy]
+        await self._answer(eps[0])
+        idx = np.array([ep.lane for ep in eps])
+        until = time.perf_counter() + SPIN_S
+        while not tl.area.answered_all(idx):
+            if time.perf_counter() > until:
+                await asyncio.gather(*(self._answer(ep) for ep in eps[1:]))
+                return
+
+    def _collect(self, state: ServingSession, policy: str, entries: list[tuple], actions: list,
+                 seqs: list[int]) -> None:
+        """One policy's answers into ``actions``/``seqs`` (entry order); ended episodes closed;
+        a refused entry raises after its episode is closed."""
+        tl = self.lanes[policy]
+        idx = np.array([ep.lane for _, ep, _ in entries])
+        rows = tl.area.lanes[idx]
+        space = tl.info.spaces.act
+        cols = action_columns(np.array(rows["action"], np.float32), space)
+        for k, (entry, _ep, i) in enumerate(entries):
+            self._check(state, entry.episode_id, int(rows["status"][k]))
+            if entry.ends:
+                self._finish(state, entry.episode_id)
+            else:
+                actions[i], seqs[i] = native(cols, space, k), int(rows["weights_seq_no"][k])
 
     # ------------------------------------------------------------ responses
     def on_responses(self) -> None:
@@ -386,9 +446,9 @@ class ServingFront:
             raise BadMessage("SERVE_ATTACH is only accepted on the daemon's Unix socket")
         if state.area is not None:
             raise BadMessage("this connection already has a lane area")
-        if not 1 <= msg.lanes <= self.max_episodes:
-            raise BadMessage(f"SERVE_ATTACH: lanes must be 1..server.max_agents_per_connection="
-                             f"{self.max_episodes}")
+        if not 1 <= msg.lanes <= min(self.max_episodes, MAX_GROUP):
+            raise BadMessage(f"SERVE_ATTACH: lanes must be 1..{min(self.max_episodes, MAX_GROUP)} "
+                             f"(server.max_agents_per_connection={self.max_episodes})")
         policy = msg.policy or self.topo.mapping.policy_for(None)
         if policy not in self.lanes:
             raise BadMessage(f"SERVE_ATTACH: unknown policy {policy!r}")

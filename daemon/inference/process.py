@@ -60,7 +60,7 @@ class Inference:
         self.backoff = {name: RECONNECT_S[0] for name in self.server.policies}
         self.next_stats = self.next_eval = 0.0
         self.last_answer = 0.0
-        self.gap_s = SPIN_MAX_S  # EWMA of the time between answered turns
+        self.gap_s = SPIN_MAX_S  # EWMA of the idle time from an answer to the next answering turn
         self._add_tcp_areas()
 
     def _policy(self, p: PolicyTopology) -> PolicyServing:
@@ -85,18 +85,18 @@ class Inference:
         self._connect_links()
         self._release_holds()
         self._read_channel()
+        started = time.perf_counter()
         answered = self.server.serve_once()
         self._periodic()
-        if answered:
-            now = time.perf_counter()
-            self.gap_s += GAP_EWMA * (min(now - self.last_answer, 1.0) - self.gap_s)
-            self.last_answer = now
+        if answered:  # (the gap excludes serving: a big batch is no reason to stop spinning)
+            self.gap_s += GAP_EWMA * (min(started - self.last_answer, 1.0) - self.gap_s)
+            self.last_answer = time.perf_counter()
         elif not self._spin():
             self._sleep(BUSY_RETRY_S if self.server.arrivals() else IDLE_S)
 
     def _spin(self) -> bool:
         """After answering, poll the request counters instead of sleeping for about 1.5 times
-        the recent gap between requests (at most SPIN_MAX_S; never when requests are rarer):
+        the recent idle gap before requests (at most SPIN_MAX_S; never when requests are rarer):
         a busy client's next request then finds the role awake, no wake-up on either side."""
         spin = 1.5 * self.gap_s
         if spin > 2 * SPIN_MAX_S:

@@ -187,6 +187,38 @@ def test_client_lib_server_inference_learns_cartpole(daemon, transport):
     assert status["env_steps"] == len(seqs) and status["episodes"] == len(returns), status
 
 
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_a_vector_client_learns_cartpole_and_survives_an_inference_restart(daemon, transport):
+    """connect_vector(..., inference="server"): 8 CartPoles, one request group (shm) or one
+    STEP_BATCH (TCP) per act; SIGKILL of the inference role mid-run costs only the episodes
+    in progress, then it learns on to mean return 150."""
+    from rlinkd.client_lib.multi import connect_vector
+    from rlinkd.client_lib.runner import run_env
+    address = (f"tcp://127.0.0.1:{daemon.port}" if transport == "tcp"
+               else f"unix://{daemon.unix_socket}")
+    client = connect_vector(address, 8, inference="server")
+    env = gym.make_vec("CartPole-v1", num_envs=8, vectorization_mode="sync",
+                       vector_kwargs={"autoreset_mode": "SameStep"})
+    returns: list[float] = []
+    killed: list[int] = []
+    deadline = time.monotonic() + LEARN_BUDGET_S
+
+    def on_episode(stats, episode_return: float) -> None:
+        returns.append(episode_return)
+        if len(returns) == 30:  # mid-run: the role dies with every lane's episode
+            killed.append(daemon.status()["children"]["inference"]["pid"])
+            os.kill(killed[0], signal.SIGKILL)
+
+    stats = run_env(env, client, seed=0, on_episode=on_episode,
+                    should_stop=lambda _s: time.monotonic() > deadline or (
+                        len(returns) > 60 and solved(returns)))
+    client.close()
+    assert killed and solved(returns), (len(returns), returns[-20:])
+    assert client.lost_episodes >= 1 and stats.steps > 0
+    status = daemon.status()
+    assert status["children"]["inference"]["pid"] != killed[0] and status["children"]["inference"]["alive"]
+
+
 # ---------------------------------------------------------------- errors
 def start(sock: socket.socket, eid: str) -> None:
     request(sock, {"type": "START_EPISODE", "episode_id": eid}, "EPISODE_STARTED")

@@ -113,3 +113,19 @@ def test_a_group_is_ready_only_when_all_its_members_are(tmp_path):
     area.publish(5)
     idx, incomplete = area.ready()
     assert list(idx) == [0, 1, 2, 5] and not incomplete
+
+
+def test_publish_group_publishes_rows_as_one_group_and_wraps_seqs(tmp_path):
+    area = LaneArea.create(str(tmp_path / "a"), layout(), 8)
+    area.lanes["req_seq"][3] = area.lanes["resp_seq"][3] = 0xFFFFFFFF  # wraps to 0
+    area.publish_group(np.array([1, 3]), 9)
+    idx, incomplete = area.ready()  # the lone group of a vector client: its fast path
+    assert list(idx) == [1, 3] and not incomplete and area.requests == 2
+    assert area.lanes["req_seq"][3] == 0 and list(area.lanes["group_size"][[1, 3]]) == [2, 2]
+    assert not area.answered_all(np.array([1, 3]))
+    area.answer(idx, area.lanes["req_seq"][idx])
+    assert area.answered_all(np.array([1, 3]))
+    area.lanes["group"][6], area.lanes["group_size"][6] = 4, 2  # 1 of 2 in: waits, alone
+    area.publish(6)
+    idx, incomplete = area.ready()
+    assert len(idx) == 0 and incomplete

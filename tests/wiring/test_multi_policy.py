@@ -176,3 +176,27 @@ def test_one_shm_connection_with_a_ring_per_policy_and_agent_slots(two_policies)
     assert policies["default"]["env_steps"] == 90 and policies["red"]["env_steps"] == 60
     assert policies["default"]["episodes"] == 3 and policies["red"]["episodes"] == 2
     assert policies["red"]["episode_return_mean"] == 30.0
+
+
+def test_one_step_batch_serves_agents_of_two_policies(two_policies):
+    """A STEP_BATCH whose entries map to two policies: each policy's entries are one group of
+    its own (a single group spanning both lane areas would never be complete)."""
+    from rlinkd.client_lib.protocol import serving as s
+    obs = [0.01, 0.02, 0.03, 0.04]
+    client = RawClient(two_policies.listening.port)
+    try:
+        client.send(codec.Ping())
+        assert isinstance(client.recv(), codec.Pong)
+        entries = (s.BatchEntry("b0", obs, start=True, agent_id="blue_0"),
+                   s.BatchEntry("r0", obs, start=True, agent_id="red_0"),
+                   s.BatchEntry("b1", obs, start=True, agent_id="blue_1"))
+        client.sock.settimeout(10.0)
+        client.send(s.StepBatch(entries))
+        reply = client.recv()
+        assert isinstance(reply, s.Actions) and all(a in (0, 1) for a in reply.actions)
+        client.send(s.StepBatch(tuple(s.BatchEntry(e.episode_id, obs, reward=1.0, terminated=True)
+                                      for e in entries)))
+        reply = client.recv()
+        assert isinstance(reply, s.Actions) and reply.actions == [None, None, None]
+    finally:
+        client.close()

@@ -6,6 +6,8 @@ import gymnasium as gym
 import pytest
 
 from rlinkd.client_lib import connect
+from rlinkd.client_lib.multi import connect_vector
+from rlinkd.client_lib.runner import run_env
 from rlinkd.client_lib.protocol import serving as s
 from rlinkd.client_lib.transport import RLlinkClient, ServerError
 from rlinkd.daemon.config import load_config
@@ -157,3 +159,25 @@ def test_explore_false_means_evaluate_and_a_training_agent_refuses_it(daemon):
     agent.close()
     with pytest.raises(ValueError, match="evaluate"):
         connect(address, explore=False, mode="train")
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_vector_client_server_inference_trains(daemon, transport):
+    """connect_vector(..., inference="server"): 4 CartPoles, one round trip per act for all."""
+    address = (f"tcp://127.0.0.1:{daemon.listening.port}" if transport == "tcp"
+               else f"unix://{daemon.listening.unix_socket}")
+    before = status(daemon)
+    env = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync",
+                       vector_kwargs={"autoreset_mode": "SameStep"})
+    client = connect_vector(address, 4, inference="server")
+    requests = before["inference"].get("requests", 0)
+    stats = run_env(env, client, steps=1200, seed=0)
+    client.close()
+    assert stats.steps == 1200 and stats.episodes > 0
+    after = wait_for(lambda: (st := status(daemon))["env_steps"] >= before["env_steps"] + 1100
+                     and st["episodes"] >= before["episodes"] + stats.episodes
+                     and st["inference"].get("requests", 0) - requests >= 1200  # 1 per copy and step
+                     and st["inference"]["lanes_open"] == 0 and st, 15,
+                     what="the vector client's steps, episodes and requests counted, lanes released")
+    fours = after["inference"]["batch_sizes"].get("<=4", 0) - before["inference"]["batch_sizes"].get("<=4", 0)
+    assert fours >= 250  # 300 acts of 4 copies, each group served in one forward pass
