@@ -19,9 +19,8 @@ def run_client(args: argparse.Namespace) -> int:
     import gymnasium as gym
     from rlinkd.client_lib.runner import run_env
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwind: run_env closes the agent
-    if args.num_envs < 1 or (args.num_envs > 1 and args.inference == "server"):
-        print("rlinkd client: --num-envs must be at least 1 (and 1 with --inference server)",
-              file=sys.stderr)
+    if args.num_envs < 1:
+        print("rlinkd client: --num-envs must be at least 1", file=sys.stderr)
         return 64
     env = (gym.make(args.env) if args.num_envs == 1 else
            gym.make_vec(args.env, num_envs=args.num_envs, vectorization_mode="sync"))
@@ -40,8 +39,7 @@ def run_client(args: argparse.Namespace) -> int:
 
 
 def served(args: argparse.Namespace) -> dict:
-    """connect() keywords for ``--inference server`` (a single env: vector clients choose
-    their actions themselves)."""
+    """connect() / connect_vector() keywords for ``--inference server``."""
     return {"inference": "server"} if args.inference == "server" else {}
 
 

@@ -12,8 +12,11 @@ In one run, on this machine:
   not train during the measurement);
 - N client processes at once: actions/s over shared memory and TCP, the inference role's
   batch sizes and CPU per 1,000 actions (from ``rlinkd status``);
+- the same N agents as ``connect_vector(..., inference="server")`` copies, in 1 and in 4
+  processes (one request group or STEP_BATCH per act for all of a process's copies);
 - CartPole-v1 to mean return 450: ``rlinkd demo`` with client-side inference (the default
-  demo) against ``--inference server`` (shared memory and TCP), alternating, ``--runs`` seeds.
+  demo) against ``--inference server`` (shared memory and TCP, one env per client and
+  vector clients of 4), alternating, ``--runs`` seeds.
 Writes bench/results/serving.json.
 """
 from __future__ import annotations
@@ -221,8 +224,9 @@ def _histogram_delta(before: dict, after: dict) -> dict:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
-def solve_run(inference: str, transport: str, seed: int, timeout_s: float) -> dict:
-    cmd = [*demo_command(2, transport, seed, timeout_s=timeout_s), "--inference", inference]
+def solve_run(inference: str, transport: str, num_envs: int, seed: int, timeout_s: float) -> dict:
+    cmd = [*demo_command(2, transport, seed, timeout_s=timeout_s), "--inference", inference,
+           "--num-envs", str(num_envs)]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout_s + 120)
@@ -231,9 +235,11 @@ def solve_run(inference: str, transport: str, seed: int, timeout_s: float) -> di
             "env_steps": s.get("env_steps")}
 
 
-SOLVE_DEFINITIONS = {"client-side (demo, 2 TCP clients)": ("client", "tcp"),
-                     "server-side, 2 shm clients": ("server", "shm"),
-                     "server-side, 2 TCP clients": ("server", "tcp")}
+SOLVE_DEFINITIONS = {"client-side (demo, 2 TCP clients)": ("client", "tcp", 1),
+                     "server-side, 2 shm clients": ("server", "shm", 1),
+                     "server-side, 2 TCP clients": ("server", "tcp", 1),
+                     "server-side, 2 shm vector clients x 4 envs": ("server", "shm", 4),
+                     "server-side, 2 TCP vector clients x 4 envs": ("server", "tcp", 4)}
 
 
 def _row(name: str, p: dict, target: str = "", digits: int = 0) -> str:
@@ -256,6 +262,12 @@ def table_markdown(r: dict) -> str:
     for t, target in (("shm", "≥ 100,000"), ("tcp", "≥ 30,000")):
         m = many[t]
         lines.append(f"| {t} | {m['actions_per_s']:,} | {m['mean_batch_size']} | "
+                     f"{m['inference_cpu_ms_per_1000_actions']} ms | {target} |")
+    lines += ["", f"| {many['clients']} agents in vector clients (processes x copies) | actions/s | "
+              "mean batch | inference CPU per 1,000 actions | target |", "| --- | --- | --- | --- | --- |"]
+    for name, m in r.get("vector_clients", {}).items():
+        target = "≥ 100,000" if name.startswith("shm") else "≥ 30,000"
+        lines.append(f"| {name} | {m['actions_per_s']:,} | {m['mean_batch_size']} | "
                      f"{m['inference_cpu_ms_per_1000_actions']} ms | {target} |")
     lines += ["", "| CartPole-v1 to mean return 450 | solved | wall time (median, min – max) |",
               "| --- | --- | --- |"]
@@ -282,10 +294,12 @@ def main() -> int:
         result["one_client_us"] = {t: one_client_latency(d, t, n) for t in ("shm", "tcp")}
         result["many_clients"] = {t: many_clients(d, t, args.clients, args.seconds) for t in ("shm", "tcp")}
         result["many_clients"]["clients"] = args.clients
+        result["vector_clients"] = {f"{t} {procs}x{args.clients // procs}": vector_clients(
+            d, t, args.clients, procs, args.seconds) for t in ("shm", "tcp") for procs in (1, 4)}
     runs: dict[str, list] = {name: [] for name in SOLVE_DEFINITIONS}
     for seed in range(1 if args.quick else args.runs):
-        for name, (inference, transport) in SOLVE_DEFINITIONS.items():
-            runs[name].append(solve_run(inference, transport, seed, 300.0 if args.quick else 600.0))
+        for name, (inference, transport, num_envs) in SOLVE_DEFINITIONS.items():
+            runs[name].append(solve_run(inference, transport, num_envs, seed, 300.0 if args.quick else 600.0))
             print(name, runs[name][-1], flush=True)
     result["solve"] = {name: {"runs": r, "wall_s": median_range([x["wall_s"] for x in r if x["solved"]] or [0]),
                               "solved": sum(x["solved"] for x in r)} for name, r in runs.items()}
