@@ -1,0 +1,46 @@
+"""DQN (Mnih et al. 2015) with double-Q targets (van Hasselt et al. 2016) and n-step returns,
+as pure functions, plus the epsilon schedule the clients apply.
+
+The Q-network is the policy network of the spec: its ``action_dist_inputs`` output (the
+categorical logits of a PPO policy) holds Q(s, .) here, so clients, the ONNX graph and the
+numpy forward need nothing new: the greedy action is the argmax, masked actions are
+MASKED_LOGIT. Replay rows carry n-step returns with their discount folded in
+(``connector.transitions``): the target of a row is ``reward + discount * Q_target(s', a*)``.
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+
+def double_q_targets(rewards: torch.Tensor, discounts: torch.Tensor, next_q_online: torch.Tensor,
+                     next_q_target: torch.Tensor, double_q: bool = True) -> torch.Tensor:
+    """TD targets [B] from rewards [B], discounts [B] (g^m, 0 at a terminal) and Q(s', .) [B, A]
+    of the online and the target network.
+
+        a*     = argmax_a Q_online(s', a)    (double Q; plain DQN: argmax of Q_target)
+        target = r + discount * Q_target(s', a*)
+    """
+    chooser = next_q_online if double_q else next_q_target                  # [B, A]
+    best = chooser.argmax(dim=1, keepdim=True)                              # [B, 1]
+    return rewards + discounts * next_q_target.gather(1, best)[:, 0]        # [B]
+
+
+def dqn_loss(q: torch.Tensor, actions: torch.Tensor, targets: torch.Tensor
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Huber loss between Q(s, a) and the (detached) targets; q [B, A], actions [B] indices,
+    targets [B]. Returns (loss, {loss, q_mean, td_abs_mean})."""
+    q_taken = q.gather(1, actions.long()[:, None])[:, 0]                     # [B]
+    loss = F.smooth_l1_loss(q_taken, targets.detach())
+    with torch.no_grad():
+        values = torch.stack([loss, q_taken.mean(), (q_taken - targets).abs().mean()])
+    return loss, dict(zip(("loss", "q_mean", "td_abs_mean"), values.tolist()))
+
+
+def linear_epsilon(env_steps: int, start: float, end: float, decay_steps: int) -> float:
+    """Exploration rate after ``env_steps``: from ``start`` down to ``end`` linearly over
+    ``decay_steps`` env steps, then ``end``."""
+    if decay_steps <= 0:
+        return end
+    fraction = min(1.0, max(0, env_steps) / decay_steps)
+    return start + fraction * (end - start)
