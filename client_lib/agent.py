@@ -112,7 +112,7 @@ class Agent:
             action, _ = self.chooser.choose(dist, False)
             self.pending = ()  # a greedy step: never training data
             return self.chooser.to_env(action)
-        action, logp = self.chooser.choose(dist, True)
+        action, logp = self.chooser.choose(dist, True, getattr(self.policy, "epsilon", None))
         if not self.buffer.obs:
             self.buffer.obs.append(x)
         self.pending = (action, logp, dist[0])

@@ -89,7 +89,7 @@ def changed_policies(msg: codec.SetState, held: dict[str, int]) -> dict[str, cod
             raise RLlinkError(f"SET_STATE: malformed entry for policy {name!r}")
         if "onnx_file" in entry and entry["weights_seq_no"] != held.get(name):
             out[name] = codec.SetState(entry["weights_seq_no"], str(entry["onnx_file"]),
-                                       entry.get("onnx_sha256"))
+                                       entry.get("onnx_sha256"), exploration=msg.exploration)
     return out
 
 
@@ -211,7 +211,7 @@ class TcpLink(ReconnectingLink):
         """The newest weights received for policy ``name`` as a session (built on each call:
         callers keep it). ValueError if the server sent none."""
         try:
-            return OnnxPolicy(self.latest[name])
+            return OnnxPolicy(self.latest[name], name)
         except KeyError:
             raise ValueError(f"{self.describe()}: the server sent no weights for policy "
                              f"{name!r}") from None
@@ -235,7 +235,7 @@ class TcpLink(ReconnectingLink):
             reply = self._client().episodes_and_get_state(wire, default_seq, weights_seq_nos=seqs)
             changed = changed_policies(reply, seqs)
             self.latest.update(changed)
-            return {name: OnnxPolicy(m) for name, m in changed.items() if name in held}
+            return {name: OnnxPolicy(m, name) for name, m in changed.items() if name in held}
         return self._with_retry(send)
 
     def session_key(self) -> str:

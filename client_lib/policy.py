@@ -18,6 +18,7 @@ import numpy as np
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.columns import Columns, action_columns, native, native_batch
 from rlinkd.client_lib.protocol.distributions import ActionDist, components
+from rlinkd.client_lib.protocol.masking import MASKED_LOGIT
 from rlinkd.client_lib.protocol.netnumpy import NumpyNet
 from rlinkd.client_lib.protocol.netonnx import OnnxWeightWriter
 from rlinkd.client_lib.protocol import netops
@@ -66,8 +67,9 @@ class OnnxPolicy:
     leaves by name (``onnx_input_key``); a model with one input of another name (trained
     elsewhere, served for a frozen policy) gets the only observation leaf."""
 
-    def __init__(self, msg: codec.SetState) -> None:
+    def __init__(self, msg: codec.SetState, policy: str = "default") -> None:
         self.session = session(decode_onnx(msg))
+        self.epsilon = codec.epsilon_of(msg.exploration, policy)  # DQN: epsilon-greedy
         self.output = self.session.get_outputs()[0].name
         names = [i.name for i in self.session.get_inputs()]
         self.inputs = {name: _input_key(name, len(names)) for name in names}
@@ -98,8 +100,10 @@ class BoardPolicy:
     convolutions run in onnxruntime instead (a numpy im2col convolution costs
     milliseconds per step: see README, "Networks and ONNX")."""
 
-    def __init__(self, spec: PolicySpec, flat: np.ndarray, weights_seq_no: int) -> None:
+    def __init__(self, spec: PolicySpec, flat: np.ndarray, weights_seq_no: int,
+                 epsilon: float | None = None) -> None:
         self.spec, self.flat, self.weights_seq_no = spec, flat, weights_seq_no
+        self.epsilon = epsilon  # DQN: epsilon-greedy (from WEIGHTS_READY)
         self.conv = has_conv(spec)
         if self.conv:
             self._onnx = session(OnnxWeightWriter(spec).encode(flat))
@@ -127,21 +131,44 @@ class ActionChooser:
         self.rng = rng if rng is not None else np.random.default_rng(seed)
         self.dist = ActionDist(components(act_space))
 
-    def choose(self, dist: np.ndarray, explore: bool) -> tuple[np.ndarray, float]:
-        """(action vector [A] float32, its log-prob) from dist inputs [1, D]."""
+    def choose(self, dist: np.ndarray, explore: bool, epsilon: float | None = None
+               ) -> tuple[np.ndarray, float]:
+        """(action vector [A] float32, its log-prob) from dist inputs [1, D]. ``epsilon``
+        (a DQN policy's exploration, from SET_STATE/WEIGHTS_READY): exploring means
+        epsilon-greedy over the Q-values in ``dist`` instead of sampling."""
+        if explore and epsilon is not None:
+            actions, logp = self._epsilon_greedy(dist, epsilon)
+            return actions[0], float(logp[0])
         if explore and self._single_categorical:
             return self._sample_categorical(dist[0])
         actions = self.dist.sample(dist, self.rng) if explore else self.dist.greedy(dist)
         return actions[0], float(self.dist.log_prob(dist, actions)[0])
 
-    def choose_batch(self, dist: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+    def choose_batch(self, dist: np.ndarray, explore: bool, epsilon: float | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
         """(action vectors [N, A] float32, log-probs [N] float32) from dist inputs [N, D]:
         one vectorised draw for all rows (one row: the single-row fast path)."""
         if len(dist) == 1:
-            action, logp = self.choose(dist, explore)
+            action, logp = self.choose(dist, explore, epsilon)
             return action[None], np.array([logp], np.float32)
+        if explore and epsilon is not None:
+            return self._epsilon_greedy(dist, epsilon)
         actions = self.dist.sample(dist, self.rng) if explore else self.dist.greedy(dist)
         return actions, self.dist.log_prob(dist, actions)
+
+    def _epsilon_greedy(self, q: np.ndarray, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+        """One Discrete action per row: with probability ``epsilon`` uniform over the legal
+        actions (Q above MASKED_LOGIT / 2), else the argmax; log-probs of that mixture."""
+        if not self._single_categorical:
+            raise ValueError("epsilon-greedy exploration needs a single Discrete action")
+        legal = q > MASKED_LOGIT / 2                                      # [N, K]
+        greedy = q.argmax(axis=1)                                         # [N]
+        counts = legal.sum(axis=1)                                        # [N]
+        picks = np.floor(self.rng.random(len(q)) * counts).astype(np.int64)
+        uniform = np.argmax(np.cumsum(legal, axis=1) > picks[:, None], axis=1)
+        actions = np.where(self.rng.random(len(q)) < epsilon, uniform, greedy)
+        prob = epsilon / counts + (1.0 - epsilon) * (actions == greedy)
+        return actions.astype(np.float32)[:, None], np.log(prob).astype(np.float32)
 
     @property
     def _single_categorical(self) -> bool:

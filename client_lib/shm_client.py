@@ -71,6 +71,7 @@ class ShmLink(ReconnectingLink):
         self.attached: dict[str | None, RingAttachment] = {}
         self.wanted: list[str | None] = [None]  # ATTACH's policy per ring (None: the default)
         self.reconnects = 0
+        self.exploration: dict | None = None  # the last WEIGHTS_READY's (DQN epsilon)
 
     @property
     def ring(self) -> StepRing | None:
@@ -201,7 +202,7 @@ class ShmLink(ReconnectingLink):
         while part.board.latest_seq_no() < 0 and time.monotonic() < deadline:
             time.sleep(0.01)  # the learner is still starting
         seq, flat = part.board.read()
-        return BoardPolicy(part.spec, flat, seq)
+        return BoardPolicy(part.spec, flat, seq, codec.epsilon_of(self.exploration, policy or DEFAULT_POLICY))
 
     def _served_model(self, name: str) -> OnnxPolicy:
         """A policy without board weights (a frozen model trained elsewhere): its ONNX model
@@ -248,6 +249,7 @@ class ShmLink(ReconnectingLink):
         reply = client.recv()
         if not isinstance(reply, codec.WeightsReady):
             raise ConnectionError(f"expected WEIGHTS_READY, got {reply.TYPE.value}")
+        self.exploration = reply.exploration
         return reply
 
 

@@ -161,6 +161,43 @@ class PPOConfig:
 
 
 @dataclass(frozen=True)
+class DQNConfig:
+    """[dqn]: deep Q-learning for Discrete actions (`learner.algorithm = "dqn"`): double Q,
+    a target network, n-step returns from a shared-memory replay buffer, epsilon-greedy
+    clients. The convolution settings of image encoders are [ppo]'s `cnn_*`."""
+
+    lr: float = setting(1e-3, "Adam learning rate.", reloadable=True, minimum=0.0)
+    gamma: float = setting(0.99, "Discount factor.", minimum=0.0, maximum=1.0)
+    n_step: int = setting(1, "Steps of reward summed before bootstrapping (n-step returns).",
+                          minimum=1, maximum=100)
+    buffer_size_steps: int = setting(100_000, "Replay buffer capacity in transitions (the "
+                                     "oldest are overwritten).", minimum=1)
+    learning_starts_steps: int = setting(1000, "Transitions in the buffer before the first "
+                                         "update.", minimum=1)
+    batch_size: int = setting(64, "Transitions per gradient step.", minimum=1)
+    updates_per_step: float = setting(0.5, "Gradient steps per env step received (the "
+                                      "updates-to-data ratio); the learner trains while "
+                                      "clients sample and never makes them wait.",
+                                      minimum=0.001, maximum=64.0)
+    target_update_interval_updates: int = setting(250, "Gradient steps between copies of the "
+                                                  "online network into the target network.",
+                                                  minimum=1)
+    publish_interval_updates: int = setting(50, "Gradient steps between weight publications "
+                                            "to clients.", minimum=1)
+    epsilon_start: float = setting(1.0, "Exploration rate (probability of a uniformly random "
+                                   "legal action) at the start.", minimum=0.0, maximum=1.0)
+    epsilon_end: float = setting(0.05, "Exploration rate after the decay.", minimum=0.0,
+                                 maximum=1.0)
+    epsilon_decay_steps: int = setting(10_000, "Env steps over which epsilon falls linearly "
+                                       "from start to end (0: end at once).", minimum=0)
+    max_grad_norm: float = setting(10.0, "Global gradient-norm clip.", minimum=0.0)
+    double_q: bool = setting(True, "Choose the bootstrap action with the online network "
+                             "(double DQN); false: max of the target network.")
+    hidden_sizes: tuple[int, ...] = setting((256, 256), "Hidden layer widths of the Q-network.")
+    activation: str = setting("relu", "Hidden activation.", choices=("tanh", "relu"))
+
+
+@dataclass(frozen=True)
 class PolicyConfig:
     """[policies.NAME]: one policy besides the default (or, named `default`, overriding it).
     Unset keys take [env]'s spaces and [ppo]'s values; `[policies.NAME.ppo]` overrides
@@ -181,12 +218,20 @@ class PolicyConfig:
                              "when `trainable = false`.")
     ppo: PPOConfig | None = setting(None, "This policy's [ppo] (keys set in "
                                     "`[policies.NAME.ppo]` override [ppo]).")
+    algorithm: str = setting("", "This policy's learning algorithm (empty: "
+                             "`learner.algorithm`).", choices=("", "ppo", "dqn"))
+    dqn: DQNConfig | None = setting(None, "This policy's [dqn] (keys set in "
+                                    "`[policies.NAME.dqn]` override [dqn]).")
 
 
 @dataclass(frozen=True)
 class LearnerConfig:
     """[learner]: the learner process."""
 
+    algorithm: str = setting("ppo", "Learning algorithm of every trainable policy (a "
+                             "policy may choose its own): `ppo` (on-policy), `dqn` "
+                             "(off-policy, Discrete actions, replay buffer).",
+                             choices=("ppo", "dqn"))
     device: str = setting("auto", "`auto` = CUDA when available, else CPU; or `cpu`, "
                           "`cuda`, `cuda:1`.")
     torch_threads: int = setting(1, "torch intra-op threads in the learner.", minimum=1)
@@ -283,6 +328,7 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    dqn: DQNConfig = field(default_factory=DQNConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     connector: ConnectorConfig = field(default_factory=ConnectorConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -310,9 +356,9 @@ class Config:
 
 
 SECTIONS: dict[str, type] = {"server": ServerConfig, "env": EnvConfig, "sampling": SamplingConfig,
-            "ppo": PPOConfig, "learner": LearnerConfig, "connector": ConnectorConfig,
-            "checkpoint": CheckpointConfig, "inference": InferenceConfig, "daemon": DaemonConfig,
-            "metrics": MetricsConfig}
+            "ppo": PPOConfig, "dqn": DQNConfig, "learner": LearnerConfig,
+            "connector": ConnectorConfig, "checkpoint": CheckpointConfig,
+            "inference": InferenceConfig, "daemon": DaemonConfig, "metrics": MetricsConfig}
 
 
 # ---------------------------------------------------------------- value coercion
@@ -445,7 +491,8 @@ NAMED_SECTIONS = ("policies", "policy_mapping")
 """Top-level tables that are not a fixed ``SECTIONS`` dataclass."""
 
 
-def _build_policies(raw: Any, ppo_raw: dict[str, Any]) -> dict[str, PolicyConfig]:
+def _build_policies(raw: Any, ppo_raw: dict[str, Any], dqn_raw: dict[str, Any]
+                    ) -> dict[str, PolicyConfig]:
     """``[policies.NAME]`` tables → PolicyConfig by name (ConfigError naming the key)."""
     if not isinstance(raw, dict):
         raise ConfigError("[policies]: expected tables [policies.NAME]")
@@ -460,13 +507,15 @@ def _build_policies(raw: Any, ppo_raw: dict[str, Any]) -> dict[str, PolicyConfig
         if not isinstance(table, dict):
             raise ConfigError(f"[policies.{name}]: expected a table")
         table = dict(table)
-        ppo = table.pop("ppo", None)
+        subs = {key: table.pop(key, None) for key in ("ppo", "dqn")}
         policy = _build_section(f"policies.{name}", PolicyConfig, table)
-        if ppo is not None:
-            if not isinstance(ppo, dict):
-                raise ConfigError(f"[policies.{name}.ppo]: expected a table")
-            merged = _build_section(f"policies.{name}.ppo", PPOConfig, {**ppo_raw, **ppo})
-            policy = dataclasses.replace(policy, ppo=merged)
+        for key, cls, base in (("ppo", PPOConfig, ppo_raw), ("dqn", DQNConfig, dqn_raw)):
+            sub = subs[key]
+            if sub is not None:
+                if not isinstance(sub, dict):
+                    raise ConfigError(f"[policies.{name}.{key}]: expected a table")
+                merged = _build_section(f"policies.{name}.{key}", cls, {**base, **sub})
+                policy = dataclasses.replace(policy, **{key: merged})
         out[name] = policy
     return out
 
@@ -495,7 +544,8 @@ def load_config(path: str | os.PathLike | None = None,
                           f"{', '.join([*SECTIONS, *NAMED_SECTIONS])})")
     sections = {name: _build_section(name, cls, raw.get(name, {}))
                 for name, cls in SECTIONS.items()}
-    cfg = Config(**sections, policies=_build_policies(raw.get("policies", {}), raw.get("ppo", {})),
+    cfg = Config(**sections, policies=_build_policies(raw.get("policies", {}), raw.get("ppo", {}),
+                                                      raw.get("dqn", {})),
                  policy_mapping=_build_mapping(raw.get("policy_mapping", {})),
                  source_file=str(Path(path).resolve()) if path else "")
     if resolve_dirs:
@@ -519,8 +569,9 @@ def validate(cfg: Config) -> None:
     if cfg.ppo.minibatch_size > s.train_batch_size:
         raise ConfigError(f"ppo.minibatch_size ({cfg.ppo.minibatch_size}) must not exceed "
                           f"sampling.train_batch_size ({s.train_batch_size})")
-    if not cfg.ppo.hidden_sizes or min(cfg.ppo.hidden_sizes) < 1:
-        raise ConfigError("ppo.hidden_sizes: give at least one positive width")
+    for key, sizes in (("ppo", cfg.ppo.hidden_sizes), ("dqn", cfg.dqn.hidden_sizes)):
+        if not sizes or min(sizes) < 1:
+            raise ConfigError(f"{key}.hidden_sizes: give at least one positive width")
     if bool(srv.tls_cert_file) != bool(srv.tls_key_file):
         raise ConfigError("server.tls_cert_file and server.tls_key_file go together")
     if srv.tls_client_ca_file and not srv.tls_cert_file:
@@ -687,8 +738,9 @@ def to_toml(cfg: Config) -> str:
         lines += [f"[{name}]", *_toml_fields(getattr(cfg, name)), ""]
     for name, policy in cfg.policies.items():
         lines += [f"[policies.{name}]", *_toml_fields(policy), ""]
-        if policy.ppo is not None:
-            lines += [f"[policies.{name}.ppo]", *_toml_fields(policy.ppo), ""]
+        for key in ("ppo", "dqn"):
+            if getattr(policy, key) is not None:
+                lines += [f"[policies.{name}.{key}]", *_toml_fields(getattr(policy, key)), ""]
     if cfg.policy_mapping.rules:
         lines.append("[policy_mapping]")
         lines += [f"{_toml_string(pattern)} = {_toml_string(policy)}"
@@ -701,7 +753,7 @@ def _toml_fields(section: Any) -> list[str]:
     return [f"{f.name} = {_toml_value(getattr(section, f.name))}"
             for f in dataclasses.fields(section)
             if getattr(section, f.name) is not None and not isinstance(
-                getattr(section, f.name), PPOConfig)]
+                getattr(section, f.name), (PPOConfig, DQNConfig))]
 
 
 def docs_markdown() -> str:

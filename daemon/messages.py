@@ -54,6 +54,9 @@ class LearnerState:
     updates: int
     trained_steps: int
     rejected_batches: int
+    algorithm: str = "ppo"
+    epsilon: float | None = None     # dqn: the exploration rate clients apply now
+    replay_steps: int | None = None  # off-policy: transitions in the replay buffer
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ class TrainStats:
     update_time_s: float
     policy_lag_max: int | None
     policy_lag_mean: float | None
+    q_mean: float | None = None        # dqn: mean Q(s, a) of the sampled transitions
+    td_abs_mean: float | None = None   # dqn: mean |Q(s, a) - target|
 
 
 def train_stats(stats: dict[str, float], lag_max: int | None, lag_mean: float | None) -> TrainStats:
@@ -88,6 +93,16 @@ def train_stats(stats: dict[str, float], lag_max: int | None, lag_mean: float | 
         explained_variance=_finite(stats["explained_variance"]), epochs=int(stats["epochs"]),
         n_rows=int(stats["n_rows"]), update_time_s=float(stats["update_time_s"]),
         policy_lag_max=lag_max, policy_lag_mean=lag_mean)
+
+
+def off_policy_stats(stats: dict[str, float], updates: int, elapsed_s: float) -> TrainStats:
+    """Means of an off-policy learner's gradient steps since its last publication."""
+    return TrainStats(
+        loss=_finite(stats["loss"]), policy_loss=None, value_loss=None, entropy=None,
+        approx_kl=None, clip_frac=None, grad_norm=_finite(stats["grad_norm"]),
+        explained_variance=None, epochs=updates, n_rows=int(stats["n_rows"]),
+        update_time_s=elapsed_s, policy_lag_max=None, policy_lag_mean=None,
+        q_mean=_finite(stats["q_mean"]), td_abs_mean=_finite(stats["td_abs_mean"]))
 
 
 def _finite(value: float) -> float | None:

@@ -9,12 +9,12 @@ Called by the supervisor (``build_topology``); raises ``ConfigError`` naming the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.spaces import Space, SpaceError, space_from_gym
-from rlinkd.daemon.config import Config, PolicyConfig, PPOConfig
+from rlinkd.daemon.config import Config, DQNConfig, PolicyConfig, PPOConfig
 from rlinkd.daemon.errors import ConfigError
 
 
@@ -30,6 +30,16 @@ class PolicyDef:
     trainable: bool = True
     load_from: str = ""
     mask_key: str = ""
+    algorithm: str = "ppo"
+    dqn: DQNConfig = field(default_factory=DQNConfig)
+
+    @property
+    def off_policy(self) -> bool:
+        """Trained from a replay buffer while clients sample (they never wait for weights)."""
+        return self.algorithm in OFF_POLICY
+
+
+OFF_POLICY = ("dqn",)
 
 
 def policy_defs(cfg: Config) -> dict[str, PolicyDef]:
@@ -49,9 +59,14 @@ def _define(cfg: Config, name: str, table: PolicyConfig,
     else:
         obs, act = env_spaces
     mask_key = table.action_mask_key or (cfg.env.action_mask_key if obs == env_spaces[0] else "")
-    ppo = table.ppo or cfg.ppo
-    return PolicyDef(name, obs, act, make_policy_spec(ppo, obs, act, mask_key, where), ppo,
-                     table.trainable, table.load_from, mask_key)
+    ppo, dqn = table.ppo or cfg.ppo, table.dqn or cfg.dqn
+    algorithm = table.algorithm or cfg.learner.algorithm
+    net = (dqn.hidden_sizes, dqn.activation) if algorithm == "dqn" else (ppo.hidden_sizes, ppo.activation)
+    spec = make_policy_spec(ppo, obs, act, mask_key, where, net)
+    if algorithm == "dqn" and [c.kind for c in spec.action_components] != ["categorical"]:
+        raise ConfigError(f"{where}: dqn needs a Discrete action space, not {act.to_json()}")
+    return PolicyDef(name, obs, act, spec, ppo, table.trainable, table.load_from, mask_key,
+                     algorithm, dqn)
 
 
 def resolve_spaces(env_id: str, obs: Space | None, act: Space | None,
@@ -78,12 +93,14 @@ def resolve_spaces(env_id: str, obs: Space | None, act: Space | None,
 
 
 def make_policy_spec(ppo: PPOConfig, obs: Space, act: Space, mask_key: str,
-                     where: str = "env") -> PolicySpec:
+                     where: str = "env", net: tuple[tuple[int, ...], str] | None = None) -> PolicySpec:
     """The network every process agrees on (flat weight layout, ONNX graph). ConfigError
     when the spaces and the network settings do not fit together (an action mask of the
-    wrong size, a conv stack larger than the image, an integer Box action)."""
+    wrong size, a conv stack larger than the image, an integer Box action). ``net``:
+    (hidden sizes, activation) of another algorithm's section (default: [ppo]'s)."""
+    hidden, activation = net or (ppo.hidden_sizes, ppo.activation)
     try:
-        return PolicySpec(obs, act, hidden_sizes=ppo.hidden_sizes, activation=ppo.activation,
+        return PolicySpec(obs, act, hidden_sizes=hidden, activation=activation,
                           log_std_init=ppo.log_std_init, cnn_channels=ppo.cnn_channels,
                           cnn_kernels=ppo.cnn_kernels, cnn_strides=ppo.cnn_strides,
                           cnn_dense=ppo.cnn_dense, action_mask_key=mask_key)

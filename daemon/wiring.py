@@ -49,6 +49,7 @@ from rlinkd.shm.lanes import LaneArea, LaneLayout
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.blob import BlobArea
 from rlinkd.shm.records import StepLayout
+from rlinkd.shm.replay import ReplayBuffer, ReplayLayout
 from rlinkd.shm.ring import StepRing
 from rlinkd.shm.segment import sweep_stale
 from rlinkd.shm.slots import BatchSlots
@@ -72,6 +73,7 @@ class PolicyTopology:
     slots_path: str = ""
     snapshot_path: str = ""
     tcp_lanes_path: str = ""  # the collector's lane area for this policy's TCP action clients
+    replay_path: str = ""     # off-policy algorithms: the replay buffer (instead of batch slots)
 
     @property
     def name(self) -> str:
@@ -94,13 +96,18 @@ class PolicyTopology:
         return self.definition.trainable
 
     @property
+    def off_policy(self) -> bool:
+        """Trained by an off-policy algorithm from ``replay_path`` (no batch slots)."""
+        return self.definition.off_policy
+
+    @property
     def layout(self) -> StepLayout:
         """The step-record layout (rebuilt per process: it holds a compiled struct)."""
         return StepLayout.from_json(self.layout_json)
 
     def segment_paths(self) -> list[str]:
         return [p for p in (self.episode_ring_path, self.board_path, self.slots_path,
-                            self.snapshot_path, self.tcp_lanes_path) if p]
+                            self.snapshot_path, self.tcp_lanes_path, self.replay_path) if p]
 
 
 @dataclass
@@ -219,11 +226,16 @@ def _policy_segments(cfg: Config, d: PolicyDef, path) -> PolicyTopology:
     topo.episode_ring_path = path(f"episodes.{d.name}")
     StepRing.create(topo.episode_ring_path, layout, ring_records(
         cfg.sampling.episode_ring_records, layout.record_bytes)).close()
-    # connector → learner: train batches; the learner inbox only carries slot doorbells
-    rows = 2 * cfg.sampling.train_batch_size + cfg.sampling.env_steps_per_sample + 1024
-    topo.slots_path = path(f"slots.{d.name}")
-    BatchSlots.create(topo.slots_path, slot_columns(d.spec), rows, cfg.sampling.batch_slots,
-                      meta_fields=META_FIELDS).close()
+    if d.off_policy:
+        # connector → learner: n-step transitions; outlives a learner restart
+        topo.replay_path = path(f"replay.{d.name}")
+        ReplayBuffer.create(topo.replay_path, ReplayLayout(layout), d.dqn.buffer_size_steps).close()
+    else:
+        # connector → learner: train batches; the learner inbox only carries slot doorbells
+        rows = 2 * cfg.sampling.train_batch_size + cfg.sampling.env_steps_per_sample + 1024
+        topo.slots_path = path(f"slots.{d.name}")
+        BatchSlots.create(topo.slots_path, slot_columns(d.spec), rows, cfg.sampling.batch_slots,
+                          meta_fields=META_FIELDS).close()
     # learner → checkpointer: one serialised snapshot (model, optimizer, RNG) of this policy
     topo.snapshot_path = path(f"snapshot.{d.name}")
     BlobArea.create(topo.snapshot_path, cfg.checkpoint.snapshot_bytes).close()
@@ -232,13 +244,15 @@ def _policy_segments(cfg: Config, d: PolicyDef, path) -> PolicyTopology:
 
 def reconfigured(topo: Topology, cfg: Config, changes: dict) -> Topology:
     """The topology under a reloaded config (supervisor, after SIGHUP). Reloaded ``ppo.*``
-    keys apply to every policy, as the running learner applies them, so a learner
-    restarted later trains with them too."""
-    ppo = {key.split(".", 1)[1]: value for key, value in changes.items() if key.startswith("ppo.")}
-    if not ppo:
+    and ``dqn.*`` keys apply to every policy, as the running learner applies them, so a
+    learner restarted later trains with them too."""
+    parts = {section: {key.split(".", 1)[1]: value for key, value in changes.items()
+                       if key.startswith(f"{section}.")} for section in ("ppo", "dqn")}
+    if not any(parts.values()):
         return dataclasses.replace(topo, cfg=cfg)
     policies = {name: dataclasses.replace(p, definition=dataclasses.replace(
-        p.definition, ppo=dataclasses.replace(p.definition.ppo, **ppo)))
+        p.definition, **{section: dataclasses.replace(getattr(p.definition, section), **values)
+                         for section, values in parts.items() if values}))
         for name, p in topo.policies.items()}
     return dataclasses.replace(topo, cfg=cfg, policies=policies)
 

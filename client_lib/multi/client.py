@@ -87,7 +87,7 @@ class MultiAgentClient:
             local = self.book.get(name)
             x = self._columns(local, ids, obs, "obs")
             dist = local.net.dist_inputs(x)
-            actions, logp = local.chooser.choose_batch(dist, explore)
+            actions, logp = local.chooser.choose_batch(dist, explore, getattr(local.net, "epsilon", None))
             chosen.append((local, ids, x, dist, actions, logp))
         out: dict[str, Any] = {}
         for local, ids, x, dist, actions, logp in chosen:

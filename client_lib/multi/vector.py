@@ -114,12 +114,12 @@ class VectorClient:
         if len(self.groups) == 1:
             local = self.groups[0][0]
             dist = local.net.dist_inputs(x)
-            self.actions[t], self.logp[t] = local.chooser.choose_batch(dist, explore)
+            self.actions[t], self.logp[t] = local.chooser.choose_batch(dist, explore, _epsilon(local))
         else:
             parts = []
             for local, rows in self.groups:
                 d = local.net.dist_inputs({k: v[rows] for k, v in x.items()})
-                self.actions[t, rows], self.logp[t, rows] = local.chooser.choose_batch(d, explore)
+                self.actions[t, rows], self.logp[t, rows] = local.chooser.choose_batch(d, explore, _epsilon(local))
                 parts.append((rows, d))
             dist = np.empty((self.n, parts[0][1].shape[1]), np.float32)
             for rows, d in parts:
@@ -227,3 +227,8 @@ class VectorClient:
 
 
 __all__ = ["VectorClient"]
+
+
+def _epsilon(local) -> float | None:
+    """A DQN policy's epsilon-greedy rate (from its weights' message), else None."""
+    return getattr(local.net, "epsilon", None)

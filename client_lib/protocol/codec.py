@@ -149,6 +149,7 @@ class SetState(Message):
     onnx_file: str
     onnx_sha256: str | None = None
     policies: dict | None = None  # {name: {weights_seq_no, onnx_file?, onnx_sha256?}}
+    exploration: dict | None = None  # {policy: {"epsilon": e}}: DQN policies' epsilon-greedy rate
 
 
 @dataclass(frozen=True)
@@ -293,6 +294,17 @@ class WeightsReady(Message):
     TYPE: ClassVar = MessageType.WEIGHTS_READY
     weights_seq_no: int
     weights_seq_nos: dict | None = None  # multi-policy: {policy: version to read (or newer)}
+    exploration: dict | None = None  # as in SET_STATE
+
+
+def epsilon_of(exploration: dict | None, policy: str) -> float | None:
+    """``policy``'s epsilon in an ``exploration`` extension (None: sample the policy's
+    distribution as usual). RLlinkError-free: a malformed entry means no epsilon."""
+    entry = (exploration or {}).get(policy)
+    value = entry.get("epsilon") if isinstance(entry, dict) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0:
+        return float(value)
+    return None
 
 
 # ---------------------------------------------------------------- encoding
@@ -517,6 +529,7 @@ _FIELD_KINDS: dict[str, tuple[type, ...]] = {
     "board_path": (str,), "doorbell_path": (str,), "layout": (dict,), "policy_spec": (dict,), "env_steps": (int,),
     "get_state": (bool,), "policies": (dict,), "policy_mapping": (list,),
     "max_agents_per_connection": (int,), "weights_seq_nos": (dict,), "policy": (str,),
+    "exploration": (dict,),
 }
 
 _DECODERS: dict[MessageType, Any] = {

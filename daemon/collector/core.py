@@ -89,7 +89,7 @@ def policy_info(d: PolicyDef) -> PolicyInfo:
     """What the collector checks a policy's episodes against (spaces, mask, record layout)."""
     spaces = Spaces(d.obs_space, d.act_space, d.spec.dist_size,
                     mask_spec(d.obs_space, d.act_space, d.mask_key))
-    return PolicyInfo(spaces, step_layout(d), d.trainable)
+    return PolicyInfo(spaces, step_layout(d), d.trainable, d.off_policy)
 
 
 def single_policy(spaces: Spaces, layout: StepLayout) -> dict[str, PolicyInfo]:
@@ -124,15 +124,17 @@ class WaitBook:
     policy from whatever has arrived — so a policy that gets little data holds up no one.
     """
 
-    def __init__(self, max_wait_s: float) -> None:
+    def __init__(self, max_wait_s: float, off_policy: frozenset[str] = frozenset()) -> None:
         self.max_wait_s = max_wait_s
+        self.off_policy = off_policy  # policies whose clients never wait (trained from replay)
         self.last_flush_cutoff: dict[str, int] = {}
         self.trained: dict[str, int] = {}  # per policy: the highest cutoff published so far
 
     def start_wait(self, session: Session, cutoffs: dict[str, int], now: float) -> bool:
         """Wait for the parts not trained yet (a batch may have trained a client's records
         before it asked: no later publish would release it). False: nothing to wait for."""
-        session.waiting = {p: c for p, c in cutoffs.items() if c > self.trained.get(p, -1)}
+        session.waiting = {p: c for p, c in cutoffs.items()
+                           if c > self.trained.get(p, -1) and p not in self.off_policy}
         session.waiting_since = now
         return bool(session.waiting)
 
@@ -175,7 +177,8 @@ class CollectorCore:
         self.policy_steps = dict.fromkeys(policies, 0)
         self.sessions: dict[int, Session] = {}
         self.admission = Admission(cfg.server.max_connections, cfg.server.max_pending_connections)
-        self.waits = WaitBook(cfg.sampling.max_wait_for_batch_s)
+        self.waits = WaitBook(cfg.sampling.max_wait_for_batch_s,
+                              frozenset(n for n, p in policies.items() if p.off_policy))
         self.stats = EpisodeStats()
         self._ids = itertools.count(1)
         counters = counters or {}
@@ -270,7 +273,8 @@ class CollectorCore:
                            "action_space": p.spaces.act.to_json(), "trainable": p.trainable}
                     for name, p in self.policies.items()}
         reply = codec.SetConfig(env_steps_per_sample=s.env_steps_per_sample,
-                                force_on_policy=s.force_on_policy,
+                                force_on_policy=s.force_on_policy and not self.policies[
+                                    DEFAULT_POLICY].off_policy,
                                 observation_space=default.obs.to_json(),
                                 action_space=default.act.to_json(),
                                 protocol_version=codec.PROTOCOL_VERSION, compact_arrays=True,

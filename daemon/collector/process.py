@@ -113,6 +113,9 @@ class CollectorProcess:
 
     def _on_weights(self, msg: m.WeightsPublished) -> None:
         self.status.on_learner(msg)
+        cache = self.server.weights.get(msg.policy)
+        if cache is not None and msg.learner is not None:
+            cache.set_exploration(msg.learner.epsilon)
         self.server.on_weights_published(msg.policy, msg.cutoff_ingest_id)
 
     def _on_drain(self, msg) -> None:
@@ -159,14 +162,17 @@ def attached_info(topo: Topology) -> dict[str, dict]:
     return {name: {"board_path": "" if foreign_onnx(p.definition) else p.board_path,
                    "layout": p.layout_json,
                    "policy_spec": p.spec.to_json(), "env_steps_per_sample": s.env_steps_per_sample,
-                   "force_on_policy": s.force_on_policy} for name, p in topo.policies.items()}
+                   "force_on_policy": s.force_on_policy and not p.off_policy}
+            for name, p in topo.policies.items()}
 
 
 def weights_cache(policy: PolicyTopology, board: WeightsBoard) -> WeightsCache:
     """SET_STATE source of one policy: its board, or the file of a frozen model trained
     elsewhere (which has no board weights)."""
     foreign = foreign_onnx(policy.definition)
-    return StaticWeights(board, foreign) if foreign is not None else WeightsCache(board, policy.spec)
+    if foreign is not None:
+        return StaticWeights(board, foreign, policy.name)
+    return WeightsCache(board, policy.spec, policy.name)
 
 
 def event_loop_runner():

@@ -26,6 +26,7 @@ import structlog
 
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
+from rlinkd.daemon.collector.weights import exploration_of
 from rlinkd.daemon.collector.core import Session
 from rlinkd.daemon.collector.ingest import InvalidEpisode
 from rlinkd.daemon.collector.shm_clients import ShmClients
@@ -232,5 +233,7 @@ class ShmIngestor:
         seqs = {p: self.server.weights[p].seq_no for p in session.shm_policies}
         seq = seqs.get(DEFAULT_POLICY, next(iter(seqs.values()), -1))
         session.last_sent_seq = seq
+        exploration = exploration_of({p: self.server.weights[p] for p in session.shm_policies})
         await self.server.send(writer, codec.encode(codec.WeightsReady(
-            seq, weights_seq_nos=seqs if len(seqs) > 1 or DEFAULT_POLICY not in seqs else None)))
+            seq, weights_seq_nos=seqs if len(seqs) > 1 or DEFAULT_POLICY not in seqs else None,
+            exploration=exploration or None)))

@@ -33,12 +33,13 @@ class WeightsCache:
     """One policy's newest SET_STATE: the message and its encoded frame. ``refresh`` is
     cheap when nothing changed (one shm read)."""
 
-    def __init__(self, board: WeightsBoard, spec: PolicySpec) -> None:
-        self.board = board
+    def __init__(self, board: WeightsBoard, spec: PolicySpec, name: str = DEFAULT_POLICY) -> None:
+        self.board, self.name = board, name
         self.writer = OnnxWeightWriter(spec)
         self.seq_no = -1
         self.message: codec.SetState | None = None
         self.frame: bytes | None = None
+        self.exploration: dict | None = None  # DQN: {"epsilon": e}, from the learner's reports
         self._flat = np.empty(spec.n_params(), np.float32)
 
     def refresh(self) -> bool:
@@ -49,9 +50,20 @@ class WeightsCache:
         self._set(seq, self.writer.encode(flat))
         return True
 
+    def set_exploration(self, epsilon: float | None) -> None:
+        """The epsilon clients of this (DQN) policy apply, sent with its SET_STATE from now on."""
+        exploration = None if epsilon is None else {"epsilon": round(epsilon, 6)}
+        if exploration != self.exploration and self.message is not None:
+            self.exploration = exploration
+            self.message = dataclasses.replace(self.message, exploration={self.name: exploration}
+                                               if exploration else None)
+            self.frame = codec.encode(self.message)
+        self.exploration = exploration
+
     def _set(self, seq: int, onnx_bytes: bytes) -> None:
         self.message = codec.SetState(weights_seq_no=seq, onnx_file=set_state_payload(onnx_bytes),
-                                      onnx_sha256=hashlib.sha256(onnx_bytes).hexdigest())
+                                      onnx_sha256=hashlib.sha256(onnx_bytes).hexdigest(),
+                                      exploration={self.name: self.exploration} if self.exploration else None)
         self.frame, self.seq_no = codec.encode(self.message), seq
 
     @property
@@ -62,8 +74,9 @@ class WeightsCache:
 class StaticWeights(WeightsCache):
     """A frozen policy trained elsewhere: its ONNX file, served as version 0, forever."""
 
-    def __init__(self, board: WeightsBoard, onnx_bytes: bytes) -> None:
-        self.board = board
+    def __init__(self, board: WeightsBoard, onnx_bytes: bytes, name: str = DEFAULT_POLICY) -> None:
+        self.board, self.name = board, name
+        self.exploration = None
         self._set(0, onnx_bytes)
 
     def refresh(self) -> bool:
@@ -79,6 +92,7 @@ def set_state_frame(caches: dict[str, WeightsCache], held: dict[str, int] | None
     if len(caches) == 1:
         return default.frame
     others = {}
+    exploration = exploration_of(caches)
     for name, cache in caches.items():
         if name == DEFAULT_POLICY or cache.message is None:
             continue
@@ -86,4 +100,10 @@ def set_state_frame(caches: dict[str, WeightsCache], held: dict[str, int] | None
         if (held or {}).get(name) != cache.seq_no:
             entry |= {"onnx_file": cache.message.onnx_file, "onnx_sha256": cache.message.onnx_sha256}
         others[name] = entry
-    return codec.encode(dataclasses.replace(default.message, policies=others))
+    return codec.encode(dataclasses.replace(default.message, policies=others,
+                                            exploration=exploration or None))
+
+
+def exploration_of(caches: dict[str, WeightsCache]) -> dict:
+    """Every DQN policy's exploration (the SET_STATE / WEIGHTS_READY extension key)."""
+    return {name: c.exploration for name, c in caches.items() if c.exploration}

@@ -20,6 +20,7 @@ from rlinkd.daemon.batch_schema import BatchMeta, write_columns
 from rlinkd.daemon.connector.builder import BatchBuilder, behaviour_versions
 from rlinkd.daemon.connector.forward import ForwardCache
 from rlinkd.daemon.connector.pipeline import LearnerPipeline, PipelineContext
+from rlinkd.daemon.connector.replay_feed import ReplayConnector
 from rlinkd.daemon.connector.segments import SegmentAssembler
 from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.log import reload_level
@@ -110,7 +111,9 @@ class Connector:
 
     def __init__(self, topo: Topology, ctx: RoleContext) -> None:
         self.topo, self.ctx = topo, ctx
-        self.policies = [PolicyConnector(topo, p, ctx) for p in topo.trainable()]
+        self.policies: list[PolicyConnector | ReplayConnector] = [
+            ReplayConnector(topo, p, ctx) if p.off_policy else PolicyConnector(topo, p, ctx)
+            for p in topo.trainable()]
         self.doorbell = Doorbell.from_fd(topo.episode_doorbell.fd)
         self.next_stats = 0.0
 

@@ -23,6 +23,7 @@ from rlinkd.daemon.checkpoint.store import policy_file, read_checkpoint_file, ve
 from rlinkd.daemon.config import Config, ConfigValue
 from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.frozen import load_frozen
+from rlinkd.daemon.learner.replay_learner import ReplayLearner
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import BootError, RoleContext
 from rlinkd.daemon.wiring import PolicyTopology, Topology
@@ -32,6 +33,7 @@ from rlinkd.shm.slots import BatchSlots
 
 log = structlog.get_logger("learner")
 IDLE_WAIT_S = 0.25
+OFF_POLICY_WAIT_S = 0.005  # an off-policy learner looks for new transitions this often
 
 
 class PolicyLearner:
@@ -90,6 +92,20 @@ class PolicyLearner:
         self.resumed_from = path
 
     # ------------------------------------------------------------ training
+    def train_ready(self) -> bool:
+        """Train the oldest ready batch, if any; True if one was trained."""
+        slot = self.slots.take_ready()
+        if slot is None:
+            return False
+        self.train_slot(slot)
+        return True
+
+    def redo_orphans(self) -> None:
+        """Batches a killed predecessor left in TRAINING are trained again."""
+        for slot in self.slots.in_training():
+            log.warning("redoing_orphaned_batch", policy=self.name, slot=slot)
+            self.train_slot(slot)
+
     def train_slot(self, slot: int) -> None:
         """Train on one slot (or answer an empty flush), publish, release, notify."""
         rows, meta = self.slots.rows(slot), BatchMeta.from_slot_meta(self.slots.meta(slot))
@@ -156,11 +172,18 @@ class LearnerShell:
 
     def __init__(self, topo: Topology, ctx: RoleContext) -> None:
         self.topo, self.ctx = topo, ctx
-        self.policies = {p.name: PolicyLearner(p, topo.cfg, ctx) for p in topo.trainable()}
+        self.policies: dict[str, PolicyLearner | ReplayLearner] = {
+            p.name: (ReplayLearner if p.off_policy else PolicyLearner)(p, topo.cfg, ctx)
+            for p in topo.trainable()}
         self._turn = 0
 
     @property
-    def default(self) -> PolicyLearner:
+    def off_policy(self) -> bool:
+        """Some policy trains while clients sample: the loop only polls its inbox."""
+        return any(isinstance(p, ReplayLearner) for p in self.policies.values())
+
+    @property
+    def default(self) -> PolicyLearner | ReplayLearner:
         """The default policy's learner (tests, the LearnerReady report)."""
         return self.policies[DEFAULT_POLICY]
 
@@ -179,9 +202,7 @@ class LearnerShell:
         resumed = next((p.resumed_from for p in self.policies.values() if p.resumed_from), "")
         self.ctx.send("supervisor", m.LearnerReady(self.seq_no, resumed))
         for learner in self.policies.values():
-            for slot in learner.slots.in_training():
-                log.warning("redoing_orphaned_batch", policy=learner.name, slot=slot)
-                learner.train_slot(slot)
+            learner.redo_orphans()
 
     def _publish_frozen(self, policy: PolicyTopology) -> None:
         """A frozen policy's weights onto its board, as version 0, once (a restarted learner
@@ -209,10 +230,8 @@ class LearnerShell:
         order = list(self.policies.values())
         for i in range(len(order)):
             learner = order[(self._turn + i) % len(order)]
-            slot = learner.slots.take_ready()
-            if slot is not None:
+            if learner.train_ready():
                 self._turn = (self._turn + i + 1) % len(order)
-                learner.train_slot(slot)
                 return True
         return False
 
@@ -228,11 +247,13 @@ class LearnerShell:
 
     def on_reload(self, msg: m.Reload) -> None:
         reload_level(msg.changes, "learner")
-        lr, ent = _float_or_none(msg.changes.get("ppo.lr")), _float_or_none(msg.changes.get("ppo.ent_coef"))
-        if lr is not None or ent is not None:
-            for learner in self.policies.values():
+        for learner in self.policies.values():
+            section = "dqn" if isinstance(learner, ReplayLearner) else "ppo"
+            lr = _float_or_none(msg.changes.get(f"{section}.lr"))
+            ent = _float_or_none(msg.changes.get("ppo.ent_coef"))
+            if lr is not None or ent is not None:
                 learner.set_hparams(lr, ent)
-            log.info("hparams_reloaded", lr=lr, ent_coef=ent)
+                log.info("hparams_reloaded", policy=learner.name, lr=lr, ent_coef=ent)
 
     def router(self) -> m.Router:
         """BatchReady is only a doorbell (it ends the inbox wait); slot states are the truth."""
@@ -256,9 +277,10 @@ def run(topo: Topology, ctx: RoleContext) -> ExitCode:
     handle = shell.router()
     shell.boot()
     busy = False
+    idle_wait_s = OFF_POLICY_WAIT_S if shell.off_policy else IDLE_WAIT_S
     while not ctx.stop.is_set():
         ctx.heartbeat()
-        msg = ctx.inbox.recv(0 if busy else IDLE_WAIT_S)  # after a batch, only poll
+        msg = ctx.inbox.recv(0 if busy else idle_wait_s)  # after a batch, only poll
         while msg is not None:
             handle(msg)
             msg = ctx.inbox.recv(0)

@@ -303,7 +303,7 @@ def test_reloadable_changes_split_and_apply():
 def test_every_reloadable_key_is_reported_as_applied():
     reloadable = [(s, f) for s, f in all_fields() if f.metadata["reloadable"]]
     assert {f"{s}.{f.name}" for s, f in reloadable} == {
-        "ppo.lr", "ppo.ent_coef", "checkpoint.checkpoint_interval_s",
+        "ppo.lr", "ppo.ent_coef", "dqn.lr", "checkpoint.checkpoint_interval_s",
         "checkpoint.keep_checkpoints", "daemon.log_level"}
 
 

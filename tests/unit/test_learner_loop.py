@@ -51,6 +51,7 @@ class AlwaysBusyShell:
         return lambda msg: self.handled_after.append(self.trained)
 
     seq_no = 0
+    off_policy = False
 
 
 def test_a_message_is_handled_right_after_the_batch_in_training(monkeypatch):
@@ -64,17 +65,14 @@ def test_a_message_is_handled_right_after_the_batch_in_training(monkeypatch):
 
 
 class AlwaysReadyPolicy:
-    """A PolicyLearner stand-in whose slots always hold a ready batch."""
+    """A PolicyLearner stand-in that always has a ready batch."""
 
     def __init__(self, name: str, trained: list) -> None:
         self.name, self.trained = name, trained
-        self.slots = self
 
-    def take_ready(self) -> int:
-        return 0
-
-    def train_slot(self, slot: int) -> None:
+    def train_ready(self) -> bool:
         self.trained.append(self.name)
+        return True
 
 
 def test_policies_take_turns_one_batch_each_when_all_always_have_data():

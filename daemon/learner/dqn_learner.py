@@ -1,0 +1,123 @@
+"""The DQN learner core: replay rows in, trained weights and stats out (``learner.dqn`` maths).
+
+`DQNLearner` knows nothing of processes or shared memory: the learner process samples the
+replay buffer and calls `train_step(rows)` once per gradient step from one thread.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import random
+
+import numpy as np
+import torch
+
+from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.client_lib.protocol.records import obs_columns
+from rlinkd.daemon.config import DQNConfig
+from rlinkd.daemon.learner.adam import Adam
+from rlinkd.daemon.learner.dqn import double_q_targets, dqn_loss, linear_epsilon
+from rlinkd.daemon.learner.learner import resolve_device
+from rlinkd.daemon.learner.model import ActorCritic
+
+DQN_STATE_FORMAT = 1
+
+
+class DQNLearner:
+    """Double DQN on `spec`'s network (Q(s, .) is its ``action_dist_inputs``; the critic
+    trunk of the spec is unused) with the [dqn] settings `hp`. `env_steps` counts the
+    transitions received (the epsilon schedule's clock); the caller advances it."""
+
+    def __init__(self, spec: PolicySpec, hp: DQNConfig, device: str = "auto", seed: int = 0,
+                 torch_threads: int = 0) -> None:
+        if torch_threads > 0:
+            torch.set_num_threads(torch_threads)
+        torch.manual_seed(seed)
+        random.seed(seed)
+        self.spec, self.hp = spec, hp
+        self.device = resolve_device(device)
+        self.model = ActorCritic(spec, init_seed=seed).to(self.device)
+        self.target = copy.deepcopy(self.model).requires_grad_(False)
+        self.optimizer = Adam(self.model.parameters(), lr=hp.lr)
+        self.updates = 0
+        self.trained_steps = 0   # transitions sampled, over all updates
+        self.env_steps = 0       # transitions received
+
+    @property
+    def epsilon(self) -> float:
+        hp = self.hp
+        return linear_epsilon(self.env_steps, hp.epsilon_start, hp.epsilon_end, hp.epsilon_decay_steps)
+
+    def train_step(self, rows: np.ndarray) -> dict[str, float]:
+        """One gradient step on replay rows (``shm.replay`` dtype, [B]); the target network
+        follows every ``target_update_interval_updates``. Returns loss, q_mean,
+        td_abs_mean, grad_norm. A non-finite loss or gradient skips the step."""
+        obs, next_obs = self._obs(rows["obs"]), self._obs(rows["next_obs"])
+        actions = self._tensor(rows["action"][:, 0])                         # [B]
+        rewards, discounts = self._tensor(rows["reward"]), self._tensor(rows["discount"])  # [B]
+        with torch.no_grad():
+            next_target = self.target.dist_inputs(next_obs)                   # [B, A]
+            next_online = self.model.dist_inputs(next_obs) if self.hp.double_q else next_target
+            targets = double_q_targets(rewards, discounts, next_online, next_target, self.hp.double_q)
+        loss, info = dqn_loss(self.model.dist_inputs(obs), actions, targets)
+        self.optimizer.zero_grad()
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.hp.max_grad_norm)
+        info["grad_norm"] = float(grad_norm)
+        if math.isfinite(info["loss"]) and math.isfinite(info["grad_norm"]):
+            self.optimizer.step()
+        self.updates += 1
+        self.trained_steps += len(rows)
+        if self.updates % self.hp.target_update_interval_updates == 0:
+            self.target.load_state_dict(self.model.state_dict())
+        return info
+
+    def _obs(self, structured: np.ndarray) -> dict[str, torch.Tensor]:
+        return {k: self._tensor(v) for k, v in obs_columns(structured, self.spec.obs_space).items()}
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
+    # ----------------------------------------------------------------- weights and knobs
+    def flat_weights(self) -> np.ndarray:
+        return self.model.flat_weights()
+
+    def live_hparams(self) -> dict[str, float]:
+        return {"lr": float(self.hp.lr), "epsilon": self.epsilon}
+
+    def set_hparams(self, lr: float | None = None) -> None:
+        """A new learning rate from the next step on; ValueError if negative or not finite."""
+        if lr is None:
+            return
+        if not (math.isfinite(lr) and lr >= 0):
+            raise ValueError(f"lr must be finite and >= 0, got {lr!r}")
+        self.hp = dataclasses.replace(self.hp, lr=float(lr))
+        self.optimizer.param_groups[0]["lr"] = float(lr)
+
+    # ----------------------------------------------------------------- checkpointing
+    def state_dict(self) -> dict:
+        """An exact resume: both networks, optimizer moments, counters (epsilon follows
+        from env_steps) and the RNGs."""
+        from rlinkd.daemon.learner.learner import _cpu_clone
+        return {"format": DQN_STATE_FORMAT, "algorithm": "dqn",
+                "model": _cpu_clone(self.model.state_dict()),
+                "target": _cpu_clone(self.target.state_dict()),
+                "optimizer": _cpu_clone(self.optimizer.state_dict()),
+                "updates": self.updates, "trained_steps": self.trained_steps,
+                "env_steps": self.env_steps, "torch_rng": torch.get_rng_state()}
+
+    def load_state_dict(self, d: dict) -> dict[str, float]:
+        """Restore a `state_dict()`; the saved lr is returned, the config's kept.
+        ValueError for another algorithm's or format's state (nothing changed then)."""
+        if d.get("algorithm") != "dqn" or d.get("format") != DQN_STATE_FORMAT:
+            raise ValueError(f"not a DQN learner state (format {d.get('format')!r}, "
+                             f"algorithm {d.get('algorithm')!r})")
+        self.model.load_state_dict(d["model"])
+        self.target.load_state_dict(d["target"])
+        self.optimizer.load_state_dict(d["optimizer"])
+        self.optimizer.param_groups[0]["lr"] = float(self.hp.lr)
+        self.updates, self.trained_steps = int(d["updates"]), int(d["trained_steps"])
+        self.env_steps = int(d["env_steps"])
+        torch.set_rng_state(d["torch_rng"])
+        return {"lr": float(d["optimizer"]["param_groups"][0]["lr"])}

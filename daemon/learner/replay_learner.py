@@ -1,0 +1,156 @@
+"""One off-policy policy inside the learner process: its DQN core, replay buffer, weights
+board and snapshot area. Driven by ``LearnerShell`` exactly like ``PolicyLearner``.
+
+Training never waits for batches and never makes clients wait: each ``train_ready`` call
+runs the gradient steps the data allows, ``updates_per_step`` per transition received since
+learning started (at most up to the next publication), and publishes the weights every
+``publish_interval_updates`` steps. The replay buffer lives in shared memory made by the
+wiring, so a restarted learner finds it full and goes on.
+"""
+from __future__ import annotations
+
+import io
+import os
+import time
+
+import numpy as np
+import structlog
+
+from rlinkd.daemon import messages as m
+from rlinkd.daemon.checkpoint.store import policy_file, read_checkpoint_file
+from rlinkd.daemon.config import Config
+from rlinkd.daemon.roles import BootError, RoleContext
+from rlinkd.daemon.wiring import PolicyTopology
+from rlinkd.shm.blob import BlobArea
+from rlinkd.shm.board import WeightsBoard
+from rlinkd.shm.replay import ReplayBuffer, ReplayLayout
+
+log = structlog.get_logger("learner")
+
+
+class ReplayLearner:
+    """``PolicyLearner``'s interface (boot, train_ready, redo_orphans, write_snapshot,
+    set_hparams, state, close) for an off-policy algorithm."""
+
+    def __init__(self, policy: PolicyTopology, cfg: Config, ctx: RoleContext) -> None:
+        from rlinkd.daemon.learner.dqn_learner import DQNLearner  # torch is imported here
+        self.policy, self.ctx, self.name = policy, ctx, policy.name
+        self.hp = policy.definition.dqn
+        try:
+            self.core = DQNLearner(policy.spec, self.hp, device=cfg.learner.device,
+                                   seed=cfg.learner.seed, torch_threads=cfg.learner.torch_threads)
+        except RuntimeError as exc:
+            raise BootError(f"cannot create the learner on device {cfg.learner.device!r}: {exc}") from exc
+        self.board = WeightsBoard.attach(policy.board_path)
+        self.replay = ReplayBuffer.attach(policy.replay_path, ReplayLayout(policy.layout))
+        self.replay.set_pid("reader", os.getpid())
+        self.snapshot = BlobArea.attach(policy.snapshot_path)
+        self.rng = np.random.default_rng((cfg.learner.seed, 2))
+        self.seq_no = 0
+        self.resumed_from = ""
+        self.seen_written = 0            # replay.written already counted in core.env_steps
+        self.start: tuple[int, int] | None = None  # (written, updates) when learning started
+        self.pending: list[dict[str, float]] = []  # step stats since the last publication
+        self.pending_s = 0.0
+
+    # ------------------------------------------------------------ start
+    def boot(self, checkpoint: str) -> None:
+        """Resume (when the checkpoint holds this policy), adopt newer board weights, publish."""
+        if checkpoint and _holds(checkpoint, policy_file(self.name, "learner.pt")):
+            self._resume(checkpoint)
+        board_seq = self.board.latest_seq_no()
+        if board_seq > self.seq_no:  # a restarted learner goes on from the newest weights
+            _, flat = self.board.read()
+            self.core.model.load_flat(flat)
+            self.seq_no = board_seq
+        self.seen_written = self.replay.written  # (what a predecessor already counted)
+        self._publish(None)
+        log.info("learner_ready", policy=self.name, algorithm="dqn", seq_no=self.seq_no,
+                 device=str(self.core.device), resumed_from=self.resumed_from or None,
+                 replay_steps=len(self.replay))
+
+    def _resume(self, path: str) -> None:
+        import torch
+        payload = read_checkpoint_file(path, policy_file(self.name, "learner.pt"))
+        state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+        saved = self.core.load_state_dict(state["learner"])
+        log.info("hparams_from_config", policy=self.name, lr=self.hp.lr, checkpoint_lr=saved["lr"])
+        self.seq_no = int(state["weights_seq_no"])
+        self.rng.bit_generator.state = state["sampler_rng"]
+        self.resumed_from = path
+
+    def redo_orphans(self) -> None:
+        """Nothing: replay sampling leaves no half-trained batch behind."""
+
+    # ------------------------------------------------------------ training
+    def train_ready(self) -> bool:
+        """The gradient steps the data allows now (up to the next publication); True if any ran."""
+        steps = self._allowed_steps()
+        if steps < 1:
+            return False
+        started = time.perf_counter()
+        for _ in range(steps):
+            rows = self.replay.sample(self.hp.batch_size, self.rng)
+            assert rows is not None  # (learning starts only with a non-empty buffer)
+            self.pending.append(self.core.train_step(rows))
+        self.pending_s += time.perf_counter() - started
+        self.ctx.heartbeat()
+        if self.core.updates % self.hp.publish_interval_updates == 0:
+            self._publish(self._summary())
+        return True
+
+    def _allowed_steps(self) -> int:
+        written = self.replay.written
+        self.core.env_steps += written - self.seen_written
+        self.seen_written = written
+        if self.start is None:
+            if len(self.replay) < self.hp.learning_starts_steps:
+                return 0
+            self.start = (written, self.core.updates)
+        due = int((written - self.start[0]) * self.hp.updates_per_step) - (self.core.updates - self.start[1])
+        to_publish = self.hp.publish_interval_updates - self.core.updates % self.hp.publish_interval_updates
+        return max(0, min(due, to_publish))
+
+    def _summary(self) -> m.TrainStats:
+        means = {k: float(np.mean([p[k] for p in self.pending])) for k in self.pending[0]}
+        means["n_rows"] = float(len(self.pending) * self.hp.batch_size)
+        stats = m.off_policy_stats(means, len(self.pending), self.pending_s)
+        self.pending, self.pending_s = [], 0.0
+        return stats
+
+    def _publish(self, update: m.TrainStats | None) -> None:
+        if update is not None:
+            self.seq_no += 1
+        self.board.publish(self.seq_no, self.core.flat_weights())
+        self.ctx.send("collector", m.WeightsPublished(self.seq_no, -1, self.state(), update, self.name))
+
+    def state(self) -> m.LearnerState:
+        return m.LearnerState(lr=float(self.hp.lr), ent_coef=0.0, updates=self.core.updates,
+                              trained_steps=self.core.trained_steps, rejected_batches=0,
+                              algorithm="dqn", epsilon=self.core.epsilon,
+                              replay_steps=len(self.replay))
+
+    # ------------------------------------------------------------ control
+    def write_snapshot(self) -> int:
+        import torch
+        buf = io.BytesIO()
+        torch.save({"learner": self.core.state_dict(), "weights_seq_no": self.seq_no,
+                    "sampler_rng": self.rng.bit_generator.state}, buf)
+        return self.snapshot.write(buf.getvalue())
+
+    def set_hparams(self, lr: float | None, ent_coef: float | None) -> None:
+        """A reloaded ``dqn.lr`` (``ent_coef`` means nothing here)."""
+        self.core.set_hparams(lr=lr)
+        self.hp = self.core.hp
+        self._publish(None)
+
+    def close(self) -> None:
+        for part in (self.replay, self.board, self.snapshot):
+            part.close()
+
+
+def _holds(checkpoint: str, name: str) -> bool:
+    from pathlib import Path
+
+    from rlinkd.daemon.checkpoint.store import verify
+    return name in verify(Path(checkpoint)).manifest.get("files", {})

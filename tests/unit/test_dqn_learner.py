@@ -1,0 +1,77 @@
+"""learner.dqn_learner: one gradient step moves Q(s, a) toward its target, the target network
+follows on schedule, the epsilon clock, and an exact resume from state_dict()."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.client_lib.protocol.spaces import Box, Discrete
+from rlinkd.daemon.config import DQNConfig
+from rlinkd.daemon.learner.dqn_learner import DQNLearner
+from rlinkd.shm.records import StepLayout
+from rlinkd.shm.replay import ReplayLayout
+
+SPEC = PolicySpec(Box((4,), low=-5.0, high=5.0), Discrete(3), hidden_sizes=(16,), activation="relu")
+LAYOUT = ReplayLayout(StepLayout.flat(4, 1, 3))
+
+
+def rows(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    out = LAYOUT.empty(n)
+    out["obs"]["obs"] = rng.uniform(-1, 1, (n, 4))
+    out["next_obs"]["obs"] = rng.uniform(-1, 1, (n, 4))
+    out["action"][:, 0] = rng.integers(0, 3, n)
+    out["reward"], out["discount"] = rng.uniform(0, 1, n), np.where(rng.random(n) < 0.2, 0.0, 0.99)
+    return out
+
+
+def learner(**hp) -> DQNLearner:
+    return DQNLearner(SPEC, DQNConfig(**{"lr": 1e-2, "target_update_interval_updates": 3, **hp}),
+                      device="cpu", seed=0)
+
+
+def test_steps_reduce_the_td_error_and_the_target_follows_every_interval():
+    lr, batch = learner(), rows(32, 0)
+    first = lr.train_step(batch)
+    assert set(first) == {"loss", "q_mean", "td_abs_mean", "grad_norm"}
+    target_before = lr.target.flat_weights()
+    lr.train_step(batch)
+    assert np.array_equal(lr.target.flat_weights(), target_before)  # 2 updates: not yet
+    lr.train_step(batch)                                              # the 3rd: copied
+    assert np.array_equal(lr.target.flat_weights(), lr.model.flat_weights())
+    assert lr.updates == 3 and lr.trained_steps == 3 * 32
+    fixed = learner(target_update_interval_updates=10_000)  # a fixed target: TD error falls
+    first = fixed.train_step(batch)
+    for _ in range(50):
+        last = fixed.train_step(batch)
+    assert last["td_abs_mean"] < 0.5 * first["td_abs_mean"]
+
+
+def test_epsilon_follows_the_env_steps_received():
+    lr = learner(epsilon_start=1.0, epsilon_end=0.1, epsilon_decay_steps=100)
+    assert lr.epsilon == 1.0
+    lr.env_steps = 50
+    assert lr.epsilon == pytest.approx(0.55) and lr.live_hparams()["epsilon"] == pytest.approx(0.55)
+
+
+def test_state_dict_resumes_exactly():
+    a = learner()
+    for i in range(5):
+        a.train_step(rows(16, i))
+    a.env_steps = 1234
+    state = a.state_dict()
+    b = learner(lr=0.5)  # the config's lr is kept, the saved one reported
+    assert b.load_state_dict(state)["lr"] == pytest.approx(1e-2)
+    assert b.hp.lr == 0.5 and b.optimizer.param_groups[0]["lr"] == 0.5
+    b.set_hparams(lr=1e-2)
+    for i in range(5, 9):
+        a.train_step(rows(16, i))
+        b.train_step(rows(16, i))
+    assert np.array_equal(a.flat_weights(), b.flat_weights())
+    assert np.array_equal(a.target.flat_weights(), b.target.flat_weights())
+    assert (a.updates, a.env_steps, a.epsilon) == (b.updates, b.env_steps, b.epsilon)
+    with pytest.raises(ValueError, match="not a DQN"):
+        b.load_state_dict({"format_version": 2})
+    with pytest.raises(ValueError):
+        b.set_hparams(lr=-1.0)
