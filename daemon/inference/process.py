@@ -37,6 +37,7 @@ from rlinkd.shm.lanes import LaneArea, LaneLayout
 log = structlog.get_logger("inference")
 IDLE_S = 0.1
 SPIN_MAX_S = 400e-6
+SPIN_MIN_S = 100e-6
 GAP_EWMA = 0.1
 BUSY_RETRY_S = 0.002
 EVAL_FLUSH_S = 0.5
@@ -95,13 +96,13 @@ class Inference:
             self._sleep(BUSY_RETRY_S if self.server.arrivals() else IDLE_S)
 
     def _spin(self) -> bool:
-        """After answering, poll the request counters instead of sleeping for about 1.5 times
-        the recent idle gap before requests (at most SPIN_MAX_S; never when requests are rarer):
-        a busy client's next request then finds the role awake, no wake-up on either side."""
-        spin = 1.5 * self.gap_s
-        if spin > 2 * SPIN_MAX_S:
+        """After answering, poll the request counters instead of sleeping for about twice
+        the recent idle gap before requests (at least SPIN_MIN_S, at most SPIN_MAX_S; never
+        when requests are rarer): a busy client's next request then finds the role awake,
+        no wake-up on either side."""
+        if self.gap_s > SPIN_MAX_S:
             return False
-        until = self.last_answer + min(spin, SPIN_MAX_S)
+        until = self.last_answer + min(max(2.0 * self.gap_s, SPIN_MIN_S), SPIN_MAX_S)
         while time.perf_counter() < until:
             if self.server.arrivals():
                 return True

@@ -4,6 +4,8 @@ publishes every few updates, epsilon reaches the clients in SET_STATE / WEIGHTS_
 falls, status reports the DQN learner."""
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import pytest
 
@@ -42,8 +44,9 @@ def test_dqn_clients_never_wait_and_explore_with_the_announced_epsilon(daemon, t
     assert not agent.force_on_policy  # SET_CONFIG: an off-policy default policy
     env = gym.make("CartPole-v1")
     obs, _ = env.reset(seed=0)
-    epsilons = []
-    for _ in range(1500):
+    epsilons: list = []
+    deadline = time.monotonic() + 60.0
+    while len(epsilons) < 1500 or (epsilons[-1] in (None, 1.0) and time.monotonic() < deadline):
         obs2, reward, term, trunc, _ = env.step(agent.act(obs))
         agent.step(reward, obs2, term, trunc)
         obs = env.reset()[0] if term or trunc else obs2
