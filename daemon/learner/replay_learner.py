@@ -52,6 +52,8 @@ class ReplayLearner:
         self.start: tuple[int, int] | None = None  # (written, updates) when learning started
         self.pending: list[dict[str, float]] = []  # step stats since the last publication
         self.pending_s = 0.0
+        self.report_interval_s = cfg.daemon.status_interval_s
+        self.next_report = 0.0
 
     # ------------------------------------------------------------ start
     def boot(self, checkpoint: str) -> None:
@@ -87,6 +89,7 @@ class ReplayLearner:
         """The gradient steps the data allows now (up to the next publication); True if any ran."""
         steps = self._allowed_steps()
         if steps < 1:
+            self._maybe_report()
             return False
         started = time.perf_counter()
         for _ in range(steps):
@@ -98,6 +101,13 @@ class ReplayLearner:
         if self.core.updates % self.hp.publish_interval_updates == 0:
             self._publish(self._summary())
         return True
+
+    def _maybe_report(self) -> None:
+        """Before learning starts nothing is published: report the filling buffer now and then."""
+        now = time.monotonic()
+        if now >= self.next_report:
+            self.next_report = now + self.report_interval_s
+            self.ctx.send("collector", m.WeightsPublished(self.seq_no, -1, self.state(), None, self.name))
 
     def _allowed_steps(self) -> int:
         written = self.replay.written

@@ -1,0 +1,112 @@
+"""DQN against a real daemon (``rlinkd serve --set learner.algorithm=dqn``).
+
+- Two client_lib CartPole clients (TCP and shared memory) learn to a mean return of 150
+  within a test-sized budget, never waiting for an update.
+- A checkpoint (SIGUSR1) holds the DQN state: a restarted daemon resumes the weights
+  version, the update count and epsilon's clock.
+- The RLlink seed client's message flow (EPISODES_AND_GET_STATE with plain JSON fragments,
+  no extension keys read) keeps working under DQN.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import gymnasium as gym
+import pytest
+
+from rlinkd.client_lib import connect
+from tests.helpers import raw_recv, raw_send, wait_for
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(420)]
+
+DQN = ("--set", "learner.algorithm=dqn", "--set", "dqn.n_step=3", "--set", "dqn.lr=0.0023",
+       "--set", "dqn.target_update_interval_updates=128", "--set", "dqn.epsilon_decay_steps=8000",
+       "--set", "dqn.epsilon_end=0.04", "--set", "dqn.learning_starts_steps=1000")
+TARGET_RETURN = 150.0
+LEARN_BUDGET_S = 240.0
+
+
+def play(address: str, returns: list[float], stop: threading.Event, seed: int) -> None:
+    agent = connect(address)
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=seed)
+    total = 0.0
+    while not stop.is_set():
+        obs, reward, terminated, truncated, _ = env.step(agent.act(obs))
+        agent.step(reward, obs, terminated, truncated)
+        total += reward
+        if terminated or truncated:
+            returns.append(total)
+            total, (obs, _) = 0.0, env.reset()
+    agent.close()
+
+
+def mean_last(returns: list[float], n: int = 20) -> float:
+    return sum(returns[-n:]) / n if len(returns) >= n else 0.0
+
+
+def test_dqn_learns_cartpole_over_both_transports_and_resumes_from_a_checkpoint(daemon_factory):
+    d = daemon_factory(*DQN)
+    returns: dict[str, list[float]] = {"tcp": [], "shm": []}
+    stop = threading.Event()
+    threads = [threading.Thread(target=play, args=(f"tcp://127.0.0.1:{d.port}", returns["tcp"], stop, 0)),
+               threading.Thread(target=play, args=(f"shm:{d.state_dir}", returns["shm"], stop, 1))]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: max(mean_last(r) for r in returns.values()) >= TARGET_RETURN,
+                 LEARN_BUDGET_S, what=f"a DQN client's mean return of {TARGET_RETURN}")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert all(len(r) > 20 for r in returns.values()), "both transports took part"
+    learner = d.status()["learner"]
+    assert learner["algorithm"] == "dqn" and learner["updates"] > 0 and learner["epsilon"] < 0.5
+
+    d.signal(signal.SIGUSR1)
+    saved = wait_for(lambda: (s := d.status())["last_checkpoint"] and s, 30, what="a checkpoint")
+    saved_learner = saved["learner"]
+    assert d.stop() == 0
+    d2 = daemon_factory(*DQN, name="state")  # same state dir: resumes the checkpoint
+    resumed = wait_for(lambda: (s := d2.status())["learner"].get("algorithm") and s, 60,
+                       what="the resumed DQN learner")
+    assert resumed["learner"]["updates"] >= saved_learner["updates"] - 200  # (the checkpoint came first)
+    assert resumed["learner"]["epsilon"] <= saved_learner["epsilon"] + 0.01
+    assert resumed["weights_seq_no"] >= 1
+
+
+def test_the_seed_clients_message_flow_works_under_dqn(daemon_factory):
+    """EPISODES_AND_GET_STATE with list-of-lists fragments, as the RLlink seed client sends:
+    every reply is a SET_STATE at once (nobody waits for training)."""
+    import socket
+    d = daemon_factory(*DQN)
+    sock = socket.create_connection(("127.0.0.1", d.port), timeout=30)
+    raw_send(sock, {"type": "PING"})
+    assert raw_recv(sock)["type"] == "PONG"
+    raw_send(sock, {"type": "GET_CONFIG"})
+    config = raw_recv(sock)
+    assert config["type"] == "SET_CONFIG" and config["force_on_policy"] is False
+    env = gym.make("CartPole-v1")
+    for episode in range(12):
+        obs, _ = env.reset(seed=episode)
+        observations, actions, rewards = [obs.tolist()], [], []
+        done = False
+        while not done:
+            action = int(env.action_space.sample())
+            obs, reward, terminated, truncated, _ = env.step(action)
+            observations.append(obs.tolist())
+            actions.append(action)
+            rewards.append(float(reward))
+            done = terminated or truncated
+        started = time.monotonic()
+        raw_send(sock, {"type": "EPISODES_AND_GET_STATE", "env_steps": len(actions), "episodes": [{
+            "obs": observations, "actions": actions, "rewards": rewards,
+            "is_terminated": bool(terminated), "is_truncated": bool(truncated)}]})
+        reply = raw_recv(sock)
+        assert reply["type"] == "SET_STATE" and reply["onnx_file"], reply.get("message")
+        assert time.monotonic() - started < 5.0
+    sock.close()
+    wait_for(lambda: d.status()["learner"].get("replay_steps", 0) > 0, 20, what="replay filled")
