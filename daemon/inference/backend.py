@@ -135,6 +135,7 @@ class PolicyRunner:
         self.chooser = ActionChooser(act_space, seed)
         self.rng = random.Random(seed)
         self.categorical = self.chooser._single_categorical
+        self.epsilon: float | None = None  # a DQN policy's exploration (from WEIGHTS_READY)
         self.weights_seq_no = -1
         self.flat = np.empty(spec.n_params(), np.float32)
         self.forwards: tuple[Forward, Forward] | None = None
@@ -206,17 +207,17 @@ class PolicyRunner:
         assert self.forwards is not None, "refresh() first"
         forward = self.forwards[0 if len(obs_rows) < SMALL_BATCH else 1]
         dist = np.asarray(forward(self.columns(obs_rows)), np.float32)
-        if len(dist) == 1 and self.categorical:
+        if len(dist) == 1 and self.categorical and self.epsilon is None:
             return self._one_categorical(dist, bool(explore[0]))
         if explore.all():
-            actions, logp = self.chooser.choose_batch(dist, True)
+            actions, logp = self.chooser.choose_batch(dist, True, self.epsilon)
         elif not explore.any():
             actions, logp = self.chooser.choose_batch(dist, False)
         else:
             actions = np.empty((len(dist), self.chooser.dist.action_size), np.float32)
             logp = np.empty(len(dist), np.float32)
             for mask, flag in ((explore, True), (~explore, False)):
-                actions[mask], logp[mask] = self.chooser.choose_batch(dist[mask], flag)
+                actions[mask], logp[mask] = self.chooser.choose_batch(dist[mask], flag, self.epsilon)
         return actions, np.asarray(logp, np.float32), dist
 
     def _one_categorical(self, dist: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

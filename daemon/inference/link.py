@@ -37,6 +37,7 @@ class PolicyLink:
         self.client: RLlinkClient | None = None
         self.ring: StepRing | None = None
         self.held = False
+        self.exploration: dict | None = None  # the last WEIGHTS_READY's (DQN epsilon)
         self.steps = 0          # training steps written since the last SAMPLE_READY
         self.unsent_records = 0
 
@@ -87,6 +88,7 @@ class PolicyLink:
         if not isinstance(reply, codec.WeightsReady):
             raise ConnectionError(f"internal link: expected WEIGHTS_READY, got {reply.TYPE.value}")
         self.held = False
+        self.exploration = reply.exploration
         return True
 
     def send_eval(self, episodes: list[EvalEpisode]) -> None:

@@ -18,6 +18,7 @@ import time
 
 import structlog
 
+from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.transport import RLlinkError
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.errors import ExitCode
@@ -71,7 +72,7 @@ class Inference:
         link = (PolicyLink(str(cfg.socket_path), self.topo.internal_token, p.name, p.layout)
                 if p.trainable else None)
         steps = cfg.inference.env_steps_per_sample or cfg.sampling.train_batch_size
-        return PolicyServing(runner, p.obs_space, SlotPool(), link, steps)
+        return PolicyServing(runner, p.obs_space, SlotPool(), link, steps, off_policy=p.off_policy)
 
     def _add_tcp_areas(self) -> None:
         for i, p in enumerate(self.topo.policies.values()):
@@ -130,7 +131,8 @@ class Inference:
             if link is None or not link.connected:
                 continue
             try:
-                link.poll_release()
+                if link.poll_release():  # (a DQN policy's epsilon comes with WEIGHTS_READY)
+                    policy.runner.epsilon = codec.epsilon_of(link.exploration, name)
             except (ConnectionError, OSError, RLlinkError) as exc:  # (ERROR: shutting down)
                 self._lost(name, link, exc)
 

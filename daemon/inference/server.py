@@ -77,6 +77,7 @@ class PolicyServing:
     link: PolicyLink | None
     sample_steps: int
     eval_ends: list[EvalEpisode] = field(default_factory=list)
+    off_policy: bool = False  # DQN: never held for training; WEIGHTS_READY still asked for (epsilon)
 
     @property
     def held(self) -> bool:
@@ -308,7 +309,7 @@ class InferenceServer:
             if link.steps >= policy.sample_steps and not link.held:
                 cuts = [a.book.cut() for a in self.areas.values() if a.policy == name]
                 link.write(concat(cuts, link.layout), 0)
-                link.sample_ready(self.on_policy)
+                link.sample_ready(self.on_policy or policy.off_policy)
         except (ConnectionError, OSError, ShmError) as exc:  # the collector restarts: reconnect
             log.info("inference_link_lost", policy=name, error=str(exc))
             link.close()

@@ -60,3 +60,20 @@ def test_dqn_clients_never_wait_and_explore_with_the_announced_epsilon(daemon, t
     assert learner["algorithm"] == "dqn" and learner["replay_steps"] >= 1000
     assert learner["epsilon"] < 1.0 and after["weights_seq_no"] > before["weights_seq_no"]
     assert learner.get("q_mean") is not None and learner.get("policy_loss") is None
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_server_side_inference_serves_a_dqn_policy_and_its_steps_fill_the_replay(daemon, transport):
+    address = (f"tcp://127.0.0.1:{daemon.listening.port}" if transport == "tcp"
+               else f"unix://{daemon.listening.unix_socket}")
+    before = status(daemon)["learner"].get("replay_steps", 0)
+    agent = connect(address, inference="server")
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=3)
+    for _ in range(1200):
+        obs2, reward, term, trunc, _ = env.step(agent.act(obs))
+        agent.step(reward, obs2, term, trunc)
+        obs = env.reset()[0] if term or trunc else obs2
+    agent.close()
+    wait_for(lambda: status(daemon)["learner"].get("replay_steps", 0) >= min(before + 1000, 100_000),
+             20, what="served steps in the replay buffer")
