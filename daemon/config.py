@@ -198,6 +198,19 @@ class DQNConfig:
 
 
 @dataclass(frozen=True)
+class APPOConfig:
+    """[appo]: asynchronous PPO (`learner.algorithm = "appo"`): PPO's loss, network and
+    settings ([ppo]) on batches whose steps older weights may have chosen, corrected by
+    V-trace (IMPALA) instead of GAE; clients never wait for an update, and steps more than
+    `sampling.max_policy_lag` versions old are dropped."""
+
+    vtrace_rho_clip: float = setting(1.0, "V-trace's rho-bar: importance weights of the "
+                                     "TD errors are clipped here.", minimum=0.0)
+    vtrace_c_clip: float = setting(1.0, "V-trace's c-bar: the trace-cutting importance "
+                                   "weights are clipped here.", minimum=0.0)
+
+
+@dataclass(frozen=True)
 class PolicyConfig:
     """[policies.NAME]: one policy besides the default (or, named `default`, overriding it).
     Unset keys take [env]'s spaces and [ppo]'s values; `[policies.NAME.ppo]` overrides
@@ -219,7 +232,7 @@ class PolicyConfig:
     ppo: PPOConfig | None = setting(None, "This policy's [ppo] (keys set in "
                                     "`[policies.NAME.ppo]` override [ppo]).")
     algorithm: str = setting("", "This policy's learning algorithm (empty: "
-                             "`learner.algorithm`).", choices=("", "ppo", "dqn"))
+                             "`learner.algorithm`).", choices=("", "ppo", "appo", "dqn"))
     dqn: DQNConfig | None = setting(None, "This policy's [dqn] (keys set in "
                                     "`[policies.NAME.dqn]` override [dqn]).")
 
@@ -229,9 +242,9 @@ class LearnerConfig:
     """[learner]: the learner process."""
 
     algorithm: str = setting("ppo", "Learning algorithm of every trainable policy (a "
-                             "policy may choose its own): `ppo` (on-policy), `dqn` "
-                             "(off-policy, Discrete actions, replay buffer).",
-                             choices=("ppo", "dqn"))
+                             "policy may choose its own): `ppo` (on-policy), `appo` "
+                             "(asynchronous PPO with V-trace), `dqn` (off-policy, Discrete "
+                             "actions, replay buffer).", choices=("ppo", "appo", "dqn"))
     device: str = setting("auto", "`auto` = CUDA when available, else CPU; or `cpu`, "
                           "`cuda`, `cuda:1`.")
     torch_threads: int = setting(1, "torch intra-op threads in the learner.", minimum=1)
@@ -328,6 +341,7 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    appo: APPOConfig = field(default_factory=APPOConfig)
     dqn: DQNConfig = field(default_factory=DQNConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     connector: ConnectorConfig = field(default_factory=ConnectorConfig)
@@ -356,7 +370,7 @@ class Config:
 
 
 SECTIONS: dict[str, type] = {"server": ServerConfig, "env": EnvConfig, "sampling": SamplingConfig,
-            "ppo": PPOConfig, "dqn": DQNConfig, "learner": LearnerConfig,
+            "ppo": PPOConfig, "appo": APPOConfig, "dqn": DQNConfig, "learner": LearnerConfig,
             "connector": ConnectorConfig, "checkpoint": CheckpointConfig,
             "inference": InferenceConfig, "daemon": DaemonConfig, "metrics": MetricsConfig}
 

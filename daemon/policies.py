@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.spaces import Space, SpaceError, space_from_gym
-from rlinkd.daemon.config import Config, DQNConfig, PolicyConfig, PPOConfig
+from rlinkd.daemon.config import APPOConfig, Config, DQNConfig, PolicyConfig, PPOConfig
 from rlinkd.daemon.errors import ConfigError
 
 
@@ -32,14 +32,20 @@ class PolicyDef:
     mask_key: str = ""
     algorithm: str = "ppo"
     dqn: DQNConfig = field(default_factory=DQNConfig)
+    appo: APPOConfig = field(default_factory=APPOConfig)
 
     @property
     def off_policy(self) -> bool:
-        """Trained from a replay buffer while clients sample (they never wait for weights)."""
+        """Trained while clients sample: they never wait for weights (DQN, APPO)."""
         return self.algorithm in OFF_POLICY
 
+    @property
+    def uses_replay(self) -> bool:
+        """Trained from a shared-memory replay buffer instead of train batches (DQN)."""
+        return self.algorithm == "dqn"
 
-OFF_POLICY = ("dqn",)
+
+OFF_POLICY = ("dqn", "appo")
 
 
 def policy_defs(cfg: Config) -> dict[str, PolicyDef]:
@@ -66,7 +72,7 @@ def _define(cfg: Config, name: str, table: PolicyConfig,
     if algorithm == "dqn" and [c.kind for c in spec.action_components] != ["categorical"]:
         raise ConfigError(f"{where}: dqn needs a Discrete action space, not {act.to_json()}")
     return PolicyDef(name, obs, act, spec, ppo, table.trainable, table.load_from, mask_key,
-                     algorithm, dqn)
+                     algorithm, dqn, cfg.appo)
 
 
 def resolve_spaces(env_id: str, obs: Space | None, act: Space | None,

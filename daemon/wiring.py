@@ -97,8 +97,13 @@ class PolicyTopology:
 
     @property
     def off_policy(self) -> bool:
-        """Trained by an off-policy algorithm from ``replay_path`` (no batch slots)."""
+        """Its clients never wait for training (DQN, APPO)."""
         return self.definition.off_policy
+
+    @property
+    def uses_replay(self) -> bool:
+        """Trained from ``replay_path`` (no batch slots): DQN."""
+        return self.definition.uses_replay
 
     @property
     def layout(self) -> StepLayout:
@@ -226,7 +231,7 @@ def _policy_segments(cfg: Config, d: PolicyDef, path) -> PolicyTopology:
     topo.episode_ring_path = path(f"episodes.{d.name}")
     StepRing.create(topo.episode_ring_path, layout, ring_records(
         cfg.sampling.episode_ring_records, layout.record_bytes)).close()
-    if d.off_policy:
+    if d.uses_replay:
         # connector → learner: n-step transitions; outlives a learner restart
         topo.replay_path = path(f"replay.{d.name}")
         ReplayBuffer.create(topo.replay_path, ReplayLayout(layout), d.dqn.buffer_size_steps).close()

@@ -126,7 +126,7 @@ class WaitBook:
 
     def __init__(self, max_wait_s: float, off_policy: frozenset[str] = frozenset()) -> None:
         self.max_wait_s = max_wait_s
-        self.off_policy = off_policy  # policies whose clients never wait (trained from replay)
+        self.off_policy = off_policy  # policies whose clients never wait (DQN, APPO)
         self.last_flush_cutoff: dict[str, int] = {}
         self.trained: dict[str, int] = {}  # per policy: the highest cutoff published so far
 

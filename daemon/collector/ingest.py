@@ -58,7 +58,7 @@ class PolicyInfo:
     spaces: Spaces
     layout: StepLayout
     trainable: bool = True
-    off_policy: bool = False  # trained from a replay buffer: its clients never wait for training
+    off_policy: bool = False  # DQN, APPO: its clients never wait for training
 
 
 def validate_fragment(frag: EpisodeFragment, spaces: Spaces, limits: Limits,

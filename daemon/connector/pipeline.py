@@ -30,6 +30,7 @@ from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.client_lib.protocol.spaces import Space
 from rlinkd.daemon.connector.forward import BatchForward
 from rlinkd.daemon.connector.gae import compute_gae
+from rlinkd.daemon.connector.vtrace import compute_vtrace
 from rlinkd.daemon.connector.segments import Segment
 from rlinkd.daemon.errors import ConfigError
 
@@ -50,6 +51,8 @@ class PipelineContext:
     gae_lambda: float
     normalize_advantages: bool
     forward: BatchForward | None = None  # the network on ``weights``; made on first use
+    vtrace_rho_clip: float = 1.0         # APPO's V-trace clips (``vtrace`` piece)
+    vtrace_c_clip: float = 1.0
 
     def net(self) -> BatchForward:
         """The network on ``weights`` (numpy, or onnxruntime for CNNs: ``connector.forward``)."""
@@ -118,6 +121,20 @@ def add_gae(batch: Batch, segments: list[Segment], ctx: PipelineContext) -> Batc
     return batch
 
 
+def add_vtrace(batch: Batch, segments: list[Segment], ctx: PipelineContext) -> Batch:
+    """APPO's replacement of ``gae``: advantages and value targets by V-trace, the clients'
+    log-probs (mu) kept as behaviour_logp, ``logp`` set to the current weights' (pi: the
+    PPO ratio of the update's first minibatch is then 1)."""
+    dist, _ = ctx.net().run(batch["obs"])
+    target_logp = ctx.spec.log_prob(dist, batch["actions"]).astype(np.float32)
+    batch["advantages"], batch["value_targets"] = compute_vtrace(
+        batch["rewards"], batch["values"], batch["next_values"], batch["terminated"],
+        batch["segment_end"], target_logp - batch["logp"], ctx.gamma, ctx.gae_lambda,
+        ctx.vtrace_rho_clip, ctx.vtrace_c_clip)
+    batch["behaviour_logp"], batch["logp"] = batch["logp"], target_logp
+    return batch
+
+
 def normalize_advantages(batch: Batch, segments: list[Segment], ctx: PipelineContext) -> Batch:
     if ctx.normalize_advantages and len(batch["advantages"]) > 1:
         adv = batch["advantages"]
@@ -127,8 +144,16 @@ def normalize_advantages(batch: Batch, segments: list[Segment], ctx: PipelineCon
 
 BUILTIN_PIECES: dict[str, Piece] = {
     "observations": add_observations, "columns": add_columns, "old_logp": add_old_logp,
-    "values": add_values, "gae": add_gae, "normalize_advantages": normalize_advantages,
+    "values": add_values, "gae": add_gae, "vtrace": add_vtrace,
+    "normalize_advantages": normalize_advantages,
 }
+
+
+def pipeline_for(names: tuple[str, ...], algorithm: str) -> tuple[str, ...]:
+    """The configured pieces, with ``gae`` replaced by ``vtrace`` for an APPO policy."""
+    if algorithm != "appo":
+        return names
+    return tuple("vtrace" if name == "gae" else name for name in names)
 
 
 def load_piece(name: str) -> Piece:

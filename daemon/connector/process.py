@@ -19,7 +19,7 @@ from rlinkd.daemon import messages as m
 from rlinkd.daemon.batch_schema import BatchMeta, write_columns
 from rlinkd.daemon.connector.builder import BatchBuilder, behaviour_versions
 from rlinkd.daemon.connector.forward import ForwardCache
-from rlinkd.daemon.connector.pipeline import LearnerPipeline, PipelineContext
+from rlinkd.daemon.connector.pipeline import LearnerPipeline, PipelineContext, pipeline_for
 from rlinkd.daemon.connector.replay_feed import ReplayConnector
 from rlinkd.daemon.connector.segments import SegmentAssembler
 from rlinkd.daemon.errors import ExitCode
@@ -52,9 +52,10 @@ class PolicyConnector:
         self.slots.reset_filling()
         self.assembler = SegmentAssembler(max_open_steps=self.slots.capacity_rows // 2)
         # on-policy clients are promised weights trained on their episodes: nothing is dropped
-        lag = None if cfg.sampling.force_on_policy else cfg.sampling.max_policy_lag
+        off_policy = policy.off_policy or not cfg.sampling.force_on_policy
+        lag = cfg.sampling.max_policy_lag if off_policy else None
         self.builder = BatchBuilder(cfg.sampling.train_batch_size, self.slots.capacity_rows, lag)
-        self.pipeline = LearnerPipeline(cfg.connector.pipeline)
+        self.pipeline = LearnerPipeline(pipeline_for(cfg.connector.pipeline, policy.definition.algorithm))
         self.weights = np.empty(policy.spec.n_params(), np.float32)
 
     def wants_records(self) -> bool:
@@ -92,9 +93,11 @@ class PolicyConnector:
 
     def _fill(self, slot: int, segments, seq: int) -> int:
         p, ppo = self.policy, self.policy.definition.ppo
+        appo = p.definition.appo
         pctx = PipelineContext(p.obs_space, p.act_space, p.spec, self.weights, seq, ppo.gamma,
                                ppo.gae_lambda, ppo.normalize_advantages,
-                               self.forwards.get(self.weights, seq))
+                               self.forwards.get(self.weights, seq), appo.vtrace_rho_clip,
+                               appo.vtrace_c_clip)
         return write_columns(self.slots.columns(slot), self.pipeline(segments, pctx), p.spec)
 
     def stats(self) -> m.ConnectorStats:
@@ -112,7 +115,7 @@ class Connector:
     def __init__(self, topo: Topology, ctx: RoleContext) -> None:
         self.topo, self.ctx = topo, ctx
         self.policies: list[PolicyConnector | ReplayConnector] = [
-            ReplayConnector(topo, p, ctx) if p.off_policy else PolicyConnector(topo, p, ctx)
+            ReplayConnector(topo, p, ctx) if p.uses_replay else PolicyConnector(topo, p, ctx)
             for p in topo.trainable()]
         self.doorbell = Doorbell.from_fd(topo.episode_doorbell.fd)
         self.next_stats = 0.0

@@ -141,7 +141,8 @@ class PolicyLearner:
         return m.LearnerState(lr=live["lr"], ent_coef=live["ent_coef"],
                               updates=self.learner.updates,
                               trained_steps=self.learner.trained_steps,
-                              rejected_batches=self.rejected_batches)
+                              rejected_batches=self.rejected_batches,
+                              algorithm=self.policy.definition.algorithm)
 
     # ------------------------------------------------------------ control
     def write_snapshot(self) -> int:
@@ -173,7 +174,7 @@ class LearnerShell:
     def __init__(self, topo: Topology, ctx: RoleContext) -> None:
         self.topo, self.ctx = topo, ctx
         self.policies: dict[str, PolicyLearner | ReplayLearner] = {
-            p.name: (ReplayLearner if p.off_policy else PolicyLearner)(p, topo.cfg, ctx)
+            p.name: (ReplayLearner if p.uses_replay else PolicyLearner)(p, topo.cfg, ctx)
             for p in topo.trainable()}
         self._turn = 0
 
