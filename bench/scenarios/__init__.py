@@ -46,4 +46,6 @@ SUITE = {
                            ("--quick", "--out", "{results}/multiagent-quick.json")),
     "serving": Scenario("bench.scenarios.serving", "serving.json", ("--runs", "{runs}"),
                         ("--quick", "--out", "{results}/serving-quick.json")),
+    "offpolicy": Scenario("bench.scenarios.offpolicy", "offpolicy.json", ("--runs", "{runs}"),
+                          ("--quick", "--out", "{results}/offpolicy-quick.json")),
 }

@@ -31,6 +31,7 @@ class BatchBuilder:
     train_batch_size: int
     capacity_rows: int
     max_policy_lag: int | None   # None: never drop (on-policy: every client's data is trained)
+    freshest: bool = False       # APPO: clients never wait; keep the newest steps (see ``add``)
     buffered: list[Segment] = field(default_factory=list)
     buffered_steps: int = 0
     dropped_episodes: int = 0
@@ -40,10 +41,26 @@ class BatchBuilder:
     last_cutoff: int = 0
 
     def add(self, segments: list[Segment]) -> None:
+        """Buffer segments. With ``freshest`` (APPO: nobody waits for these steps) the buffer
+        never exceeds ``capacity_rows``: the oldest segments are dropped (and counted), so
+        the learner trains on the freshest steps while clients outpace it, instead of on a
+        backlog left in the episode ring."""
         for seg in segments:
             if seg.num_steps:
                 self.buffered.append(seg)
                 self.buffered_steps += seg.num_steps
+        if not self.freshest:
+            return
+        while len(self.buffered) > 1 and self.buffered_steps > self.capacity_rows:
+            old = self.buffered.pop(0)
+            self.buffered_steps -= old.num_steps
+            self.dropped_episodes += 1
+            self.dropped_steps += old.num_steps
+
+    @property
+    def drains_freely(self) -> bool:
+        """``freshest``: read the ring whatever the buffer holds (``add`` drops the oldest)."""
+        return self.freshest
 
     def should_build(self, flush_requested: bool, learner_idle: bool, consumed_id: int) -> bool:
         """Full batch and idle learner; or a flush; or the buffer is about to overflow a slot."""

@@ -54,13 +54,15 @@ class PolicyConnector:
         # on-policy clients are promised weights trained on their episodes: nothing is dropped
         off_policy = policy.off_policy or not cfg.sampling.force_on_policy
         lag = cfg.sampling.max_policy_lag if off_policy else None
-        self.builder = BatchBuilder(cfg.sampling.train_batch_size, self.slots.capacity_rows, lag)
+        self.builder = BatchBuilder(cfg.sampling.train_batch_size, self.slots.capacity_rows, lag,
+                                    freshest=policy.definition.algorithm == "appo")
         self.pipeline = LearnerPipeline(pipeline_for(cfg.connector.pipeline, policy.definition.algorithm))
         self.weights = np.empty(policy.spec.n_params(), np.float32)
 
     def wants_records(self) -> bool:
-        """False while our buffer is full: records stay in the ring (backpressure)."""
-        return self.builder.buffered_steps < self.slots.capacity_rows
+        """False while our buffer is full: records stay in the ring (backpressure). A
+        builder keeping the freshest steps (APPO) always reads (it drops its oldest instead)."""
+        return self.builder.drains_freely or self.builder.buffered_steps < self.slots.capacity_rows
 
     def read(self) -> None:
         """Take what the ring holds (one chunk) into segments and the batch builder."""

@@ -558,3 +558,16 @@ def test_ps_module_functions_match_the_spec_methods():
     obs = np.random.default_rng(0).uniform(-1, 1, (5, 2))
     np.testing.assert_array_equal(ps.value_forward(SPEC, WEIGHTS, obs),
                                   SPEC.value_forward(WEIGHTS, obs))
+
+
+def test_an_appo_builder_keeps_the_freshest_steps_within_its_capacity():
+    """Nobody waits for APPO's steps: the oldest are dropped, counted, so the learner never
+    trains on a stale backlog; other builders drop nothing here."""
+    b = BatchBuilder(train_batch_size=4, capacity_rows=10, max_policy_lag=5, freshest=True)
+    assert b.drains_freely
+    b.add([segment(4, first_id=1), segment(4, first_id=10), segment(4, first_id=20)])
+    assert b.buffered_steps == 8 and b.dropped_episodes == 1 and b.dropped_steps == 4
+    assert [s.first_ingest_id for s in b.buffered] == [10, 20]
+    keep = BatchBuilder(train_batch_size=4, capacity_rows=10, max_policy_lag=5)
+    keep.add([segment(4, first_id=1), segment(4, first_id=10), segment(4, first_id=20)])
+    assert keep.buffered_steps == 12 and keep.dropped_steps == 0 and not keep.drains_freely
