@@ -42,16 +42,16 @@ class BatchBuilder:
 
     def add(self, segments: list[Segment]) -> None:
         """Buffer segments. With ``freshest`` (APPO: nobody waits for these steps) the buffer
-        never exceeds ``capacity_rows``: the oldest segments are dropped (and counted), so
-        the learner trains on the freshest steps while clients outpace it, instead of on a
-        backlog left in the episode ring."""
+        keeps about ``train_batch_size`` steps: the oldest segments beyond it are dropped (and
+        counted), so each batch is the freshest train batch while clients outpace the
+        learner, never a backlog left in the episode ring or an oversized batch."""
         for seg in segments:
             if seg.num_steps:
                 self.buffered.append(seg)
                 self.buffered_steps += seg.num_steps
         if not self.freshest:
             return
-        while len(self.buffered) > 1 and self.buffered_steps > self.capacity_rows:
+        while len(self.buffered) > 1 and self.buffered_steps - self.buffered[0].num_steps >= self.train_batch_size:
             old = self.buffered.pop(0)
             self.buffered_steps -= old.num_steps
             self.dropped_episodes += 1

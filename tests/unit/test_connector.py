@@ -563,11 +563,11 @@ def test_ps_module_functions_match_the_spec_methods():
 def test_an_appo_builder_keeps_the_freshest_steps_within_its_capacity():
     """Nobody waits for APPO's steps: the oldest are dropped, counted, so the learner never
     trains on a stale backlog; other builders drop nothing here."""
-    b = BatchBuilder(train_batch_size=4, capacity_rows=10, max_policy_lag=5, freshest=True)
+    b = BatchBuilder(train_batch_size=6, capacity_rows=20, max_policy_lag=5, freshest=True)
     assert b.drains_freely
     b.add([segment(4, first_id=1), segment(4, first_id=10), segment(4, first_id=20)])
     assert b.buffered_steps == 8 and b.dropped_episodes == 1 and b.dropped_steps == 4
-    assert [s.first_ingest_id for s in b.buffered] == [10, 20]
+    assert [s.first_ingest_id for s in b.buffered] == [10, 20]  # >= 6 steps, the newest
     keep = BatchBuilder(train_batch_size=4, capacity_rows=10, max_policy_lag=5)
     keep.add([segment(4, first_id=1), segment(4, first_id=10), segment(4, first_id=20)])
     assert keep.buffered_steps == 12 and keep.dropped_steps == 0 and not keep.drains_freely
