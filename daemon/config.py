@@ -293,6 +293,9 @@ class CheckpointConfig:
                                     minimum=1)
     snapshot_bytes: int = setting(64 * MiB, "Shared-memory area for one learner snapshot.",
                                   minimum=MiB)
+    save_replay: bool = setting(False, "Save each DQN policy's replay buffer with every "
+                                "checkpoint (up to `dqn.buffer_size_steps` transitions) and "
+                                "refill it from the checkpoint a daemon resumes.")
 
 
 @dataclass(frozen=True)

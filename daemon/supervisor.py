@@ -179,6 +179,7 @@ class Supervisor:
                 check_resume_matches(resume, policy.spec, policy.name)
             self.topo.resume_checkpoint = str(resume.path)
             self.topo.write_counters(resume.counters)
+            self._restore_replays(str(resume.path))
             self.last_checkpoint = m.CheckpointInfo(str(resume.path), resume.weights_seq_no,
                                                     resume.manifest.get("created_at", time.time()))
             log.info("resuming", checkpoint=str(resume.path), weights_seq_no=resume.weights_seq_no)
@@ -186,6 +187,24 @@ class Supervisor:
         if self.endpoint is not None:
             self.endpoint.start()
             self.endpoint.publish(self.info())
+
+    def _restore_replays(self, checkpoint: str) -> None:
+        """``checkpoint.save_replay``: refill each DQN policy's new replay buffer from the
+        checkpoint the daemon resumes (before any role starts writing to it)."""
+        if not self.cfg.checkpoint.save_replay:
+            return
+        from rlinkd.daemon.checkpoint.replay_files import restore_replay
+        from rlinkd.shm.replay import ReplayBuffer
+        for policy in self.topo.trainable():
+            if policy.uses_replay:
+                buffer = ReplayBuffer.attach(policy.replay_path)
+                try:
+                    log.info("replay_restored", policy=policy.name,
+                             rows=restore_replay(checkpoint, policy.name, buffer))
+                except CheckpointError as exc:  # the learner's state still resumes
+                    log.warning("replay_not_restored", policy=policy.name, error=str(exc))
+                finally:
+                    buffer.close()
 
     def _install_signals(self) -> None:
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)

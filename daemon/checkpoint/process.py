@@ -27,7 +27,9 @@ from rlinkd.daemon.roles import RoleContext
 from rlinkd.daemon.version import package_version
 from rlinkd.daemon.wiring import PolicyTopology, Topology
 from rlinkd.shm.blob import BlobArea
+from rlinkd.daemon.checkpoint.replay_files import replay_files
 from rlinkd.shm.board import WeightsBoard
+from rlinkd.shm.replay import ReplayBuffer
 
 log = structlog.get_logger("checkpointer")
 SNAPSHOT_TIMEOUT_S = 60.0
@@ -43,6 +45,7 @@ class PolicyFiles:
         self._onnx: OnnxWeightWriter | None = None  # built at the first checkpoint (imports onnx)
         description = policy_description(policy.obs_space, policy.act_space, policy.spec)
         self.policy_json = json.dumps(description, indent=1).encode()  # keeps Dict key order
+        self.replay: ReplayBuffer | None = None  # DQN with checkpoint.save_replay
 
     def files(self, generation: int, seq_no: int) -> dict[str, bytes]:
         """learner.pt (the snapshot of ``generation``), policy.json, and policy.onnx when the
@@ -57,6 +60,8 @@ class PolicyFiles:
         if seq == seq_no:
             self._onnx = self._onnx or OnnxWeightWriter(self.policy.spec)
             out[name("policy.onnx")] = self._onnx.encode(flat)
+        if self.replay is not None:
+            out.update(replay_files(self.policy.name, self.replay))
         return out
 
 
@@ -78,6 +83,9 @@ class Checkpointer:
         self.cfg: Config = topo.cfg
         self.root = store.checkpoints_dir(topo.cfg.daemon.state_dir)
         self.policies = {p.name: PolicyFiles(p) for p in topo.trainable()}
+        for p in topo.trainable():
+            if p.uses_replay and topo.cfg.checkpoint.save_replay:
+                self.policies[p.name].replay = ReplayBuffer.attach(p.replay_path)
         self.pending: dict[int, Pending] = {}
 
     def on_request(self, req: m.CheckpointRequest) -> None:

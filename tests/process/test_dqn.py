@@ -2,8 +2,9 @@
 
 - Two client_lib CartPole clients (TCP and shared memory) learn to a mean return of 150
   within a test-sized budget, never waiting for an update.
-- A checkpoint (SIGUSR1) holds the DQN state: a restarted daemon resumes the weights
-  version, the update count and epsilon's clock.
+- A checkpoint (SIGUSR1) holds the DQN state and, with ``checkpoint.save_replay``, the
+  replay buffer: a restarted daemon resumes the weights version, the update count,
+  epsilon's clock and the buffer's transitions.
 - The RLlink seed client's message flow (EPISODES_AND_GET_STATE with plain JSON fragments,
   no extension keys read) keeps working under DQN.
 """
@@ -24,6 +25,7 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(420)]
 DQN = ("--set", "learner.algorithm=dqn", "--set", "dqn.n_step=3", "--set", "dqn.lr=0.0023",
        "--set", "dqn.target_update_interval_updates=128", "--set", "dqn.epsilon_decay_steps=8000",
        "--set", "dqn.epsilon_end=0.04", "--set", "dqn.learning_starts_steps=1000")
+SAVE_REPLAY = ("--set", "checkpoint.save_replay=true")
 TARGET_RETURN = 150.0
 LEARN_BUDGET_S = 240.0
 
@@ -48,7 +50,7 @@ def mean_last(returns: list[float], n: int = 20) -> float:
 
 
 def test_dqn_learns_cartpole_over_both_transports_and_resumes_from_a_checkpoint(daemon_factory):
-    d = daemon_factory(*DQN)
+    d = daemon_factory(*DQN, *SAVE_REPLAY)
     returns: dict[str, list[float]] = {"tcp": [], "shm": []}
     stop = threading.Event()
     threads = [threading.Thread(target=play, args=(f"tcp://127.0.0.1:{d.port}", returns["tcp"], stop, 0)),
@@ -70,9 +72,10 @@ def test_dqn_learns_cartpole_over_both_transports_and_resumes_from_a_checkpoint(
     saved = wait_for(lambda: (s := d.status())["last_checkpoint"] and s, 30, what="a checkpoint")
     saved_learner = saved["learner"]
     assert d.stop() == 0
-    d2 = daemon_factory(*DQN, name="state")  # same state dir: resumes the checkpoint
+    d2 = daemon_factory(*DQN, *SAVE_REPLAY, name="state")  # same state dir: resumes it
     resumed = wait_for(lambda: (s := d2.status())["learner"].get("algorithm") and s, 60,
                        what="the resumed DQN learner")
+    assert resumed["learner"]["replay_steps"] >= min(saved_learner["replay_steps"], 100_000) > 0
     assert resumed["learner"]["updates"] >= saved_learner["updates"] - 200  # (the checkpoint came first)
     assert resumed["learner"]["epsilon"] <= saved_learner["epsilon"] + 0.01
     assert resumed["weights_seq_no"] >= 1
