@@ -223,12 +223,12 @@ def test_a_group_is_answered_in_one_pass_with_one_version(setup):
 def test_a_dqn_policy_is_served_epsilon_greedy_once_epsilon_is_known(setup):
     """The role applies the epsilon a WEIGHTS_READY brought (its policy's runner.epsilon):
     epsilon 0 is the argmax on every row, single or batched; None samples softmax."""
-    server, _, _, board, d = setup
+    server, _, _, _, d = setup
     runner = server.policies["default"].runner
     runner.refresh()
     rows = np.zeros(200, step_layout(d).dtype)["obs"]
     rows["obs"] = np.random.default_rng(2).normal(size=(200, 4))
-    greedy, _, dist = runner.act(rows, np.zeros(200, bool))
+    greedy, _, _ = runner.act(rows, np.zeros(200, bool))
     runner.epsilon = 0.0
     for n in (1, 200):
         actions, logp, _ = runner.act(rows[:n], np.ones(n, bool))
