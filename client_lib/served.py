@@ -181,6 +181,29 @@ class ServedShmLink(ReconnectingLink):
             return None, -1
         return self._wait(area)
 
+    def wait_answered(self, answered) -> None:
+        """Spin briefly while answers come fast, then sleep on the response doorbell until
+        ``answered()``, checking the socket for a daemon that went away (its ERROR raises;
+        EOF raises ConnectionError). Keeps ``wait_s``, the EWMA that decides spinning."""
+        area = self._area()
+        started = time.perf_counter()
+        if self.wait_s < 2 * SPIN_S:  # answers come fast: spin for them (else sleep at once,
+            deadline = started + SPIN_S  # leaving the CPU to the daemon and other clients)
+            while not answered() and time.perf_counter() < deadline:
+                pass
+        while not answered():
+            area.announce_client_wait()
+            if answered():
+                break
+            assert self.bells is not None and self.client is not None and self.client.sock is not None
+            sock_fd = self.client.sock.fileno()
+            ready, _, _ = select.select([self.bells[1].fileno(), sock_fd], [], [], WAIT_SLICE_S)
+            if sock_fd in ready:
+                self.client.recv()
+            self.bells[1].drain()
+        # (a sample capped at 10 spins: an on-policy hold of 100 ms must not stop the spinning)
+        self.wait_s += 0.1 * (min(time.perf_counter() - started, 10 * SPIN_S) - self.wait_s)
+
     def _area(self) -> LaneArea:
         if self.client is None or self.area is None:
             raise ConnectionError(f"{self.socket_path}: not connected")
@@ -197,26 +220,9 @@ class ServedShmLink(ReconnectingLink):
         self.area.layout.step.write_obs(lanes[0:1]["obs"], {field_name(k): v for k, v in cols.items()})
 
     def _wait(self, area: LaneArea) -> tuple[object, int]:
-        """Spin briefly, then sleep on the response doorbell (checking the socket for a daemon
-        that went away); the answer or an error."""
-        started = time.perf_counter()
-        if self.wait_s < 2 * SPIN_S:  # answers come fast: spin for them (else sleep at once,
-            deadline = started + SPIN_S  # leaving the CPU to the daemon and other clients)
-            while not area.answered(0) and time.perf_counter() < deadline:
-                pass
-        while not area.answered(0):
-            area.announce_client_wait()
-            if area.answered(0):
-                break
-            assert self.bells is not None and self.client is not None and self.client.sock is not None
-            sock_fd = self.client.sock.fileno()
-            ready, _, _ = select.select([self.bells[1].fileno(), sock_fd], [], [], WAIT_SLICE_S)
-            if sock_fd in ready:
-                self.client.recv()  # ERROR raises; EOF raises ConnectionError
-            self.bells[1].drain()
+        """Until lane 0 is answered (``wait_answered``); the answer or an error."""
+        self.wait_answered(lambda: area.answered(0))
         self.in_flight = False
-        # (a sample capped at 10 spins: an on-policy hold of 100 ms must not stop the spinning)
-        self.wait_s += 0.1 * (min(time.perf_counter() - started, 10 * SPIN_S) - self.wait_s)
         row = area.lanes[0]
         status = int(row["status"])
         if status == STATUS_LOST:

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import itertools
 import secrets
-import select
-import time
 from typing import Any
 
 import numpy as np
@@ -33,8 +31,7 @@ from rlinkd.client_lib.protocol import serving
 from rlinkd.client_lib.protocol.columns import (Columns, action_columns, action_vector, batch_columns,
                                                 native, native_batch, to_columns)
 from rlinkd.client_lib.protocol.spaces import Space, field_name, space_from_json
-from rlinkd.client_lib.served import (SPIN_S, WAIT_SLICE_S, EpisodeLost, ServedShmLink,
-                                      ServedTcpLink)
+from rlinkd.client_lib.served import EpisodeLost, ServedShmLink, ServedTcpLink
 from rlinkd.client_lib.transport import RLlinkError, ServerError
 from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_START, OP_STEP, STATUS_LOST, STATUS_MESSAGES,
                               STATUS_OK, TERMINATED, TRUNCATED)
@@ -189,25 +186,9 @@ class _ShmWire:
             self.link.bells[0].ring()
 
     def _wait(self, rows: np.ndarray) -> None:
-        """Spin briefly (while answers come fast), then sleep on the response doorbell,
-        checking the socket for a daemon that went away (its ERROR raises)."""
-        link, area = self.link, self.link._area()
-        started = time.perf_counter()
-        if link.wait_s < 2 * SPIN_S:
-            deadline = started + SPIN_S
-            while not area.answered_all(rows) and time.perf_counter() < deadline:
-                pass
-        while not area.answered_all(rows):
-            area.announce_client_wait()
-            if area.answered_all(rows):
-                break
-            assert link.bells is not None and link.client is not None and link.client.sock is not None
-            sock_fd = link.client.sock.fileno()
-            ready, _, _ = select.select([link.bells[1].fileno(), sock_fd], [], [], WAIT_SLICE_S)
-            if sock_fd in ready:
-                link.client.recv()  # ERROR raises; EOF raises ConnectionError
-            link.bells[1].drain()
-        link.wait_s += 0.1 * (min(time.perf_counter() - started, 10 * SPIN_S) - link.wait_s)
+        """Until every lane of ``rows`` is answered (``ServedShmLink.wait_answered``)."""
+        area = self.link._area()
+        self.link.wait_answered(lambda: area.answered_all(rows))
 
     def close(self) -> None:
         if self.ending.any() and self.link.area is not None:

@@ -61,7 +61,7 @@ import numpy as np
 
 from rlinkd.shm._sync import store_load_fence
 from rlinkd.shm.errors import LayoutError
-from rlinkd.shm.records import StepLayout
+from rlinkd.shm.records import DerivedLayout, StepLayout, align
 from rlinkd.shm.segment import Segment, check_field, check_magic
 
 LANE_MAGIC = b"RLKLANE1"
@@ -88,21 +88,17 @@ STATUS_MESSAGES = {STATUS_BAD_OP: "operation out of order for this lane",
                    STATUS_LOST: "the daemon lost this episode (restart): start a new one"}
 
 
-def _align(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
-
-
-class LaneLayout:
+class LaneLayout(DerivedLayout):
     """The lane record of one policy: derived from its ``StepLayout`` (obs fields, action size)."""
 
     ACTION_OFFSET = 40
+    SIZE_KEY, KIND = "lane_bytes", "lane"
 
     def __init__(self, step: StepLayout) -> None:
-        self.step = step
-        self.action_size = step.action_size
-        self.obs_offset = _align(self.ACTION_OFFSET + 4 * self.action_size, 8)
+        super().__init__(step)
+        self.obs_offset = align(self.ACTION_OFFSET + 4 * self.action_size, 8)
         obs_dtype = step.dtype["obs"]
-        self.lane_bytes = _align(self.obs_offset + obs_dtype.itemsize, 64)
+        self.lane_bytes = self.record_bytes = align(self.obs_offset + obs_dtype.itemsize, 64)
         self.dtype = np.dtype({
             "names": ["req_seq", "resp_seq", "op", "flags", "group_size", "reward", "status", "group",
                       "weights_seq_no", "logp", "action", "obs"],
@@ -111,33 +107,12 @@ class LaneLayout:
             "offsets": [0, 4, 8, 9, 10, 12, 16, 20, 24, 32, self.ACTION_OFFSET, self.obs_offset],
             "itemsize": self.lane_bytes})
 
-    def to_json(self) -> dict:
-        return {"lane_bytes": self.lane_bytes, "step_layout": self.step.to_json()}
-
-    @classmethod
-    def from_json(cls, spec: object) -> LaneLayout:
-        if not isinstance(spec, dict) or "step_layout" not in spec:
-            raise LayoutError(f"bad lane layout description {str(spec)[:80]!r}")
-        layout = cls(StepLayout.from_json(spec["step_layout"]))
-        if spec.get("lane_bytes") != layout.lane_bytes:
-            raise LayoutError(f"lane layout says {spec.get('lane_bytes')!r} bytes a lane, "
-                              f"its fields make {layout.lane_bytes}")
-        return layout
-
-    def description(self) -> bytes:
-        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode("ascii")
-
     def area_bytes(self, lanes: int) -> int:
         return lanes_offset(len(self.description())) + lanes * self.lane_bytes
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, LaneLayout) and other.to_json() == self.to_json()
-
-    __hash__ = None  # type: ignore[assignment]
-
 
 def lanes_offset(layout_bytes: int) -> int:
-    return _align(LANE_HEADER.size + layout_bytes, 64)
+    return align(LANE_HEADER.size + layout_bytes, 64)
 
 
 class LaneArea:

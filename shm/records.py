@@ -43,11 +43,14 @@ derived from the same offsets; tests check they agree.
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from collections.abc import Mapping
 
 import numpy as np
+
+from rlinkd.shm.errors import LayoutError
 
 TERMINATED = 1 << 0
 TRUNCATED = 1 << 1
@@ -309,3 +312,44 @@ def _check_castable(name: str, src: np.ndarray, dtype: np.dtype) -> None:
     low, high = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
     if src.size and (int(src.min()) < low or int(src.max()) > high):
         raise ValueError(f"obs[{name!r}]: values outside [{low}, {high}] do not fit a {dtype} field")
+
+
+class DerivedLayout:
+    """Base of the per-policy layouts derived from a ``StepLayout`` (``shm.lanes``,
+    ``shm.replay``): their JSON form is {SIZE_KEY: bytes per record, "step_layout": ...},
+    checked on the way in; equality is equality of that form."""
+
+    SIZE_KEY = ""
+    KIND = ""
+
+    def __init__(self, step: StepLayout) -> None:
+        self.step = step
+        self.action_size = step.action_size
+        self.record_bytes = 0  # set by the subclass
+
+    def to_json(self) -> dict:
+        return {self.SIZE_KEY: self.record_bytes, "step_layout": self.step.to_json()}
+
+    @classmethod
+    def from_json(cls, spec: object):
+        if not isinstance(spec, dict) or "step_layout" not in spec:
+            raise LayoutError(f"bad {cls.KIND} layout description {str(spec)[:80]!r}")
+        layout = cls(StepLayout.from_json(spec["step_layout"]))
+        if spec.get(cls.SIZE_KEY) != layout.record_bytes:
+            raise LayoutError(f"{cls.KIND} layout says {spec.get(cls.SIZE_KEY)!r} bytes a record, "
+                              f"its fields make {layout.record_bytes}")
+        return layout
+
+    def description(self) -> bytes:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode("ascii")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, type(self)) and other.to_json() == self.to_json()
+
+    def __hash__(self) -> int:
+        return hash(self.description())
+
+
+def align(n: int, to: int) -> int:
+    """``n`` rounded up to a multiple of ``to``."""
+    return (n + to - 1) // to * to

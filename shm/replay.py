@@ -50,7 +50,7 @@ import struct
 import numpy as np
 
 from rlinkd.shm.errors import LayoutError
-from rlinkd.shm.records import StepLayout
+from rlinkd.shm.records import DerivedLayout, StepLayout, align
 from rlinkd.shm.segment import Segment, check_field, check_magic
 
 REPLAY_MAGIC = b"RLKREPL1"
@@ -62,42 +62,23 @@ CLAIMED_OFFSET, WRITTEN_OFFSET = 32, 40
 MAX_RESAMPLE_ROUNDS = 8
 
 
-def _align(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
-
-
-class ReplayLayout:
+class ReplayLayout(DerivedLayout):
     """The transition row of one policy, derived from its ``StepLayout``."""
 
     ACTION_OFFSET = 16
+    SIZE_KEY, KIND = "row_bytes", "replay"
 
     def __init__(self, step: StepLayout) -> None:
-        self.step = step
-        self.action_size = step.action_size
+        super().__init__(step)
         obs_dtype = step.dtype["obs"]
-        obs_offset = _align(self.ACTION_OFFSET + 4 * self.action_size, 8)
+        obs_offset = align(self.ACTION_OFFSET + 4 * self.action_size, 8)
         next_offset = obs_offset + obs_dtype.itemsize
-        self.row_bytes = _align(next_offset + obs_dtype.itemsize, 8)
+        self.row_bytes = self.record_bytes = align(next_offset + obs_dtype.itemsize, 8)
         self.dtype = np.dtype({
             "names": ["reward", "discount", "seq_no", "action", "obs", "next_obs"],
             "formats": ["<f4", "<f4", "<i8", ("<f4", (self.action_size,)), obs_dtype, obs_dtype],
             "offsets": [0, 4, 8, self.ACTION_OFFSET, obs_offset, next_offset],
             "itemsize": self.row_bytes})
-
-    def to_json(self) -> dict:
-        return {"row_bytes": self.row_bytes, "step_layout": self.step.to_json()}
-
-    @classmethod
-    def from_json(cls, spec: object) -> ReplayLayout:
-        if not isinstance(spec, dict) or "step_layout" not in spec:
-            raise LayoutError(f"bad replay layout description {str(spec)[:80]!r}")
-        layout = cls(StepLayout.from_json(spec["step_layout"]))
-        if spec.get("row_bytes") != layout.row_bytes:
-            raise LayoutError(f"replay row_bytes {spec.get('row_bytes')} != {layout.row_bytes}")
-        return layout
-
-    def description(self) -> bytes:
-        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode("ascii")
 
     def segment_bytes(self, capacity: int) -> int:
         return _rows_offset(len(self.description())) + capacity * self.row_bytes
@@ -105,15 +86,9 @@ class ReplayLayout:
     def empty(self, rows: int) -> np.ndarray:
         return np.zeros(rows, self.dtype)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ReplayLayout) and self.to_json() == other.to_json()
-
-    def __hash__(self) -> int:
-        return hash(self.description())
-
 
 def _rows_offset(layout_bytes: int) -> int:
-    return _align(REPLAY_HEADER.size + layout_bytes, 64)
+    return align(REPLAY_HEADER.size + layout_bytes, 64)
 
 
 class ReplayBuffer:

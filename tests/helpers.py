@@ -185,3 +185,47 @@ class BackgroundClient:
         self.thread.join(timeout_s)
         if self.agent is not None:
             self.agent.link.close()
+
+
+# ---------------------------------------------------------------- learning runs
+def play_cartpole(address: str, returns: list[float], stop, seed: int, **connect_kwargs) -> None:
+    """A client_lib CartPole agent until ``stop`` is set; every episode's return into ``returns``."""
+    import gymnasium as gym
+    from rlinkd.client_lib import connect
+    agent = connect(address, **connect_kwargs)
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=seed)
+    total = 0.0
+    while not stop.is_set():
+        obs, reward, terminated, truncated, _ = env.step(agent.act(obs))
+        agent.step(reward, obs, terminated, truncated)
+        total += reward
+        if terminated or truncated:
+            returns.append(total)
+            total, (obs, _) = 0.0, env.reset()
+    agent.close()
+
+
+def mean_last(returns: list[float], n: int = 20) -> float:
+    return sum(returns[-n:]) / n if len(returns) >= n else 0.0
+
+
+def learn_over_both_transports(d, target: float, budget_s: float) -> dict[str, list[float]]:
+    """One TCP and one shared-memory CartPole client on daemon ``d`` until either's mean
+    return of its last 20 episodes reaches ``target`` (AssertionError after ``budget_s``);
+    their episode returns."""
+    import threading
+    returns: dict[str, list[float]] = {"tcp": [], "shm": []}
+    stop = threading.Event()
+    threads = [threading.Thread(target=play_cartpole, args=(f"tcp://127.0.0.1:{d.port}", returns["tcp"], stop, 0)),
+               threading.Thread(target=play_cartpole, args=(f"shm:{d.state_dir}", returns["shm"], stop, 1))]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: max(mean_last(r) for r in returns.values()) >= target, budget_s,
+                 what=f"a client's mean return of {target}")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    return returns

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import random
 
 import numpy as np
 import torch
@@ -18,8 +17,7 @@ from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.daemon.config import DQNConfig
 from rlinkd.daemon.learner.adam import Adam
 from rlinkd.daemon.learner.dqn import double_q_targets, dqn_loss, linear_epsilon
-from rlinkd.daemon.learner.learner import resolve_device
-from rlinkd.daemon.learner.model import ActorCritic
+from rlinkd.daemon.learner.learner import seeded_model
 
 DQN_STATE_FORMAT = 1
 
@@ -31,13 +29,8 @@ class DQNLearner:
 
     def __init__(self, spec: PolicySpec, hp: DQNConfig, device: str = "auto", seed: int = 0,
                  torch_threads: int = 0) -> None:
-        if torch_threads > 0:
-            torch.set_num_threads(torch_threads)
-        torch.manual_seed(seed)
-        random.seed(seed)
         self.spec, self.hp = spec, hp
-        self.device = resolve_device(device)
-        self.model = ActorCritic(spec, init_seed=seed).to(self.device)
+        self.device, self.model = seeded_model(spec, device, seed, torch_threads)
         self.target = copy.deepcopy(self.model).requires_grad_(False)
         self.optimizer = Adam(self.model.parameters(), lr=hp.lr)
         self.updates = 0

@@ -35,6 +35,18 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def seeded_model(spec: PolicySpec, device: str, seed: int, torch_threads: int
+                 ) -> tuple[torch.device, ActorCritic]:
+    """Thread count and the process-global torch/python RNGs set (a learner core owns its
+    process), then the spec's network on the device: what every algorithm's core starts with."""
+    if torch_threads > 0:
+        torch.set_num_threads(torch_threads)
+    torch.manual_seed(seed)
+    random.seed(seed)
+    resolved = resolve_device(device)
+    return resolved, ActorCritic(spec, init_seed=seed).to(resolved)
+
+
 def explained_variance(predicted: np.ndarray, targets: np.ndarray) -> float:
     """1 - Var[targets - predicted] / Var[targets]; NaN when the targets are constant."""
     predicted, targets = np.asarray(predicted, np.float64), np.asarray(targets, np.float64)
@@ -76,13 +88,8 @@ class Learner:
 
     def __init__(self, spec: PolicySpec, hp: PPOConfig, device: str = "auto", seed: int = 0,
                  torch_threads: int = 0) -> None:
-        if torch_threads > 0:
-            torch.set_num_threads(torch_threads)
-        torch.manual_seed(seed)
-        random.seed(seed)
         self.spec, self.hp = spec, hp
-        self.device = resolve_device(device)
-        self.model = ActorCritic(spec, init_seed=seed).to(self.device)
+        self.device, self.model = seeded_model(spec, device, seed, torch_threads)
         self.optimizer = _make_adam(self.model, hp.lr)
         self.normalizers = ({n.key: ObsNormalizer(math.prod(n.shape)) for n in spec.normalizers()}
                             if hp.normalize_observations else {})

@@ -4,12 +4,9 @@ by V-trace (or dropped past ``sampling.max_policy_lag``), and they reach a mean 
 150 within a test-sized budget."""
 from __future__ import annotations
 
-import threading
-
 import pytest
 
-from tests.helpers import wait_for
-from tests.process.test_dqn import mean_last, play
+from tests.helpers import learn_over_both_transports
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
@@ -20,19 +17,7 @@ LEARN_BUDGET_S = 180.0
 
 def test_appo_learns_cartpole_and_its_clients_never_wait(daemon_factory):
     d = daemon_factory(*APPO)
-    returns: dict[str, list[float]] = {"tcp": [], "shm": []}
-    stop = threading.Event()
-    threads = [threading.Thread(target=play, args=(f"tcp://127.0.0.1:{d.port}", returns["tcp"], stop, 0)),
-               threading.Thread(target=play, args=(f"shm:{d.state_dir}", returns["shm"], stop, 1))]
-    for t in threads:
-        t.start()
-    try:
-        wait_for(lambda: max(mean_last(r) for r in returns.values()) >= TARGET_RETURN,
-                 LEARN_BUDGET_S, what=f"an APPO client's mean return of {TARGET_RETURN}")
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
+    returns = learn_over_both_transports(d, TARGET_RETURN, LEARN_BUDGET_S)
     assert all(len(r) > 20 for r in returns.values()), "both transports took part"
     status = d.status()
     learner = status["learner"]

@@ -11,14 +11,12 @@
 from __future__ import annotations
 
 import signal
-import threading
 import time
 
 import gymnasium as gym
 import pytest
 
-from rlinkd.client_lib import connect
-from tests.helpers import raw_recv, raw_send, wait_for
+from tests.helpers import learn_over_both_transports, raw_recv, raw_send, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(420)]
 
@@ -30,40 +28,9 @@ TARGET_RETURN = 150.0
 LEARN_BUDGET_S = 240.0
 
 
-def play(address: str, returns: list[float], stop: threading.Event, seed: int) -> None:
-    agent = connect(address)
-    env = gym.make("CartPole-v1")
-    obs, _ = env.reset(seed=seed)
-    total = 0.0
-    while not stop.is_set():
-        obs, reward, terminated, truncated, _ = env.step(agent.act(obs))
-        agent.step(reward, obs, terminated, truncated)
-        total += reward
-        if terminated or truncated:
-            returns.append(total)
-            total, (obs, _) = 0.0, env.reset()
-    agent.close()
-
-
-def mean_last(returns: list[float], n: int = 20) -> float:
-    return sum(returns[-n:]) / n if len(returns) >= n else 0.0
-
-
 def test_dqn_learns_cartpole_over_both_transports_and_resumes_from_a_checkpoint(daemon_factory):
     d = daemon_factory(*DQN, *SAVE_REPLAY)
-    returns: dict[str, list[float]] = {"tcp": [], "shm": []}
-    stop = threading.Event()
-    threads = [threading.Thread(target=play, args=(f"tcp://127.0.0.1:{d.port}", returns["tcp"], stop, 0)),
-               threading.Thread(target=play, args=(f"shm:{d.state_dir}", returns["shm"], stop, 1))]
-    for t in threads:
-        t.start()
-    try:
-        wait_for(lambda: max(mean_last(r) for r in returns.values()) >= TARGET_RETURN,
-                 LEARN_BUDGET_S, what=f"a DQN client's mean return of {TARGET_RETURN}")
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
+    returns = learn_over_both_transports(d, TARGET_RETURN, LEARN_BUDGET_S)
     assert all(len(r) > 20 for r in returns.values()), "both transports took part"
     learner = d.status()["learner"]
     assert learner["algorithm"] == "dqn" and learner["updates"] > 0 and learner["epsilon"] < 0.5

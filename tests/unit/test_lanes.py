@@ -26,7 +26,7 @@ def test_lane_layout_is_cache_line_sized_and_round_trips():
 
 def test_from_json_refuses_a_wrong_size():
     spec = layout().to_json() | {"lane_bytes": 64 * 99}
-    with pytest.raises(LayoutError, match="bytes a lane"):
+    with pytest.raises(LayoutError, match="bytes a record"):
         LaneLayout.from_json(spec)
 
 

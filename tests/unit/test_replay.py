@@ -39,7 +39,7 @@ def test_layout_keeps_native_dtypes_and_round_trips():
     assert ReplayLayout.from_json(lay.to_json()) == lay
     image = ReplayLayout(StepLayout((("img", "|u1", (84, 84, 4)), ("pos", "<i8", (2,))), 3, 0))
     assert image.dtype["obs"]["img"].base == np.uint8 and image.dtype["next_obs"]["img"].shape == (84, 84, 4)
-    with pytest.raises(LayoutError, match="row_bytes"):
+    with pytest.raises(LayoutError, match="bytes a record"):
         ReplayLayout.from_json(lay.to_json() | {"row_bytes": 8})
 
 
