@@ -541,3 +541,27 @@ def test_cli_overrides_reach_policy_tables_and_mapping_patterns_keep_their_dots(
                       resolve_dirs=False)
     assert cfg.policies["red"].ppo.lr == 0.01
     assert cfg.policy_mapping.rules == (("team.red_*", "red"),)
+
+
+def test_algorithms_per_policy_and_their_sections(tmp_path):
+    """learner.algorithm for all, [policies.NAME] algorithm for one, [policies.NAME.dqn]
+    overriding [dqn]; DQN needs one Discrete action; the TOML round trip keeps it all."""
+    from rlinkd.daemon.policies import policy_defs
+    path = tmp_path / "rlinkd.toml"
+    path.write_text('[learner]\nalgorithm = "appo"\n[dqn]\nlr = 0.01\nn_step = 3\n'
+                    '[policies.red]\nalgorithm = "dqn"\n[policies.red.dqn]\nn_step = 5\n')
+    cfg = load_config(path, [("daemon", "state_dir", str(tmp_path / "s"))])
+    defs = policy_defs(cfg)
+    assert defs["default"].algorithm == "appo" and defs["default"].off_policy
+    assert not defs["default"].uses_replay
+    red = defs["red"]
+    assert red.algorithm == "dqn" and red.uses_replay and (red.dqn.n_step, red.dqn.lr) == (5, 0.01)
+    assert red.spec.hidden_sizes == cfg.dqn.hidden_sizes and red.spec.activation == "relu"
+    again = tmp_path / "again.toml"
+    again.write_text(C.to_toml(cfg))
+    assert load_config(again, [("daemon", "state_dir", str(tmp_path / "s"))]).policies == cfg.policies
+    with pytest.raises(ConfigError, match="Discrete"):
+        policy_defs(load_config(None, [("daemon", "state_dir", str(tmp_path / "s")),
+                                       ("learner", "algorithm", "dqn"), ("env", "id", "Pendulum-v1")]))
+    with pytest.raises(ConfigError, match="algorithm"):
+        load_config(None, [("learner", "algorithm", "sac")], resolve_dirs=False)

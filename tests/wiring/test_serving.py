@@ -181,3 +181,19 @@ def test_vector_client_server_inference_trains(daemon, transport):
                      what="the vector client's steps, episodes and requests counted, lanes released")
     fours = after["inference"]["batch_sizes"].get("<=4", 0) - before["inference"]["batch_sizes"].get("<=4", 0)
     assert fours >= 250  # 300 acts of 4 copies, each group served in one forward pass
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_a_served_vector_client_in_evaluate_mode_trains_nothing(daemon, transport):
+    address = (f"tcp://127.0.0.1:{daemon.listening.port}" if transport == "tcp"
+               else f"unix://{daemon.listening.unix_socket}")
+    before = status(daemon)
+    env = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync",
+                       vector_kwargs={"autoreset_mode": "SameStep"})
+    client = connect_vector(address, 3, inference="server", mode="evaluate")
+    stats = run_env(env, client, episodes=6, seed=4)
+    client.close()
+    after = wait_for(lambda: (st := status(daemon))["eval"]["episodes"] >= before["eval"]["episodes"] + 6
+                     and st, 15, what="the evaluation episodes reported")
+    assert stats.episodes >= 6
+    assert after["env_steps"] == before["env_steps"] and after["episodes"] == before["episodes"]
