@@ -191,6 +191,11 @@ class DQNConfig:
     epsilon_decay_steps: int = setting(10_000, "Env steps over which epsilon falls linearly "
                                        "from start to end (0: end at once).", minimum=0)
     max_grad_norm: float = setting(10.0, "Global gradient-norm clip.", minimum=0.0)
+    max_lead_steps: int = setting(0, "Pacing: a sampling client waits (at most "
+                                  "`sampling.max_wait_for_batch_s`) while the learner is more "
+                                  "than this many env steps behind `updates_per_step`; 0: "
+                                  "clients never wait, and the ratio achieved is what the "
+                                  "learner's speed allows.", minimum=0)
     double_q: bool = setting(True, "Choose the bootstrap action with the online network "
                              "(double DQN); false: max of the target network.")
     hidden_sizes: tuple[int, ...] = setting((256, 256), "Hidden layer widths of the Q-network.")

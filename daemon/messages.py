@@ -57,6 +57,7 @@ class LearnerState:
     algorithm: str = "ppo"
     epsilon: float | None = None     # dqn: the exploration rate clients apply now
     replay_steps: int | None = None  # off-policy: transitions in the replay buffer
+    lag_steps: int | None = None     # off-policy: env steps the learner is behind its UTD schedule
 
 
 @dataclass(frozen=True)

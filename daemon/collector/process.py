@@ -14,6 +14,7 @@ import time
 import structlog
 
 from rlinkd.daemon import messages as m
+from rlinkd.daemon.collector.pacing import Pacer
 from rlinkd.daemon.collector.core import CollectorCore, policy_info
 from rlinkd.daemon.collector.server import CollectorServer, EpisodeRoute
 from rlinkd.daemon.collector.serving import ServingFront
@@ -62,7 +63,10 @@ class CollectorProcess:
                                       make_shm=self._make_shm_ingestor,
                                       ssl_ctx=server_context(topo.cfg.server),
                                       on_ingest=lambda: topo.write_counters(core.counters()),
-                                      serving=serving)
+                                      serving=serving, pacer=Pacer(
+                                          {n: p.definition.dqn.max_lead_steps
+                                           for n, p in topo.policies.items() if p.uses_replay},
+                                          topo.cfg.sampling.max_wait_for_batch_s))
         self.done = asyncio.Event()
         self.route = m.Router("collector", {
             m.WeightsPublished: self._on_weights, m.ConnectorStats: self.status.on_connector,
@@ -116,6 +120,7 @@ class CollectorProcess:
         cache = self.server.weights.get(msg.policy)
         if cache is not None and msg.learner is not None:
             cache.set_exploration(msg.learner.epsilon)
+            self.server.pacer.on_report(msg.policy, msg.learner.lag_steps)
         self.server.on_weights_published(msg.policy, msg.cutoff_ingest_id)
 
     def _on_drain(self, msg) -> None:

@@ -27,6 +27,7 @@ from rlinkd.client_lib.protocol.codec import ProtocolError
 from rlinkd.client_lib.transport import EVICTED
 from rlinkd.daemon.collector.core import CollectorCore, Plan, Session, error_kind
 from rlinkd.daemon.collector.status import StatusBuilder
+from rlinkd.daemon.collector.pacing import Pacer
 from rlinkd.daemon.collector.weights import WeightsCache, set_state_frame
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.errors import RlinkdError
@@ -127,7 +128,7 @@ class CollectorServer:
                  make_shm: Callable[[CollectorServer], ShmIngestor],
                  ssl_ctx: ssl.SSLContext | None = None,
                  on_ingest: Callable[[], None] = lambda: None,
-                 serving: ServingFront | None = None) -> None:
+                 serving: ServingFront | None = None, pacer: Pacer | None = None) -> None:
         self.core, self.routes, self.weights, self.status = core, routes, weights, status
         shared = asyncio.Lock()
         for route in routes.values():
@@ -136,6 +137,7 @@ class CollectorServer:
         self.on_ingest = on_ingest
         self.ssl_ctx = ssl_ctx
         self.waiters: dict[int, asyncio.Future] = {}
+        self.pacer = pacer or Pacer({}, 0.0)
         self.first_weights = asyncio.Event()
         self.writers: dict[int, asyncio.StreamWriter] = {}
         self.servers: list[asyncio.AbstractServer] = []
@@ -277,6 +279,8 @@ class CollectorServer:
             if reply is not None:
                 await self.send(writer, reply)
         held = plan.held
+        if plan.newest_state or plan.wait_for_training:
+            await self.pacer.wait(last_ids)  # (paced off-policy policies only)
         if plan.newest_state:
             await self._send_state(session, writer, held)
         if plan.wait_for_training:

@@ -226,6 +226,8 @@ class ShmIngestor:
         shm = self.clients.sessions.get(session.id)
         for pr in (shm.rings.values() if shm else ()):
             pr.unsent = False
+        if msg.get_state:
+            await self.server.pacer.wait(last_ids)  # (paced off-policy policies only)
         if msg.get_state and self.server.cfg.sampling.force_on_policy and last_ids:
             await self.server.wait_for_training(session, last_ids)
         await self.server.first_weights.wait()

@@ -138,7 +138,15 @@ class ReplayLearner:
         return m.LearnerState(lr=float(self.hp.lr), ent_coef=0.0, updates=self.core.updates,
                               trained_steps=self.core.trained_steps, rejected_batches=0,
                               algorithm="dqn", epsilon=self.core.epsilon,
-                              replay_steps=len(self.replay))
+                              replay_steps=len(self.replay), lag_steps=self._lag_steps())
+
+    def _lag_steps(self) -> int:
+        """Env steps received whose gradient steps are still due (0 before learning starts)."""
+        if self.start is None:
+            return 0
+        due = (self.replay.written - self.start[0]) * self.hp.updates_per_step
+        done = self.core.updates - self.start[1]
+        return max(0, int((due - done) / self.hp.updates_per_step))
 
     # ------------------------------------------------------------ control
     def write_snapshot(self) -> int:
