@@ -7,7 +7,8 @@ return of the last 20 episodes reaches ``--target`` (450 by default) or ``--time
 passes: wall time, env steps, the daemon's env steps/s. DQN runs with the settings below
 (CartPole-sized, close to rl-baselines3-zoo's: lr 2.3e-3, target copy every 128 updates,
 epsilon 1 → 0.04 over 8,000 steps, 3-step returns, 0.5 updates per env step); PPO and APPO
-with the defaults. Writes bench/results/offpolicy.json.
+with the defaults; "dqn-paced" is DQN with `dqn.max_lead_steps=500` (clients held while the
+learner is more than 500 env steps behind its ratio). Writes bench/results/offpolicy.json.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ ALGORITHMS = {
             "dqn.target_update_interval_updates=128", "dqn.epsilon_decay_steps=8000",
             "dqn.epsilon_end=0.04", "dqn.learning_starts_steps=1000"],
 }
+ALGORITHMS["dqn-paced"] = [*ALGORITHMS["dqn"], "dqn.max_lead_steps=500"]
 
 
 def solve_run(algorithm: str, seed: int, target: float, timeout_s: float) -> dict:
