@@ -3,9 +3,11 @@ client of such a policy while its learner is further behind its updates-to-data 
 than that many env steps, so the ratio it trains at is the configured one even when clients
 could outrun it. Off by default (0): DQN's clients never wait.
 
-The learner reports its lag (``LearnerState.lag_steps``) with every publication; a held
-client is released by the first report within the limit, or after ``max_wait_s`` (a learner
-that stopped reporting must not stall the clients forever). Event-loop side only.
+The learner reports its lag (``LearnerState.lag_steps``) with every publication (and about
+once a second while idle); the steps the collector ingested since that report count on top,
+so samples arriving between reports cannot slip past the limit together. A held client is
+released by the first report within the limit, or after ``max_wait_s`` (a learner that
+stopped reporting must not stall the clients forever). Event-loop side only.
 """
 from __future__ import annotations
 
@@ -14,10 +16,13 @@ import time
 
 
 class Pacer:
-    def __init__(self, limits: dict[str, int], max_wait_s: float) -> None:
+    def __init__(self, limits: dict[str, int], max_wait_s: float,
+                 steps_of=lambda policy: 0) -> None:
         self.limits = {p: n for p, n in limits.items() if n > 0}  # policy -> max lead steps
         self.max_wait_s = max_wait_s
+        self.steps_of = steps_of  # env steps ingested for a policy so far (the collector's count)
         self.lag: dict[str, int] = {}
+        self.base: dict[str, int] = {}  # steps_of(policy) at its last report
         self.events: dict[str, asyncio.Event] = {}
         self.held = 0  # samples held so far (status)
 
@@ -25,9 +30,13 @@ class Pacer:
         """A learner's report (WeightsPublished): release the waiters it lets go."""
         if policy not in self.limits or lag_steps is None:
             return
-        self.lag[policy] = lag_steps
+        self.lag[policy], self.base[policy] = lag_steps, self.steps_of(policy)
         if lag_steps <= self.limits[policy] and policy in self.events:
             self.events[policy].set()
+
+    def behind(self, policy: str) -> int:
+        """The learner's last reported lag plus what was ingested since."""
+        return self.lag.get(policy, 0) + self.steps_of(policy) - self.base.get(policy, 0)
 
     async def wait(self, policies) -> None:
         """Until every paced one of ``policies`` is within its limit (or max_wait_s passed)."""
@@ -36,9 +45,9 @@ class Pacer:
             limit = self.limits.get(policy)
             if limit is None:
                 continue
-            if self.lag.get(policy, 0) > limit:
+            if self.behind(policy) > limit:
                 self.held += 1
-            while self.lag.get(policy, 0) > limit and (left := deadline - time.monotonic()) > 0:
+            while self.behind(policy) > limit and (left := deadline - time.monotonic()) > 0:
                 event = self.events.setdefault(policy, asyncio.Event())
                 event.clear()
                 try:

@@ -66,7 +66,8 @@ class CollectorProcess:
                                       serving=serving, pacer=Pacer(
                                           {n: p.definition.dqn.max_lead_steps
                                            for n, p in topo.policies.items() if p.uses_replay},
-                                          topo.cfg.sampling.max_wait_for_batch_s))
+                                          topo.cfg.sampling.max_wait_for_batch_s,
+                                          lambda policy: core.policy_steps.get(policy, 0)))
         self.done = asyncio.Event()
         self.route = m.Router("collector", {
             m.WeightsPublished: self._on_weights, m.ConnectorStats: self.status.on_connector,

@@ -30,3 +30,20 @@ def test_held_until_the_learner_catches_up_or_the_wait_runs_out():
         await slow.wait(["default"])
         assert 0.08 <= time.monotonic() - started < 1.0
     asyncio.run(main())
+
+
+def test_steps_ingested_since_the_last_report_count_on_top():
+    ingested = {"default": 1000}
+    pacer = Pacer({"default": 100}, max_wait_s=5.0, steps_of=lambda p: ingested[p])
+    pacer.on_report("default", 60)
+    assert pacer.behind("default") == 60
+    ingested["default"] += 50           # a sample arrived after the report
+    assert pacer.behind("default") == 110
+
+    async def main() -> None:
+        task = asyncio.create_task(pacer.wait(["default"]))
+        await asyncio.sleep(0.05)
+        assert not task.done()          # 110 > 100 although the report said 60
+        pacer.on_report("default", 0)   # the learner caught up on it
+        await asyncio.wait_for(task, 1.0)
+    asyncio.run(main())

@@ -77,3 +77,31 @@ def test_server_side_inference_serves_a_dqn_policy_and_its_steps_fill_the_replay
     agent.close()
     wait_for(lambda: status(daemon)["learner"].get("replay_steps", 0) >= min(before + 1000, 100_000),
              20, what="served steps in the replay buffer")
+
+
+def test_paced_clients_keep_the_learner_within_its_lead(tmp_path):
+    """dqn.max_lead_steps = 100: every sample is answered only once the learner is within
+    100 env steps of its updates-to-data schedule, so its reported lag stays near that bound
+    (without pacing, this in-process learner falls thousands of steps behind)."""
+    cfg = load_config(None, [("daemon", "state_dir", str(tmp_path / "state")), ("server", "port", 0),
+                             ("learner", "algorithm", "dqn"), ("sampling", "env_steps_per_sample", 100),
+                             ("dqn", "learning_starts_steps", 200), ("dqn", "updates_per_step", 1.0),
+                             ("dqn", "publish_interval_updates", 10), ("dqn", "max_lead_steps", 100),
+                             ("dqn", "hidden_sizes", [32, 32])])
+    d = InProcessDaemon(cfg).start()
+    try:
+        agent = connect(f"tcp://127.0.0.1:{d.listening.port}")
+        env = gym.make("CartPole-v1")
+        obs, _ = env.reset(seed=0)
+        lags = []
+        for step in range(2000):
+            obs2, reward, term, trunc, _ = env.step(agent.act(obs))
+            agent.step(reward, obs2, term, trunc)
+            obs = env.reset()[0] if term or trunc else obs2
+            if step % 100 == 99:
+                with RLlinkClient(f"unix://{d.listening.unix_socket}") as c:
+                    lags.append(c.status()["learner"].get("lag_steps") or 0)
+        agent.close()
+    finally:
+        assert d.stop() == {role: 0 for role in ROLES}
+    assert max(lags[5:]) <= 100 + 2 * 100, lags  # the lead, a sample, a publication's slack
