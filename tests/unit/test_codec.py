@@ -483,3 +483,26 @@ def test_fuzz_any_json_value_in_any_fragment_field(value, key):
 def test_message_dataclasses_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         codec.Ping().token = "x"  # type: ignore[misc]
+
+
+_json_value = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40)
+                           | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5),
+                           lambda children: st.lists(children, max_size=4)
+                           | st.dictionaries(st.text(max_size=8), children, max_size=4), max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=_json_value, kind=st.sampled_from(["SET_STATE", "WEIGHTS_READY"]))
+def test_fuzz_any_exploration_value(value, kind):
+    """The DQN `exploration` extension (server → client): whatever JSON it holds, decoding
+    succeeds or raises BadMessage, and ``epsilon_of`` gives a rate in [0, 1] or None."""
+    body = {"type": kind, "weights_seq_no": 3, "exploration": value}
+    if kind == "SET_STATE":
+        body["onnx_file"] = "eA=="
+    try:
+        msg = codec.decode_body(dumps(body))
+    except BadMessage:
+        return
+    for policy in ("default", "red", ""):
+        eps = codec.epsilon_of(msg.exploration, policy)
+        assert eps is None or 0.0 <= eps <= 1.0
