@@ -66,6 +66,8 @@ class ReplayLearner:
             self.core.model.load_flat(flat)
             self.seq_no = board_seq
         self.seen_written = self.replay.written  # (what a predecessor already counted)
+        if not self.resumed_from:  # a restart without a checkpoint: epsilon goes on from the data
+            self.core.env_steps = max(self.core.env_steps, self.seen_written)
         self._publish(None)
         log.info("learner_ready", policy=self.name, algorithm="dqn", seq_no=self.seq_no,
                  device=str(self.core.device), resumed_from=self.resumed_from or None,
