@@ -85,3 +85,41 @@ def test_reload_changes_what_the_next_batch_trains_with(shell):
     reported = collector_messages(shell)[-1].learner
     assert (reported.lr, reported.ent_coef) == (0.005, 0.02)
     assert shell.default.learner.optimizer.param_groups[0]["lr"] == 0.005
+
+
+def test_a_dqn_learner_trains_from_the_replay_and_a_successor_keeps_its_buffer(tmp_path):
+    """The replay buffer lives outside the learner: a DQN shell trains from what the
+    connector wrote, publishes, and a second shell on the same topology (a restarted
+    learner, no checkpoint) finds the buffer full and epsilon where the data put it."""
+    from rlinkd.shm.replay import ReplayBuffer, ReplayLayout
+    from tests.unit.test_replay import rows_for
+    cfg = load_config(None, [("daemon", "state_dir", str(tmp_path / "state")),
+                             ("learner", "algorithm", "dqn"), ("dqn", "learning_starts_steps", 100),
+                             ("dqn", "updates_per_step", 0.5), ("dqn", "publish_interval_updates", 10),
+                             ("dqn", "epsilon_decay_steps", 1000), ("dqn", "hidden_sizes", [16])])
+    topo = build_topology(cfg)
+    try:
+        policy = topo.default
+        replay = ReplayBuffer.attach(policy.replay_path, ReplayLayout(policy.layout))
+        first = LearnerShell(topo, RoleContext("learner", topo))
+        first.boot()
+        rows = rows_for(replay.layout, np.arange(400))
+        rows["obs"]["obs"] = rows["next_obs"]["obs"] = 0.01  # inside CartPole's space
+        rows["action"] = 1.0
+        replay.append(rows[:100])  # learning starts here: the ratio counts from this point
+        assert not first.train_one()
+        replay.append(rows[100:])
+        while first.train_one():
+            pass
+        learner = first.default
+        assert learner.core.updates == 150 and learner.seq_no == 15  # (400 - 100) * 0.5, every 10
+        assert learner.core.epsilon < 1.0
+        first.close()
+        second = LearnerShell(topo, RoleContext("learner", topo))
+        second.boot()
+        assert len(second.default.replay) == 400 and second.default.seq_no == 15
+        assert second.default.core.env_steps == 400  # epsilon goes on
+        second.close()
+        replay.close()
+    finally:
+        destroy_topology(topo)
