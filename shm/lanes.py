@@ -54,7 +54,6 @@ One lane (``LaneLayout.dtype``; A action floats, the obs fields as in ``shm.reco
 """
 from __future__ import annotations
 
-import json
 import struct
 
 import numpy as np
@@ -173,16 +172,8 @@ class LaneArea:
         magic, version, lane_bytes, capacity, _, _, layout_bytes, *_ = LANE_HEADER.unpack_from(segment.buf)
         check_magic(segment.path, magic, LANE_MAGIC, "lane area")
         check_field(segment.path, "layout_version", version, LANE_LAYOUT_VERSION)
-        if not 0 < layout_bytes <= segment.size - LANE_HEADER.size:
-            raise LayoutError(f"{segment.path}: layout description of {layout_bytes} bytes does not fit")
-        try:
-            spec = json.loads(bytes(segment.buf[LANE_HEADER.size:LANE_HEADER.size + layout_bytes]))
-        except ValueError as exc:
-            raise LayoutError(f"{segment.path}: unreadable lane layout ({exc})") from exc
-        layout = LaneLayout.from_json(spec)
-        check_field(segment.path, "lane_bytes", lane_bytes, layout.lane_bytes)
-        if expected is not None and layout != expected:
-            raise LayoutError(f"{segment.path}: lane layout {spec} is not the expected {expected.to_json()}")
+        layout = LaneLayout.read(segment.path, segment.buf, LANE_HEADER.size, layout_bytes,
+                                 lane_bytes, expected)
         if not 0 < capacity <= MAX_LANES or layout.area_bytes(capacity) > segment.size:
             raise LayoutError(f"{segment.path}: {capacity} lanes do not fit {segment.size} bytes")
         return cls(segment, layout, capacity)

@@ -343,6 +343,26 @@ class DerivedLayout:
     def description(self) -> bytes:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode("ascii")
 
+    @classmethod
+    def read(cls, path: str, buf, header_bytes: int, layout_bytes: int, record_bytes: int,
+             expected: DerivedLayout | None):
+        """The layout described at ``header_bytes`` of a mapped segment (``attach`` checks):
+        the description fits and parses, its record size is the header's ``record_bytes``
+        and, given ``expected``, it is that layout. LayoutError naming ``path`` otherwise."""
+        if not 0 < layout_bytes <= len(buf) - header_bytes:
+            raise LayoutError(f"{path}: layout description of {layout_bytes} bytes does not fit")
+        try:
+            spec = json.loads(bytes(buf[header_bytes:header_bytes + layout_bytes]))
+        except ValueError as exc:
+            raise LayoutError(f"{path}: unreadable {cls.KIND} layout ({exc})") from exc
+        layout = cls.from_json(spec)
+        if record_bytes != layout.record_bytes:
+            raise LayoutError(f"{path}: header says {record_bytes} bytes a record, its layout "
+                              f"{layout.record_bytes}")
+        if expected is not None and layout != expected:
+            raise LayoutError(f"{path}: {cls.KIND} layout {spec} is not the expected {expected.to_json()}")
+        return layout
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, type(self)) and other.to_json() == self.to_json()
 

@@ -43,7 +43,6 @@ during the copy and is drawn again. No lock, and the writer never waits for read
 """
 from __future__ import annotations
 
-import json
 import os
 import struct
 
@@ -126,16 +125,8 @@ class ReplayBuffer:
         magic, version, row_bytes, capacity, _, _, _, _, layout_bytes = REPLAY_HEADER.unpack_from(segment.buf)
         check_magic(segment.path, magic, REPLAY_MAGIC, "replay buffer")
         check_field(segment.path, "layout_version", version, REPLAY_LAYOUT_VERSION)
-        if not 0 < layout_bytes <= segment.size - REPLAY_HEADER.size:
-            raise LayoutError(f"{segment.path}: layout description of {layout_bytes} bytes does not fit")
-        try:
-            spec = json.loads(bytes(segment.buf[REPLAY_HEADER.size:REPLAY_HEADER.size + layout_bytes]))
-        except ValueError as exc:
-            raise LayoutError(f"{segment.path}: unreadable replay layout ({exc})") from exc
-        layout = ReplayLayout.from_json(spec)
-        check_field(segment.path, "row_bytes", row_bytes, layout.row_bytes)
-        if expected is not None and layout != expected:
-            raise LayoutError(f"{segment.path}: replay layout {spec} is not the expected {expected.to_json()}")
+        layout = ReplayLayout.read(segment.path, segment.buf, REPLAY_HEADER.size, layout_bytes,
+                                   row_bytes, expected)
         if capacity < 1 or layout.segment_bytes(capacity) > segment.size:
             raise LayoutError(f"{segment.path}: {capacity} rows do not fit {segment.size} bytes")
         return cls(segment, layout, capacity)
