@@ -23,6 +23,7 @@ import numpy as np
 from rlinkd.client_lib.reporting import EvalTally, MetricBuffer
 from rlinkd.client_lib.links import TcpLink
 from rlinkd.client_lib.policy import ActionChooser
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.columns import Columns, to_columns
 from rlinkd.client_lib.protocol.fragments import Fragment
 from rlinkd.client_lib.protocol.spaces import Space, space_from_gym
@@ -89,7 +90,9 @@ class Agent:
         self.env_steps_per_sample = cfg.env_steps_per_sample
         self.force_on_policy = cfg.force_on_policy
         self.explore = explore
-        self.chooser = ActionChooser(self.act_space, seed)
+        default = cfg.policies.get(DEFAULT_POLICY)
+        self.chooser = ActionChooser(self.act_space, seed,
+                                     box_dist=default.box_dist if default else "gaussian")
         self.buffer = FragmentBuffer()
         self.done_fragments: list[Fragment] = []
         self.pending: tuple | None = None

@@ -21,6 +21,7 @@ from rlinkd.client_lib.policy import OnnxPolicy
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY, MappingError, PolicyMapping
 from rlinkd.client_lib.protocol.codec import EpisodeFragment
+from rlinkd.client_lib.protocol.distributions import BOX_DISTS
 from rlinkd.client_lib.protocol.fragments import Fragment
 from rlinkd.client_lib.protocol.spaces import Space, space_from_json
 from rlinkd.client_lib.transport import Address, RLlinkClient, RLlinkError, ServerError
@@ -37,6 +38,7 @@ class PolicyInfo:
     obs_space: Space
     act_space: Space
     trainable: bool = True
+    box_dist: str = "gaussian"  # SAC policies: "squashed_gaussian"
 
 
 @dataclass
@@ -65,15 +67,25 @@ def server_config(cfg: codec.SetConfig) -> LinkConfig:
     except (MappingError, KeyError, TypeError) as exc:
         raise RLlinkError(f"malformed SET_CONFIG policies: {exc}") from None
     if obs is not None and act is not None:
-        policies.setdefault(DEFAULT_POLICY, PolicyInfo(obs, act))
+        policies.setdefault(DEFAULT_POLICY, PolicyInfo(obs, act, True, _box_dist(cfg.box_dist)))
     return LinkConfig(cfg.env_steps_per_sample, cfg.force_on_policy, obs, act,
                       bool(cfg.compact_arrays), policies, mapping, cfg.max_agents_per_connection)
 
 
 def _policies(raw: dict) -> dict[str, PolicyInfo]:
     return {name: PolicyInfo(space_from_json(p["observation_space"]),
-                             space_from_json(p["action_space"]), bool(p.get("trainable", True)))
+                             space_from_json(p["action_space"]), bool(p.get("trainable", True)),
+                             _box_dist(p.get("box_dist")))
             for name, p in raw.items()}
+
+
+def _box_dist(value: object) -> str:
+    """SET_CONFIG's ``box_dist`` (absent: "gaussian"); RLlinkError for an unknown one."""
+    if value is None:
+        return "gaussian"
+    if value not in BOX_DISTS:
+        raise RLlinkError(f"SET_CONFIG: unknown box_dist {value!r} (known: {BOX_DISTS})")
+    return str(value)
 
 
 def changed_policies(msg: codec.SetState, held: dict[str, int]) -> dict[str, codec.SetState]:

@@ -126,10 +126,10 @@ class ActionChooser:
     into native values)."""
 
     def __init__(self, act_space: Space, seed: int | None = None,
-                 rng: np.random.Generator | None = None) -> None:
+                 rng: np.random.Generator | None = None, box_dist: str = "gaussian") -> None:
         self.space = act_space
         self.rng = rng if rng is not None else np.random.default_rng(seed)
-        self.dist = ActionDist(components(act_space))
+        self.dist = ActionDist(components(act_space, box_dist))
 
     def choose(self, dist: np.ndarray, explore: bool, epsilon: float | None = None
                ) -> tuple[np.ndarray, float]:

@@ -202,6 +202,52 @@ class DQNConfig:
     activation: str = setting("relu", "Hidden activation.", choices=("tanh", "relu"))
 
 
+ALGORITHMS = ("ppo", "appo", "dqn", "sac")
+
+
+@dataclass(frozen=True)
+class SACConfig:
+    """[sac]: soft actor-critic for float Box actions with finite bounds (`learner.algorithm =
+    "sac"`): a tanh-squashed Gaussian actor, twin Q-networks with Polyak-averaged targets,
+    automatic entropy tuning, n-step returns from a shared-memory replay buffer; clients
+    sample from the actor (no other exploration)."""
+
+    lr: float = setting(3e-4, "Adam learning rate of the actor, the critics and the entropy "
+                        "coefficient.", reloadable=True, minimum=0.0)
+    gamma: float = setting(0.99, "Discount factor.", minimum=0.0, maximum=1.0)
+    n_step: int = setting(1, "Steps of reward summed before bootstrapping (n-step returns).",
+                          minimum=1, maximum=100)
+    buffer_size_steps: int = setting(100_000, "Replay buffer capacity in transitions (the "
+                                     "oldest are overwritten).", minimum=1)
+    learning_starts_steps: int = setting(1000, "Transitions in the buffer before the first "
+                                         "update.", minimum=1)
+    batch_size: int = setting(256, "Transitions per gradient step.", minimum=1)
+    updates_per_step: float = setting(1.0, "Gradient steps per env step received (the "
+                                      "updates-to-data ratio); the learner trains while "
+                                      "clients sample and never makes them wait.",
+                                      minimum=0.001, maximum=64.0)
+    tau: float = setting(0.005, "Polyak coefficient of the target critics: target = (1 - tau) "
+                         "* target + tau * online after every gradient step.",
+                         minimum=0.0, maximum=1.0)
+    publish_interval_updates: int = setting(20, "Gradient steps between weight publications "
+                                            "to clients.", minimum=1)
+    initial_alpha: float = setting(1.0, "Entropy coefficient at the start (the fixed one when "
+                                   "`autotune_alpha = false`).", minimum=0.0)
+    autotune_alpha: bool = setting(True, "Tune the entropy coefficient so the policy's entropy "
+                                   "tracks `target_entropy_per_dim` * action dimensions.")
+    target_entropy_per_dim: float = setting(-1.0, "Target entropy per action dimension (the "
+                                            "usual -1: target = -dim(A)).")
+    max_grad_norm: float = setting(0.0, "Global gradient-norm clip of each network (0: none).",
+                                   minimum=0.0)
+    max_lead_steps: int = setting(0, "Pacing, as `dqn.max_lead_steps`: a sampling client waits "
+                                  "(at most `sampling.max_wait_for_batch_s`) while the learner "
+                                  "is more than this many env steps behind "
+                                  "`updates_per_step`; 0: clients never wait.", minimum=0)
+    hidden_sizes: tuple[int, ...] = setting((256, 256), "Hidden layer widths of the actor and "
+                                            "of each critic.")
+    activation: str = setting("relu", "Hidden activation.", choices=("tanh", "relu"))
+
+
 @dataclass(frozen=True)
 class APPOConfig:
     """[appo]: asynchronous PPO (`learner.algorithm = "appo"`): PPO's loss, network and
@@ -213,6 +259,10 @@ class APPOConfig:
                                      "TD errors are clipped here.", minimum=0.0)
     vtrace_c_clip: float = setting(1.0, "V-trace's c-bar: the trace-cutting importance "
                                    "weights are clipped here.", minimum=0.0)
+
+
+POLICY_SUBSECTIONS: dict[str, type] = {"ppo": PPOConfig, "dqn": DQNConfig, "sac": SACConfig}
+"""Sections a ``[policies.NAME.<section>]`` table may override for one policy."""
 
 
 @dataclass(frozen=True)
@@ -237,9 +287,11 @@ class PolicyConfig:
     ppo: PPOConfig | None = setting(None, "This policy's [ppo] (keys set in "
                                     "`[policies.NAME.ppo]` override [ppo]).")
     algorithm: str = setting("", "This policy's learning algorithm (empty: "
-                             "`learner.algorithm`).", choices=("", "ppo", "appo", "dqn"))
+                             "`learner.algorithm`).", choices=("", *ALGORITHMS))
     dqn: DQNConfig | None = setting(None, "This policy's [dqn] (keys set in "
                                     "`[policies.NAME.dqn]` override [dqn]).")
+    sac: SACConfig | None = setting(None, "This policy's [sac] (keys set in "
+                                    "`[policies.NAME.sac]` override [sac]).")
 
 
 @dataclass(frozen=True)
@@ -249,7 +301,8 @@ class LearnerConfig:
     algorithm: str = setting("ppo", "Learning algorithm of every trainable policy (a "
                              "policy may choose its own): `ppo` (on-policy), `appo` "
                              "(asynchronous PPO with V-trace), `dqn` (off-policy, Discrete "
-                             "actions, replay buffer).", choices=("ppo", "appo", "dqn"))
+                             "actions, replay buffer), `sac` (off-policy, float Box actions "
+                             "with finite bounds, replay buffer).", choices=ALGORITHMS)
     device: str = setting("auto", "`auto` = CUDA when available, else CPU; or `cpu`, "
                           "`cuda`, `cuda:1`.")
     torch_threads: int = setting(1, "torch intra-op threads in the learner.", minimum=1)
@@ -298,8 +351,8 @@ class CheckpointConfig:
                                     minimum=1)
     snapshot_bytes: int = setting(64 * MiB, "Shared-memory area for one learner snapshot.",
                                   minimum=MiB)
-    save_replay: bool = setting(False, "Save each DQN policy's replay buffer with every "
-                                "checkpoint (up to `dqn.buffer_size_steps` transitions) and "
+    save_replay: bool = setting(False, "Save each DQN/SAC policy's replay buffer with every "
+                                "checkpoint (up to its `buffer_size_steps` transitions) and "
                                 "refill it from the checkpoint a daemon resumes.")
 
 
@@ -351,6 +404,7 @@ class Config:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     appo: APPOConfig = field(default_factory=APPOConfig)
     dqn: DQNConfig = field(default_factory=DQNConfig)
+    sac: SACConfig = field(default_factory=SACConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     connector: ConnectorConfig = field(default_factory=ConnectorConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -378,7 +432,8 @@ class Config:
 
 
 SECTIONS: dict[str, type] = {"server": ServerConfig, "env": EnvConfig, "sampling": SamplingConfig,
-            "ppo": PPOConfig, "appo": APPOConfig, "dqn": DQNConfig, "learner": LearnerConfig,
+            "ppo": PPOConfig, "appo": APPOConfig, "dqn": DQNConfig, "sac": SACConfig,
+            "learner": LearnerConfig,
             "connector": ConnectorConfig, "checkpoint": CheckpointConfig,
             "inference": InferenceConfig, "daemon": DaemonConfig, "metrics": MetricsConfig}
 
@@ -513,8 +568,7 @@ NAMED_SECTIONS = ("policies", "policy_mapping")
 """Top-level tables that are not a fixed ``SECTIONS`` dataclass."""
 
 
-def _build_policies(raw: Any, ppo_raw: dict[str, Any], dqn_raw: dict[str, Any]
-                    ) -> dict[str, PolicyConfig]:
+def _build_policies(raw: Any, section_raw: dict[str, dict[str, Any]]) -> dict[str, PolicyConfig]:
     """``[policies.NAME]`` tables → PolicyConfig by name (ConfigError naming the key)."""
     if not isinstance(raw, dict):
         raise ConfigError("[policies]: expected tables [policies.NAME]")
@@ -529,10 +583,10 @@ def _build_policies(raw: Any, ppo_raw: dict[str, Any], dqn_raw: dict[str, Any]
         if not isinstance(table, dict):
             raise ConfigError(f"[policies.{name}]: expected a table")
         table = dict(table)
-        subs = {key: table.pop(key, None) for key in ("ppo", "dqn")}
+        subs = {key: table.pop(key, None) for key in POLICY_SUBSECTIONS}
         policy = _build_section(f"policies.{name}", PolicyConfig, table)
-        for key, cls, base in (("ppo", PPOConfig, ppo_raw), ("dqn", DQNConfig, dqn_raw)):
-            sub = subs[key]
+        for key, cls in POLICY_SUBSECTIONS.items():
+            sub, base = subs[key], section_raw.get(key, {})
             if sub is not None:
                 if not isinstance(sub, dict):
                     raise ConfigError(f"[policies.{name}.{key}]: expected a table")
@@ -566,8 +620,7 @@ def load_config(path: str | os.PathLike | None = None,
                           f"{', '.join([*SECTIONS, *NAMED_SECTIONS])})")
     sections = {name: _build_section(name, cls, raw.get(name, {}))
                 for name, cls in SECTIONS.items()}
-    cfg = Config(**sections, policies=_build_policies(raw.get("policies", {}), raw.get("ppo", {}),
-                                                      raw.get("dqn", {})),
+    cfg = Config(**sections, policies=_build_policies(raw.get("policies", {}), raw),
                  policy_mapping=_build_mapping(raw.get("policy_mapping", {})),
                  source_file=str(Path(path).resolve()) if path else "")
     if resolve_dirs:
@@ -591,7 +644,8 @@ def validate(cfg: Config) -> None:
     if cfg.ppo.minibatch_size > s.train_batch_size:
         raise ConfigError(f"ppo.minibatch_size ({cfg.ppo.minibatch_size}) must not exceed "
                           f"sampling.train_batch_size ({s.train_batch_size})")
-    for key, sizes in (("ppo", cfg.ppo.hidden_sizes), ("dqn", cfg.dqn.hidden_sizes)):
+    for key in POLICY_SUBSECTIONS:
+        sizes = getattr(cfg, key).hidden_sizes
         if not sizes or min(sizes) < 1:
             raise ConfigError(f"{key}.hidden_sizes: give at least one positive width")
     if bool(srv.tls_cert_file) != bool(srv.tls_key_file):
@@ -760,7 +814,7 @@ def to_toml(cfg: Config) -> str:
         lines += [f"[{name}]", *_toml_fields(getattr(cfg, name)), ""]
     for name, policy in cfg.policies.items():
         lines += [f"[policies.{name}]", *_toml_fields(policy), ""]
-        for key in ("ppo", "dqn"):
+        for key in POLICY_SUBSECTIONS:
             if getattr(policy, key) is not None:
                 lines += [f"[policies.{name}.{key}]", *_toml_fields(getattr(policy, key)), ""]
     if cfg.policy_mapping.rules:
@@ -775,7 +829,7 @@ def _toml_fields(section: Any) -> list[str]:
     return [f"{f.name} = {_toml_value(getattr(section, f.name))}"
             for f in dataclasses.fields(section)
             if getattr(section, f.name) is not None and not isinstance(
-                getattr(section, f.name), (PPOConfig, DQNConfig))]
+                getattr(section, f.name), tuple(POLICY_SUBSECTIONS.values()))]
 
 
 def docs_markdown() -> str:

@@ -207,7 +207,7 @@ def output_layout(spec: PolicySpec) -> str | list[dict[str, Any]]:
     if isinstance(spec.act_space, (Discrete, Box)):
         return "logits" if isinstance(spec.act_space, Discrete) else "mean_then_log_std"
     return [{"kind": c.kind,
-             "dist_columns": [c.dist, c.dist + c.width * (2 if c.kind == "gaussian" else 1)],
+             "dist_columns": [c.dist, c.dist + c.width * (2 if c.kind.endswith("gaussian") else 1)],
              "action_columns": [c.action, c.action + (1 if c.kind == "categorical" else c.width)]}
             for c in spec.action_components]
 

@@ -79,8 +79,8 @@ class TrainStats:
     update_time_s: float
     policy_lag_max: int | None
     policy_lag_mean: float | None
-    q_mean: float | None = None        # dqn: mean Q(s, a) of the sampled transitions
-    td_abs_mean: float | None = None   # dqn: mean |Q(s, a) - target|
+    q_mean: float | None = None        # dqn, sac: mean Q(s, a) of the sampled transitions
+    td_abs_mean: float | None = None   # dqn, sac: mean |Q(s, a) - target|
 
 
 def train_stats(stats: dict[str, float], lag_max: int | None, lag_mean: float | None) -> TrainStats:
@@ -97,9 +97,13 @@ def train_stats(stats: dict[str, float], lag_max: int | None, lag_mean: float | 
 
 
 def off_policy_stats(stats: dict[str, float], updates: int, elapsed_s: float) -> TrainStats:
-    """Means of an off-policy learner's gradient steps since its last publication."""
+    """Means of an off-policy learner's gradient steps since its last publication (SAC adds
+    its actor loss as policy_loss, critic loss as value_loss and the entropy estimate)."""
+    optional = {key: _finite(stats[key]) if key in stats else None
+                for key in ("actor_loss", "critic_loss", "entropy")}
     return TrainStats(
-        loss=_finite(stats["loss"]), policy_loss=None, value_loss=None, entropy=None,
+        loss=_finite(stats["loss"]), policy_loss=optional["actor_loss"],
+        value_loss=optional["critic_loss"], entropy=optional["entropy"],
         approx_kl=None, clip_frac=None, grad_norm=_finite(stats["grad_norm"]),
         explained_variance=None, epochs=updates, n_rows=int(stats["n_rows"]),
         update_time_s=elapsed_s, policy_lag_max=None, policy_lag_mean=None,

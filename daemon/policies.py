@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.spaces import Space, SpaceError, space_from_gym
-from rlinkd.daemon.config import APPOConfig, Config, DQNConfig, PolicyConfig, PPOConfig
+from rlinkd.daemon.config import (APPOConfig, Config, DQNConfig, PolicyConfig, PPOConfig,
+                                  SACConfig)
 from rlinkd.daemon.errors import ConfigError
 
 
@@ -33,19 +34,31 @@ class PolicyDef:
     algorithm: str = "ppo"
     dqn: DQNConfig = field(default_factory=DQNConfig)
     appo: APPOConfig = field(default_factory=APPOConfig)
+    sac: SACConfig = field(default_factory=SACConfig)
 
     @property
     def off_policy(self) -> bool:
-        """Trained while clients sample: they never wait for weights (DQN, APPO)."""
+        """Trained while clients sample: they never wait for weights (DQN, SAC, APPO)."""
         return self.algorithm in OFF_POLICY
 
     @property
     def uses_replay(self) -> bool:
-        """Trained from a shared-memory replay buffer instead of train batches (DQN)."""
-        return self.algorithm == "dqn"
+        """Trained from a shared-memory replay buffer instead of train batches (DQN, SAC)."""
+        return self.algorithm in REPLAY_ALGORITHMS
+
+    @property
+    def replay_hp(self) -> DQNConfig | SACConfig:
+        """The replay algorithm's section: the keys its buffer, connector, learner shell and
+        pacing share (buffer_size_steps, n_step, gamma, learning_starts_steps, batch_size,
+        updates_per_step, publish_interval_updates, max_lead_steps, lr).
+        ValueError for a policy without a replay buffer."""
+        if not self.uses_replay:
+            raise ValueError(f"policy {self.name!r} ({self.algorithm}) has no replay buffer")
+        return self.sac if self.algorithm == "sac" else self.dqn
 
 
-OFF_POLICY = ("dqn", "appo")
+OFF_POLICY = ("dqn", "sac", "appo")
+REPLAY_ALGORITHMS = ("dqn", "sac")
 
 
 def policy_defs(cfg: Config) -> dict[str, PolicyDef]:
@@ -65,14 +78,24 @@ def _define(cfg: Config, name: str, table: PolicyConfig,
     else:
         obs, act = env_spaces
     mask_key = table.action_mask_key or (cfg.env.action_mask_key if obs == env_spaces[0] else "")
-    ppo, dqn = table.ppo or cfg.ppo, table.dqn or cfg.dqn
+    ppo, dqn, sac = table.ppo or cfg.ppo, table.dqn or cfg.dqn, table.sac or cfg.sac
     algorithm = table.algorithm or cfg.learner.algorithm
-    net = (dqn.hidden_sizes, dqn.activation) if algorithm == "dqn" else (ppo.hidden_sizes, ppo.activation)
-    spec = make_policy_spec(ppo, obs, act, mask_key, where, net)
-    if algorithm == "dqn" and [c.kind for c in spec.action_components] != ["categorical"]:
-        raise ConfigError(f"{where}: dqn needs a Discrete action space, not {act.to_json()}")
+    nets: dict[str, PPOConfig | DQNConfig | SACConfig] = {"dqn": dqn, "sac": sac}
+    net = nets.get(algorithm, ppo)
+    box_dist = "squashed_gaussian" if algorithm == "sac" else "gaussian"
+    spec = make_policy_spec(ppo, obs, act, mask_key, where, (net.hidden_sizes, net.activation),
+                            box_dist)
+    kinds = {c.kind for c in spec.action_components}
+    if (algorithm == "dqn" and len(spec.action_components) != 1) or kinds - ALLOWED_KINDS[algorithm]:
+        raise ConfigError(f"{where}: {algorithm} needs {NEEDS[algorithm]}, not {act.to_json()}")
     return PolicyDef(name, obs, act, spec, ppo, table.trainable, table.load_from, mask_key,
-                     algorithm, dqn, cfg.appo)
+                     algorithm, dqn, cfg.appo, sac)
+
+
+ALLOWED_KINDS = {"ppo": {"categorical", "bernoulli", "gaussian"}, "dqn": {"categorical"},
+                 "sac": {"squashed_gaussian"}}
+ALLOWED_KINDS["appo"] = ALLOWED_KINDS["ppo"]
+NEEDS = {"dqn": "a single Discrete action", "sac": "float Box actions with finite bounds"}
 
 
 def resolve_spaces(env_id: str, obs: Space | None, act: Space | None,
@@ -99,16 +122,18 @@ def resolve_spaces(env_id: str, obs: Space | None, act: Space | None,
 
 
 def make_policy_spec(ppo: PPOConfig, obs: Space, act: Space, mask_key: str,
-                     where: str = "env", net: tuple[tuple[int, ...], str] | None = None) -> PolicySpec:
+                     where: str = "env", net: tuple[tuple[int, ...], str] | None = None,
+                     box_dist: str = "gaussian") -> PolicySpec:
     """The network every process agrees on (flat weight layout, ONNX graph). ConfigError
     when the spaces and the network settings do not fit together (an action mask of the
     wrong size, a conv stack larger than the image, an integer Box action). ``net``:
-    (hidden sizes, activation) of another algorithm's section (default: [ppo]'s)."""
+    (hidden sizes, activation) of another algorithm's section (default: [ppo]'s); ``box_dist``:
+    SAC's "squashed_gaussian" (ConfigError when a Box action has an infinite bound)."""
     hidden, activation = net or (ppo.hidden_sizes, ppo.activation)
     try:
         return PolicySpec(obs, act, hidden_sizes=hidden, activation=activation,
                           log_std_init=ppo.log_std_init, cnn_channels=ppo.cnn_channels,
                           cnn_kernels=ppo.cnn_kernels, cnn_strides=ppo.cnn_strides,
-                          cnn_dense=ppo.cnn_dense, action_mask_key=mask_key)
+                          cnn_dense=ppo.cnn_dense, action_mask_key=mask_key, box_dist=box_dist)
     except (SpaceError, ValueError) as exc:
         raise ConfigError(f"{where}/ppo: {exc}") from exc

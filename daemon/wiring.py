@@ -234,7 +234,7 @@ def _policy_segments(cfg: Config, d: PolicyDef, path) -> PolicyTopology:
     if d.uses_replay:
         # connector → learner: n-step transitions; outlives a learner restart
         topo.replay_path = path(f"replay.{d.name}")
-        ReplayBuffer.create(topo.replay_path, ReplayLayout(layout), d.dqn.buffer_size_steps).close()
+        ReplayBuffer.create(topo.replay_path, ReplayLayout(layout), d.replay_hp.buffer_size_steps).close()
     else:
         # connector → learner: train batches; the learner inbox only carries slot doorbells
         rows = 2 * cfg.sampling.train_batch_size + cfg.sampling.env_steps_per_sample + 1024
@@ -248,11 +248,11 @@ def _policy_segments(cfg: Config, d: PolicyDef, path) -> PolicyTopology:
 
 
 def reconfigured(topo: Topology, cfg: Config, changes: dict) -> Topology:
-    """The topology under a reloaded config (supervisor, after SIGHUP). Reloaded ``ppo.*``
-    and ``dqn.*`` keys apply to every policy, as the running learner applies them, so a
+    """The topology under a reloaded config (supervisor, after SIGHUP). Reloaded ``ppo.*``,
+    ``dqn.*`` and ``sac.*`` keys apply to every policy, as the running learner applies them, so a
     learner restarted later trains with them too."""
     parts = {section: {key.split(".", 1)[1]: value for key, value in changes.items()
-                       if key.startswith(f"{section}.")} for section in ("ppo", "dqn")}
+                       if key.startswith(f"{section}.")} for section in ("ppo", "dqn", "sac")}
     if not any(parts.values()):
         return dataclasses.replace(topo, cfg=cfg)
     policies = {name: dataclasses.replace(p, definition=dataclasses.replace(

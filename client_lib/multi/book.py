@@ -85,7 +85,7 @@ class PolicyBook:
                 raise ValueError(f"policy {name!r} is not one the server declared "
                                  f"({sorted(self.cfg.policies)})")
             local = LocalPolicy(name, info.obs_space, info.act_space, self.link.policy(name),
-                                ActionChooser(info.act_space, rng=self.rng))
+                                ActionChooser(info.act_space, rng=self.rng, box_dist=info.box_dist))
             self.local[name] = local
         return local
 

@@ -15,7 +15,7 @@ Frame layout (exactly as the RLlink seed specifies)::
 Messages are frozen dataclasses keyed by ``MessageType``; the core never passes
 bare dicts. Extensions only ever *add* keys to the seed's messages (SET_CONFIG:
 ``observation_space``, ``action_space``, ``protocol_version``, ``compact_arrays``, ``policies``,
-``policy_mapping``, ``max_agents_per_connection``; SET_STATE: ``onnx_sha256``, ``policies``;
+``policy_mapping``, ``max_agents_per_connection``, ``box_dist``; SET_STATE: ``onnx_sha256``, ``policies``;
 episodes: ``agent_id``, ``episode_id``, ``policy_id``; PING: ``token``) or add new message types that a plain client
 never receives unless it sends them first, so a client written from the seed
 alone works unchanged.
@@ -134,6 +134,7 @@ class SetConfig(Message):
     policies: dict | None = None          # {name: {observation_space, action_space, trainable}}
     policy_mapping: list | None = None    # [[agent-id pattern, policy name], ...]
     max_agents_per_connection: int | None = None
+    box_dist: str | None = None  # "squashed_gaussian": SAC's Box actions (absent: "gaussian")
 
 
 @dataclass(frozen=True)
@@ -529,7 +530,7 @@ _FIELD_KINDS: dict[str, tuple[type, ...]] = {
     "board_path": (str,), "doorbell_path": (str,), "layout": (dict,), "policy_spec": (dict,), "env_steps": (int,),
     "get_state": (bool,), "policies": (dict,), "policy_mapping": (list,),
     "max_agents_per_connection": (int,), "weights_seq_nos": (dict,), "policy": (str,),
-    "exploration": (dict,),
+    "exploration": (dict,), "box_dist": (str,),
 }
 
 _DECODERS: dict[MessageType, Any] = {

@@ -12,6 +12,12 @@ Box: floats). Components and their columns:
                                                           action: d values (samples clipped
                                                           to [low, high]; log-prob evaluated
                                                           at the clipped value, no squashing)
+    squashed_gaussian (float Box with finite bounds,      dist: d means then d log-stds of u
+                      box_dist = "squashed_gaussian":     action: a = low + (tanh(u) + 1) / 2
+                      SAC's policy)                       * (high - low), u ~ N(mean, std);
+                                                          greedy: u = mean; log-prob with the
+                                                          tanh change of variables; entropy:
+                                                          that of the Gaussian before the tanh
 A masked categorical logit is MASKED_LOGIT (-1e9): its probability is exactly 0 here.
 """
 from __future__ import annotations
@@ -25,6 +31,9 @@ import numpy as np
 from rlinkd.client_lib.protocol.netops import family
 
 LOG_2PI = math.log(2.0 * math.pi)
+BOX_DISTS = ("gaussian", "squashed_gaussian")
+"""How float Box actions are drawn: PPO's clipped Gaussian, or SAC's tanh-squashed one."""
+SQUASH_EDGE = 1.0 - 1e-6  # |tanh(u)| is kept below this when an action is mapped back to u
 
 
 @dataclass(frozen=True)
@@ -40,8 +49,12 @@ class Component:
     high: tuple[float, ...] = ()
 
 
-def components(act_space: Any) -> tuple[Component, ...]:
-    """The components of an action space, in leaf order. ValueError on an integer Box."""
+def components(act_space: Any, box_dist: str = "gaussian") -> tuple[Component, ...]:
+    """The components of an action space, in leaf order (float Boxes: `box_dist`, one of
+    BOX_DISTS). ValueError on an integer Box, an unknown box_dist, or a squashed Box
+    with an infinite bound."""
+    if box_dist not in BOX_DISTS:
+        raise ValueError(f"box_dist must be one of {BOX_DISTS}, not {box_dist!r}")
     out: list[Component] = []
     dist = action = 0
     for leaf in act_space.leaves():
@@ -61,7 +74,10 @@ def components(act_space: Any) -> tuple[Component, ...]:
             d = math.prod(space.shape)
             low = tuple(float(v) for v in np.asarray(space.low, np.float64).reshape(-1))
             high = tuple(float(v) for v in np.asarray(space.high, np.float64).reshape(-1))
-            out.append(Component("gaussian", dist, d, action, low, high))
+            if box_dist == "squashed_gaussian" and not np.isfinite(low + high).all():
+                raise ValueError(f"{leaf.display('action')}: a squashed Gaussian needs finite "
+                                 f"low and high bounds")
+            out.append(Component(box_dist, dist, d, action, low, high))
             dist, action = dist + 2 * d, action + d
     return tuple(out)
 
@@ -76,6 +92,30 @@ def _softplus(x: np.ndarray) -> np.ndarray:
     return np.logaddexp(0.0, x)
 
 
+def squash(c: Component, u: np.ndarray) -> np.ndarray:
+    """Pre-squash values u [N, d] -> actions in [low, high]: low + (tanh(u) + 1) / 2 * (high - low)."""
+    low, high = np.asarray(c.low), np.asarray(c.high)
+    return low + (np.tanh(u) + 1.0) * 0.5 * (high - low)
+
+
+def unsquash(c: Component, a: np.ndarray) -> np.ndarray:
+    """The inverse of `squash` (actions at a bound map to atanh(SQUASH_EDGE))."""
+    low, high = np.asarray(c.low), np.asarray(c.high)
+    t = np.clip(2.0 * (np.asarray(a, np.float64) - low) / (high - low) - 1.0, -SQUASH_EDGE, SQUASH_EDGE)
+    return np.arctanh(t)
+
+
+def squash_log_det(c: Component, u: np.ndarray) -> np.ndarray:
+    """log |da/du| summed over the component's columns [N]: log((high - low) / 2)
+    + log(1 - tanh(u)^2), the latter as 2 * (log 2 - u - softplus(-2u)) (stable for large |u|)."""
+    half_range = np.log(0.5 * (np.asarray(c.high) - np.asarray(c.low)))
+    return (half_range + 2.0 * (math.log(2.0) - u - _softplus(-2.0 * u))).sum(axis=1)
+
+
+def _gaussian_logp(z: np.ndarray, log_std: np.ndarray) -> np.ndarray:
+    return (-0.5 * z**2 - log_std - 0.5 * LOG_2PI).sum(axis=1)
+
+
 class ActionDist:
     """numpy sample / greedy / log_prob / entropy over `components`; inputs [N, dist_size]."""
 
@@ -85,6 +125,9 @@ class ActionDist:
 
     def _cols(self, c: Component, d: np.ndarray) -> np.ndarray:
         return np.asarray(d[:, c.dist:c.dist + c.width], np.float64)
+
+    def _log_std(self, c: Component, d: np.ndarray) -> np.ndarray:
+        return np.asarray(d[:, c.dist + c.width:c.dist + 2 * c.width], np.float64)
 
     def sample(self, dist_inputs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """float32 [N, action_size]: one draw per row (masked choices never drawn)."""
@@ -96,13 +139,13 @@ class ActionDist:
             elif c.kind == "bernoulli":
                 out[:, c.action:c.action + c.width] = rng.random(x.shape) < 1.0 / (1.0 + np.exp(-x))
             else:
-                log_std = np.asarray(dist_inputs[:, c.dist + c.width:c.dist + 2 * c.width])
-                draw = x + np.exp(log_std) * rng.standard_normal(x.shape)
-                out[:, c.action:c.action + c.width] = np.clip(draw, c.low, c.high)
+                draw = x + np.exp(self._log_std(c, dist_inputs)) * rng.standard_normal(x.shape)
+                out[:, c.action:c.action + c.width] = (
+                    squash(c, draw) if c.kind == "squashed_gaussian" else np.clip(draw, c.low, c.high))
         return out
 
     def greedy(self, dist_inputs: np.ndarray) -> np.ndarray:
-        """float32 [N, action_size]: argmax, logit > 0, or the clipped mean."""
+        """float32 [N, action_size]: argmax, logit > 0, or the clipped (squashed) mean."""
         out = np.empty((len(dist_inputs), self.action_size), np.float32)
         for c in self.comps:
             x = self._cols(c, dist_inputs)
@@ -111,7 +154,8 @@ class ActionDist:
             elif c.kind == "bernoulli":
                 out[:, c.action:c.action + c.width] = x > 0.0
             else:
-                out[:, c.action:c.action + c.width] = np.clip(x, c.low, c.high)
+                out[:, c.action:c.action + c.width] = (
+                    squash(c, x) if c.kind == "squashed_gaussian" else np.clip(x, c.low, c.high))
         return out
 
     def log_prob(self, dist_inputs: np.ndarray, actions: np.ndarray) -> np.ndarray:
@@ -125,11 +169,12 @@ class ActionDist:
                 total += _log_softmax(x)[np.arange(len(x)), idx]
             elif c.kind == "bernoulli":
                 total += (a[:, c.action:c.action + c.width] * x - _softplus(x)).sum(axis=1)
-            else:
-                log_std = np.asarray(dist_inputs[:, c.dist + c.width:c.dist + 2 * c.width],
-                                     np.float64)
-                z = (a[:, c.action:c.action + c.width] - x) / np.exp(log_std)
-                total += (-0.5 * z**2 - log_std - 0.5 * LOG_2PI).sum(axis=1)
+            elif c.kind == "gaussian":
+                log_std = self._log_std(c, dist_inputs)
+                total += _gaussian_logp((a[:, c.action:c.action + c.width] - x) / np.exp(log_std), log_std)
+            else:  # squashed: the density of u, less log |da/du|
+                log_std, u = self._log_std(c, dist_inputs), unsquash(c, a[:, c.action:c.action + c.width])
+                total += _gaussian_logp((u - x) / np.exp(log_std), log_std) - squash_log_det(c, u)
         return total.astype(np.float32)
 
     def entropy(self, dist_inputs: np.ndarray) -> np.ndarray:
@@ -142,10 +187,8 @@ class ActionDist:
                 total -= (np.exp(logp) * logp).sum(axis=1)
             elif c.kind == "bernoulli":
                 total += (_softplus(x) - x / (1.0 + np.exp(-x))).sum(axis=1)
-            else:
-                log_std = np.asarray(dist_inputs[:, c.dist + c.width:c.dist + 2 * c.width],
-                                     np.float64)
-                total += (log_std + 0.5 * (1.0 + LOG_2PI)).sum(axis=1)
+            else:  # (squashed: the entropy of u before the tanh; after it there is no closed form)
+                total += (self._log_std(c, dist_inputs) + 0.5 * (1.0 + LOG_2PI)).sum(axis=1)
         return total.astype(np.float32)
 
 

@@ -67,6 +67,9 @@ def _compile(op: N.Op, p: Mapping[str, np.ndarray]) -> Step:
     if isinstance(op, N.Tile):
         row = p[op.param].copy()
         return lambda env: np.broadcast_to(row, (env[op.x].shape[0], row.shape[0]))
+    if isinstance(op, N.Clip):
+        low, high = np.float32(op.low), np.float32(op.high)
+        return lambda env: np.clip(env[op.x], low, high)
     if isinstance(op, N.Mask):
         masked = np.float32(N.MASKED_LOGIT)
         return lambda env: np.where(env[op.mask][:, op.start:op.stop] != 0, env[op.x], masked)

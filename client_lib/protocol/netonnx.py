@@ -63,6 +63,10 @@ def _nodes(op: N.Op, consts: list) -> list:
     if isinstance(op, N.Tile):
         return [node("Shape", [op.x], [f"{out}/shape"]),
                 node("Expand", [op.param, f"{out}/shape"], [out])]
+    if isinstance(op, N.Clip):
+        bounds = [_const(consts, f"{out}/{what}", np.asarray(v, np.float32))
+                  for what, v in (("low", op.low), ("high", op.high))]
+        return [node("Clip", [op.x, *bounds], [out])]
     if isinstance(op, N.Mask):
         masked = _const(consts, f"{out}/masked", np.asarray(N.MASKED_LOGIT, np.float32))
         return [_slice(op.mask, f"{out}/mask", op.start, op.stop, consts),

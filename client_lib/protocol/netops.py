@@ -20,7 +20,8 @@ Lowering (per observation leaf, in leaf order; the action-mask leaf is an input,
 Then features = Concat(leaf features); actor `pi` and critic `vf` MLP trunks (hidden_sizes,
 `activation`) over the features; the actor head is one Linear whose columns are cut into the
 `action_dist_inputs` layout (see `PolicySpec`), Box leaves adding a log-std parameter tiled
-over the batch and categorical logits passing through `Mask` when an action mask is declared.
+over the batch (squashed Gaussian: the head gives means and log-stds, the latter Clipped to
+LOG_STD_RANGE) and categorical logits passing through `Mask` when an action mask is declared.
 
 Value names derived from a leaf carry a "/" suffix ("obs.camera/conv.0.out"): a "/" never
 occurs in a space key, so derived names cannot collide with an input name.
@@ -41,6 +42,7 @@ DIST = "action_dist_inputs"   # the actor output (ONNX output name)
 VALUE = "value"               # the critic output [N, 1]
 ROOT_FLOAT_INPUT = "onnx::Gemm_0"  # the input name RLlib's JSON-era clients feed
 ACTIVATIONS = ("tanh", "relu")
+LOG_STD_RANGE = (-20.0, 2.0)  # a squashed Gaussian's log-std is clipped here (SAC)
 NATURE_CNN = ((32, 64, 64), (8, 4, 3), (4, 2, 1), 512)  # channels, kernels, strides, dense
 NATURE_MIN_SIDE = 36          # min(H, W) from which the Nature CNN is the default
 
@@ -191,6 +193,15 @@ class Tile(Op):
     out: str
     x: str
     param: str
+
+
+@dataclass(frozen=True)
+class Clip(Op):
+    """min(max(x, low), high), elementwise."""
+    out: str
+    x: str
+    low: float
+    high: float
 
 
 @dataclass(frozen=True)
@@ -390,7 +401,7 @@ def _actor_pieces(b: _Builder, spec: Any, head: str, mask: str) -> list[str]:
     offset = mask_offset = 0
     leaves = spec.act_space.leaves()
     for leaf in leaves:
-        fam, width = family(leaf.space), head_width(leaf.space)
+        fam, width = family(leaf.space), head_width(leaf.space, spec.box_dist)
         piece = head
         if len(leaves) > 1:
             piece = b.op(Slice(f"pi.head/{leaf.key}", head, offset, offset + width), width)
@@ -400,16 +411,28 @@ def _actor_pieces(b: _Builder, spec: Any, head: str, mask: str) -> list[str]:
             piece = b.op(Mask(f"pi.masked/{leaf.key}", piece, mask, mask_offset, stop), width)
             mask_offset = stop
         pieces.append(piece)
-        if fam == "box":
+        if fam == "box" and spec.box_dist == "squashed_gaussian":
+            pieces[-1:] = _squashed_pieces(b, leaf.key, piece, width // 2)
+        elif fam == "box":
             name = "log_std" if leaf.key == "" else f"log_std.{leaf.key}"
             log_std = b.param(name, (width,), "fill", spec.log_std_init)
             pieces.append(b.op(Tile(f"{name}/batch", piece, log_std), width))
     return pieces
 
 
-def head_width(space: Any) -> int:
-    """Actor-head columns of one action leaf: Box prod(shape) means, else its logits."""
-    return int(space.action_width if family(space) == "box" else space.dist_width)
+def _squashed_pieces(b: _Builder, key: str, piece: str, d: int) -> list[str]:
+    """A squashed Gaussian's head columns [N, 2d]: the means, then the log-stds clipped."""
+    mean = b.op(Slice(f"pi.mean/{key}", piece, 0, d), d)
+    raw = b.op(Slice(f"pi.log_std/{key}", piece, d, 2 * d), d)
+    return [mean, b.op(Clip(f"pi.log_std.clipped/{key}", raw, *LOG_STD_RANGE), d)]
+
+
+def head_width(space: Any, box_dist: str = "gaussian") -> int:
+    """Actor-head columns of one action leaf: Box prod(shape) means (squashed Gaussian: means
+    and log-stds), else its logits."""
+    if family(space) == "box" and box_dist != "squashed_gaussian":
+        return int(space.action_width)
+    return int(space.dist_width)
 
 
 def lower(spec: Any) -> Net:
@@ -426,7 +449,7 @@ def lower(spec: Any) -> Net:
         dtype, shape = np.dtype(leaf.space.record_dtype), tuple(leaf.space.record_shape)
         mask = b.flatten(b.op(Input(input_name(leaf.key, dtype), leaf.key, dtype.str, shape)),
                          leaf_name(leaf.key), shape)
-    total = sum(head_width(leaf.space) for leaf in spec.act_space.leaves())
+    total = sum(head_width(leaf.space, spec.box_dist) for leaf in spec.act_space.leaves())
     head = b.mlp(x, "pi", spec.hidden_sizes, spec.activation, (total, 0.01, "pi.head"))
     pieces = _actor_pieces(b, spec, head, mask)
     if len(pieces) == 1:  # the single piece becomes the output (flat Discrete: the head Gemm)

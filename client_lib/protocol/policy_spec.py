@@ -100,13 +100,14 @@ class PolicySpec:
     cnn_dense: int = 0
     encoder_hidden_sizes: tuple[int, ...] = ()
     action_mask_key: str = ""
+    box_dist: str = "gaussian"
 
     def __post_init__(self) -> None:
         for name in _TUPLE_FIELDS:
             object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
         object.__setattr__(self, "log_std_init", float(self.log_std_init))
         self._validate()
-        object.__setattr__(self, "_dist", ActionDist(components(self.act_space)))
+        object.__setattr__(self, "_dist", ActionDist(components(self.act_space, self.box_dist)))
         object.__setattr__(self, "_net", netops.lower(self))
 
     def _validate(self) -> None:
@@ -179,7 +180,7 @@ class PolicySpec:
     @property
     def is_box(self) -> bool:
         """Every action component is Gaussian (float actions). Transitional, as obs_size."""
-        return all(c.kind == "gaussian" for c in self.action_components)
+        return all(c.kind.endswith("gaussian") for c in self.action_components)
 
     def to_json(self) -> dict:
         """A plain JSON-safe dict; inverse of from_json."""
@@ -187,6 +188,8 @@ class PolicySpec:
                              "act_space": self.act_space.to_json()}
         for name in ("activation", "log_std_init", "cnn_dense", "action_mask_key"):
             d[name] = getattr(self, name)
+        if self.box_dist != "gaussian":  # (omitted by default: older clients read the rest)
+            d["box_dist"] = self.box_dist
         return {**d, **{name: list(getattr(self, name)) for name in _TUPLE_FIELDS}}
 
     @classmethod

@@ -89,7 +89,12 @@ def policy_info(d: PolicyDef) -> PolicyInfo:
     """What the collector checks a policy's episodes against (spaces, mask, record layout)."""
     spaces = Spaces(d.obs_space, d.act_space, d.spec.dist_size,
                     mask_spec(d.obs_space, d.act_space, d.mask_key))
-    return PolicyInfo(spaces, step_layout(d), d.trainable, d.off_policy)
+    return PolicyInfo(spaces, step_layout(d), d.trainable, d.off_policy, d.spec.box_dist)
+
+
+def _box_dist_key(p: PolicyInfo) -> dict[str, str]:
+    """SET_CONFIG's additive ``box_dist`` key: present only for SAC's squashed Gaussian."""
+    return {} if p.box_dist == "gaussian" else {"box_dist": p.box_dist}
 
 
 def single_policy(spaces: Spaces, layout: StepLayout) -> dict[str, PolicyInfo]:
@@ -270,7 +275,8 @@ class CollectorCore:
     def _get_config(self, session: Session, msg: codec.GetConfig) -> Plan:
         s, default = self.cfg.sampling, self.policies[DEFAULT_POLICY].spaces
         policies = {name: {"observation_space": p.spaces.obs.to_json(),
-                           "action_space": p.spaces.act.to_json(), "trainable": p.trainable}
+                           "action_space": p.spaces.act.to_json(), "trainable": p.trainable,
+                           **_box_dist_key(p)}
                     for name, p in self.policies.items()}
         reply = codec.SetConfig(env_steps_per_sample=s.env_steps_per_sample,
                                 force_on_policy=s.force_on_policy and not self.policies[
@@ -279,7 +285,8 @@ class CollectorCore:
                                 action_space=default.act.to_json(),
                                 protocol_version=codec.PROTOCOL_VERSION, compact_arrays=True,
                                 policies=policies, policy_mapping=self.mapping.to_json(),
-                                max_agents_per_connection=self.max_agents)
+                                max_agents_per_connection=self.max_agents,
+                                **_box_dist_key(self.policies[DEFAULT_POLICY]))
         return Plan(reply=codec.encode(reply))
 
     def _get_state(self, session: Session, msg: codec.GetState) -> Plan:

@@ -58,7 +58,8 @@ class PolicyInfo:
     spaces: Spaces
     layout: StepLayout
     trainable: bool = True
-    off_policy: bool = False  # DQN, APPO: its clients never wait for training
+    off_policy: bool = False  # DQN, SAC, APPO: its clients never wait for training
+    box_dist: str = "gaussian"  # SAC: "squashed_gaussian" (announced in SET_CONFIG)
 
 
 def validate_fragment(frag: EpisodeFragment, spaces: Spaces, limits: Limits,

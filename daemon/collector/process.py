@@ -64,7 +64,7 @@ class CollectorProcess:
                                       ssl_ctx=server_context(topo.cfg.server),
                                       on_ingest=lambda: topo.write_counters(core.counters()),
                                       serving=serving, pacer=Pacer(
-                                          {n: p.definition.dqn.max_lead_steps
+                                          {n: p.definition.replay_hp.max_lead_steps
                                            for n, p in topo.policies.items() if p.uses_replay},
                                           topo.cfg.sampling.max_wait_for_batch_s,
                                           lambda policy: core.policy_steps.get(policy, 0)))

@@ -39,7 +39,7 @@ class ReplayConnector:
         self.replay = ReplayBuffer.attach(policy.replay_path, self.layout)
         self.replay.set_pid("writer", os.getpid())
         self.assembler = SegmentAssembler(max_open_steps=MAX_OPEN_STEPS)
-        self.hp = policy.definition.dqn
+        self.hp = policy.definition.replay_hp
         self.segments = 0
 
     def wants_records(self) -> bool:

@@ -132,7 +132,7 @@ class PolicyRunner:
         self.name, self.spec, self.obs_space, self.board = name, spec, obs_space, board
         self.wanted = backend
         self.backends: tuple[str, str] = ("", "")
-        self.chooser = ActionChooser(act_space, seed)
+        self.chooser = ActionChooser(act_space, seed, box_dist=spec.box_dist)
         self.rng = random.Random(seed)
         self.categorical = self.chooser._single_categorical
         self.epsilon: float | None = None  # a DQN policy's exploration (from WEIGHTS_READY)

@@ -27,6 +27,9 @@ class DQNLearner:
     trunk of the spec is unused) with the [dqn] settings `hp`. `env_steps` counts the
     transitions received (the epsilon schedule's clock); the caller advances it."""
 
+    algorithm = "dqn"
+    ent_coef = 0.0  # (no entropy term)
+
     def __init__(self, spec: PolicySpec, hp: DQNConfig, device: str = "auto", seed: int = 0,
                  torch_threads: int = 0) -> None:
         self.spec, self.hp = spec, hp

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from rlinkd.client_lib.protocol import netops as N
-from rlinkd.client_lib.protocol.distributions import Component
+from rlinkd.client_lib.protocol.distributions import SQUASH_EDGE, Component
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -62,10 +62,38 @@ def _apply(op: N.Op, env: Env, p: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return env[op.x][:, op.start:op.stop]
     if isinstance(op, N.Tile):
         return p[op.param].expand(env[op.x].shape[0], -1)
+    if isinstance(op, N.Clip):
+        return torch.clamp(env[op.x], op.low, op.high)
     if isinstance(op, N.Mask):  # where, not an addition: no gradient reaches a masked logit
         legal = env[op.mask][:, op.start:op.stop] != 0
         return torch.where(legal, env[op.x], torch.full_like(env[op.x], N.MASKED_LOGIT))
     raise TypeError(f"no torch implementation of {type(op).__name__}")
+
+
+def _gaussian_logp(z: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    return (-0.5 * z.square() - log_std - 0.5 * _LOG_2PI).sum(dim=1)
+
+
+class Squash:
+    """A squashed Gaussian component's map u -> a = low + (tanh(u) + 1) / 2 * (high - low),
+    torch side (the numpy one is `distributions.squash`; a test keeps them equal)."""
+
+    def __init__(self, c: Component) -> None:
+        self.low = torch.tensor(c.low, dtype=torch.float32)
+        self.half_range = torch.tensor([(h - lo) / 2 for lo, h in zip(c.low, c.high)], dtype=torch.float32)
+
+    def __call__(self, u: torch.Tensor) -> torch.Tensor:
+        return self.low.to(u.device) + (torch.tanh(u) + 1.0) * self.half_range.to(u.device)
+
+    def inverse(self, a: torch.Tensor) -> torch.Tensor:
+        t = (a - self.low.to(a.device)) / self.half_range.to(a.device) - 1.0
+        return torch.atanh(t.clamp(-SQUASH_EDGE, SQUASH_EDGE))
+
+    def log_det(self, u: torch.Tensor) -> torch.Tensor:
+        """log |da/du| [N]: log(half range) + log(1 - tanh(u)^2), the latter computed as
+        2 * (log 2 - u - softplus(-2u)) (stable for large |u|)."""
+        log_half = torch.log(self.half_range.to(u.device))
+        return (log_half + 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(dim=1)
 
 
 class TorchActionDist:
@@ -73,6 +101,22 @@ class TorchActionDist:
 
     def __init__(self, comps: tuple[Component, ...], action_size: int) -> None:
         self.comps, self.action_size = comps, action_size
+        self.squash = {c.dist: Squash(c) for c in comps if c.kind == "squashed_gaussian"}
+
+    def rsample(self, dist: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised draw of an all-squashed-Gaussian action (SAC): (actions [N, A],
+        log pi(a|s) [N]) with u = mean + std * noise (noise [N, A] standard normal), gradients
+        flowing into `dist`. ValueError for any other component kind."""
+        actions, logp = [], dist.new_zeros(dist.shape[0])
+        for c in self.comps:
+            if c.kind != "squashed_gaussian":
+                raise ValueError(f"rsample needs squashed Gaussian actions, not {c.kind}")
+            mean, log_std = dist[:, c.dist:c.dist + c.width], dist[:, c.dist + c.width:c.dist + 2 * c.width]
+            eps = noise[:, c.action:c.action + c.width]
+            u = mean + log_std.exp() * eps                                      # [N, d]
+            actions.append(self.squash[c.dist](u))
+            logp = logp + _gaussian_logp(eps, log_std) - self.squash[c.dist].log_det(u)
+        return torch.cat(actions, dim=1), logp
 
     def log_prob_entropy(self, dist: torch.Tensor, actions: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,8 +137,13 @@ class TorchActionDist:
                 ent = ent + (F.softplus(x) - x * torch.sigmoid(x)).sum(dim=1)
             else:
                 log_std = dist[:, c.dist + c.width:c.dist + 2 * c.width]
-                z = (a[:, c.action:c.action + c.width] - x) * torch.exp(-log_std)
-                logp = logp + (-0.5 * z.square() - log_std - 0.5 * _LOG_2PI).sum(dim=1)
+                taken = a[:, c.action:c.action + c.width]
+                if c.kind == "squashed_gaussian":
+                    u = self.squash[c.dist].inverse(taken)
+                    logp = logp + _gaussian_logp((u - x) * torch.exp(-log_std), log_std) \
+                        - self.squash[c.dist].log_det(u)
+                else:
+                    logp = logp + _gaussian_logp((taken - x) * torch.exp(-log_std), log_std)
                 ent = ent + (log_std + 0.5 * (1.0 + _LOG_2PI)).sum(dim=1)
         return logp, ent
 

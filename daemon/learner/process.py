@@ -249,7 +249,7 @@ class LearnerShell:
     def on_reload(self, msg: m.Reload) -> None:
         reload_level(msg.changes, "learner")
         for learner in self.policies.values():
-            section = "dqn" if isinstance(learner, ReplayLearner) else "ppo"
+            section = learner.algorithm if isinstance(learner, ReplayLearner) else "ppo"
             lr = _float_or_none(msg.changes.get(f"{section}.lr"))
             ent = _float_or_none(msg.changes.get("ppo.ent_coef"))
             if lr is not None or ent is not None:

@@ -1,5 +1,5 @@
-"""One off-policy policy inside the learner process: its DQN core, replay buffer, weights
-board and snapshot area. Driven by ``LearnerShell`` exactly like ``PolicyLearner``.
+"""One off-policy policy inside the learner process: its DQN or SAC core, replay buffer,
+weights board and snapshot area. Driven by ``LearnerShell`` exactly like ``PolicyLearner``.
 
 Training never waits for batches and never makes clients wait: each ``train_ready`` call
 runs the gradient steps the data allows, ``updates_per_step`` per transition received since
@@ -33,12 +33,13 @@ class ReplayLearner:
     set_hparams, state, close) for an off-policy algorithm."""
 
     def __init__(self, policy: PolicyTopology, cfg: Config, ctx: RoleContext) -> None:
-        from rlinkd.daemon.learner.dqn_learner import DQNLearner  # torch is imported here
         self.policy, self.ctx, self.name = policy, ctx, policy.name
-        self.hp = policy.definition.dqn
+        self.algorithm = policy.definition.algorithm
+        self.hp = policy.definition.replay_hp
         try:
-            self.core = DQNLearner(policy.spec, self.hp, device=cfg.learner.device,
-                                   seed=cfg.learner.seed, torch_threads=cfg.learner.torch_threads)
+            self.core = _core_class(self.algorithm)(
+                policy.spec, self.hp, device=cfg.learner.device, seed=cfg.learner.seed,
+                torch_threads=cfg.learner.torch_threads)
         except RuntimeError as exc:
             raise BootError(f"cannot create the learner on device {cfg.learner.device!r}: {exc}") from exc
         self.board = WeightsBoard.attach(policy.board_path)
@@ -69,7 +70,7 @@ class ReplayLearner:
         if not self.resumed_from:  # a restart without a checkpoint: epsilon goes on from the data
             self.core.env_steps = max(self.core.env_steps, self.seen_written)
         self._publish(None)
-        log.info("learner_ready", policy=self.name, algorithm="dqn", seq_no=self.seq_no,
+        log.info("learner_ready", policy=self.name, algorithm=self.algorithm, seq_no=self.seq_no,
                  device=str(self.core.device), resumed_from=self.resumed_from or None,
                  replay_steps=len(self.replay))
 
@@ -137,9 +138,10 @@ class ReplayLearner:
         self.ctx.send("collector", m.WeightsPublished(self.seq_no, -1, self.state(), update, self.name))
 
     def state(self) -> m.LearnerState:
-        return m.LearnerState(lr=float(self.hp.lr), ent_coef=0.0, updates=self.core.updates,
+        return m.LearnerState(lr=float(self.hp.lr), ent_coef=self.core.ent_coef,
+                              updates=self.core.updates,
                               trained_steps=self.core.trained_steps, rejected_batches=0,
-                              algorithm="dqn", epsilon=self.core.epsilon,
+                              algorithm=self.algorithm, epsilon=self.core.epsilon,
                               replay_steps=len(self.replay), lag_steps=self._lag_steps())
 
     def _lag_steps(self) -> int:
@@ -159,7 +161,7 @@ class ReplayLearner:
         return self.snapshot.write(buf.getvalue())
 
     def set_hparams(self, lr: float | None, ent_coef: float | None) -> None:
-        """A reloaded ``dqn.lr`` (``ent_coef`` means nothing here)."""
+        """A reloaded ``dqn.lr`` / ``sac.lr`` (``ent_coef`` means nothing here: SAC tunes its own)."""
         self.core.set_hparams(lr=lr)
         self.hp = self.core.hp
         self._publish(None)
@@ -167,6 +169,15 @@ class ReplayLearner:
     def close(self) -> None:
         for part in (self.replay, self.board, self.snapshot):
             part.close()
+
+
+def _core_class(algorithm: str) -> type:
+    """The learner core of a replay algorithm (torch is imported here, not at module import)."""
+    if algorithm == "sac":
+        from rlinkd.daemon.learner.sac_learner import SACLearner
+        return SACLearner
+    from rlinkd.daemon.learner.dqn_learner import DQNLearner
+    return DQNLearner
 
 
 def _holds(checkpoint: str, name: str) -> bool:

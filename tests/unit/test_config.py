@@ -303,7 +303,7 @@ def test_reloadable_changes_split_and_apply():
 def test_every_reloadable_key_is_reported_as_applied():
     reloadable = [(s, f) for s, f in all_fields() if f.metadata["reloadable"]]
     assert {f"{s}.{f.name}" for s, f in reloadable} == {
-        "ppo.lr", "ppo.ent_coef", "dqn.lr", "checkpoint.checkpoint_interval_s",
+        "ppo.lr", "ppo.ent_coef", "dqn.lr", "sac.lr", "checkpoint.checkpoint_interval_s",
         "checkpoint.keep_checkpoints", "daemon.log_level"}
 
 
@@ -564,4 +564,30 @@ def test_algorithms_per_policy_and_their_sections(tmp_path):
         policy_defs(load_config(None, [("daemon", "state_dir", str(tmp_path / "s")),
                                        ("learner", "algorithm", "dqn"), ("env", "id", "Pendulum-v1")]))
     with pytest.raises(ConfigError, match="algorithm"):
-        load_config(None, [("learner", "algorithm", "sac")], resolve_dirs=False)
+        load_config(None, [("learner", "algorithm", "td3")], resolve_dirs=False)
+
+
+def test_sac_needs_bounded_box_actions_and_takes_its_section(tmp_path):
+    """SAC: float Box actions with finite bounds only; the spec is a squashed Gaussian with
+    [sac]'s network, [policies.NAME.sac] overrides [sac]; the TOML round trip keeps it."""
+    from rlinkd.daemon.policies import policy_defs
+    path = tmp_path / "rlinkd.toml"
+    path.write_text('[env]\nid = "Pendulum-v1"\n[sac]\nlr = 0.001\nhidden_sizes = [32]\n'
+                    '[policies.red]\nalgorithm = "sac"\n[policies.red.sac]\ntau = 0.01\n')
+    cfg = load_config(path, [("daemon", "state_dir", str(tmp_path / "s"))])
+    red = policy_defs(cfg)["red"]
+    assert red.uses_replay and red.off_policy and red.replay_hp is red.sac
+    assert (red.sac.tau, red.sac.lr) == (0.01, 0.001)
+    assert red.spec.box_dist == "squashed_gaussian" and red.spec.hidden_sizes == (32,)
+    assert policy_defs(cfg)["default"].spec.box_dist == "gaussian"  # (PPO's)
+    again = tmp_path / "again.toml"
+    again.write_text(C.to_toml(cfg))
+    assert load_config(again, [("daemon", "state_dir", str(tmp_path / "s"))]).policies == cfg.policies
+    state = [("daemon", "state_dir", str(tmp_path / "s")), ("learner", "algorithm", "sac")]
+    with pytest.raises(ConfigError, match="float Box"):
+        policy_defs(load_config(None, [*state, ("env", "id", "CartPole-v1")]))
+    unbounded = tmp_path / "unbounded.toml"
+    unbounded.write_text('[env]\nobservation_space = { type = "Box", shape = [2] }\n'
+                         'action_space = { type = "Box", shape = [1] }\n')
+    with pytest.raises(ConfigError, match="finite"):
+        policy_defs(load_config(unbounded, state))

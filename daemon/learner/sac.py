@@ -1,0 +1,63 @@
+"""Soft actor-critic (Haarnoja et al. 2018, "SAC: algorithms and applications": twin Q,
+target critics, automatic entropy tuning) as pure functions, read top to bottom like the paper.
+
+Notation: s, a from the replay buffer; s' the state n steps later; the actor pi is a
+tanh-squashed Gaussian (``TorchActionDist.rsample``); alpha the entropy coefficient, learned
+as log(alpha). Replay rows carry n-step returns with the discount folded in
+(``connector.transitions``): ``discount`` is gamma^m, 0 when the episode terminated.
+
+    y        = r + discount * (min_i Q_targ_i(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s')
+    L_Q      = sum_i mean((Q_i(s, a) - y)^2)
+    L_pi     = mean(alpha * log pi(a~|s) - min_i Q_i(s, a~)),                 a~ ~ pi(.|s)
+    L_alpha  = -mean(log(alpha) * (log pi(a~|s) + target_entropy))
+    Q_targ_i <- (1 - tau) * Q_targ_i + tau * Q_i
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch.nn import functional as F
+
+
+def soft_q_targets(rewards: torch.Tensor, discounts: torch.Tensor, next_q1: torch.Tensor,
+                   next_q2: torch.Tensor, next_logp: torch.Tensor, alpha: float | torch.Tensor
+                   ) -> torch.Tensor:
+    """y [B] from rewards [B], discounts [B], the target critics' Q(s', a') [B] and
+    log pi(a'|s') [B] of actions a' freshly drawn at s'."""
+    soft_value = torch.min(next_q1, next_q2) - alpha * next_logp              # [B]
+    return rewards + discounts * soft_value                                 # [B]
+
+
+def critic_loss(q1: torch.Tensor, q2: torch.Tensor, targets: torch.Tensor
+                ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Sum of both critics' mean squared errors against the (detached) targets; q1, q2,
+    targets [B]. Returns (loss, {critic_loss, q_mean, td_abs_mean})."""
+    y = targets.detach()
+    loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
+    with torch.no_grad():
+        values = torch.stack([loss, q1.mean(), (q1 - y).abs().mean()])
+    return loss, dict(zip(("critic_loss", "q_mean", "td_abs_mean"), values.tolist()))
+
+
+def actor_loss(q1_pi: torch.Tensor, q2_pi: torch.Tensor, logp_pi: torch.Tensor,
+               alpha: float | torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """mean(alpha * log pi(a~|s) - min_i Q_i(s, a~)) for reparameterised a~ (gradients reach
+    the actor through a~ and log pi; alpha is a constant here). Returns (loss, {actor_loss,
+    entropy}) with entropy the batch estimate -mean(log pi)."""
+    loss = (alpha * logp_pi - torch.min(q1_pi, q2_pi)).mean()
+    return loss, {"actor_loss": float(loss.detach()), "entropy": float(-logp_pi.detach().mean())}
+
+
+def alpha_loss(log_alpha: torch.Tensor, logp_pi: torch.Tensor, target_entropy: float
+               ) -> torch.Tensor:
+    """-mean(log alpha * (log pi + target_entropy)): alpha rises while the policy's entropy
+    (-log pi) is below the target and falls while it is above."""
+    return -(log_alpha * (logp_pi.detach() + target_entropy)).mean()
+
+
+@torch.no_grad()
+def polyak_update(targets: Iterable[torch.Tensor], online: Iterable[torch.Tensor], tau: float) -> None:
+    """target <- (1 - tau) * target + tau * online, tensor by tensor (in place)."""
+    targets, online = list(targets), list(online)
+    torch._foreach_lerp_(targets, online, tau)
