@@ -62,6 +62,7 @@ class SACLearner:
         cspec = critic_spec(spec)
         self.critics = [ActorCritic(cspec, init_seed=seed + i).to(self.device) for i in (1, 2)]
         self.targets = [copy.deepcopy(c).requires_grad_(False) for c in self.critics]
+        self._polyak_pairs = (_tensors(self.targets), _tensors(self.critics))  # (updated in place)
         self.log_alpha = torch.tensor(math.log(max(hp.initial_alpha, 1e-12)), device=self.device,
                                       requires_grad=hp.autotune_alpha)
         self.target_entropy = hp.target_entropy_per_dim * spec.action_size
@@ -108,13 +109,17 @@ class SACLearner:
         loss_q, info = critic_loss(q[0], q[1], targets)
         info["grad_norm"] = self._step(self.critic_opt, loss_q, self._critic_params())
         pi_actions, logp_pi = self._sample(obs)                                  # with gradients
+        for critic in self.critics:  # (the actor's gradient passes through them; theirs is not needed)
+            critic.requires_grad_(False)
         q_pi = [c.value(self._q_input(obs, pi_actions)) for c in self.critics]
         loss_pi, actor_info = actor_loss(q_pi[0], q_pi[1], logp_pi, alpha)
         self._step(self.actor_opt, loss_pi, list(self.model.parameters()))
+        for critic in self.critics:
+            critic.requires_grad_(True)
         if self.alpha_opt is not None:
             self._step(self.alpha_opt, alpha_loss(self.log_alpha, logp_pi, self.target_entropy),
                        [self.log_alpha])
-        polyak_update(_tensors(self.targets), _tensors(self.critics), self.hp.tau)
+        polyak_update(*self._polyak_pairs, self.hp.tau)
         self.updates += 1
         self.trained_steps += len(rows)
         return {"loss": info["critic_loss"], **info, **actor_info, "alpha": float(alpha)}
@@ -124,7 +129,10 @@ class SACLearner:
         optimizer.zero_grad()
         loss.backward()
         live = [p for p in params if p.grad is not None]
-        norm = float(torch.nn.utils.clip_grad_norm_(live, self.hp.max_grad_norm or math.inf))
+        if self.hp.max_grad_norm > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(live, self.hp.max_grad_norm))
+        else:  # (the norm for the report only: one fused kernel, no scaling pass)
+            norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm([p.grad for p in live]))))
         if math.isfinite(float(loss.detach())) and math.isfinite(norm):
             optimizer.step()
         return norm
