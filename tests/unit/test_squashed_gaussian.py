@@ -21,10 +21,11 @@ from rlinkd.daemon.learner.model import ActorCritic
 from tests.unit.test_networks import random_flat, random_obs, three_way
 
 BOX = Box((2,), low=(-1.0, -2.0), high=(1.0, 4.0))
+OBS = Box((3,))
 
 
-def squashed(act=BOX, obs=Box((3,))) -> PolicySpec:
-    return PolicySpec(obs, act, hidden_sizes=(16, 16), box_dist="squashed_gaussian")
+def squashed(act=BOX) -> PolicySpec:
+    return PolicySpec(OBS, act, hidden_sizes=(16, 16), box_dist="squashed_gaussian")
 
 
 @pytest.mark.parametrize("act", [BOX, Dict((("pick", Discrete(3)), ("move", BOX)))],
@@ -41,7 +42,7 @@ def test_three_forwards_agree_and_the_log_std_is_clipped(act):
     big[head][...] = 50.0
     flat = np.concatenate([v.reshape(-1) for v in big.values()])
     dist = spec.actor_forward(flat, random_obs(spec, 4))
-    c = [c for c in spec.action_components if c.kind == "squashed_gaussian"][0]
+    c = next(c for c in spec.action_components if c.kind == "squashed_gaussian")
     assert np.all(dist[:, c.dist + c.width:c.dist + 2 * c.width] == LOG_STD_RANGE[1])
 
 
