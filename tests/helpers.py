@@ -6,6 +6,7 @@ tests that use them check what a client written from the seed text alone sees.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal as signals
 import socket
@@ -188,12 +189,14 @@ class BackgroundClient:
 
 
 # ---------------------------------------------------------------- learning runs
-def play_cartpole(address: str, returns: list[float], stop, seed: int, **connect_kwargs) -> None:
-    """A client_lib CartPole agent until ``stop`` is set; every episode's return into ``returns``."""
+def play_env(address: str, returns: list[float], stop, seed: int, env_id: str = "CartPole-v1",
+             **connect_kwargs) -> None:
+    """A client_lib agent on gymnasium ``env_id`` until ``stop`` is set; every episode's
+    return into ``returns``."""
     import gymnasium as gym
     from rlinkd.client_lib import connect
     agent = connect(address, **connect_kwargs)
-    env = gym.make("CartPole-v1")
+    env = gym.make(env_id)
     obs, _ = env.reset(seed=seed)
     total = 0.0
     while not stop.is_set():
@@ -207,22 +210,24 @@ def play_cartpole(address: str, returns: list[float], stop, seed: int, **connect
 
 
 def mean_last(returns: list[float], n: int = 20) -> float:
-    return sum(returns[-n:]) / n if len(returns) >= n else 0.0
+    """Mean of the last ``n`` returns; -inf before there are ``n``."""
+    return sum(returns[-n:]) / n if len(returns) >= n else -math.inf
 
 
-def learn_over_both_transports(d, target: float, budget_s: float) -> dict[str, list[float]]:
-    """One TCP and one shared-memory CartPole client on daemon ``d`` until either's mean
-    return of its last 20 episodes reaches ``target`` (AssertionError after ``budget_s``);
-    their episode returns."""
+def learn_over_both_transports(d, target: float, budget_s: float, env_id: str = "CartPole-v1",
+                               last_n: int = 20) -> dict[str, list[float]]:
+    """One TCP and one shared-memory client of ``env_id`` on daemon ``d`` until either's
+    mean return of its last ``last_n`` episodes reaches ``target`` (AssertionError after
+    ``budget_s``); their episode returns."""
     import threading
     returns: dict[str, list[float]] = {"tcp": [], "shm": []}
     stop = threading.Event()
-    threads = [threading.Thread(target=play_cartpole, args=(f"tcp://127.0.0.1:{d.port}", returns["tcp"], stop, 0)),
-               threading.Thread(target=play_cartpole, args=(f"shm:{d.state_dir}", returns["shm"], stop, 1))]
+    threads = [threading.Thread(target=play_env, args=(f"tcp://127.0.0.1:{d.port}", returns["tcp"], stop, 0, env_id)),
+               threading.Thread(target=play_env, args=(f"shm:{d.state_dir}", returns["shm"], stop, 1, env_id))]
     for t in threads:
         t.start()
     try:
-        wait_for(lambda: max(mean_last(r) for r in returns.values()) >= target, budget_s,
+        wait_for(lambda: max(mean_last(r, last_n) for r in returns.values()) >= target, budget_s,
                  what=f"a client's mean return of {target}")
     finally:
         stop.set()

@@ -180,7 +180,7 @@ class ActorCritic(nn.Module):
             self.__dict__["_tensor_cache"] = cached
         return cached
 
-    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+    def _apply(self, fn, recurse=True):
         self.__dict__.pop("_tensor_cache", None)
         return super()._apply(fn, recurse)
 

@@ -132,7 +132,8 @@ class SACLearner:
         if self.hp.max_grad_norm > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(live, self.hp.max_grad_norm))
         else:  # (the norm for the report only: one fused kernel, no scaling pass)
-            norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm([p.grad for p in live]))))
+            grads = [p.grad for p in live if p.grad is not None]
+            norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
         if math.isfinite(float(loss.detach())) and math.isfinite(norm):
             optimizer.step()
         return norm
