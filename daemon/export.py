@@ -202,9 +202,10 @@ def sidecar_path(onnx_path: Path) -> Path:
 
 def output_layout(spec: PolicySpec) -> str | list[dict[str, Any]]:
     """How ``action_dist_inputs`` is laid out: "logits" / "mean_then_log_std" for a single
-    Discrete / Box action space (as before composite spaces), else one entry per
-    distribution component (columns of the dist inputs and of the action vector)."""
-    if isinstance(spec.act_space, (Discrete, Box)):
+    Discrete / Box action space (as before composite spaces), else — and for SAC's squashed
+    Gaussian — one entry per distribution component (its kind, columns of the dist inputs
+    and of the action vector)."""
+    if isinstance(spec.act_space, (Discrete, Box)) and spec.box_dist == "gaussian":
         return "logits" if isinstance(spec.act_space, Discrete) else "mean_then_log_std"
     return [{"kind": c.kind,
              "dist_columns": [c.dist, c.dist + c.width * (2 if c.kind.endswith("gaussian") else 1)],

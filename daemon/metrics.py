@@ -34,6 +34,7 @@ SCALARS = {
     "learner/policy_lag": ("update", "policy_lag_max"),
     "learner/policy_lag_mean": ("update", "policy_lag_mean"),
     "learner/lr": ("learner", "lr"),
+    "learner/ent_coef": ("learner", "ent_coef"),   # (SAC: the tuned alpha)
     "learner/loss": ("update", "loss"),
     "learner/q_mean": ("update", "q_mean"),
     "learner/td_abs_mean": ("update", "td_abs_mean"),

@@ -120,3 +120,10 @@ def test_set_config_announces_it_and_clients_sample_it():
                           box_dist="beta")
     with pytest.raises(RLlinkError, match="box_dist"):
         server_config(bad)
+
+
+def test_an_exported_sidecar_names_the_squashed_distribution():
+    from rlinkd.daemon.export import output_layout
+    assert output_layout(PolicySpec(OBS, BOX)) == "mean_then_log_std"
+    assert output_layout(squashed()) == [{"kind": "squashed_gaussian", "dist_columns": [0, 4],
+                                          "action_columns": [0, 2]}]
