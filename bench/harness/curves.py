@@ -40,3 +40,14 @@ def demo_points(lines: Sequence[tuple[float, str]]) -> list[Point]:
         if match:
             points.append((t, float(match.group(1).replace(",", "")), float(match.group(2))))
     return points
+
+
+_DEMO_TIME = re.compile(r"^\[\s*([\d.]+)s\]")
+
+
+def demo_output_points(output: str) -> list[Point]:
+    """Points from a finished ``rlinkd demo``'s output, timed by the seconds each progress
+    line carries (the demo's own clock, from its launch)."""
+    timed = [(float(m.group(1)), line) for line in output.splitlines()
+             if (m := _DEMO_TIME.match(line))]
+    return demo_points(timed)

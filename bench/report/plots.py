@@ -1,4 +1,4 @@
-"""Learning-curve pictures from the result files: rlinkd beside RLlib (matplotlib, Agg).
+"""Learning-curve pictures from the result files: rlinkd beside its peers (matplotlib, Agg).
 
     .venv/bin/python -m bench.report.plots [--out DIR]
 
@@ -7,7 +7,9 @@ env steps and against wall seconds since launch, one line per run (``curve`` in 
 files, ``bench.harness.curves``), one colour per system and configuration, the 450 target
 dashed. rlinkd's curves come from ``bench.scenarios.rlinkd_solve`` results
 (``RLINKD_CURVE_FILES``), RLlib's from ``rllib.json`` (``bench.scenarios.rllib_baseline``);
-a run recorded before curves were kept is drawn as one marker where it reached the target. Called by
+a run recorded before curves were kept is drawn as one marker where it reached the target.
+``ENV_FIGURES``: one PNG per further environment (Pendulum SAC beside Stable-Baselines3,
+LunarLander PPO, CartPole's algorithms), from those scenarios' result files. Called by
 ``bench.run_all`` before it writes the BENCHMARKS.md section, which shows ``PLOTS_DIR``'s
 pictures; ``series`` (what is drawn) is pure, ``draw`` only renders it.
 """
@@ -49,6 +51,28 @@ FIGURES = (
 )
 
 
+@dataclass(frozen=True)
+class EnvFigure:
+    """One picture per environment from one scenario's result file: a line per run of each
+    system or algorithm (``systems`` or ``algorithms`` of the document), ``target`` dashed."""
+
+    file: str
+    title: str
+    result: str
+    target: float
+    ylim: tuple[float, float]
+
+
+ENV_FIGURES = (
+    EnvFigure("curves_pendulum_sac.png", "Pendulum-v1, SAC: rlinkd and Stable-Baselines3, 20,000 env steps "
+              "(mean return of the last 10 training episodes)", "sac_pendulum.json", -200.0, (-1700.0, 0.0)),
+    EnvFigure("curves_lunarlander_ppo.png", "LunarLander-v3, PPO: rlinkd (daemon's mean return of the last "
+              "20 episodes)", "lunar.json", 200.0, (-500.0, 320.0)),
+    EnvFigure("curves_cartpole_algorithms.png", "CartPole-v1: rlinkd's PPO, APPO and DQN (daemon's mean "
+              "return of the last 20 episodes)", "offpolicy.json", 450.0, (0.0, 520.0)),
+)
+
+
 @dataclass
 class Series:
     """One legend entry: ``curves`` drawn as lines, ``reached`` as markers (wall s, env steps)."""
@@ -69,17 +93,26 @@ def series(fig: CurveFigure, solve: dict | None, rllib: dict | None) -> list[Ser
     return [s for s in out if s.curves or s.reached]
 
 
-def _series(label: str, runs: list[dict]) -> Series:
+def _series(label: str, runs: list[dict], target: float = TARGET_RETURN) -> Series:
     curves = [r["curve"] for r in runs if (r.get("curve") or {}).get("env_steps")]
     reached = [(r["wall_s"], r["env_steps"]) for r in runs if not r.get("curve") and r.get("solved")
                and r.get("wall_s") and r.get("env_steps")]
     if reached:
-        label += ": reached 450 here (run recorded without a curve)"
+        label += f": reached {target:g} here (run recorded without a curve)"
     return Series(label, curves, reached)
 
 
-def draw(fig: CurveFigure, drawn: list[Series], path: Path) -> Path:
+def env_series(fig: EnvFigure, doc: dict | None) -> list[Series]:
+    """What an EnvFigure draws from its result document (None: nothing)."""
+    sections = (doc or {}).get("systems") or (doc or {}).get("algorithms") or {}
+    out = [_series(name, section.get("runs") or [], fig.target) for name, section in sections.items()]
+    return [s for s in out if s.curves or s.reached]
+
+
+def draw(fig: CurveFigure | EnvFigure, drawn: list[Series], path: Path) -> Path:
     """Render ``drawn`` into the PNG at ``path`` (two panels: env steps, wall seconds)."""
+    target, ylim = ((fig.target, fig.ylim) if isinstance(fig, EnvFigure)
+                    else (TARGET_RETURN, (0.0, TARGET_RETURN + 70)))
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, s in enumerate(drawn):
@@ -90,12 +123,12 @@ def draw(fig: CurveFigure, drawn: list[Series], path: Path) -> Path:
                         label=s.label if j == 0 else None)
             if s.reached:
                 xs = [steps if x == "env_steps" else wall for wall, steps in s.reached]
-                ax.scatter(xs, [TARGET_RETURN] * len(xs), color=colour, marker="X", s=60, zorder=3,
+                ax.scatter(xs, [target] * len(xs), color=colour, marker="X", s=60, zorder=3,
                            label=None if s.curves else s.label)
     for ax, xlabel in zip(axes, ("env steps", "wall seconds since launch")):
-        ax.axhline(TARGET_RETURN, color="grey", ls="--", lw=0.8)
+        ax.axhline(target, color="grey", ls="--", lw=0.8)
         ax.set_xlabel(xlabel)
-        ax.set_ylim(0, TARGET_RETURN + 70)
+        ax.set_ylim(*ylim)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("mean return")
@@ -118,9 +151,19 @@ def draw_all(solve: dict | None, rllib: dict | None, out_dir: Path = PLOTS_DIR) 
     return written
 
 
+def draw_envs(results_dir: Path = RESULTS, out_dir: Path = PLOTS_DIR) -> list[Path]:
+    """Every ENV_FIGURES picture whose result file has runs to draw; the PNGs written."""
+    written = []
+    for fig in ENV_FIGURES:
+        drawn = env_series(fig, _load(results_dir / fig.result))
+        if drawn:
+            written.append(draw(fig, drawn, out_dir / fig.file))
+    return written
+
+
 def markdown(paths: list[Path], base: Path = REPO) -> str:
     """Image links for BENCHMARKS.md (paths relative to ``base``, the file's folder)."""
-    titles = {fig.file: fig.title for fig in FIGURES}
+    titles = {fig.file: fig.title for fig in (*FIGURES, *ENV_FIGURES)}
     return "\n\n".join(f"![{titles.get(p.name, p.stem)}]({p.relative_to(base).as_posix()})" for p in paths)
 
 
@@ -164,7 +207,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=PLOTS_DIR, help="folder of the PNGs")
     args = ap.parse_args()
-    for path in draw_all(rlinkd_curves(), _load(RESULTS / "rllib.json"), args.out):
+    for path in [*draw_all(rlinkd_curves(), _load(RESULTS / "rllib.json"), args.out),
+                 *draw_envs(RESULTS, args.out)]:
         print(f"wrote {path}")
 
 

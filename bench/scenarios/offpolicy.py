@@ -19,6 +19,7 @@ import time
 import orjson
 
 from bench.harness.common import median_range, write_result
+from bench.harness.curves import demo_output_points, make_curve
 from bench.harness.demo import demo_command, demo_summary
 
 ALGORITHMS = {
@@ -42,7 +43,8 @@ def solve_run(algorithm: str, seed: int, target: float, timeout_s: float) -> dic
     steps = s.get("env_steps") or 0
     return {"seed": seed, "solved": bool(s.get("solved")), "wall_s": wall, "env_steps": steps,
             "env_steps_per_s": round(steps / max(s.get("wall_s") or wall, 1e-9)),
-            "return_mean_20": s.get("return_mean_20")}
+            "return_mean_20": s.get("return_mean_20"),
+            "curve": make_curve(demo_output_points(proc.stdout))}
 
 
 def summarize(runs: list[dict]) -> dict:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rlinkd.daemon.demo import progress_line
 
-from bench.harness.curves import demo_points, make_curve
+from bench.harness.curves import demo_output_points, demo_points, make_curve
 from bench.report import plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -60,6 +60,8 @@ def test_curves_are_thinned_and_demo_progress_lines_parsed():
     shown = progress_line(2.0, {"env_steps": 12345, "episode_return_mean_20": 45.5})
     lines = [(1.0, progress_line(1.0, {})), (2.1, shown), (2.2, "rlinkd demo: 2 tcp client(s)")]
     assert demo_points(lines) == [(2.1, 12345.0, 45.5)]
+    output = "\n".join(line for _, line in lines)  # a finished demo: the lines' own clock
+    assert demo_output_points(output) == [(2.0, 12345.0, 45.5)]
 
 
 def test_rlinkd_curves_come_from_the_first_result_file_that_has_one(tmp_path):
@@ -78,3 +80,22 @@ def test_caption_names_each_source_and_its_load():
                           "load_avg_1m_at_end": 7.48}, None)
     assert "rlinkd: `python -m x --out y` (2026-11-23 19:15:14, load average 7.48 at the end)" in text
     assert "RLlib: no results" in text
+
+
+def test_env_figures_draw_each_system_of_a_scenario_result(tmp_path):
+    """sac_pendulum.json-shaped results: a line per run, one series per system; a run without
+    a curve but solved is a marker; a missing file draws nothing."""
+    curve = {"wall_s": [1.0, 2.0], "env_steps": [200, 400], "return_mean": [-1200.0, -300.0]}
+    doc = {"systems": {"rlinkd": {"runs": [{"curve": curve}, {"curve": curve}]},
+                       "sb3": {"runs": [{"curve": curve}]},
+                       "empty": {"runs": [{"solved": False}]}}}
+    fig = plots.ENV_FIGURES[0]
+    drawn = plots.env_series(fig, doc)
+    assert [(s.label, len(s.curves)) for s in drawn] == [("rlinkd", 2), ("sb3", 1)]
+    marker = plots.env_series(fig, {"algorithms": {"dqn": {"runs": [
+        {"solved": True, "wall_s": 30.0, "env_steps": 9000}]}}})
+    assert marker[0].reached == [(30.0, 9000)] and "-200" in marker[0].label
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / fig.result).write_text(json.dumps(doc))
+    written = plots.draw_envs(tmp_path / "results", tmp_path / "plots")
+    assert [p.name for p in written] == [fig.file] and written[0].stat().st_size > 1000
