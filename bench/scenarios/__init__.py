@@ -48,4 +48,8 @@ SUITE = {
                         ("--quick", "--out", "{results}/serving-quick.json")),
     "offpolicy": Scenario("bench.scenarios.offpolicy", "offpolicy.json", ("--runs", "{runs}"),
                           ("--quick", "--out", "{results}/offpolicy-quick.json")),
+    "sac_pendulum": Scenario("bench.scenarios.sac_pendulum", "sac_pendulum.json", ("--runs", "{runs}"),
+                             ("--quick", "--out", "{results}/sac_pendulum-quick.json")),
+    "lunar": Scenario("bench.scenarios.lunar", "lunar.json", ("--runs", "{runs}"),
+                      ("--quick", "--out", "{results}/lunar-quick.json")),
 }

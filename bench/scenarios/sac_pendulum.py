@@ -1,7 +1,7 @@
 """SAC on Pendulum-v1: rlinkd against Stable-Baselines3, same budget, same machine, one run.
 
-    python -m bench.scenarios.sac_pendulum [--runs 3] [--steps 20000] [--sb3-python PY]
-                                           [--settings NAME] [--out FILE]
+    SB3_PYTHON=VENV/bin/python python -m bench.scenarios.sac_pendulum [--runs 3] [--steps 20000]
+                                           [--settings NAME] [--quick] [--out FILE]
 
 Per seed, alternating: (1) ``rlinkd serve`` with ``learner.algorithm = "sac"`` and one
 client_lib Pendulum client over shared memory playing exactly ``--steps`` env steps (the
@@ -10,13 +10,16 @@ more than that many env steps behind one update per step, so the budget buys the
 number of updates as SB3's); then an evaluation client (``mode="evaluate"``, greedy) plays
 ``--eval-episodes`` episodes on envs seeded seed+1000, seed+1001, ... (2) the SB3 peer
 (bench/peers/sb3_sac_pendulum.py, rl-baselines3-zoo's Pendulum settings) in its own venv
-with the same budget. Training wall time: rlinkd from the client's first step to its last
+with the same budget (its venv: ``python3 -m venv VENV && VENV/bin/pip install torch==2.13.0
+stable-baselines3 gymnasium``; without SB3_PYTHON or ``--sb3-python`` the peer is skipped).
+Training wall time: rlinkd from the client's first step to its last
 (daemon start-up reported apart), SB3 its ``learn()`` call. Writes
 bench/results/sac_pendulum.json; the curves are drawn by bench.report.plots.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import tempfile
@@ -83,11 +86,11 @@ def play(address: str, seed: int, steps: int) -> tuple[float, dict]:
     return wall, make_curve(points)
 
 
-def evaluate(address: str, seed: int, episodes: int) -> list[float]:
+def evaluate(address: str, seed: int, episodes: int, env_id: str = ENV_ID) -> list[float]:
     """Greedy returns of the newest weights (an evaluation client: nothing it plays trains)."""
     import gymnasium as gym
     from rlinkd.client_lib import connect
-    agent, env, returns = connect(address, mode="evaluate"), gym.make(ENV_ID), []
+    agent, env, returns = connect(address, mode="evaluate"), gym.make(env_id), []
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + 1000 + i)
         done, total = False, 0.0
@@ -134,10 +137,14 @@ def main() -> int:
     ap.add_argument("--target", type=float, default=-200.0, help="greedy return to reach")
     ap.add_argument("--settings", default="default", choices=sorted(SETTINGS),
                     help="rlinkd's [sac] settings (see SETTINGS)")
-    ap.add_argument("--sb3-python", default="/work/sb3venv/bin/python",
-                    help="python of a venv with stable-baselines3 ('' to skip the peer)")
+    ap.add_argument("--sb3-python", default=os.environ.get("SB3_PYTHON", ""),
+                    help="python of a venv with stable-baselines3 (default: $SB3_PYTHON; "
+                         "empty: skip the peer)")
+    ap.add_argument("--quick", action="store_true", help="one seed, 2,000 steps, 2 greedy episodes")
     ap.add_argument("--out", help="result file (default: bench/results/sac_pendulum.json)")
     args = ap.parse_args()
+    if args.quick:
+        args.runs, args.steps, args.eval_episodes = 1, 2000, 2
     runs: dict[str, list[dict]] = {"rlinkd": [], **({"sb3": []} if args.sb3_python else {})}
     for seed in range(args.runs):
         runs["rlinkd"].append(rlinkd_run(seed, args.steps, args.eval_episodes, SETTINGS[args.settings]))
