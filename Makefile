@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlinkd-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo lint test bench clean
+.PHONY: install demo lint test bench clean c-client c-check
 
 install: $(STAMP)
 
@@ -30,7 +30,15 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-test: lint
+# The C client (client_lib/c): libraries and the example into build/c; `c-check` adds the
+# -Werror, AddressSanitizer and UndefinedBehaviorSanitizer builds and runs the C tests.
+c-client:
+	$(MAKE) -C client_lib/c
+
+c-check:
+	$(MAKE) -C client_lib/c check
+
+test: lint c-check
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -48,11 +48,14 @@ def test_dqn_learns_cartpole_over_both_transports_and_resumes_from_a_checkpoint(
     assert resumed["weights_seq_no"] >= 1
 
 
-def test_the_seed_clients_message_flow_works_under_dqn(daemon_factory):
+@pytest.mark.parametrize("algorithm", ["dqn", "appo"])
+def test_the_seed_clients_message_flow_works_under_off_policy_learners(daemon_factory, algorithm):
     """EPISODES_AND_GET_STATE with list-of-lists fragments, as the RLlink seed client sends:
-    every reply is a SET_STATE at once (nobody waits for training)."""
+    every reply is a SET_STATE at once (nobody waits for training), and the steps train
+    (DQN: they fill the replay buffer; APPO: updates). SAC has no Discrete actions, so the
+    seed client's CartPole is not its concern."""
     import socket
-    d = daemon_factory(*DQN)
+    d = daemon_factory(*(DQN if algorithm == "dqn" else ("--set", "learner.algorithm=appo")))
     sock = socket.create_connection(("127.0.0.1", d.port), timeout=30)
     raw_send(sock, {"type": "PING"})
     assert raw_recv(sock)["type"] == "PONG"
@@ -60,7 +63,7 @@ def test_the_seed_clients_message_flow_works_under_dqn(daemon_factory):
     config = raw_recv(sock)
     assert config["type"] == "SET_CONFIG" and config["force_on_policy"] is False
     env = gym.make("CartPole-v1")
-    for episode in range(12):
+    for episode in range(30):
         obs, _ = env.reset(seed=episode)
         observations, actions, rewards = [obs.tolist()], [], []
         done = False
@@ -79,4 +82,7 @@ def test_the_seed_clients_message_flow_works_under_dqn(daemon_factory):
         assert reply["type"] == "SET_STATE" and reply["onnx_file"], reply.get("message")
         assert time.monotonic() - started < 5.0
     sock.close()
-    wait_for(lambda: d.status()["learner"].get("replay_steps", 0) > 0, 20, what="replay filled")
+    if algorithm == "dqn":
+        wait_for(lambda: d.status()["learner"].get("replay_steps", 0) > 0, 20, what="replay filled")
+    else:
+        wait_for(lambda: d.status()["learner"].get("updates", 0) > 0, 20, what="an APPO update")

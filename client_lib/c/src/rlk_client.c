@@ -1,0 +1,475 @@
+/*
+ * rlk_client.c - the client: handshake, per-agent episode state, STEP_BATCH round trips and
+ * reconnecting (public contract in rlinkd.h).
+ *
+ * Each agent is closed (no episode), open with a pending action (the last reply's, to be
+ * returned by the next act) or open awaiting its step. A step that ends an episode is not sent
+ * at once: its END entry travels first in the next request, so an episode boundary costs no
+ * extra round trip. After a reconnect every open episode is "lost" on the daemon: its next
+ * entry becomes a START with the observation in hand (the reward in flight is dropped).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rlinkd.h"
+#include "rlk_json.h"
+#include "rlk_net.h"
+#include "rlk_proto.h"
+
+enum { ENTRY_START, ENTRY_STEP, ENTRY_END };
+
+typedef struct {
+    int open, pending, lost, end_deferred;
+    char id[40];
+    float reward;          /* of the step being sent, or of the deferred end */
+    int terminated, truncated;
+    long seq;
+} agent;
+
+typedef struct {
+    int agent, kind;
+    char id[40];  /* the episode id as sent (an end's is the old episode's) */
+} entry;
+
+struct rlk_client {
+    rlk_options o;
+    char address[512], token[256], policy[80];
+    int fd, reconnects, server_retry;
+    long episodes_started;
+    char err[RLK_ERROR_CHARS];
+    rlk_spaces sp;
+    agent *agents;
+    float *obs;       /* [max_agents, obs_size]: the observation of each agent's next entry */
+    float *end_obs;   /* [max_agents, obs_size]: a deferred end's final observation */
+    float *actions;   /* [max_agents, act_size]: each agent's pending action */
+    entry *entries;   /* [2 * max_agents]: the request being built */
+    entry *sent;      /* [2 * max_agents]: the request as sent */
+    int n_entries;
+    float *reply_actions;  /* [2 * max_agents, act_size] */
+    long *reply_seqs;
+    unsigned char *reply_null;
+    char *out, *in;
+    size_t frame_cap;
+    rlk_jtok *toks;
+    int max_toks;
+};
+
+static rlk_status set_err(rlk_client *c, rlk_status st, const char *fmt, const char *detail) {
+    snprintf(c->err, sizeof c->err, fmt, detail);
+    return st;
+}
+
+void rlk_options_init(rlk_options *o) {
+    memset(o, 0, sizeof *o);
+    o->max_agents = 1;
+    o->io_timeout_s = 30.0;
+    o->reconnect_timeout_s = 60.0;
+    o->max_frame_bytes = 1u << 20;
+}
+
+/* ----------------------------------------------------------------- one message each way */
+static rlk_reply_info info_of(rlk_client *c) {
+    rlk_reply_info info = {c->err, sizeof c->err, 0};
+    return info;
+}
+
+static rlk_status io_status(rlk_client *c, int r, const char *what) {
+    if (r == -2) return set_err(c, RLK_E_TIMEOUT, "no reply within io_timeout_s (%s)", what);
+    if (r == -3) return set_err(c, RLK_E_PROTOCOL, "malformed frame header (%s)", what);
+    if (r == -4) return set_err(c, RLK_E_LIMIT, "reply larger than max_frame_bytes (%s)", what);
+    return set_err(c, RLK_E_IO, "connection lost (%s)", what);
+}
+
+/* Send c->out[0..len) and, if want_reply, receive one frame into c->in (*got bytes). */
+static rlk_status roundtrip(rlk_client *c, size_t len, int want_reply, size_t *got) {
+    int r = rlk_net_send(c->fd, c->out, len, c->o.io_timeout_s);
+    if (r != 0) return io_status(c, r, "send");
+    if (!want_reply) return RLK_OK;
+    r = rlk_net_recv(c->fd, c->in, c->frame_cap, got, c->o.io_timeout_s);
+    return r == 0 ? RLK_OK : io_status(c, r, "receive");
+}
+
+/* PING (with the token) -> PONG, GET_CONFIG -> SET_CONFIG on a fresh connection. */
+static rlk_status handshake(rlk_client *c, rlk_spaces *sp) {
+    rlk_jw w;
+    size_t got;
+    rlk_reply_info info = info_of(c);
+    rlk_jw_init(&w, c->out, c->frame_cap);
+    rlk_jw_raw(&w, "{\"type\": \"PING\"");
+    if (c->token[0]) {
+        rlk_jw_raw(&w, ", \"token\": ");
+        rlk_jw_str(&w, c->token);
+    }
+    rlk_jw_raw(&w, "}");
+    rlk_status st = roundtrip(c, w.len, 1, &got);
+    if (st == RLK_OK) st = rlk_parse_pong(c->in, got, c->toks, c->max_toks, &info);
+    if (st != RLK_OK) return st;
+    rlk_jw_init(&w, c->out, c->frame_cap);
+    rlk_jw_raw(&w, "{\"type\": \"GET_CONFIG\"}");
+    st = roundtrip(c, w.len, 1, &got);
+    return st != RLK_OK ? st : rlk_parse_set_config(c->in, got, c->toks, c->max_toks, sp, &info);
+}
+
+static void sleep_s(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* A new connection; on a reconnect the spaces must be the ones the client started with. */
+static rlk_status open_connection(rlk_client *c) {
+    rlk_spaces sp;
+    int fd = rlk_net_connect(c->address, c->o.io_timeout_s, c->err, sizeof c->err);
+    if (fd < 0) return fd == -2 ? RLK_E_ARG : RLK_E_CONNECT;
+    c->fd = fd;
+    rlk_status st = handshake(c, &sp);
+    if (st == RLK_OK && c->sp.obs_size && (sp.obs_size != c->sp.obs_size || sp.act_size != c->sp.act_size))
+        st = set_err(c, RLK_E_UNSUPPORTED, "%s", "the daemon's spaces changed across a reconnect");
+    if (st != RLK_OK) {
+        close(c->fd);
+        c->fd = -1;
+        return st;
+    }
+    c->sp = sp;
+    return RLK_OK;
+}
+
+/* Reconnect with backoff (50 ms doubling to 2 s) until reconnect_timeout_s; open episodes are lost. */
+static rlk_status reconnect(rlk_client *c) {
+    double deadline = rlk_now() + c->o.reconnect_timeout_s, delay = 0.05;
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+    for (int i = 0; c->agents && i < c->o.max_agents; i++) c->agents[i].lost = c->agents[i].open;
+    for (;;) {
+        rlk_status st = open_connection(c);
+        if (st == RLK_OK) {
+            c->reconnects++;
+            return RLK_OK;
+        }
+        if (st == RLK_E_UNSUPPORTED || st == RLK_E_ARG || rlk_now() + delay > deadline) {
+            char why[RLK_ERROR_CHARS - 32];  /* (c->err is the destination: copy it first) */
+            memcpy(why, c->err, sizeof why - 1);
+            why[sizeof why - 1] = '\0';
+            return st == RLK_E_UNSUPPORTED ? st : set_err(c, RLK_E_CONNECT, "gave up reconnecting: %s", why);
+        }
+        sleep_s(delay);
+        delay = delay * 2 > 2.0 ? 2.0 : delay * 2;
+    }
+}
+
+/* ----------------------------------------------------------------- STEP_BATCH */
+static int write_obs(rlk_jw *w, const rlk_spaces *sp, const float *x, int dim, size_t *at) {
+    rlk_jw_raw(w, "[");
+    for (int k = 0; k < sp->obs_shape[dim]; k++) {
+        if (k) rlk_jw_raw(w, ", ");
+        if (dim + 1 < sp->obs_rank) {
+            if (write_obs(w, sp, x, dim + 1, at) != 0) return -1;
+        } else if (rlk_jw_num(w, x[(*at)++]) != 0) {
+            return -1;
+        }
+    }
+    rlk_jw_raw(w, "]");
+    return 0;
+}
+
+/* One entry's JSON; -1 for a non-finite number. A lost agent's STEP becomes a START. */
+static int write_entry(rlk_client *c, rlk_jw *w, const entry *e) {
+    agent *a = &c->agents[e->agent];
+    int end = e->kind == ENTRY_END, start = e->kind == ENTRY_START;
+    const float *obs = (end ? c->end_obs : c->obs) + (size_t)e->agent * c->sp.obs_size;
+    size_t at = 0;
+    rlk_jw_raw(w, "{\"episode_id\": ");
+    rlk_jw_str(w, e->id);
+    rlk_jw_raw(w, ", \"observation\": ");
+    if (write_obs(w, &c->sp, obs, 0, &at) != 0) return -1;
+    if (start) {
+        rlk_jw_raw(w, ", \"start\": true");
+        if (c->o.evaluate) rlk_jw_raw(w, ", \"training_enabled\": false");
+        if (c->policy[0]) {
+            rlk_jw_raw(w, ", \"policy_id\": ");
+            rlk_jw_str(w, c->policy);
+        }
+    } else {
+        rlk_jw_raw(w, ", \"reward\": ");
+        if (rlk_jw_num(w, a->reward) != 0) return -1;
+        if (end) rlk_jw_raw(w, a->truncated && !a->terminated ? ", \"truncated\": true" : ", \"terminated\": true");
+    }
+    rlk_jw_raw(w, "}");
+    return 0;
+}
+
+static void new_episode(rlk_client *c, agent *a) {
+    snprintf(a->id, sizeof a->id, "c%ld-%ld", (long)getpid(), ++c->episodes_started);
+    a->open = 1;
+    a->lost = 0;
+}
+
+/* The entries as sent now: a lost agent's step restarts its episode, a lost end is dropped. */
+static int prepare_entries(rlk_client *c, entry *sent) {
+    int n = 0;
+    for (int k = 0; k < c->n_entries; k++) {
+        entry e = c->entries[k];
+        agent *a = &c->agents[e.agent];
+        if (e.kind == ENTRY_END && a->end_deferred == 2) {  /* (lost with the connection) */
+            a->end_deferred = 0;
+            continue;
+        }
+        if (e.kind != ENTRY_END && (a->lost || e.kind == ENTRY_START)) {
+            e.kind = ENTRY_START;
+            new_episode(c, a);
+        }
+        memcpy(e.id, a->id, sizeof e.id);
+        sent[n++] = e;
+    }
+    return n;
+}
+
+static rlk_status encode(rlk_client *c, const entry *sent, int n, size_t *len) {
+    rlk_jw w;
+    rlk_jw_init(&w, c->out, c->frame_cap);
+    rlk_jw_raw(&w, "{\"type\": \"STEP_BATCH\", \"steps\": [");
+    for (int k = 0; k < n; k++) {
+        if (k) rlk_jw_raw(&w, ", ");
+        if (write_entry(c, &w, &sent[k]) != 0) return set_err(c, RLK_E_ARG, "%s", "a reward or observation is not finite");
+    }
+    rlk_jw_raw(&w, "]}");
+    if (w.overflow) return set_err(c, RLK_E_LIMIT, "%s", "the request exceeds max_frame_bytes");
+    *len = w.len;
+    return RLK_OK;
+}
+
+/* The replies of the entries sent: actions become pending, ends are done. */
+static rlk_status apply_reply(rlk_client *c, const entry *sent, int n, size_t got) {
+    rlk_reply_info info = info_of(c);
+    rlk_status st = rlk_parse_actions(c->in, got, c->toks, c->max_toks, &c->sp, n, c->reply_actions,
+                                      c->reply_seqs, c->reply_null, &info);
+    c->server_retry = info.retry;
+    if (st != RLK_OK) return st;
+    for (int k = 0; k < n; k++) {
+        agent *a = &c->agents[sent[k].agent];
+        if (sent[k].kind == ENTRY_END) {
+            a->end_deferred = 0;
+            continue;
+        }
+        if (c->reply_null[k]) return set_err(c, RLK_E_PROTOCOL, "%s", "no action for an open episode");
+        memcpy(c->actions + (size_t)sent[k].agent * c->sp.act_size,
+               c->reply_actions + (size_t)k * c->sp.act_size, c->sp.act_size * sizeof(float));
+        a->pending = 1;
+        a->seq = c->reply_seqs[k];
+    }
+    return RLK_OK;
+}
+
+/* Send the built entries (retrying through reconnects) and apply the reply. */
+static rlk_status flush(rlk_client *c) {
+    for (;;) {
+        int n = prepare_entries(c, c->sent);
+        size_t len, got;
+        c->server_retry = 0;
+        rlk_status st = encode(c, c->sent, n, &len);
+        if (st == RLK_OK) st = roundtrip(c, len, 1, &got);
+        if (st == RLK_OK) st = apply_reply(c, c->sent, n, got);
+        int retry = st == RLK_E_IO || st == RLK_E_TIMEOUT || (st == RLK_E_SERVER && c->server_retry);
+        if (st == RLK_OK || !retry || c->o.reconnect_timeout_s <= 0) {
+            c->n_entries = 0;
+            return st;
+        }
+        for (int i = 0; i < c->o.max_agents; i++)  /* the deferred ends died with the connection */
+            if (c->agents[i].end_deferred) c->agents[i].end_deferred = 2;
+        st = reconnect(c);
+        if (st != RLK_OK) {
+            c->n_entries = 0;
+            return st;
+        }
+    }
+}
+
+static void add_entry(rlk_client *c, int agent_index, int kind) {
+    c->entries[c->n_entries].agent = agent_index;
+    c->entries[c->n_entries++].kind = kind;
+}
+
+/* Deferred ends go first in the next request. */
+static void add_deferred_ends(rlk_client *c) {
+    for (int i = 0; i < c->o.max_agents; i++)
+        if (c->agents[i].end_deferred == 1) add_entry(c, i, ENTRY_END);
+}
+
+/* ----------------------------------------------------------------- public API */
+rlk_status rlk_act_batch(rlk_client *c, int n, const float *obs, float *actions) {
+    if (!c || !obs || !actions || n < 1 || n > c->o.max_agents) return c ? set_err(c, RLK_E_ARG, "%s", "bad arguments to rlk_act_batch") : RLK_E_ARG;
+    size_t os = c->sp.obs_size, as = c->sp.act_size;
+    c->n_entries = 0;
+    int starts = 0;
+    for (int i = 0; i < n; i++) {
+        agent *a = &c->agents[i];
+        if (a->open && !a->pending) return set_err(c, RLK_E_STATE, "%s", "rlk_act again before rlk_step");
+        if (!a->open) {
+            memcpy(c->obs + (size_t)i * os, obs + (size_t)i * os, os * sizeof(float));
+            starts++;
+        }
+    }
+    if (starts) {
+        add_deferred_ends(c);
+        for (int i = 0; i < n; i++)
+            if (!c->agents[i].open) add_entry(c, i, ENTRY_START);
+        rlk_status st = flush(c);
+        if (st != RLK_OK) return st;
+    }
+    for (int i = 0; i < n; i++) {
+        memcpy(actions + (size_t)i * as, c->actions + (size_t)i * as, as * sizeof(float));
+        c->agents[i].pending = 0;
+    }
+    return RLK_OK;
+}
+
+rlk_status rlk_step_batch(rlk_client *c, int n, const float *rewards, const float *next_obs,
+                          const unsigned char *terminated, const unsigned char *truncated) {
+    if (!c || !rewards || !next_obs || !terminated || !truncated || n < 1 || n > c->o.max_agents)
+        return c ? set_err(c, RLK_E_ARG, "%s", "bad arguments to rlk_step_batch") : RLK_E_ARG;
+    size_t os = c->sp.obs_size;
+    for (int i = 0; i < n; i++)
+        if (!c->agents[i].open || c->agents[i].pending)
+            return set_err(c, RLK_E_STATE, "%s", "rlk_step without a preceding rlk_act");
+    int steps = 0;
+    for (int i = 0; i < n; i++) {
+        agent *a = &c->agents[i];
+        int done = terminated[i] || truncated[i];
+        a->reward = rewards[i];
+        a->terminated = terminated[i] != 0;
+        a->truncated = truncated[i] != 0;
+        memcpy((done ? c->end_obs : c->obs) + (size_t)i * os, next_obs + (size_t)i * os, os * sizeof(float));
+        if (done) {
+            a->open = 0;
+            a->end_deferred = a->lost ? 0 : 1;  /* (a lost episode has nothing left to end) */
+        } else {
+            steps++;
+        }
+    }
+    if (!steps) return RLK_OK;  /* every agent ended: the ends wait for the next request */
+    c->n_entries = 0;
+    add_deferred_ends(c);
+    for (int i = 0; i < n; i++)
+        if (c->agents[i].open) add_entry(c, i, ENTRY_STEP);
+    return flush(c);
+}
+
+rlk_status rlk_act(rlk_client *c, const float *obs, float *action) { return rlk_act_batch(c, 1, obs, action); }
+
+rlk_status rlk_step(rlk_client *c, float reward, const float *next_obs, int terminated, int truncated) {
+    unsigned char term = terminated != 0, trunc = truncated != 0;
+    return rlk_step_batch(c, 1, &reward, next_obs, &term, &trunc);
+}
+
+/* ----------------------------------------------------------------- life cycle */
+/* The frame buffers and the token pool (before the handshake). A reply whose JSON averages
+ * fewer than 8 bytes per token beyond the pool is refused with RLK_E_LIMIT. */
+static rlk_status allocate_frames(rlk_client *c) {
+    c->frame_cap = c->o.max_frame_bytes;
+    c->max_toks = (int)(c->frame_cap / 8 + 256);
+    c->out = malloc(c->frame_cap);
+    c->in = malloc(c->frame_cap);
+    c->toks = calloc((size_t)c->max_toks, sizeof *c->toks);
+    return c->out && c->in && c->toks ? RLK_OK : RLK_E_NOMEM;
+}
+
+/* The per-agent state, sized by the spaces the handshake read. */
+static rlk_status allocate_agents(rlk_client *c) {
+    size_t m = (size_t)c->o.max_agents, os = c->sp.obs_size, as = c->sp.act_size;
+    c->agents = calloc(m, sizeof *c->agents);
+    c->entries = calloc(2 * m, sizeof *c->entries);
+    c->sent = calloc(2 * m, sizeof *c->sent);
+    c->obs = calloc(m * os, sizeof(float));
+    c->end_obs = calloc(m * os, sizeof(float));
+    c->actions = calloc(m * as, sizeof(float));
+    c->reply_actions = calloc(2 * m * as, sizeof(float));
+    c->reply_seqs = calloc(2 * m, sizeof(long));
+    c->reply_null = calloc(2 * m, 1);
+    if (!(c->agents && c->entries && c->sent && c->obs && c->end_obs && c->actions &&
+          c->reply_actions && c->reply_seqs && c->reply_null))
+        return RLK_E_NOMEM;
+    for (size_t i = 0; i < m; i++) c->agents[i].seq = -1;
+    return RLK_OK;
+}
+
+static void release(rlk_client *c) {
+    void *parts[] = {c->agents, c->entries, c->sent, c->obs, c->end_obs, c->actions, c->reply_actions,
+                     c->reply_seqs, c->reply_null, c->out, c->in, c->toks};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) free(parts[i]);
+    free(c);
+}
+
+static int copy_str(char *dst, size_t cap, const char *src) {
+    if (!src) {
+        dst[0] = '\0';
+        return 0;
+    }
+    if (strlen(src) >= cap) return -1;
+    strcpy(dst, src);
+    return 0;
+}
+
+static int options_ok(const rlk_options *o) {
+    return o && o->address && o->max_agents >= 1 && o->max_agents <= RLK_MAX_AGENTS &&
+           o->io_timeout_s > 0 && o->reconnect_timeout_s >= 0 && o->max_frame_bytes >= 1024 &&
+           o->max_frame_bytes <= RLK_MAX_FRAME_BYTES;
+}
+
+rlk_status rlk_connect(const rlk_options *o, rlk_client **out) {
+    if (!out) return RLK_E_ARG;
+    *out = NULL;
+    if (!options_ok(o)) return RLK_E_ARG;
+    rlk_client *c = calloc(1, sizeof *c);
+    if (!c) return RLK_E_NOMEM;
+    c->o = *o;
+    c->fd = -1;
+    if (copy_str(c->address, sizeof c->address, o->address) || copy_str(c->token, sizeof c->token, o->token) ||
+        copy_str(c->policy, sizeof c->policy, o->policy_id)) {
+        release(c);
+        return RLK_E_ARG;
+    }
+    rlk_status st = allocate_frames(c);
+    if (st == RLK_OK) st = open_connection(c);
+    if (st == RLK_OK) st = allocate_agents(c);
+    if (st != RLK_OK) {
+        if (c->fd >= 0) close(c->fd);
+        release(c);
+        return st;
+    }
+    *out = c;
+    return RLK_OK;
+}
+
+void rlk_close(rlk_client *c) {
+    if (!c) return;
+    if (c->fd >= 0 && c->agents) {  /* deliver the deferred ends (their rewards train), best effort */
+        c->n_entries = 0;
+        add_deferred_ends(c);
+        if (c->n_entries) {
+            c->o.reconnect_timeout_s = 0;
+            flush(c);
+        }
+    }
+    if (c->fd >= 0) close(c->fd);
+    release(c);
+}
+
+size_t rlk_obs_size(const rlk_client *c) { return c ? c->sp.obs_size : 0; }
+size_t rlk_action_size(const rlk_client *c) { return c ? c->sp.act_size : 0; }
+int rlk_action_n(const rlk_client *c) { return c && c->sp.act_kind == RLK_ACT_DISCRETE ? c->sp.act_n : 0; }
+long rlk_weights_seq_no(const rlk_client *c) { return c ? c->agents[0].seq : -1; }
+int rlk_reconnects(const rlk_client *c) { return c ? c->reconnects : 0; }
+const char *rlk_error(const rlk_client *c) { return c ? c->err : "no client"; }
+
+const char *rlk_status_name(rlk_status s) {
+    static const char *const names[] = {"RLK_OK", "RLK_E_ARG", "RLK_E_CONNECT", "RLK_E_IO",
+                                        "RLK_E_PROTOCOL", "RLK_E_SERVER", "RLK_E_LIMIT", "RLK_E_NOMEM",
+                                        "RLK_E_STATE", "RLK_E_TIMEOUT", "RLK_E_UNSUPPORTED"};
+    int i = -(int)s;
+    return i >= 0 && i < (int)(sizeof names / sizeof names[0]) ? names[i] : "RLK_E_UNKNOWN";
+}
