@@ -68,6 +68,8 @@ ENV_FIGURES = (
               "(mean return of the last 10 training episodes)", "sac_pendulum.json", -200.0, (-1700.0, 0.0)),
     EnvFigure("curves_lunarlander_ppo.png", "LunarLander-v3, PPO: rlinkd (daemon's mean return of the last "
               "20 episodes)", "lunar.json", 200.0, (-500.0, 320.0)),
+    EnvFigure("curves_cartpole_dqn_budget.png", "CartPole-v1, DQN with a 50,000-step budget (mean return "
+              "of the last 10 training episodes, epsilon-greedy)", "dqn_cartpole.json", 500.0, (0.0, 520.0)),
     EnvFigure("curves_cartpole_algorithms.png", "CartPole-v1: rlinkd's PPO, APPO and DQN (daemon's mean "
               "return of the last 20 episodes)", "offpolicy.json", 450.0, (0.0, 520.0)),
 )

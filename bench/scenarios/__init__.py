@@ -50,6 +50,8 @@ SUITE = {
                           ("--quick", "--out", "{results}/offpolicy-quick.json")),
     "sac_pendulum": Scenario("bench.scenarios.sac_pendulum", "sac_pendulum.json", ("--runs", "{runs}"),
                              ("--quick", "--out", "{results}/sac_pendulum-quick.json")),
+    "dqn_cartpole": Scenario("bench.scenarios.dqn_cartpole", "dqn_cartpole.json", ("--runs", "{runs}"),
+                             ("--quick", "--out", "{results}/dqn_cartpole-quick.json")),
     "lunar": Scenario("bench.scenarios.lunar", "lunar.json", ("--runs", "{runs}"),
                       ("--quick", "--out", "{results}/lunar-quick.json")),
 }

@@ -45,17 +45,20 @@ SETTINGS = {
 }
 
 
-def rlinkd_run(seed: int, steps: int, eval_episodes: int, overrides: list[str]) -> dict:
-    state = Path(tempfile.mkdtemp(prefix="rlinkd-sac-"))
+def rlinkd_run(seed: int, steps: int, eval_episodes: int, overrides: list[str],
+               env_id: str = ENV_ID, algorithm: str = "sac") -> dict:
+    """One daemon, one shared-memory client playing ``steps`` env steps of ``env_id`` while
+    ``algorithm`` trains, then the greedy evaluation; the run's figures and curve."""
+    state = Path(tempfile.mkdtemp(prefix="rlinkd-budget-"))
     started = time.monotonic()
-    daemon = ServeProcess(state, set_args([f"env.id={ENV_ID}", "learner.algorithm=sac",
+    daemon = ServeProcess(state, set_args([f"env.id={env_id}", f"learner.algorithm={algorithm}",
                                            f"learner.seed={seed}", *overrides]))
     try:
         daemon.start()
         startup_s = time.monotonic() - started
-        wall_s, curve = play(f"shm:{state}", seed, steps)
+        wall_s, curve = play(f"shm:{state}", seed, steps, env_id)
         learner = daemon.status()["learner"]
-        greedy = evaluate(f"shm:{state}", seed, eval_episodes)
+        greedy = evaluate(f"shm:{state}", seed, eval_episodes, env_id)
     finally:
         daemon.stop()
         shutil.rmtree(state, ignore_errors=True)
@@ -65,11 +68,11 @@ def rlinkd_run(seed: int, steps: int, eval_episodes: int, overrides: list[str]) 
             "greedy_return_std": round(float(np.std(greedy)), 1), "curve": curve}
 
 
-def play(address: str, seed: int, steps: int) -> tuple[float, dict]:
+def play(address: str, seed: int, steps: int, env_id: str = ENV_ID) -> tuple[float, dict]:
     """``steps`` training steps with one client; (wall seconds, the learning curve)."""
     import gymnasium as gym
     from rlinkd.client_lib import connect
-    agent, env = connect(address), gym.make(ENV_ID)
+    agent, env = connect(address), gym.make(env_id)
     obs, _ = env.reset(seed=seed)
     recent, points, total = deque(maxlen=10), [], 0.0
     t0 = time.monotonic()
