@@ -1,0 +1,101 @@
+"""The C client's CartPole loop: env steps/s with server-side actions, beside the Python client.
+
+    python -m bench.scenarios.c_client [--runs 3] [--seconds 15] [--quick] [--out FILE]
+
+Per run, one daemon (default config: CartPole-v1, PPO, on-policy), then in turn for
+``--seconds`` each: the C example (client_lib/c/examples/cartpole.c, built here with -O2)
+with 1 and with 8 agents over TCP and over the Unix socket, and the Python client_lib
+served client (``connect(..., inference="server")``; one agent, and a vector of 8) over
+TCP. Reports env steps/s (medians over runs). The shared-memory C path is not built yet.
+Writes bench/results/c_client.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from bench.harness.common import REPO, median_range, write_result
+from rlinkd.daemon.launch import ServeProcess
+
+C_DIR = REPO / "client_lib" / "c"
+
+
+def build(out: Path) -> Path:
+    subprocess.run(["make", "-s", "-C", str(C_DIR), f"OUT={out}", "all"], check=True, timeout=300)
+    return out / "cartpole"
+
+
+def c_rate(binary: Path, address: str, agents: int, seconds: float) -> float:
+    proc = subprocess.run([str(binary), address, "--agents", str(agents), "--target", "1e9",
+                           "--max-seconds", str(seconds)], capture_output=True, text=True,
+                          timeout=seconds + 60)
+    return float(json.loads(proc.stdout.strip().splitlines()[-1])["steps_per_s"])
+
+
+def python_rate(address: str, agents: int, seconds: float) -> float:
+    import gymnasium as gym
+    from rlinkd.client_lib import connect, connect_vector
+    if agents == 1:
+        agent, env = connect(address, inference="server"), gym.make("CartPole-v1")
+        obs, _ = env.reset(seed=0)
+        steps, t0 = 0, time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            obs, reward, term, trunc, _ = env.step(agent.act(obs))
+            agent.step(reward, obs, term, trunc)
+            obs = env.reset()[0] if term or trunc else obs
+            steps += 1
+        agent.close()
+        return steps / (time.monotonic() - t0)
+    envs = gym.make_vec("CartPole-v1", num_envs=agents, vectorization_mode="sync")
+    vec = connect_vector(address, agents, inference="server")
+    obs, _ = envs.reset(seed=0)
+    steps, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        obs, reward, term, trunc, _ = envs.step(vec.act(obs))
+        vec.step(reward, obs, term, trunc)
+        steps += agents
+    vec.close()
+    return steps / (time.monotonic() - t0)
+
+
+def one_run(binary: Path, seconds: float) -> dict[str, float]:
+    state = Path(tempfile.mkdtemp(prefix="rlinkd-cbench-"))
+    daemon = ServeProcess(state, [])
+    try:
+        daemon.start()
+        tcp, unix = f"tcp://127.0.0.1:{daemon.port}", f"unix://{daemon.unix_socket}"
+        return {"c tcp x1": c_rate(binary, tcp, 1, seconds), "c tcp x8": c_rate(binary, tcp, 8, seconds),
+                "c unix x1": c_rate(binary, unix, 1, seconds), "c unix x8": c_rate(binary, unix, 8, seconds),
+                "python tcp x1": python_rate(tcp, 1, seconds), "python tcp x8": python_rate(tcp, 8, seconds)}
+    finally:
+        daemon.stop()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3, help="daemons (each measures every client)")
+    ap.add_argument("--seconds", type=float, default=15.0, help="seconds per client measurement")
+    ap.add_argument("--quick", action="store_true", help="one run of 3 s each")
+    ap.add_argument("--out", help="result file (default: bench/results/c_client.json)")
+    args = ap.parse_args()
+    if args.quick:
+        args.runs, args.seconds = 1, 3.0
+    binary = build(Path(tempfile.mkdtemp(prefix="rlinkd-cbuild-")))
+    runs = [one_run(binary, args.seconds) for _ in range(args.runs)]
+    result = {"seconds": args.seconds, "runs": runs,
+              "env_steps_per_s": {k: median_range([r[k] for r in runs], 0) for k in runs[0]}}
+    path = write_result("c_client", result, args.out)
+    for name, m in result["env_steps_per_s"].items():
+        print(f"{name:>14}: {m['median']:>8,.0f} env steps/s ({m['min']:,.0f} – {m['max']:,.0f})")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
