@@ -42,7 +42,7 @@ def test_alpha_rises_when_entropy_is_below_target_and_falls_above():
     low_entropy = T(2.0, 2.0)   # entropy about -2 < target -1: alpha must rise
     loss = alpha_loss(log_alpha, low_entropy, target_entropy=-1.0)
     # -(log 0.3) * (2 - 1) = 1.2040; d/d log_alpha = -(2 - 1) = -1
-    assert float(loss) == pytest.approx(-math.log(0.3))
+    assert float(loss.detach()) == pytest.approx(-math.log(0.3))
     loss.backward()
     assert float(log_alpha.grad) == pytest.approx(-1.0)  # gradient descent raises log alpha
     log_alpha.grad = None

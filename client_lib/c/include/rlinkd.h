@@ -1,12 +1,16 @@
 /*
  * rlinkd.h - the rlinkd C client: a simulator asks a running rlinkd daemon for actions.
  *
- * C99 + POSIX, no dependency beyond libc. Speaks RLlink over TCP ("tcp://HOST:PORT") or the
- * daemon's Unix socket ("unix:///PATH/rlinkd.sock"), with rlinkd's serving extension: the
+ * C99 + POSIX (and the GCC/Clang __atomic builtins for shared memory), no dependency beyond
+ * libc. Speaks RLlink over TCP ("tcp://HOST:PORT") or the daemon's Unix socket
+ * ("unix:///PATH/rlinkd.sock"), or, co-located, through shared-memory lanes
+ * ("shm:///PATH/rlinkd.sock": the Unix socket only sets them up and carries errors; each
+ * request is written into a lane of a memory area the daemon shares, no socket on the hot
+ * path), with rlinkd's serving extension: the
  * daemon runs the policy (server-side inference), records observation, action, log-prob
  * and weights version, and trains on the rewards and done flags this client reports. Every
- * env step of every agent is one round trip (STEP_BATCH -> ACTIONS); an episode boundary
- * costs nothing extra (an episode's end travels with the next request).
+ * env step of every agent is one round trip (STEP_BATCH -> ACTIONS, or one group of lane
+ * requests); an episode's end travels with the next request.
  *
  * Usage (one agent):
  *
@@ -75,7 +79,7 @@ typedef enum {
 } rlk_status;
 
 typedef struct {
-    const char *address;         /* "tcp://HOST:PORT" or "unix:///PATH" (required) */
+    const char *address;         /* "tcp://HOST:PORT", "unix:///PATH" or "shm:///PATH" (required) */
     const char *token;           /* the daemon's server.token, or NULL */
     const char *policy_id;       /* act with this policy, or NULL (the daemon's mapping) */
     int evaluate;                /* 1: evaluation episodes (greedy actions, never trained) */

@@ -18,6 +18,7 @@
 
 #include "rlinkd.h"
 #include "rlk_json.h"
+#include "rlk_lanes.h"
 #include "rlk_net.h"
 #include "rlk_proto.h"
 
@@ -57,6 +58,9 @@ struct rlk_client {
     size_t frame_cap;
     rlk_jtok *toks;
     int max_toks;
+    int shm;            /* "shm://" address: requests go through a lane area */
+    rlk_lanes *lanes;   /* the current connection's lane area (shm only) */
+    int *lane_list;     /* [2 * max_agents] scratch: asked lanes from the front, ends from the back */
 };
 
 static rlk_status set_err(rlk_client *c, rlk_status st, const char *fmt, const char *detail) {
@@ -122,14 +126,40 @@ static void sleep_s(double s) {
 }
 
 /* A new connection; on a reconnect the spaces must be the ones the client started with. */
+/* SERVE_ATTACH -> SERVE_ATTACHED + the lane area's descriptors (shm addresses). */
+static rlk_status attach_lanes(rlk_client *c, const rlk_spaces *sp) {
+    rlk_jw w;
+    size_t got;
+    rlk_jw_init(&w, c->out, c->frame_cap);
+    rlk_jw_raw(&w, "{\"type\": \"SERVE_ATTACH\", \"pid\": ");
+    rlk_jw_int(&w, (long)getpid());
+    rlk_jw_raw(&w, ", \"lanes\": ");
+    rlk_jw_int(&w, c->o.max_agents);
+    if (c->policy[0]) {
+        rlk_jw_raw(&w, ", \"policy\": ");
+        rlk_jw_str(&w, c->policy);
+    }
+    rlk_jw_raw(&w, "}");
+    rlk_status st = roundtrip(c, w.len, 1, &got);
+    if (st != RLK_OK) return st;
+    rlk_reply_info info = info_of(c);
+    st = rlk_parse_typed(c->in, got, c->toks, c->max_toks, "SERVE_ATTACHED", &info);
+    if (st != RLK_OK) return st;
+    return rlk_lanes_attach(c->fd, c->in, got, c->toks, c->max_toks, sp, c->o.max_agents, &c->lanes,
+                            c->err, sizeof c->err);
+}
+
 static rlk_status open_connection(rlk_client *c) {
     rlk_spaces sp;
-    int fd = rlk_net_connect(c->address, c->o.io_timeout_s, c->err, sizeof c->err);
+    char unix_address[sizeof c->address + 8];
+    snprintf(unix_address, sizeof unix_address, "unix://%s", c->address + 6);
+    int fd = rlk_net_connect(c->shm ? unix_address : c->address, c->o.io_timeout_s, c->err, sizeof c->err);
     if (fd < 0) return fd == -2 ? RLK_E_ARG : RLK_E_CONNECT;
     c->fd = fd;
     rlk_status st = handshake(c, &sp);
     if (st == RLK_OK && c->sp.obs_size && (sp.obs_size != c->sp.obs_size || sp.act_size != c->sp.act_size))
         st = set_err(c, RLK_E_UNSUPPORTED, "%s", "the daemon's spaces changed across a reconnect");
+    if (st == RLK_OK && c->shm) st = attach_lanes(c, &sp);
     if (st != RLK_OK) {
         close(c->fd);
         c->fd = -1;
@@ -144,6 +174,8 @@ static rlk_status reconnect(rlk_client *c) {
     double deadline = rlk_now() + c->o.reconnect_timeout_s, delay = 0.05;
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
+    rlk_lanes_close(c->lanes);
+    c->lanes = NULL;
     for (int i = 0; c->agents && i < c->o.max_agents; i++) c->agents[i].lost = c->agents[i].open;
     for (;;) {
         rlk_status st = open_connection(c);
@@ -265,15 +297,103 @@ static rlk_status apply_reply(rlk_client *c, const entry *sent, int n, size_t go
     return RLK_OK;
 }
 
+static void add_entry(rlk_client *c, int agent_index, int kind) {
+    c->entries[c->n_entries].agent = agent_index;
+    c->entries[c->n_entries++].kind = kind;
+}
+
+/* Deferred ends go first in the next request. */
+static void add_deferred_ends(rlk_client *c) {
+    for (int i = 0; i < c->o.max_agents; i++)
+        if (c->agents[i].end_deferred == 1) add_entry(c, i, ENTRY_END);
+}
+
+/* ----------------------------------------------------------------- the lane path (shm) */
+/* The socket became readable while waiting on lanes: an ERROR (the daemon's last word) or EOF. */
+static rlk_status socket_event(rlk_client *c) {
+    size_t got;
+    int r = rlk_net_recv(c->fd, c->in, c->frame_cap, &got, c->o.io_timeout_s);
+    if (r != 0) return io_status(c, r, "lane wait");
+    rlk_reply_info info = info_of(c);
+    rlk_status st = rlk_parse_typed(c->in, got, c->toks, c->max_toks, "(nothing)", &info);
+    c->server_retry = info.retry;
+    return st;
+}
+
+static rlk_status wait_lanes(rlk_client *c, const int *lanes, int n) {
+    int r = rlk_lanes_wait(c->lanes, lanes, n, c->fd, c->o.io_timeout_s);
+    if (r == 1) return socket_event(c);
+    return r == 0 ? RLK_OK : io_status(c, r, "lane wait");
+}
+
+/* Ends first (published alone, not waited for unless their lane is needed next), then one
+ * group of the starts and steps, waited for; a lane the daemon lost restarts its episode. */
+static rlk_status send_lanes(rlk_client *c, const entry *sent, int n, int *lost) {
+    int asked = 0, ends = 0;
+    for (int k = 0; k < n; k++) {
+        int i = sent[k].agent;
+        agent *a = &c->agents[i];
+        rlk_status st = wait_lanes(c, &i, 1);
+        if (st != RLK_OK) return st;
+        if (sent[k].kind == ENTRY_END) {
+            int flags = a->truncated && !a->terminated ? RLK_FLAG_TRUNCATED : RLK_FLAG_TERMINATED;
+            rlk_lanes_write(c->lanes, i, RLK_OP_END, flags, a->reward, c->end_obs + (size_t)i * c->sp.obs_size);
+            rlk_lanes_publish(c->lanes, &i, 1);
+            a->end_deferred = 0;
+            c->lane_list[2 * c->o.max_agents - 1 - ends++] = i;  /* (ends counted from the back) */
+        }
+    }
+    for (int k = 0; k < n; k++) {
+        int i = sent[k].agent, start = sent[k].kind == ENTRY_START;
+        if (sent[k].kind == ENTRY_END) continue;
+        rlk_status st = wait_lanes(c, &i, 1);  /* (this agent's end, published just above) */
+        if (st != RLK_OK) return st;
+        rlk_lanes_write(c->lanes, i, start ? RLK_OP_START : RLK_OP_STEP,
+                        start && c->o.evaluate ? RLK_FLAG_EVALUATE : 0, c->agents[i].reward,
+                        c->obs + (size_t)i * c->sp.obs_size);
+        c->lane_list[asked++] = i;
+    }
+    if (!asked)  /* only ends (rlk_close): wait for them, so their last steps train */
+        return ends ? wait_lanes(c, c->lane_list + 2 * c->o.max_agents - ends, ends) : RLK_OK;
+    rlk_lanes_publish(c->lanes, c->lane_list, asked);
+    rlk_status st = wait_lanes(c, c->lane_list, asked);
+    for (int k = 0; st == RLK_OK && k < asked; k++) {
+        int i = c->lane_list[k];
+        int status = rlk_lanes_result(c->lanes, i, c->actions + (size_t)i * c->sp.act_size, &c->agents[i].seq);
+        if (status == RLK_LANE_LOST) {
+            c->agents[i].lost = 1;
+            *lost = 1;
+        } else if (status != RLK_LANE_OK) {
+            snprintf(c->err, sizeof c->err, "the daemon refused a lane request (status %d)", status);
+            return RLK_E_SERVER;
+        } else {
+            c->agents[i].pending = 1;
+        }
+    }
+    return st;
+}
+
 /* Send the built entries (retrying through reconnects) and apply the reply. */
 static rlk_status flush(rlk_client *c) {
-    for (;;) {
-        int n = prepare_entries(c, c->sent);
+    for (int lost_rounds = 0;;) {
+        int n = prepare_entries(c, c->sent), lost = 0;
         size_t len, got;
         c->server_retry = 0;
-        rlk_status st = encode(c, c->sent, n, &len);
-        if (st == RLK_OK) st = roundtrip(c, len, 1, &got);
-        if (st == RLK_OK) st = apply_reply(c, c->sent, n, got);
+        rlk_status st = RLK_OK;
+        if (c->lanes) {
+            st = send_lanes(c, c->sent, n, &lost);
+            if (st == RLK_OK && lost && ++lost_rounds < 3) {  /* (a lost agent's step restarts) */
+                c->n_entries = 0;
+                for (int k = 0; k < n; k++)
+                    if (c->sent[k].kind != ENTRY_END && c->agents[c->sent[k].agent].lost)
+                        add_entry(c, c->sent[k].agent, ENTRY_STEP);
+                continue;
+            }
+        } else {
+            st = encode(c, c->sent, n, &len);
+            if (st == RLK_OK) st = roundtrip(c, len, 1, &got);
+            if (st == RLK_OK) st = apply_reply(c, c->sent, n, got);
+        }
         int retry = st == RLK_E_IO || st == RLK_E_TIMEOUT || (st == RLK_E_SERVER && c->server_retry);
         if (st == RLK_OK || !retry || c->o.reconnect_timeout_s <= 0) {
             c->n_entries = 0;
@@ -287,17 +407,6 @@ static rlk_status flush(rlk_client *c) {
             return st;
         }
     }
-}
-
-static void add_entry(rlk_client *c, int agent_index, int kind) {
-    c->entries[c->n_entries].agent = agent_index;
-    c->entries[c->n_entries++].kind = kind;
-}
-
-/* Deferred ends go first in the next request. */
-static void add_deferred_ends(rlk_client *c) {
-    for (int i = 0; i < c->o.max_agents; i++)
-        if (c->agents[i].end_deferred == 1) add_entry(c, i, ENTRY_END);
 }
 
 /* ----------------------------------------------------------------- public API */
@@ -390,7 +499,8 @@ static rlk_status allocate_agents(rlk_client *c) {
     c->reply_actions = calloc(2 * m * as, sizeof(float));
     c->reply_seqs = calloc(2 * m, sizeof(long));
     c->reply_null = calloc(2 * m, 1);
-    if (!(c->agents && c->entries && c->sent && c->obs && c->end_obs && c->actions &&
+    c->lane_list = calloc(2 * m, sizeof(int));
+    if (!(c->lane_list && c->agents && c->entries && c->sent && c->obs && c->end_obs && c->actions &&
           c->reply_actions && c->reply_seqs && c->reply_null))
         return RLK_E_NOMEM;
     for (size_t i = 0; i < m; i++) c->agents[i].seq = -1;
@@ -398,8 +508,9 @@ static rlk_status allocate_agents(rlk_client *c) {
 }
 
 static void release(rlk_client *c) {
+    rlk_lanes_close(c->lanes);
     void *parts[] = {c->agents, c->entries, c->sent, c->obs, c->end_obs, c->actions, c->reply_actions,
-                     c->reply_seqs, c->reply_null, c->out, c->in, c->toks};
+                     c->reply_seqs, c->reply_null, c->out, c->in, c->toks, c->lane_list};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) free(parts[i]);
     free(c);
 }
@@ -428,6 +539,7 @@ rlk_status rlk_connect(const rlk_options *o, rlk_client **out) {
     if (!c) return RLK_E_NOMEM;
     c->o = *o;
     c->fd = -1;
+    c->shm = strncmp(o->address, "shm://", 6) == 0;
     if (copy_str(c->address, sizeof c->address, o->address) || copy_str(c->token, sizeof c->token, o->token) ||
         copy_str(c->policy, sizeof c->policy, o->policy_id)) {
         release(c);

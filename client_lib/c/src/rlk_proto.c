@@ -38,6 +38,11 @@ static rlk_status open_reply(const char *s, size_t len, rlk_jtok *toks, int max_
     return RLK_OK;
 }
 
+rlk_status rlk_parse_typed(const char *s, size_t len, rlk_jtok *toks, int max_toks, const char *type,
+                           rlk_reply_info *info) {
+    return open_reply(s, len, toks, max_toks, type, info);
+}
+
 rlk_status rlk_parse_pong(const char *s, size_t len, rlk_jtok *toks, int max_toks, rlk_reply_info *info) {
     return open_reply(s, len, toks, max_toks, "PONG", info);
 }

@@ -29,6 +29,10 @@ typedef struct {
     int retry;      /* an ERROR worth a reconnect (shutting down, evicted, episode lost) */
 } rlk_reply_info;
 
+/* A reply of type `type` (RLK_OK, tokens in toks), an ERROR (RLK_E_SERVER), else RLK_E_PROTOCOL. */
+rlk_status rlk_parse_typed(const char *s, size_t len, rlk_jtok *toks, int max_toks, const char *type,
+                           rlk_reply_info *info);
+
 /* A PONG (0), an ERROR (RLK_E_SERVER), anything else RLK_E_PROTOCOL. */
 rlk_status rlk_parse_pong(const char *s, size_t len, rlk_jtok *toks, int max_toks, rlk_reply_info *info);
 
