@@ -2,11 +2,12 @@
 
     python -m bench.scenarios.c_client [--runs 3] [--seconds 15] [--quick] [--out FILE]
 
-Per run, one daemon (default config: CartPole-v1, PPO, on-policy), then in turn for
-``--seconds`` each: the C example (client_lib/c/examples/cartpole.c, built here with -O2)
-with 1 and with 8 agents over TCP and over the Unix socket, and the Python client_lib
-served client (``connect(..., inference="server")``; one agent, and a vector of 8) over
-TCP. Reports env steps/s (medians over runs). The shared-memory C path is not built yet.
+Per run, one daemon (CartPole-v1, PPO with ``sampling.force_on_policy = false``: clients never
+wait for an update, so the figures are the serving path's, not the learner's), then in turn
+for ``--seconds`` each: the C example (client_lib/c/examples/cartpole.c, built here with -O2)
+with 1 and with 8 agents over TCP, the Unix socket and shared-memory lanes, and the Python
+client_lib served client (``connect(..., inference="server")``; one agent, and a vector of 8)
+over TCP and shared memory. Reports env steps/s (medians over runs).
 Writes bench/results/c_client.json.
 """
 from __future__ import annotations
@@ -65,13 +66,19 @@ def python_rate(address: str, agents: int, seconds: float) -> float:
 
 def one_run(binary: Path, seconds: float) -> dict[str, float]:
     state = Path(tempfile.mkdtemp(prefix="rlinkd-cbench-"))
-    daemon = ServeProcess(state, [])
+    daemon = ServeProcess(state, ["--set", "sampling.force_on_policy=false"])
     try:
         daemon.start()
         tcp, unix = f"tcp://127.0.0.1:{daemon.port}", f"unix://{daemon.unix_socket}"
-        return {"c tcp x1": c_rate(binary, tcp, 1, seconds), "c tcp x8": c_rate(binary, tcp, 8, seconds),
-                "c unix x1": c_rate(binary, unix, 1, seconds), "c unix x8": c_rate(binary, unix, 8, seconds),
-                "python tcp x1": python_rate(tcp, 1, seconds), "python tcp x8": python_rate(tcp, 8, seconds)}
+        shm = f"shm://{daemon.unix_socket}"
+        rates = {}
+        for transport, address in (("tcp", tcp), ("unix", unix), ("shm", shm)):
+            for agents in (1, 8):
+                rates[f"c {transport} x{agents}"] = c_rate(binary, address, agents, seconds)
+        for transport, address in (("tcp", tcp), ("shm", unix)):  # (python: unix:// = lanes)
+            for agents in (1, 8):
+                rates[f"python {transport} x{agents}"] = python_rate(address, agents, seconds)
+        return rates
     finally:
         daemon.stop()
         shutil.rmtree(state, ignore_errors=True)
