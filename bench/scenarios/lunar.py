@@ -35,6 +35,16 @@ SETTINGS = {
     "zoo": ["ppo.gamma=0.999", "ppo.gae_lambda=0.98", "ppo.num_epochs=4", "ppo.ent_coef=0.01",
             "ppo.lr=0.0003", "ppo.minibatch_size=256", "sampling.train_batch_size=16384",
             "sampling.env_steps_per_sample=8192"],
+    # trials: 4,096-step batches (two clients of 2,048 steps), more updates
+    "b4k": ["ppo.gamma=0.999", "ppo.gae_lambda=0.98", "ppo.num_epochs=10", "ppo.ent_coef=0.01",
+            "ppo.lr=0.0005", "ppo.minibatch_size=256", "sampling.train_batch_size=4096",
+            "sampling.env_steps_per_sample=2048"],
+    "b4k_lr1e3": ["ppo.gamma=0.999", "ppo.gae_lambda=0.98", "ppo.num_epochs=10", "ppo.ent_coef=0.01",
+                  "ppo.lr=0.001", "ppo.minibatch_size=256", "sampling.train_batch_size=4096",
+                  "sampling.env_steps_per_sample=2048"],
+    "b4k_g99": ["ppo.gamma=0.99", "ppo.gae_lambda=0.95", "ppo.num_epochs=10", "ppo.ent_coef=0.01",
+                "ppo.lr=0.001", "ppo.minibatch_size=256", "sampling.train_batch_size=4096",
+                "sampling.env_steps_per_sample=2048"],
 }
 POLL_S = 2.0
 
