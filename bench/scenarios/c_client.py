@@ -7,7 +7,9 @@ wait for an update, so the figures are the serving path's, not the learner's), t
 for ``--seconds`` each: the C example (client_lib/c/examples/cartpole.c, built here with -O2)
 with 1 and with 8 agents over TCP, the Unix socket and shared-memory lanes, and the Python
 client_lib served client (``connect(..., inference="server")``; one agent, and a vector of 8)
-over TCP and shared memory. Reports env steps/s (medians over runs).
+over TCP and shared memory. Reports env steps/s (medians over runs), and the round-trip
+limits measured in the same run (bench.scenarios.serving: a blocking shared-memory round trip,
+a TCP + orjson round trip; their p50 in steps/s is what one agent could at most reach).
 Writes bench/results/c_client.json.
 """
 from __future__ import annotations
@@ -93,13 +95,17 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.runs, args.seconds = 1, 3.0
+    from bench.scenarios.serving import shm_round_trip, tcp_round_trip
     binary = build(Path(tempfile.mkdtemp(prefix="rlinkd-cbuild-")))
     runs = [one_run(binary, args.seconds) for _ in range(args.runs)]
-    result = {"seconds": args.seconds, "runs": runs,
+    limits_us = {"shm_round_trip": shm_round_trip(2000), "tcp_round_trip": tcp_round_trip(2000)}
+    result = {"seconds": args.seconds, "runs": runs, "limits_us": limits_us,
               "env_steps_per_s": {k: median_range([r[k] for r in runs], 0) for k in runs[0]}}
     path = write_result("c_client", result, args.out)
     for name, m in result["env_steps_per_s"].items():
         print(f"{name:>14}: {m['median']:>8,.0f} env steps/s ({m['min']:,.0f} – {m['max']:,.0f})")
+    for name, p in limits_us.items():
+        print(f"{name:>14}: p50 {p['p50']:.0f} us = at most {1e6 / p['p50']:,.0f} round trips/s")
     print(f"wrote {path}")
     return 0
 
