@@ -45,6 +45,9 @@ SETTINGS = {
     "b4k_g99": ["ppo.gamma=0.99", "ppo.gae_lambda=0.95", "ppo.num_epochs=10", "ppo.ent_coef=0.01",
                 "ppo.lr=0.001", "ppo.minibatch_size=256", "sampling.train_batch_size=4096",
                 "sampling.env_steps_per_sample=2048"],
+    "b4k_g99_norm": ["ppo.gamma=0.99", "ppo.gae_lambda=0.95", "ppo.num_epochs=10", "ppo.ent_coef=0.01",
+                     "ppo.lr=0.001", "ppo.minibatch_size=256", "ppo.normalize_observations=true",
+                     "sampling.train_batch_size=4096", "sampling.env_steps_per_sample=2048"],
 }
 POLL_S = 2.0
 

@@ -42,14 +42,27 @@ def address(d, transport: str) -> str:
     return f"tcp://127.0.0.1:{d.port}" if transport == "tcp" else f"shm://{d.unix_socket}"
 
 
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
-def test_c_cartpole_learns(daemon_factory, built, transport):
+def run_both(binary, d, *args: str) -> dict[str, dict]:
+    """The example over TCP and over shared memory at once (two processes, one daemon)."""
+    results: dict[str, dict] = {}
+    threads = [threading.Thread(target=lambda t=t: results.__setitem__(t, run_cartpole(
+        binary, address(d, t), *args))) for t in ("tcp", "shm")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(280)
+    return results
+
+
+def test_c_cartpole_learns_over_tcp_and_shared_memory(daemon_factory, built):
     d = daemon_factory()
-    result = run_cartpole(built / "cartpole", address(d, transport), "--agents", "8",
-                          "--target", "450", "--max-seconds", "200")
-    assert result["solved"] and result["exit"] == 0, result
+    results = run_both(built / "cartpole", d, "--agents", "8", "--target", "450", "--max-seconds", "200")
+    assert set(results) == {"tcp", "shm"}, results
+    for transport, result in results.items():
+        assert result["solved"] and result["exit"] == 0, (transport, result)
     status = d.status()
-    assert status["env_steps"] > 0 and status["inference"]["actions"] >= result["steps"] * 0.9
+    steps = sum(r["steps"] for r in results.values())
+    assert status["env_steps"] > 0 and status["inference"]["actions"] >= steps * 0.9
 
 
 def free_port() -> int:
@@ -58,23 +71,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
-def test_c_client_survives_a_daemon_restart(daemon_factory, built, transport, tmp_path):
+def test_c_client_survives_a_daemon_restart(daemon_factory, built, tmp_path):
+    """Both transports at once; the daemon is SIGKILLed mid-run and a new one started on the
+    same port and socket path (the sanitized build: real traffic under ASan + UBSan)."""
     port = free_port()
     runtime = ("--set", f"daemon.runtime_dir={tmp_path / 'run'}")  # (the same socket path twice)
     d = daemon_factory("--port", str(port), *runtime, check_clean_exit=False)  # (killed below)
-    results: list[dict] = []
-    runner = threading.Thread(target=lambda: results.append(run_cartpole(
-        built / "san" / "cartpole", address(d, transport), "--agents", "4", "--target", "1e9",
-        "--max-seconds", "25")))
+    results: dict[str, dict] = {}
+    runner = threading.Thread(target=lambda: results.update(run_both(
+        built / "san" / "cartpole", d, "--agents", "4", "--target", "1e9", "--max-seconds", "25")))
     runner.start()
-    wait_for(lambda: d.status()["env_steps"] > 2000, 60, what="the C client training")
+    wait_for(lambda: d.status()["env_steps"] > 2000, 60, what="the C clients training")
     d.signal(signal.SIGKILL)  # the supervisor dies at once; its children follow it
     d.proc.wait(30)
     d.kill_leftovers()
     d2 = daemon_factory("--port", str(port), *runtime, name="state2")
-    wait_for(lambda: d2.status()["env_steps"] > 500, 60, what="the C client back on the new daemon")
+    wait_for(lambda: d2.status()["env_steps"] > 500, 60, what="the C clients back on the new daemon")
     runner.join(120)
-    result = results[0]
-    assert result["status"] == "RLK_OK" and result["reconnects"] >= 1, result
-    assert "runtime error" not in result["stderr"] and "AddressSanitizer" not in result["stderr"]
+    assert set(results) == {"tcp", "shm"}, results
+    for transport, result in results.items():
+        assert result["status"] == "RLK_OK" and result["reconnects"] >= 1, (transport, result)
+        assert "runtime error" not in result["stderr"] and "AddressSanitizer" not in result["stderr"]
