@@ -45,6 +45,8 @@ SETTINGS = {
     "b4k_g99": ["ppo.gamma=0.99", "ppo.gae_lambda=0.95", "ppo.num_epochs=10", "ppo.ent_coef=0.01",
                 "ppo.lr=0.001", "ppo.minibatch_size=256", "sampling.train_batch_size=4096",
                 "sampling.env_steps_per_sample=2048"],
+    # best: gamma 0.99 / lambda 0.95, lr 1e-3, 10 epochs of 256-row minibatches, entropy 0.01,
+    # observation normalisation, 4,096-step batches (~430 updates per 1M steps)
     "b4k_g99_norm": ["ppo.gamma=0.99", "ppo.gae_lambda=0.95", "ppo.num_epochs=10", "ppo.ent_coef=0.01",
                      "ppo.lr=0.001", "ppo.minibatch_size=256", "ppo.normalize_observations=true",
                      "sampling.train_batch_size=4096", "sampling.env_steps_per_sample=2048"],
@@ -94,7 +96,7 @@ def main() -> int:
     ap.add_argument("--num-envs", type=int, default=8, help="env copies per client process")
     ap.add_argument("--eval-episodes", type=int, default=10, help="greedy episodes after training")
     ap.add_argument("--target", type=float, default=200.0, help="greedy return to reach")
-    ap.add_argument("--settings", default="zoo", choices=sorted(SETTINGS),
+    ap.add_argument("--settings", default="b4k_g99_norm", choices=sorted(SETTINGS),
                     help="PPO settings (see SETTINGS)")
     ap.add_argument("--quick", action="store_true", help="one seed, 50,000 steps, 2 greedy episodes")
     ap.add_argument("--out", help="result file (default: bench/results/lunar.json)")
