@@ -84,7 +84,7 @@ def _define(cfg: Config, name: str, table: PolicyConfig,
     net = nets.get(algorithm, ppo)
     box_dist = "squashed_gaussian" if algorithm == "sac" else "gaussian"
     spec = make_policy_spec(ppo, obs, act, mask_key, where, (net.hidden_sizes, net.activation),
-                            box_dist)
+                            box_dist, section=algorithm if algorithm in ("dqn", "sac") else "ppo")
     kinds = {c.kind for c in spec.action_components}
     if (algorithm == "dqn" and len(spec.action_components) != 1) or kinds - ALLOWED_KINDS[algorithm]:
         raise ConfigError(f"{where}: {algorithm} needs {NEEDS[algorithm]}, not {act.to_json()}")
@@ -123,7 +123,7 @@ def resolve_spaces(env_id: str, obs: Space | None, act: Space | None,
 
 def make_policy_spec(ppo: PPOConfig, obs: Space, act: Space, mask_key: str,
                      where: str = "env", net: tuple[tuple[int, ...], str] | None = None,
-                     box_dist: str = "gaussian") -> PolicySpec:
+                     box_dist: str = "gaussian", section: str = "ppo") -> PolicySpec:
     """The network every process agrees on (flat weight layout, ONNX graph). ConfigError
     when the spaces and the network settings do not fit together (an action mask of the
     wrong size, a conv stack larger than the image, an integer Box action). ``net``:
@@ -136,4 +136,4 @@ def make_policy_spec(ppo: PPOConfig, obs: Space, act: Space, mask_key: str,
                           cnn_kernels=ppo.cnn_kernels, cnn_strides=ppo.cnn_strides,
                           cnn_dense=ppo.cnn_dense, action_mask_key=mask_key, box_dist=box_dist)
     except (SpaceError, ValueError) as exc:
-        raise ConfigError(f"{where}/ppo: {exc}") from exc
+        raise ConfigError(f"{where}/{section}: {exc}") from exc

@@ -2,8 +2,9 @@
 target critics, automatic entropy tuning) as pure functions, read top to bottom like the paper.
 
 Notation: s, a from the replay buffer; s' the state n steps later; the actor pi is a
-tanh-squashed Gaussian (``TorchActionDist.rsample``); alpha the entropy coefficient, learned
-as log(alpha). Replay rows carry n-step returns with the discount folded in
+tanh-squashed Gaussian (``TorchActionDist.rsample``), its log pi measured on the actions
+rescaled to [-1, 1] (so the entropy target means the same for any bounds); alpha the entropy
+coefficient, learned as log(alpha). Replay rows carry n-step returns with the discount folded in
 (``connector.transitions``): ``discount`` is gamma^m, 0 when the episode terminated.
 
     y        = r + discount * (min_i Q_targ_i(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s')

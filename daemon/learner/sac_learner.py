@@ -66,6 +66,10 @@ class SACLearner:
         self.log_alpha = torch.tensor(math.log(max(hp.initial_alpha, 1e-12)), device=self.device,
                                       requires_grad=hp.autotune_alpha)
         self.target_entropy = hp.target_entropy_per_dim * spec.action_size
+        # log pi is taken on actions rescaled to [-1, 1] (tanh(u)), as in the paper and SB3, so
+        # the entropy target does not depend on the bounds: + sum log((high - low) / 2)
+        self.log_scale = sum(math.log((hi - lo) / 2) for c in spec.action_components
+                             for lo, hi in zip(c.low, c.high))
         self.actor_opt = Adam(self.model.parameters(), lr=hp.lr)
         self.critic_opt = Adam(self._critic_params(), lr=hp.lr)
         self.alpha_opt = Adam([self.log_alpha], lr=hp.lr) if hp.autotune_alpha else None
@@ -139,10 +143,13 @@ class SACLearner:
         return norm
 
     def _sample(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised actions [B, A] (in the bounds) and log pi [B] of them measured on
+        the [-1, 1] scale (a constant shift of the density in action units)."""
         dist = self.model.dist_inputs(obs)
         noise = torch.randn(dist.shape[0], self.spec.action_size, device=self.device,
                             generator=self.noise)
-        return self.model.dist.rsample(dist, noise)
+        actions, logp = self.model.dist.rsample(dist, noise)
+        return actions, logp + self.log_scale
 
     def _q_input(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> dict[str, torch.Tensor]:
         return {**{critic_key(k): v for k, v in obs.items()}, ACTION_KEY: actions}
@@ -195,8 +202,9 @@ class SACLearner:
         self.model.load_state_dict(d["model"])
         for mine, saved in zip(self.critics + self.targets, d["critics"] + d["targets"]):
             mine.load_state_dict(saved)
-        with torch.no_grad():
-            self.log_alpha.copy_(d["log_alpha"])
+        with torch.no_grad():  # (a fixed alpha is the config's, like lr)
+            self.log_alpha.copy_(d["log_alpha"] if self.hp.autotune_alpha
+                                 else torch.tensor(math.log(max(self.hp.initial_alpha, 1e-12))))
         for optimizer, saved in zip(self._optimizers(), d["optimizers"]):
             optimizer.load_state_dict(saved)
             optimizer.param_groups[0]["lr"] = float(self.hp.lr)

@@ -40,5 +40,6 @@ def test_sac_learns_pendulum_over_both_transports_and_resumes_from_a_checkpoint(
                        what="the resumed SAC learner")
     assert resumed["learner"]["replay_steps"] >= saved_learner["replay_steps"] > 0
     assert resumed["learner"]["updates"] >= saved_learner["updates"] - 300  # (the checkpoint came first)
-    assert resumed["learner"]["ent_coef"] == pytest.approx(saved_learner["ent_coef"], rel=0.5)
-    assert resumed["weights_seq_no"] >= 1
+    assert saved_learner["ent_coef"] < 0.5  # (tuned down from 1.0: a fresh learner would differ)
+    assert resumed["learner"]["ent_coef"] == pytest.approx(saved_learner["ent_coef"], rel=0.25)
+    assert resumed["weights_seq_no"] >= saved["weights_seq_no"]

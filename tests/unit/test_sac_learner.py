@@ -71,6 +71,26 @@ def test_target_critics_trail_the_online_ones_by_tau():
                                atol=1e-6)
 
 
+def test_log_pi_is_measured_on_the_unit_scale_whatever_the_bounds():
+    """The entropy target -dim(A) means the same for any action bounds: SAC's log pi is the
+    density of tanh(u), so two specs that differ only in their bounds give the same log pi."""
+    import torch
+    narrow = PolicySpec(SPEC.obs_space, Box((1,), low=-0.1, high=0.1), hidden_sizes=(32, 32),
+                        activation="relu", box_dist="squashed_gaussian")
+    a, b = learner(), SACLearner(narrow, SACConfig(lr=3e-3, batch_size=64), device="cpu", seed=0)
+    obs = {"": torch.from_numpy(np.random.default_rng(5).uniform(-1, 1, (64, 2)).astype(np.float32))}
+    (actions_a, logp_a), (actions_b, logp_b) = a._sample(obs), b._sample(obs)
+    np.testing.assert_allclose(logp_a.detach().numpy(), logp_b.detach().numpy(), atol=1e-5)
+    np.testing.assert_allclose(actions_a.detach().numpy() / 20, actions_b.detach().numpy(), atol=1e-6)
+
+
+def test_a_fixed_alpha_comes_from_the_config_on_resume():
+    saved = learner(autotune_alpha=False, initial_alpha=0.2).state_dict()
+    resumed = learner(autotune_alpha=False, initial_alpha=0.05)
+    resumed.load_state_dict(saved)
+    assert resumed.alpha == pytest.approx(0.05)
+
+
 def test_state_dict_resumes_exactly():
     a, rng = learner(), np.random.default_rng(4)
     batches = [bandit_rows(32, rng) for _ in range(9)]

@@ -35,9 +35,13 @@
  * (retried instead when it says the daemon is shutting down or the connection was evicted).
  *
  * Memory: rlk_connect allocates the client and every buffer it will use, sized by the
- * options' limits; nothing is allocated afterwards and nothing is sized by server input: a
- * reply longer than max_frame_bytes, or with more JSON tokens than the limits allow, is
- * refused (RLK_E_LIMIT / RLK_E_PROTOCOL) before it is parsed.
+ * options' limits and the spaces; nothing is sized by server input: a reply longer than
+ * max_frame_bytes, or with more JSON tokens than the limits allow, is refused (RLK_E_LIMIT /
+ * RLK_E_PROTOCOL) before it is parsed. (Over shared memory each (re)connection maps the
+ * daemon's lane area, after checking its header against the spaces and max_agents.)
+ *
+ * A call that fails for good (not retried) leaves the client usable: the episodes of that
+ * request are abandoned and their agents start new ones at their next rlk_act.
  *
  * Thread safety: a client is used by one thread at a time (calls on one client must not
  * overlap); distinct clients are independent and may be used from different threads.
@@ -98,7 +102,8 @@ void rlk_options_init(rlk_options *o);
  * *out is a new client (free it with rlk_close); on failure *out is NULL. */
 rlk_status rlk_connect(const rlk_options *o, rlk_client **out);
 
-/* End every open episode (truncated), close the connection and free the client. NULL is fine. */
+/* Deliver the episode ends still waiting to be sent, close the connection (the daemon ends
+ * every episode still open, truncated, without its last step) and free the client. NULL is fine. */
 void rlk_close(rlk_client *c);
 
 /* Floats in one observation / one action of this daemon's spaces. */

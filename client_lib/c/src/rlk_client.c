@@ -10,6 +10,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,8 +146,8 @@ static rlk_status attach_lanes(rlk_client *c, const rlk_spaces *sp) {
     rlk_reply_info info = info_of(c);
     st = rlk_parse_typed(c->in, got, c->toks, c->max_toks, "SERVE_ATTACHED", &info);
     if (st != RLK_OK) return st;
-    return rlk_lanes_attach(c->fd, c->in, got, c->toks, c->max_toks, sp, c->o.max_agents, &c->lanes,
-                            c->err, sizeof c->err);
+    return rlk_lanes_attach(c->fd, c->o.io_timeout_s, c->in, got, c->toks, c->max_toks, sp,
+                            c->o.max_agents, &c->lanes, c->err, sizeof c->err);
 }
 
 static rlk_status open_connection(rlk_client *c) {
@@ -196,6 +197,7 @@ static rlk_status reconnect(rlk_client *c) {
 
 /* ----------------------------------------------------------------- STEP_BATCH */
 static int write_obs(rlk_jw *w, const rlk_spaces *sp, const float *x, int dim, size_t *at) {
+    if (sp->obs_rank == 0) return rlk_jw_num(w, x[(*at)++]);  /* (a scalar Box: a bare number) */
     rlk_jw_raw(w, "[");
     for (int k = 0; k < sp->obs_shape[dim]; k++) {
         if (k) rlk_jw_raw(w, ", ");
@@ -356,20 +358,36 @@ static rlk_status send_lanes(rlk_client *c, const entry *sent, int n, int *lost)
     if (!asked)  /* only ends (rlk_close): wait for them, so their last steps train */
         return ends ? wait_lanes(c, c->lane_list + 2 * c->o.max_agents - ends, ends) : RLK_OK;
     rlk_lanes_publish(c->lanes, c->lane_list, asked);
-    rlk_status st = wait_lanes(c, c->lane_list, asked);
-    for (int k = 0; st == RLK_OK && k < asked; k++) {
+    rlk_status st = wait_lanes(c, c->lane_list, asked), refused = RLK_OK;
+    for (int k = 0; st == RLK_OK && k < asked; k++) {  /* (every answer is read, even after a refusal) */
         int i = c->lane_list[k];
         int status = rlk_lanes_result(c->lanes, i, c->actions + (size_t)i * c->sp.act_size, &c->agents[i].seq);
         if (status == RLK_LANE_LOST) {
             c->agents[i].lost = 1;
             *lost = 1;
         } else if (status != RLK_LANE_OK) {
-            snprintf(c->err, sizeof c->err, "the daemon refused a lane request (status %d)", status);
-            return RLK_E_SERVER;
+            snprintf(c->err, sizeof c->err, "the daemon refused a lane request (status %d: %s)", status,
+                     status == RLK_LANE_BAD_OBS ? "observation does not fit the space" : "operation out of order");
+            refused = RLK_E_SERVER;
         } else {
             c->agents[i].pending = 1;
         }
     }
+    return st != RLK_OK ? st : refused;
+}
+
+/* A request that failed for good: its ends are dropped and its agents start a new episode at
+ * their next rlk_act (the daemon ends the abandoned ones when the connection goes). */
+static rlk_status abandon(rlk_client *c, const entry *sent, int n, rlk_status st) {
+    for (int k = 0; k < n; k++) {
+        agent *a = &c->agents[sent[k].agent];
+        if (sent[k].kind == ENTRY_END) {
+            a->end_deferred = 0;
+        } else if (!a->pending) {
+            a->open = a->lost = 0;
+        }
+    }
+    c->n_entries = 0;
     return st;
 }
 
@@ -382,7 +400,9 @@ static rlk_status flush(rlk_client *c) {
         rlk_status st = RLK_OK;
         if (c->lanes) {
             st = send_lanes(c, c->sent, n, &lost);
-            if (st == RLK_OK && lost && ++lost_rounds < 3) {  /* (a lost agent's step restarts) */
+            if (st == RLK_OK && lost && ++lost_rounds >= 3)
+                st = set_err(c, RLK_E_SERVER, "%s", "the daemon lost the same episodes three times in a row");
+            if (st == RLK_OK && lost) {  /* (a lost agent's step restarts) */
                 c->n_entries = 0;
                 for (int k = 0; k < n; k++)
                     if (c->sent[k].kind != ENTRY_END && c->agents[c->sent[k].agent].lost)
@@ -395,24 +415,29 @@ static rlk_status flush(rlk_client *c) {
             if (st == RLK_OK) st = apply_reply(c, c->sent, n, got);
         }
         int retry = st == RLK_E_IO || st == RLK_E_TIMEOUT || (st == RLK_E_SERVER && c->server_retry);
-        if (st == RLK_OK || !retry || c->o.reconnect_timeout_s <= 0) {
+        if (st == RLK_OK) {
             c->n_entries = 0;
             return st;
         }
+        if (!retry || c->o.reconnect_timeout_s <= 0) return abandon(c, c->sent, n, st);
         for (int i = 0; i < c->o.max_agents; i++)  /* the deferred ends died with the connection */
             if (c->agents[i].end_deferred) c->agents[i].end_deferred = 2;
         st = reconnect(c);
-        if (st != RLK_OK) {
-            c->n_entries = 0;
-            return st;
-        }
+        if (st != RLK_OK) return abandon(c, c->sent, n, st);
     }
+}
+
+static int all_finite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
 }
 
 /* ----------------------------------------------------------------- public API */
 rlk_status rlk_act_batch(rlk_client *c, int n, const float *obs, float *actions) {
     if (!c || !obs || !actions || n < 1 || n > c->o.max_agents) return c ? set_err(c, RLK_E_ARG, "%s", "bad arguments to rlk_act_batch") : RLK_E_ARG;
     size_t os = c->sp.obs_size, as = c->sp.act_size;
+    if (!all_finite(obs, (size_t)n * os)) return set_err(c, RLK_E_ARG, "%s", "an observation is not finite");
     c->n_entries = 0;
     int starts = 0;
     for (int i = 0; i < n; i++) {
@@ -445,6 +470,8 @@ rlk_status rlk_step_batch(rlk_client *c, int n, const float *rewards, const floa
     for (int i = 0; i < n; i++)
         if (!c->agents[i].open || c->agents[i].pending)
             return set_err(c, RLK_E_STATE, "%s", "rlk_step without a preceding rlk_act");
+    if (!all_finite(rewards, (size_t)n) || !all_finite(next_obs, (size_t)n * os))
+        return set_err(c, RLK_E_ARG, "%s", "a reward or observation is not finite");
     int steps = 0;
     for (int i = 0; i < n; i++) {
         agent *a = &c->agents[i];

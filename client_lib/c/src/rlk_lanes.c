@@ -39,8 +39,9 @@ static uint32_t *word(const rlk_lanes *l, size_t offset) { return (uint32_t *)(v
 static unsigned char *lane(const rlk_lanes *l, int i) { return l->lanes + (size_t)i * l->lane_bytes; }
 static uint32_t *lane_word(const rlk_lanes *l, int i, size_t offset) { return (uint32_t *)(void *)(lane(l, i) + offset); }
 
-/* The byte after SERVE_ATTACHED and its three descriptors (SCM_RIGHTS). */
-static int receive_fds(int sock, int fds[3]) {
+/* The byte after SERVE_ATTACHED and its three descriptors (SCM_RIGHTS); any descriptor
+ * received with a malformed message is closed. */
+static int receive_fds(int sock, int fds[3], double timeout_s) {
     char byte;
     struct iovec iov = {&byte, 1};
     union { struct cmsghdr h; char buf[CMSG_SPACE(3 * sizeof(int))]; } ctl;
@@ -51,29 +52,46 @@ static int receive_fds(int sock, int fds[3]) {
     msg.msg_control = ctl.buf;
     msg.msg_controllen = sizeof ctl.buf;
     struct pollfd p = {sock, POLLIN, 0};
-    if (poll(&p, 1, 10000) != 1 || recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != 1) return -1;
+    if (poll(&p, 1, (int)(timeout_s * 1000.0)) != 1 || recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != 1) return -1;
     struct cmsghdr *h = CMSG_FIRSTHDR(&msg);
-    if (!h || h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS ||
-        h->cmsg_len != CMSG_LEN(3 * sizeof(int)) || (msg.msg_flags & MSG_CTRUNC)) return -1;
-    memcpy(fds, CMSG_DATA(h), 3 * sizeof(int));
+    int rights = h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS;
+    if (rights && h->cmsg_len == CMSG_LEN(3 * sizeof(int)) && !(msg.msg_flags & MSG_CTRUNC)) {
+        memcpy(fds, CMSG_DATA(h), 3 * sizeof(int));
+        return 0;
+    }
+    if (rights && h->cmsg_len > CMSG_LEN(0)) {  /* (a wrong count: close what arrived) */
+        size_t count = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        int got[3];
+        memcpy(got, CMSG_DATA(h), (count < 3 ? count : 3) * sizeof(int));
+        for (size_t k = 0; k < count && k < 3; k++) close(got[k]);
+    }
+    return -1;
+}
+
+/* A JSON number that is an integer in [lo, hi] into *out; -1 otherwise. */
+static int bounded_int(const char *s, const rlk_jtok *t, double lo, double hi, size_t *out) {
+    double v;
+    if (rlk_json_num(s, t, &v) != 0 || !(v >= lo && v <= hi) || v != (double)(size_t)v) return -1;
+    *out = (size_t)v;
     return 0;
 }
 
 /* The lane layout of SERVE_ATTACHED: lane_bytes and one "<f4" obs field of sp's size. */
 static rlk_status read_layout(const char *s, const rlk_jtok *t, const rlk_spaces *sp, size_t *lane_bytes) {
-    double v;
+    size_t actions;
     int layout = rlk_json_get(s, t, 0, "layout");
     int bytes = rlk_json_get(s, t, layout, "lane_bytes");
     int step = rlk_json_get(s, t, layout, "step_layout");
     int fields = rlk_json_get(s, t, step, "obs_fields");
     int action = rlk_json_get(s, t, step, "action_size");
-    if (bytes < 0 || fields < 0 || action < 0 || rlk_json_num(s, &t[bytes], &v) != 0) return RLK_E_PROTOCOL;
-    *lane_bytes = (size_t)v;
+    if (bytes < 0 || fields < 0 || action < 0 || bounded_int(s, &t[bytes], 64, 1 << 30, lane_bytes) != 0)
+        return RLK_E_PROTOCOL;
     if (t[fields].type != RLK_J_ARRAY || t[fields].count != 1) return RLK_E_UNSUPPORTED;
     int field = fields + 1, dtype = field + 2;
     if (t[field].type != RLK_J_ARRAY || t[field].count != 3 || !rlk_json_str_eq(s, &t[dtype], "<f4"))
         return RLK_E_UNSUPPORTED;
-    if (rlk_json_num(s, &t[action], &v) != 0 || (size_t)v != sp->act_size) return RLK_E_PROTOCOL;
+    if (bounded_int(s, &t[action], 0, RLK_MAX_ACTION_FLOATS, &actions) != 0 || actions != sp->act_size)
+        return RLK_E_PROTOCOL;
     return RLK_OK;
 }
 
@@ -101,14 +119,15 @@ static rlk_status map_area(rlk_lanes *l, int lanes) {
     return s;
 }
 
-rlk_status rlk_lanes_attach(int sock, const char *s, size_t len, rlk_jtok *toks, int max_toks,
-                            const rlk_spaces *sp, int lanes, rlk_lanes **out, char *err, size_t cap) {
+rlk_status rlk_lanes_attach(int sock, double timeout_s, const char *s, size_t len, rlk_jtok *toks,
+                            int max_toks, const rlk_spaces *sp, int lanes, rlk_lanes **out, char *err,
+                            size_t cap) {
     rlk_lanes *l = calloc(1, sizeof *l);
     rlk_status st = RLK_E_NOMEM;
     *out = NULL;
     if (!l) return st;
     l->fds[0] = l->fds[1] = l->fds[2] = -1;
-    if (receive_fds(sock, l->fds) != 0) st = RLK_E_PROTOCOL;
+    if (receive_fds(sock, l->fds, timeout_s) != 0) st = RLK_E_PROTOCOL;
     else if (rlk_json_parse(s, len, toks, max_toks) < 0) st = RLK_E_PROTOCOL;
     else st = read_layout(s, toks, sp, &l->lane_bytes);
     l->act_size = sp->act_size;

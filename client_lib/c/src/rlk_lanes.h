@@ -36,8 +36,9 @@ typedef struct rlk_lanes rlk_lanes;
 /* After a SERVE_ATTACHED frame (s[0..len)) on sock: receive the three descriptors, map the
  * area and check its header and layout against sp and the lane count. RLK_E_UNSUPPORTED for
  * an observation layout other than one float32 field. */
-rlk_status rlk_lanes_attach(int sock, const char *s, size_t len, rlk_jtok *toks, int max_toks,
-                            const rlk_spaces *sp, int lanes, rlk_lanes **out, char *err, size_t cap);
+rlk_status rlk_lanes_attach(int sock, double timeout_s, const char *s, size_t len, rlk_jtok *toks,
+                            int max_toks, const rlk_spaces *sp, int lanes, rlk_lanes **out, char *err,
+                            size_t cap);
 void rlk_lanes_close(rlk_lanes *l);
 
 /* Write a request into a lane (its previous request must be answered). */

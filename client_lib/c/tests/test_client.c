@@ -9,7 +9,7 @@
  *     is re-established and the episode goes on.
  * Exit status 0 when every check passed; each failure prints its line.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* memmem */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,8 +183,29 @@ static int read_request(int fd, char *buf, size_t cap) {
     return 0;
 }
 
-/* Child: one connection per script entry; each answers the handshake, then replies
- * script[k] to the first STEP_BATCH ("CLOSE": hang up instead) and serves ACTIONS_1 after. */
+/* A well-formed ACTIONS for a STEP_BATCH: action 1 (version 9) per entry, null for an end.
+ * (An entry is "{...}" with no nested braces: observations are flat arrays here.) */
+static void serve_actions(int fd, const char *req) {
+    char reply[4096] = "{\"type\": \"ACTIONS\", \"actions\": [", seqs[2048] = "], \"weights_seq_nos\": [";
+    int k = 0;
+    for (const char *e = strstr(req, "{\"episode_id\""); e; e = strstr(e + 1, "{\"episode_id\""), k++) {
+        const char *close = strchr(e, '}');
+        size_t n = close ? (size_t)(close - e) : strlen(e);
+        int end = memmem(e, n, "\"terminated\"", 12) || memmem(e, n, "\"truncated\"", 11);
+        strcat(reply, k ? ", " : "");
+        strcat(reply, end ? "null" : "1");
+        strcat(seqs, k ? ", " : "");
+        strcat(seqs, end ? "-1" : "9");
+    }
+    strcat(reply, seqs);
+    strcat(reply, "]}");
+    serve_reply(fd, reply);
+}
+
+/* Child: one connection per script entry; each answers the handshake, then replies script[k]
+ * to the first STEP_BATCH and well-formed ACTIONS after. "CLOSE": hang up at the first
+ * STEP_BATCH; "?TEXT": the first STEP_BATCH must contain TEXT (else exit 4), then ACTIONS.
+ * Every later request on a "?" connection must keep ends before starts (else exit 5). */
 static void scripted_server(int listener, const char *const *script, int n) {
     char req[8192];
     for (int k = 0; k < n; k++) {
@@ -193,9 +214,14 @@ static void scripted_server(int listener, const char *const *script, int n) {
         if (read_request(fd, req, sizeof req) == 0) serve_reply(fd, "{\"type\": \"PONG\"}");
         if (read_request(fd, req, sizeof req) == 0) serve_reply(fd, CARTPOLE_CONFIG);
         if (read_request(fd, req, sizeof req) == 0 && strcmp(script[k], "CLOSE") != 0) {
-            serve_reply(fd, script[k]);
-            while (read_request(fd, req, sizeof req) == 0)
-                serve_reply(fd, "{\"type\": \"ACTIONS\", \"actions\": [1], \"weights_seq_nos\": [9]}");
+            if (script[k][0] == '?' && !strstr(req, script[k] + 1)) _exit(4);
+            if (script[k][0] == '?') serve_actions(fd, req);
+            else serve_reply(fd, script[k]);
+            while (read_request(fd, req, sizeof req) == 0) {
+                const char *end = strstr(req, "\"terminated\""), *start = strstr(req, "\"start\"");
+                if (end && start && end > start) _exit(5);
+                serve_actions(fd, req);
+            }
         }
         close(fd);
     }
@@ -247,6 +273,8 @@ static void test_bad_replies_give_error_codes(void) {
         rlk_status st = rlk_act(c, obs, action);
         CHECK(st == expected[k]);
         CHECK(strlen(rlk_error(c)) > 0);
+        /* the failed request's episode is abandoned: the next act starts a new one */
+        CHECK(rlk_act(c, obs, action) == RLK_OK && action[0] == 1.0f);
         rlk_close(c);
     }
     int status = 0;
@@ -256,25 +284,35 @@ static void test_bad_replies_give_error_codes(void) {
 }
 
 static void test_a_lost_connection_is_reestablished_and_the_episode_goes_on(void) {
-    const char *const script[] = {"CLOSE", "{\"type\": \"ACTIONS\", \"actions\": [0], \"weights_seq_nos\": [4]}"};
+    const char *const script[] = {"CLOSE", "{\"type\": \"ACTIONS\", \"actions\": [0], \"weights_seq_nos\": [4]}",
+                                  "?\"start\": true"};
     char path[64], address[80];
     snprintf(path, sizeof path, "/tmp/rlk-test-r%ld.sock", (long)getpid());
     snprintf(address, sizeof address, "unix://%s", path);
-    pid_t pid = start_server(path, script, 2);
+    pid_t pid = start_server(path, script, 3);
     rlk_client *c = client_for(address, 5.0);
-    float obs[4] = {0}, action[1] = {-1};
+    float obs[4] = {0}, action[1] = {-1}, nan_obs[4] = {0.0f, 0.0f / 0.0f, 0.0f, 0.0f};
     if (c) {
+        CHECK(rlk_act(c, nan_obs, action) == RLK_E_ARG);  /* refused before anything changes */
         CHECK(rlk_act(c, obs, action) == RLK_OK && action[0] == 0.0f && rlk_reconnects(c) == 1);
         CHECK(rlk_weights_seq_no(c) == 4);
+        CHECK(rlk_step(c, 0.0f / 0.0f, obs, 1, 0) == RLK_E_ARG);
         CHECK(rlk_step(c, 1.0f, obs, 0, 0) == RLK_OK);
         CHECK(rlk_act(c, obs, action) == RLK_OK && action[0] == 1.0f && rlk_weights_seq_no(c) == 9);
         CHECK(rlk_act(c, obs, action) == RLK_E_STATE);  /* act twice without a step */
         CHECK(rlk_step(c, 1.0f, obs, 1, 0) == RLK_OK);   /* the end waits for the next request */
         CHECK(rlk_step(c, 1.0f, obs, 1, 0) == RLK_E_STATE);
+        CHECK(rlk_act(c, obs, action) == RLK_OK && action[0] == 1.0f);  /* END, then START */
         rlk_close(c);
+    }
+    rlk_client *d = client_for(address, 5.0);  /* the third connection checks a START is sent */
+    if (d) {
+        CHECK(rlk_act(d, obs, action) == RLK_OK);
+        rlk_close(d);
     }
     int status = 0;
     waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);  /* (4, 5: a request broke a rule) */
     unlink(path);
 }
 
