@@ -589,5 +589,5 @@ def test_sac_needs_bounded_box_actions_and_takes_its_section(tmp_path):
     unbounded = tmp_path / "unbounded.toml"
     unbounded.write_text('[env]\nobservation_space = { type = "Box", shape = [2] }\n'
                          'action_space = { type = "Box", shape = [1] }\n')
-    with pytest.raises(ConfigError, match="env/sac: .*finite"):
+    with pytest.raises(ConfigError, match=r"env/sac: .*finite"):
         policy_defs(load_config(unbounded, state))
