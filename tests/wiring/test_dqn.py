@@ -54,8 +54,11 @@ def test_dqn_clients_never_wait_and_explore_with_the_announced_epsilon(daemon, t
     agent.close()
     seen = [e for e in epsilons if e is not None]
     assert seen and seen == sorted(seen, reverse=True) and seen[-1] < 1.0  # announced, falling
+    # (the learner's report trails the connector: wait until it counts this client's steps)
     after = wait_for(lambda: (s := status(daemon))["learner"].get("updates", 0)
-                     > before["learner"].get("updates", 0) and s, 20, what="DQN updates reported")
+                     > before["learner"].get("updates", 0)
+                     and s["learner"].get("replay_steps", 0) >= 1000 and s, 20,
+                     what="DQN updates and the client's steps reported")
     learner = after["learner"]
     assert learner["algorithm"] == "dqn" and learner["replay_steps"] >= 1000
     assert learner["epsilon"] < 1.0 and after["weights_seq_no"] > before["weights_seq_no"]
