@@ -272,6 +272,8 @@ class Attached(Message):
     env_steps_per_sample: int
     force_on_policy: bool
     policy: str | None = None  # the policy whose ring, board and network these are
+    network: dict | None = None  # the actor's lowered ops + the flat parameter layout
+    #                              (``netops.network_json``): for clients that interpret it
 
 
 RING_FD_BYTE = b"\x01"
@@ -530,7 +532,7 @@ _FIELD_KINDS: dict[str, tuple[type, ...]] = {
     "board_path": (str,), "doorbell_path": (str,), "layout": (dict,), "policy_spec": (dict,), "env_steps": (int,),
     "get_state": (bool,), "policies": (dict,), "policy_mapping": (list,),
     "max_agents_per_connection": (int,), "weights_seq_nos": (dict,), "policy": (str,),
-    "exploration": (dict,), "box_dist": (str,),
+    "exploration": (dict,), "box_dist": (str,), "network": (dict,),
 }
 
 _DECODERS: dict[MessageType, Any] = {

@@ -461,6 +461,35 @@ def lower(spec: Any) -> Net:
     return Net(tuple(b.ops), tuple(b.params))
 
 
+def network_json(net: Net, comps: Sequence[Any], outputs: Iterable[str] = (DIST,)) -> dict:
+    """The ops `outputs` need, every parameter of the flat vector and the action distribution's
+    components (`distributions.components`), as plain JSON: what a client that interprets the
+    description itself (the C client's MLP forward and sampling) reads.
+
+        {"ops": [{"op": "Linear", "out": "pi.0.pre", "x": "obs/norm", "weight": "pi.0.weight",
+                  "bias": "pi.0.bias"}, ...],                     (execution order)
+         "params": [["obs_mean", [4]], ["obs_std", [4]], ...],    (flat-vector order)
+         "dist": [{"kind": "categorical", "dist": 0, "width": 2, "action": 0,
+                   "low": [], "high": []}, ...]}                  (bounds: null = infinite)
+
+    Each op is its dataclass fields plus "op" (the class name); tuples become lists. Sent in
+    ATTACHED (shared-memory clients) beside `policy_spec`; derived, never a second source."""
+    ops = []
+    for op in net.needed(outputs):
+        entry: dict[str, Any] = {"op": type(op).__name__}
+        for f in fields(op):  # type: ignore[arg-type]
+            value = getattr(op, f.name)
+            entry[f.name] = list(value) if isinstance(value, tuple) else value
+        ops.append(entry)
+    dist = [{"kind": c.kind, "dist": c.dist, "width": c.width, "action": c.action,
+             "low": [_finite_or_none(v) for v in c.low], "high": [_finite_or_none(v) for v in c.high]}
+            for c in comps]
+    return {"ops": ops, "params": [[p.name, list(p.shape)] for p in net.params], "dist": dist}
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
 def _renamed(op: Op, out: str) -> Op:
     return type(op)(**{**{f.name: getattr(op, f.name) for f in fields(op)},  # type: ignore
                        "out": out})

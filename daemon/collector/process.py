@@ -13,6 +13,7 @@ import time
 
 import structlog
 
+from rlinkd.client_lib.protocol.netops import network_json
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.collector.pacing import Pacer
 from rlinkd.daemon.collector.core import CollectorCore, policy_info
@@ -167,7 +168,8 @@ def attached_info(topo: Topology) -> dict[str, dict]:
     s = topo.cfg.sampling
     return {name: {"board_path": "" if foreign_onnx(p.definition) else p.board_path,
                    "layout": p.layout_json,
-                   "policy_spec": p.spec.to_json(), "env_steps_per_sample": s.env_steps_per_sample,
+                   "policy_spec": p.spec.to_json(), "network": network_json(p.spec.net, p.spec.action_components),
+                   "env_steps_per_sample": s.env_steps_per_sample,
                    "force_on_policy": s.force_on_policy and not p.off_policy}
             for name, p in topo.policies.items()}
 

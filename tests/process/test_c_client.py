@@ -92,3 +92,13 @@ def test_c_client_survives_a_daemon_restart(daemon_factory, built, tmp_path):
     for transport, result in results.items():
         assert result["status"] == "RLK_OK" and result["reconnects"] >= 1, (transport, result)
         assert "runtime error" not in result["stderr"] and "AddressSanitizer" not in result["stderr"]
+
+
+def test_c_cartpole_learns_with_client_side_inference(daemon_factory, built):
+    """The C client runs the policy itself (MLP from ATTACHED's description, weights from the
+    board) and writes step records into its ring: the same CartPole reaches 450."""
+    d = daemon_factory()
+    result = run_cartpole(built / "cartpole", f"shm://{d.unix_socket}", "--agents", "8", "--target", "450",
+                          "--max-seconds", "200", "--inference", "client", "--seed", "3")
+    assert result["solved"] and result["exit"] == 0, result
+    assert result["status"] == "RLK_OK", result

@@ -1,8 +1,10 @@
 /*
  * cartpole.c - CartPole written in C (the standard equations: Barto, Sutton & Anderson 1983, as
- * gymnasium's CartPole-v1) learning through rlinkd with server-side actions.
+ * gymnasium's CartPole-v1) learning through rlinkd, with server-side actions or (--inference
+ * client, shm:// addresses) the policy run here on the daemon's weights board.
  *
  *     cartpole ADDRESS [--agents N] [--target R] [--max-seconds S] [--max-steps N] [--token T]
+ *                      [--inference server|client] [--seed S]
  *
  * Steps N copies of the cart (one STEP_BATCH per step for all of them) until the mean return of
  * the last 20 episodes reaches R (exit 0) or the time/step budget runs out (exit 1). Prints a
@@ -94,7 +96,8 @@ static double mean_last(const tally *t) {
 
 typedef struct {
     const char *address, *token;
-    int agents;
+    int agents, client_inference;
+    unsigned long seed;
     double target, max_seconds;
     long max_steps;
 } args;
@@ -106,13 +109,17 @@ static int parse_args(int argc, char **argv, args *a) {
     a->target = 450.0;
     a->max_seconds = 300.0;
     a->max_steps = 0;
+    a->client_inference = 0;
+    a->seed = 0;
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--agents")) a->agents = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--target")) a->target = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--max-seconds")) a->max_seconds = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--max-steps")) a->max_steps = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--token")) a->token = argv[i + 1];
-        else return -1;
+        else if (!strcmp(argv[i], "--seed")) a->seed = strtoul(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--inference") && !strcmp(argv[i + 1], "client")) a->client_inference = 1;
+        else if (strcmp(argv[i], "--inference") != 0 || strcmp(argv[i + 1], "server") != 0) return -1;
     }
     return a->address && a->agents >= 1 && a->agents <= MAX_AGENTS ? 0 : -1;
 }
@@ -143,7 +150,8 @@ static rlk_status step_all(rlk_client *c, cart *carts, int n, tally *t) {
 int main(int argc, char **argv) {
     args a;
     if (parse_args(argc, argv, &a) != 0) {
-        fprintf(stderr, "usage: %s ADDRESS [--agents N] [--target R] [--max-seconds S] [--max-steps N] [--token T]\n", argv[0]);
+        fprintf(stderr, "usage: %s ADDRESS [--agents N] [--target R] [--max-seconds S] [--max-steps N] [--token T]"
+                        " [--inference server|client] [--seed S]\n", argv[0]);
         return 2;
     }
     rlk_options o;
@@ -151,10 +159,12 @@ int main(int argc, char **argv) {
     o.address = a.address;
     o.token = a.token;
     o.max_agents = a.agents;
+    o.client_inference = a.client_inference;
+    o.seed = a.seed;
     rlk_client *c;
     rlk_status st = rlk_connect(&o, &c);
     if (st != RLK_OK || rlk_obs_size(c) != 4 || rlk_action_n(c) != 2) {
-        fprintf(stderr, "cannot connect as CartPole: %s\n", rlk_status_name(st));
+        fprintf(stderr, "cannot connect as CartPole: %s: %s\n", rlk_status_name(st), c ? rlk_error(c) : "");
         rlk_close(c);
         return 2;
     }

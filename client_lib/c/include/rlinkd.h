@@ -27,6 +27,24 @@
  *
  * rlk_act_batch / rlk_step_batch do the same for agents 0..n-1 at once (n <= max_agents).
  *
+ * Client-side inference (options.client_inference = 1, "shm://" addresses): the same calls,
+ * but the policy runs in this process, as client_lib's shared-memory agents do. The Unix
+ * socket carries the handshake, ATTACH (the daemon hands over this client's step ring, a
+ * sealed memfd) and one SAMPLE_READY per sample; every step is written into the ring as a
+ * record (observation, action, reward, log-prob, distribution inputs, weights version); the
+ * MLP actor is interpreted from the network description ATTACHED carries and runs on the
+ * weights read from the daemon's weights board (seqlocked, no copy on the daemon's side).
+ * Actions are sampled from the policy (the client's own random stream, options.seed), or
+ * epsilon-greedy when the daemon announces an epsilon (DQN), or greedy for evaluate = 1.
+ * Every env_steps_per_sample steps (the daemon's setting) the sample is sent and newer
+ * weights are read (with force_on_policy, after the learner trained on it). The step records
+ * of a sample are kept until the daemon acknowledged it: after a reconnect they are written
+ * again into the new ring, and the episodes in progress go on. Networks other than an MLP
+ * over a flat float Box (images, action masks, discrete observations) and frozen models fail
+ * rlk_connect with RLK_E_UNSUPPORTED: use server-side inference for those. Memory: the
+ * network's values for max_agents rows, the weights, and the staged records of one sample
+ * (at most 64 MiB, or 4 records per agent when more).
+ *
  * Errors: no function aborts or exits; each returns an rlk_status (0 = RLK_OK) and
  * rlk_error() describes the last failure. A lost connection is re-established with
  * exponential backoff (50 ms doubling to 2 s) for up to reconnect_timeout_s; the episodes
@@ -91,6 +109,8 @@ typedef struct {
     double io_timeout_s;         /* longest wait for one reply (default 30) */
     double reconnect_timeout_s;  /* give up reconnecting after this long (default 60; 0: never reconnect) */
     size_t max_frame_bytes;      /* largest message either way (default 1 MiB) */
+    int client_inference;        /* 1: run the policy here ("shm://" only; see above) */
+    unsigned long seed;          /* client-side inference: the sampling seed (0: from pid and time) */
 } rlk_options;
 
 typedef struct rlk_client rlk_client;

@@ -20,6 +20,7 @@
 #include "rlinkd.h"
 #include "rlk_json.h"
 #include "rlk_lanes.h"
+#include "rlk_local.h"
 #include "rlk_net.h"
 #include "rlk_proto.h"
 
@@ -59,9 +60,11 @@ struct rlk_client {
     size_t frame_cap;
     rlk_jtok *toks;
     int max_toks;
-    int shm;            /* "shm://" address: requests go through a lane area */
+    int shm;            /* "shm://" address: requests go through a lane area (or a ring) */
+    unsigned long seed; /* client-side inference: the sampling seed */
     rlk_lanes *lanes;   /* the current connection's lane area (shm only) */
     int *lane_list;     /* [2 * max_agents] scratch: asked lanes from the front, ends from the back */
+    rlk_local *local;   /* client-side inference (options.client_inference): episodes, actor, ring */
 };
 
 static rlk_status set_err(rlk_client *c, rlk_status st, const char *fmt, const char *detail) {
@@ -150,6 +153,30 @@ static rlk_status attach_lanes(rlk_client *c, const rlk_spaces *sp) {
                             c->o.max_agents, &c->lanes, c->err, sizeof c->err);
 }
 
+/* ATTACH -> ATTACHED + the ring's descriptor: client-side inference on this connection. */
+static rlk_status attach_ring(rlk_client *c, const rlk_spaces *sp) {
+    rlk_jw w;
+    size_t got;
+    rlk_attached a;
+    rlk_status st = c->local ? RLK_OK : rlk_local_new(sp, c->o.max_agents, c->o.evaluate, c->seed, &c->local);
+    if (st != RLK_OK) return st;
+    rlk_jw_init(&w, c->out, c->frame_cap);
+    rlk_jw_raw(&w, "{\"type\": \"ATTACH\", \"pid\": ");
+    rlk_jw_int(&w, (long)getpid());
+    if (c->policy[0]) {
+        rlk_jw_raw(&w, ", \"policy\": ");
+        rlk_jw_str(&w, c->policy);
+    }
+    rlk_jw_raw(&w, "}");
+    st = roundtrip(c, w.len, 1, &got);
+    if (st != RLK_OK) return st;
+    rlk_reply_info info = info_of(c);
+    st = rlk_parse_attached(c->in, got, c->toks, c->max_toks, sp, c->o.max_agents, &a, &info);
+    c->server_retry = info.retry;
+    if (st != RLK_OK) return st;
+    return rlk_local_attach(c->local, &a, c->fd, c->o.io_timeout_s, c->toks, c->max_toks, c->err, sizeof c->err);
+}
+
 static rlk_status open_connection(rlk_client *c) {
     rlk_spaces sp;
     char unix_address[sizeof c->address + 8];
@@ -160,7 +187,8 @@ static rlk_status open_connection(rlk_client *c) {
     rlk_status st = handshake(c, &sp);
     if (st == RLK_OK && c->sp.obs_size && (sp.obs_size != c->sp.obs_size || sp.act_size != c->sp.act_size))
         st = set_err(c, RLK_E_UNSUPPORTED, "%s", "the daemon's spaces changed across a reconnect");
-    if (st == RLK_OK && c->shm) st = attach_lanes(c, &sp);
+    if (st == RLK_OK && c->shm && c->o.client_inference) st = attach_ring(c, &sp);
+    else if (st == RLK_OK && c->shm) st = attach_lanes(c, &sp);
     if (st != RLK_OK) {
         close(c->fd);
         c->fd = -1;
@@ -177,6 +205,7 @@ static rlk_status reconnect(rlk_client *c) {
     c->fd = -1;
     rlk_lanes_close(c->lanes);
     c->lanes = NULL;
+    if (c->local) rlk_local_detach(c->local);
     for (int i = 0; c->agents && i < c->o.max_agents; i++) c->agents[i].lost = c->agents[i].open;
     for (;;) {
         rlk_status st = open_connection(c);
@@ -427,6 +456,76 @@ static rlk_status flush(rlk_client *c) {
     }
 }
 
+/* ----------------------------------------------------------------- client-side inference */
+/* rlk_ring_write's / rlk_local_write's result as a status. */
+static rlk_status ring_status(rlk_client *c, int r) {
+    if (r == 1) return socket_event(c);
+    if (r == -2) return set_err(c, RLK_E_TIMEOUT, "%s", "the ring stayed full for io_timeout_s");
+    return r == 0 ? RLK_OK : set_err(c, RLK_E_IO, "%s", "the ring is gone (connection lost)");
+}
+
+/* SAMPLE_READY -> WEIGHTS_READY (get_state 0: no reply awaited). */
+static rlk_status sample_ready(rlk_client *c, int get_state) {
+    rlk_jw w;
+    size_t got;
+    long seq;
+    double epsilon;
+    rlk_jw_init(&w, c->out, c->frame_cap);
+    rlk_jw_raw(&w, "{\"type\": \"SAMPLE_READY\", \"env_steps\": ");
+    rlk_jw_int(&w, rlk_local_staged_steps(c->local));
+    rlk_jw_raw(&w, get_state ? ", \"get_state\": true}" : ", \"get_state\": false}");
+    rlk_status st = roundtrip(c, w.len, get_state, &got);
+    if (st != RLK_OK || !get_state) return st;
+    rlk_reply_info info = info_of(c);
+    st = rlk_parse_weights_ready(c->in, got, c->toks, c->max_toks, rlk_local_policy(c->local), &seq, &epsilon, &info);
+    c->server_retry = info.retry;
+    if (st == RLK_OK) rlk_local_synced(c->local, seq, epsilon);
+    return st;
+}
+
+/* Cut the fragments, write the staged records into the ring and exchange SAMPLE_READY /
+ * WEIGHTS_READY; through reconnects (the records are written again into the new ring). A
+ * sample that fails for good is dropped (the episodes go on). */
+static rlk_status local_sample(rlk_client *c) {
+    rlk_local_cut(c->local);
+    for (;;) {
+        c->server_retry = 0;
+        rlk_status st = c->fd < 0 ? set_err(c, RLK_E_IO, "%s", "not connected") : RLK_OK;
+        if (st == RLK_OK) st = ring_status(c, rlk_local_write(c->local, c->fd, c->o.io_timeout_s));
+        if (st == RLK_OK) st = sample_ready(c, 1);
+        if (st == RLK_OK) return st;
+        int retry = st == RLK_E_IO || st == RLK_E_TIMEOUT || (st == RLK_E_SERVER && c->server_retry);
+        if (!retry || c->o.reconnect_timeout_s <= 0 || (st = reconnect(c)) != RLK_OK) {
+            rlk_local_drop(c->local);
+            return st;
+        }
+    }
+}
+
+/* Evaluation: newer weights for the next episodes, and the finished ones reported (a report
+ * lost with the connection is not re-sent). */
+static rlk_status local_report(rlk_client *c) {
+    rlk_jw w;
+    rlk_local_refresh(c->local);
+    rlk_jw_init(&w, c->out, c->frame_cap);
+    rlk_local_eval_results(c->local, &w);
+    rlk_status st = c->fd < 0 || w.overflow ? RLK_E_IO : roundtrip(c, w.len, 0, NULL);
+    if (st != RLK_OK && c->o.reconnect_timeout_s > 0) st = reconnect(c);
+    return st;
+}
+
+static rlk_status local_step(rlk_client *c, int n, const float *rewards, const float *next_obs,
+                             const unsigned char *terminated, const unsigned char *truncated) {
+    int due, ended;
+    rlk_status st = rlk_local_room(c->local, n) ? RLK_OK : local_sample(c);  /* (staging full: sample now) */
+    if (rlk_local_step(c->local, n, rewards, next_obs, terminated, truncated, &due, &ended) != RLK_OK)
+        return set_err(c, RLK_E_STATE, "%s", "rlk_step without a preceding rlk_act");
+    if (st == RLK_OK && due) st = local_sample(c);
+    if (st == RLK_OK && ended && c->o.evaluate) st = local_report(c);
+    rlk_local_next(c->local, n);  /* (the next actions, with the newest weights) */
+    return st;
+}
+
 static int all_finite(const float *x, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (!isfinite(x[i])) return 0;
@@ -438,6 +537,9 @@ rlk_status rlk_act_batch(rlk_client *c, int n, const float *obs, float *actions)
     if (!c || !obs || !actions || n < 1 || n > c->o.max_agents) return c ? set_err(c, RLK_E_ARG, "%s", "bad arguments to rlk_act_batch") : RLK_E_ARG;
     size_t os = c->sp.obs_size, as = c->sp.act_size;
     if (!all_finite(obs, (size_t)n * os)) return set_err(c, RLK_E_ARG, "%s", "an observation is not finite");
+    if (c->local)
+        return rlk_local_act(c->local, n, obs, actions) == RLK_OK ? RLK_OK
+               : set_err(c, RLK_E_STATE, "%s", "rlk_act again before rlk_step");
     c->n_entries = 0;
     int starts = 0;
     for (int i = 0; i < n; i++) {
@@ -467,11 +569,12 @@ rlk_status rlk_step_batch(rlk_client *c, int n, const float *rewards, const floa
     if (!c || !rewards || !next_obs || !terminated || !truncated || n < 1 || n > c->o.max_agents)
         return c ? set_err(c, RLK_E_ARG, "%s", "bad arguments to rlk_step_batch") : RLK_E_ARG;
     size_t os = c->sp.obs_size;
+    if (!all_finite(rewards, (size_t)n) || !all_finite(next_obs, (size_t)n * os))
+        return set_err(c, RLK_E_ARG, "%s", "a reward or observation is not finite");
+    if (c->local) return local_step(c, n, rewards, next_obs, terminated, truncated);
     for (int i = 0; i < n; i++)
         if (!c->agents[i].open || c->agents[i].pending)
             return set_err(c, RLK_E_STATE, "%s", "rlk_step without a preceding rlk_act");
-    if (!all_finite(rewards, (size_t)n) || !all_finite(next_obs, (size_t)n * os))
-        return set_err(c, RLK_E_ARG, "%s", "a reward or observation is not finite");
     int steps = 0;
     for (int i = 0; i < n; i++) {
         agent *a = &c->agents[i];
@@ -536,6 +639,7 @@ static rlk_status allocate_agents(rlk_client *c) {
 
 static void release(rlk_client *c) {
     rlk_lanes_close(c->lanes);
+    rlk_local_free(c->local);
     void *parts[] = {c->agents, c->entries, c->sent, c->obs, c->end_obs, c->actions, c->reply_actions,
                      c->reply_seqs, c->reply_null, c->out, c->in, c->toks, c->lane_list};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) free(parts[i]);
@@ -567,6 +671,11 @@ rlk_status rlk_connect(const rlk_options *o, rlk_client **out) {
     c->o = *o;
     c->fd = -1;
     c->shm = strncmp(o->address, "shm://", 6) == 0;
+    c->seed = o->seed ? o->seed : (unsigned long)getpid() * 2654435761ul ^ (unsigned long)time(NULL);
+    if (o->client_inference && !c->shm) {
+        release(c);
+        return RLK_E_ARG;  /* (client-side inference reads the weights board: shm:// only) */
+    }
     if (copy_str(c->address, sizeof c->address, o->address) || copy_str(c->token, sizeof c->token, o->token) ||
         copy_str(c->policy, sizeof c->policy, o->policy_id)) {
         release(c);
@@ -584,9 +693,18 @@ rlk_status rlk_connect(const rlk_options *o, rlk_client **out) {
     return RLK_OK;
 }
 
+/* Client-side inference: the steps not yet sent, without waiting for weights (best effort). */
+static void local_flush(rlk_client *c) {
+    rlk_local_cut(c->local);
+    if (rlk_local_staged_steps(c->local) > 0 && rlk_local_write(c->local, c->fd, c->o.io_timeout_s) == 0)
+        sample_ready(c, 0);
+}
+
 void rlk_close(rlk_client *c) {
     if (!c) return;
-    if (c->fd >= 0 && c->agents) {  /* deliver the deferred ends (their rewards train), best effort */
+    if (c->fd >= 0 && c->local) {
+        local_flush(c);
+    } else if (c->fd >= 0 && c->agents) {  /* deliver the deferred ends (their rewards train), best effort */
         c->n_entries = 0;
         add_deferred_ends(c);
         if (c->n_entries) {
@@ -601,7 +719,10 @@ void rlk_close(rlk_client *c) {
 size_t rlk_obs_size(const rlk_client *c) { return c ? c->sp.obs_size : 0; }
 size_t rlk_action_size(const rlk_client *c) { return c ? c->sp.act_size : 0; }
 int rlk_action_n(const rlk_client *c) { return c && c->sp.act_kind == RLK_ACT_DISCRETE ? c->sp.act_n : 0; }
-long rlk_weights_seq_no(const rlk_client *c) { return c ? c->agents[0].seq : -1; }
+long rlk_weights_seq_no(const rlk_client *c) {
+    if (!c) return -1;
+    return c->local ? rlk_local_seq(c->local, 0) : c->agents[0].seq;
+}
 int rlk_reconnects(const rlk_client *c) { return c ? c->reconnects : 0; }
 const char *rlk_error(const rlk_client *c) { return c ? c->err : "no client"; }
 

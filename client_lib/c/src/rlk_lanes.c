@@ -15,9 +15,6 @@
 
 #include "rlk_net.h"
 
-#ifndef MSG_CMSG_CLOEXEC
-#define MSG_CMSG_CLOEXEC 0
-#endif
 #define MAGIC "RLKLANE1"
 #define LAYOUT_VERSION 2u
 #define HEADER_BYTES 64u
@@ -38,35 +35,6 @@ static size_t align_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 static uint32_t *word(const rlk_lanes *l, size_t offset) { return (uint32_t *)(void *)(l->base + offset); }
 static unsigned char *lane(const rlk_lanes *l, int i) { return l->lanes + (size_t)i * l->lane_bytes; }
 static uint32_t *lane_word(const rlk_lanes *l, int i, size_t offset) { return (uint32_t *)(void *)(lane(l, i) + offset); }
-
-/* The byte after SERVE_ATTACHED and its three descriptors (SCM_RIGHTS); any descriptor
- * received with a malformed message is closed. */
-static int receive_fds(int sock, int fds[3], double timeout_s) {
-    char byte;
-    struct iovec iov = {&byte, 1};
-    union { struct cmsghdr h; char buf[CMSG_SPACE(3 * sizeof(int))]; } ctl;
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = ctl.buf;
-    msg.msg_controllen = sizeof ctl.buf;
-    struct pollfd p = {sock, POLLIN, 0};
-    if (poll(&p, 1, (int)(timeout_s * 1000.0)) != 1 || recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != 1) return -1;
-    struct cmsghdr *h = CMSG_FIRSTHDR(&msg);
-    int rights = h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS;
-    if (rights && h->cmsg_len == CMSG_LEN(3 * sizeof(int)) && !(msg.msg_flags & MSG_CTRUNC)) {
-        memcpy(fds, CMSG_DATA(h), 3 * sizeof(int));
-        return 0;
-    }
-    if (rights && h->cmsg_len > CMSG_LEN(0)) {  /* (a wrong count: close what arrived) */
-        size_t count = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        int got[3];
-        memcpy(got, CMSG_DATA(h), (count < 3 ? count : 3) * sizeof(int));
-        for (size_t k = 0; k < count && k < 3; k++) close(got[k]);
-    }
-    return -1;
-}
 
 /* A JSON number that is an integer in [lo, hi] into *out; -1 otherwise. */
 static int bounded_int(const char *s, const rlk_jtok *t, double lo, double hi, size_t *out) {
@@ -127,7 +95,7 @@ rlk_status rlk_lanes_attach(int sock, double timeout_s, const char *s, size_t le
     *out = NULL;
     if (!l) return st;
     l->fds[0] = l->fds[1] = l->fds[2] = -1;
-    if (receive_fds(sock, l->fds, timeout_s) != 0) st = RLK_E_PROTOCOL;
+    if (rlk_net_recv_fds(sock, l->fds, 3, timeout_s) != 0) st = RLK_E_PROTOCOL;
     else if (rlk_json_parse(s, len, toks, max_toks) < 0) st = RLK_E_PROTOCOL;
     else st = read_layout(s, toks, sp, &l->lane_bytes);
     l->act_size = sp->act_size;

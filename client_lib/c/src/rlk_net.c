@@ -1,5 +1,5 @@
 /* rlk_net.c - RLlink frames over TCP / Unix stream sockets (contract in rlk_net.h). */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* (MSG_CMSG_CLOEXEC) */
 #include "rlk_net.h"
 
 #include <errno.h>
@@ -16,6 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifndef MSG_CMSG_CLOEXEC
+#define MSG_CMSG_CLOEXEC 0
+#endif
 #ifndef MSG_NOSIGNAL
 #define MSG_NOSIGNAL 0 /* (platforms without it: the caller ignores SIGPIPE) */
 #endif
@@ -167,4 +170,37 @@ int rlk_net_recv(int fd, char *buf, size_t cap, size_t *len, double timeout_s) {
     if (r != 0) return r;
     *len = n;
     return 0;
+}
+
+#define MAX_FDS 4
+
+/* Close the descriptors of a control message that is not the one expected. */
+static void close_received(const struct cmsghdr *h) {
+    size_t count = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    int got[MAX_FDS];
+    if (count > MAX_FDS) count = MAX_FDS;  /* (the buffer holds no more) */
+    memcpy(got, CMSG_DATA(h), count * sizeof(int));
+    for (size_t k = 0; k < count; k++) close(got[k]);
+}
+
+int rlk_net_recv_fds(int sock, int *fds, int count, double timeout_s) {
+    char byte;
+    struct iovec iov = {&byte, 1};
+    union { struct cmsghdr h; char buf[CMSG_SPACE(MAX_FDS * sizeof(int))]; } ctl;
+    struct msghdr msg;
+    if (count < 1 || count > MAX_FDS) return -1;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = sizeof ctl.buf;
+    if (wait_fd(sock, POLLIN, rlk_now() + timeout_s) != 1 || recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != 1) return -1;
+    struct cmsghdr *h = CMSG_FIRSTHDR(&msg);
+    int rights = h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS;
+    if (rights && h->cmsg_len == CMSG_LEN((size_t)count * sizeof(int)) && !(msg.msg_flags & MSG_CTRUNC)) {
+        memcpy(fds, CMSG_DATA(h), (size_t)count * sizeof(int));
+        return 0;
+    }
+    if (rights && h->cmsg_len > CMSG_LEN(0)) close_received(h);
+    return -1;
 }

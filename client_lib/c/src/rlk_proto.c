@@ -172,3 +172,27 @@ rlk_status rlk_parse_actions(const char *s, size_t len, rlk_jtok *toks, int max_
     }
     return RLK_OK;
 }
+
+/* An integer number token (|v| < 2^53) into *out; -1 otherwise. */
+static int signed_of(const char *s, const rlk_jtok *t, long *out) {
+    double v;
+    if (rlk_json_num(s, t, &v) != 0 || v != floor(v) || fabs(v) > 9e15) return -1;
+    *out = (long)v;
+    return 0;
+}
+
+rlk_status rlk_parse_weights_ready(const char *s, size_t len, rlk_jtok *toks, int max_toks, const char *policy,
+                                   long *seq, double *epsilon, rlk_reply_info *info) {
+    rlk_status st = open_reply(s, len, toks, max_toks, "WEIGHTS_READY", info);
+    if (st != RLK_OK) return st;
+    int one = rlk_json_get(s, toks, 0, "weights_seq_no"), many = rlk_json_get(s, toks, 0, "weights_seq_nos");
+    int mine = many >= 0 && toks[many].type == RLK_J_OBJECT ? rlk_json_get(s, toks, many, policy) : -1;
+    if (mine < 0) mine = one;
+    if (mine < 0 || signed_of(s, &toks[mine], seq) != 0) return fail(info, RLK_E_PROTOCOL, "WEIGHTS_READY without a weights version");
+    int expl = rlk_json_get(s, toks, 0, "exploration");
+    int entry = expl >= 0 && toks[expl].type == RLK_J_OBJECT ? rlk_json_get(s, toks, expl, policy) : -1;
+    int eps = entry >= 0 && toks[entry].type == RLK_J_OBJECT ? rlk_json_get(s, toks, entry, "epsilon") : -1;
+    double e;
+    *epsilon = eps >= 0 && rlk_json_num(s, &toks[eps], &e) == 0 && e >= 0.0 && e <= 1.0 ? e : -1.0;
+    return RLK_OK;
+}

@@ -47,4 +47,9 @@ rlk_status rlk_parse_actions(const char *s, size_t len, rlk_jtok *toks, int max_
                              const rlk_spaces *sp, int n, float *actions, long *seqs,
                              unsigned char *is_null, rlk_reply_info *info);
 
+/* WEIGHTS_READY: the weights version to read for `policy` (weights_seq_nos[policy] when
+ * present, else weights_seq_no) and its epsilon from "exploration" (-1 when none). */
+rlk_status rlk_parse_weights_ready(const char *s, size_t len, rlk_jtok *toks, int max_toks, const char *policy,
+                                   long *seq, double *epsilon, rlk_reply_info *info);
+
 #endif /* RLK_PROTO_H */

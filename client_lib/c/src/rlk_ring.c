@@ -1,0 +1,288 @@
+/* rlk_ring.c - step ring, weights board and doorbell for client-side inference (contract in rlk_ring.h). */
+#define _GNU_SOURCE /* (F_GET_SEALS) */
+#include "rlk_ring.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rlk_net.h"
+
+#define RING_MAGIC "RLKRING1"
+#define RING_VERSION 3u
+#define RING_HEADER 320u
+#define MAX_LAYOUT_BYTES (1u << 16)
+#define OFF_RECORD_BYTES 12
+#define OFF_CAPACITY 16
+#define OFF_WRITER_PID 24
+#define OFF_LAYOUT_BYTES 32
+#define OFF_TAIL 64
+#define OFF_HEAD 128
+#define OFF_SLEEPING 192
+#define BOARD_MAGIC "RLKBOARD"
+#define BOARD_VERSION 1u
+#define BOARD_SPEC_CAPACITY 16384u
+#define BOARD_BUFFERS 16512u
+#define OFF_SEQLOCK 64
+#define OFF_ACTIVE 72
+#define OFF_BUFFER_SEQ 80
+#define SIZE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+static size_t align_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+/* ------------------------------------------------------------------ records */
+rlk_layout rlk_layout_flat(size_t obs_size, size_t act_size, size_t dist_size) {
+    rlk_layout l = {obs_size, act_size, dist_size, 0};
+    l.record_bytes = align_up(RLK_REC_HEADER_BYTES + 4 * (obs_size + act_size + dist_size), 8);
+    return l;
+}
+
+static int size_key(const char *s, const rlk_jtok *toks, int obj, const char *key, size_t *out) {
+    double v;
+    int t = rlk_json_get(s, toks, obj, key);
+    if (t < 0 || rlk_json_num(s, &toks[t], &v) != 0 || !(v >= 0 && v <= 1e12) || v != floor(v)) return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+rlk_status rlk_layout_check(const char *s, const rlk_jtok *toks, int obj, const rlk_layout *want) {
+    size_t act, dist, bytes = want->record_bytes, elements = 1;
+    int fields = obj >= 0 && toks[obj].type == RLK_J_OBJECT ? rlk_json_get(s, toks, obj, "obs_fields") : -1;
+    if (fields < 0 || toks[fields].type != RLK_J_ARRAY || size_key(s, toks, obj, "action_size", &act) ||
+        size_key(s, toks, obj, "dist_size", &dist))
+        return RLK_E_PROTOCOL;
+    if (rlk_json_get(s, toks, obj, "record_bytes") >= 0 && size_key(s, toks, obj, "record_bytes", &bytes)) return RLK_E_PROTOCOL;
+    int field = fields + 1;
+    if (toks[fields].count != 1 || toks[field].type != RLK_J_ARRAY || toks[field].count != 3 ||
+        !rlk_json_str_eq(s, &toks[toks[field + 1].next], "<f4"))
+        return RLK_E_UNSUPPORTED;
+    int shape = toks[toks[field + 1].next].next;
+    if (toks[shape].type != RLK_J_ARRAY) return RLK_E_PROTOCOL;
+    for (int k = 0, i = shape + 1; k < toks[shape].count; k++, i = toks[i].next) {
+        double d;
+        if (rlk_json_num(s, &toks[i], &d) != 0 || !(d >= 1 && d <= RLK_MAX_OBS_FLOATS)) return RLK_E_PROTOCOL;
+        elements *= (size_t)d;
+        if (elements > RLK_MAX_OBS_FLOATS) return RLK_E_PROTOCOL;
+    }
+    int same = elements == want->obs_size && act == want->act_size && dist == want->dist_size && bytes == want->record_bytes;
+    return same ? RLK_OK : RLK_E_PROTOCOL;
+}
+
+void rlk_record_fill(unsigned char *rec, const rlk_layout *l, int flags, uint32_t slot, int64_t seq, float reward,
+                     float logp, const float *obs, const float *action, const float *dist) {
+    size_t o = RLK_REC_HEADER_BYTES, a = o + 4 * l->obs_size, d = a + 4 * l->act_size;
+    memset(rec, 0, l->record_bytes);
+    rec[0] = (unsigned char)flags;
+    memcpy(rec + 4, &slot, 4);
+    memcpy(rec + 8, &seq, 8);
+    memcpy(rec + 24, &reward, 4);
+    memcpy(rec + 28, &logp, 4);
+    if (obs) memcpy(rec + o, obs, 4 * l->obs_size);
+    if (action) memcpy(rec + a, action, 4 * l->act_size);
+    if (dist) memcpy(rec + d, dist, 4 * l->dist_size);
+}
+
+/* ------------------------------------------------------------------ the ring */
+struct rlk_ring {
+    unsigned char *base, *records;
+    size_t bytes, capacity, record_bytes;
+    int doorbell;
+};
+
+static uint64_t *u64_at(unsigned char *base, size_t off) { return (uint64_t *)(void *)(base + off); }
+static uint32_t *u32_at(unsigned char *base, size_t off) { return (uint32_t *)(void *)(base + off); }
+
+/* The sealed memfd of our uid (its size can never change under the mapping). */
+static rlk_status check_fd(int fd, struct stat *st) {
+    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode) || st->st_uid != getuid() || st->st_size <= (off_t)RING_HEADER)
+        return RLK_E_PROTOCOL;
+    int seals = fcntl(fd, F_GET_SEALS);
+    return seals >= 0 && (seals & SIZE_SEALS) == SIZE_SEALS ? RLK_OK : RLK_E_PROTOCOL;
+}
+
+static rlk_status check_ring(rlk_ring *r, const rlk_layout *want, rlk_jtok *toks, int max_toks) {
+    unsigned char *b = r->base;
+    uint64_t capacity = *u64_at(b, OFF_CAPACITY);
+    uint32_t layout_bytes = *u32_at(b, OFF_LAYOUT_BYTES);
+    if (memcmp(b, RING_MAGIC, 8) != 0 || *u32_at(b, 8) != RING_VERSION || *u32_at(b, OFF_RECORD_BYTES) != want->record_bytes ||
+        capacity < 1 || (capacity & (capacity - 1)) != 0 || capacity > (1u << 30) || layout_bytes > MAX_LAYOUT_BYTES ||
+        *u32_at(b, OFF_WRITER_PID) == 0)
+        return RLK_E_PROTOCOL;
+    size_t start = align_up(RING_HEADER + layout_bytes, 64);
+    if (start + capacity * want->record_bytes != r->bytes) return RLK_E_PROTOCOL;
+    int n = rlk_json_parse((const char *)b + RING_HEADER, layout_bytes, toks, max_toks);
+    if (n < 1) return RLK_E_PROTOCOL;
+    rlk_status st = rlk_layout_check((const char *)b + RING_HEADER, toks, 0, want);
+    if (st != RLK_OK) return st;
+    r->records = b + start;
+    r->capacity = (size_t)capacity;
+    r->record_bytes = want->record_bytes;
+    return RLK_OK;
+}
+
+rlk_status rlk_ring_attach(int ring_fd, const char *doorbell_path, const rlk_layout *want, rlk_jtok *toks,
+                           int max_toks, rlk_ring **out, char *err, size_t cap) {
+    struct stat st;
+    rlk_ring *r = calloc(1, sizeof *r);
+    rlk_status s = r ? check_fd(ring_fd, &st) : RLK_E_NOMEM;
+    *out = NULL;
+    if (r) r->doorbell = -1;
+    if (s == RLK_OK) {
+        r->bytes = (size_t)st.st_size;
+        void *p = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ring_fd, 0);
+        r->base = p == MAP_FAILED ? NULL : p;
+        s = r->base ? check_ring(r, want, toks, max_toks) : RLK_E_IO;
+    }
+    close(ring_fd);  /* (the mapping keeps the memory) */
+    if (s == RLK_OK && (r->doorbell = open(doorbell_path, O_WRONLY | O_NONBLOCK | O_CLOEXEC)) < 0) s = RLK_E_IO;
+    if (s != RLK_OK) {
+        snprintf(err, cap, "cannot use the ring the daemon sent (%s)", rlk_status_name(s));
+        rlk_ring_close(r);
+        return s;
+    }
+    uint32_t pid = (uint32_t)getpid();
+    memcpy(r->base + OFF_WRITER_PID, &pid, 4);
+    *out = r;
+    return RLK_OK;
+}
+
+void rlk_ring_close(rlk_ring *r) {
+    if (!r) return;
+    if (r->base) munmap(r->base, r->bytes);
+    if (r->doorbell >= 0) close(r->doorbell);
+    free(r);
+}
+
+size_t rlk_ring_capacity(const rlk_ring *r) { return r->capacity; }
+
+static size_t free_records(rlk_ring *r) {
+    uint64_t tail = __atomic_load_n(u64_at(r->base, OFF_TAIL), __ATOMIC_RELAXED);
+    uint64_t head = __atomic_load_n(u64_at(r->base, OFF_HEAD), __ATOMIC_ACQUIRE);
+    uint64_t used = tail - head;
+    return used > r->capacity ? 0 : r->capacity - (size_t)used;
+}
+
+/* Wait until n records fit: 0; 1 the socket is readable; -2 deadline; -1 poll failed. */
+static int wait_space(rlk_ring *r, size_t n, int sock, double deadline) {
+    int sleep_ms = 0;
+    while (free_records(r) < n) {
+        if (rlk_now() > deadline) return -2;
+        struct pollfd p = {sock, POLLIN, 0};
+        int got = poll(&p, 1, sleep_ms);
+        if (got < 0 && errno != EINTR) return -1;
+        if (got > 0) return 1;
+        sleep_ms = sleep_ms ? (sleep_ms * 2 > 8 ? 8 : sleep_ms * 2) : 1;
+    }
+    return 0;
+}
+
+/* Copy n records into the slots after tail, then publish them (release) and wake the reader. */
+static void publish(rlk_ring *r, const unsigned char *records, size_t n) {
+    uint64_t *tail = u64_at(r->base, OFF_TAIL), t = __atomic_load_n(tail, __ATOMIC_RELAXED);
+    size_t slot = (size_t)(t & (r->capacity - 1)), first = r->capacity - slot < n ? r->capacity - slot : n;
+    memcpy(r->records + slot * r->record_bytes, records, first * r->record_bytes);
+    memcpy(r->records, records + first * r->record_bytes, (n - first) * r->record_bytes);
+    __atomic_store_n(tail, t + n, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);  /* (Dekker: the tail store above, the load below) */
+    uint32_t *sleeping = u32_at(r->base, OFF_SLEEPING);
+    if (__atomic_load_n(sleeping, __ATOMIC_RELAXED)) {
+        uint64_t one = 1;
+        __atomic_store_n(sleeping, 0u, __ATOMIC_RELAXED);
+        if (write(r->doorbell, &one, sizeof one) < 0) {
+            /* (a full FIFO already holds a wake-up; the collector's safety tick bounds a lost one) */
+        }
+    }
+}
+
+int rlk_ring_write(rlk_ring *r, const unsigned char *records, size_t n, int sock, double timeout_s) {
+    double deadline = rlk_now() + timeout_s;
+    while (n > 0) {  /* (in pieces of at most half the ring, so the collector drains meanwhile) */
+        size_t half = r->capacity > 1 ? r->capacity / 2 : 1, piece = n < half ? n : half;
+        int w = wait_space(r, piece, sock, deadline);
+        if (w != 0) return w;
+        publish(r, records, piece);
+        records += piece * r->record_bytes;
+        n -= piece;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the weights board */
+struct rlk_board {
+    unsigned char *base;
+    size_t bytes, n_params, stride;
+};
+
+static rlk_status check_board(rlk_board *b, size_t n_params) {
+    unsigned char *p = b->base;
+    uint64_t n = *u64_at(p, 16);
+    if (b->bytes < BOARD_BUFFERS || memcmp(p, BOARD_MAGIC, 8) != 0 || *u32_at(p, 8) != BOARD_VERSION ||
+        *u32_at(p, 12) > BOARD_SPEC_CAPACITY || *u32_at(p, 24) == 0 || *u32_at(p, OFF_ACTIVE) > 1)
+        return RLK_E_PROTOCOL;
+    if (n != n_params) return RLK_E_UNSUPPORTED;
+    b->n_params = n_params;
+    b->stride = align_up(4 * n_params, 64);
+    return b->bytes == BOARD_BUFFERS + 2 * b->stride ? RLK_OK : RLK_E_PROTOCOL;
+}
+
+rlk_status rlk_board_attach(const char *path, size_t n_params, rlk_board **out, char *err, size_t cap) {
+    struct stat st;
+    rlk_board *b = calloc(1, sizeof *b);
+    int fd = b ? open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
+    rlk_status s = !b ? RLK_E_NOMEM : fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ? RLK_E_IO : RLK_OK;
+    *out = NULL;
+    if (s == RLK_OK) {
+        b->bytes = (size_t)st.st_size;
+        void *p = b->bytes >= BOARD_BUFFERS ? mmap(NULL, b->bytes, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+        b->base = p == MAP_FAILED ? NULL : p;
+        s = b->base ? check_board(b, n_params) : RLK_E_PROTOCOL;
+    }
+    if (fd >= 0) close(fd);
+    if (s != RLK_OK) {
+        snprintf(err, cap, s == RLK_E_UNSUPPORTED ? "the weights board at %s does not hold this network's weights"
+                                                   : "cannot use the weights board at %s", path);
+        rlk_board_close(b);
+        return s;
+    }
+    *out = b;
+    return RLK_OK;
+}
+
+void rlk_board_close(rlk_board *b) {
+    if (!b) return;
+    if (b->base) munmap(b->base, b->bytes);
+    free(b);
+}
+
+static int64_t buffer_seq(const rlk_board *b, uint32_t active) {
+    return __atomic_load_n((int64_t *)(void *)(b->base + OFF_BUFFER_SEQ + 8 * active), __ATOMIC_RELAXED);
+}
+
+int64_t rlk_board_latest(const rlk_board *b) {
+    for (;;) {
+        uint64_t before = __atomic_load_n(u64_at(b->base, OFF_SEQLOCK), __ATOMIC_ACQUIRE);
+        int64_t seq = buffer_seq(b, __atomic_load_n(u32_at(b->base, OFF_ACTIVE), __ATOMIC_ACQUIRE) & 1u);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(u64_at(b->base, OFF_SEQLOCK), __ATOMIC_RELAXED) <= (before & ~1ull) + 2) return seq;
+    }
+}
+
+int64_t rlk_board_read(const rlk_board *b, float *out) {
+    for (int attempt = 1;; attempt++) {
+        uint64_t before = __atomic_load_n(u64_at(b->base, OFF_SEQLOCK), __ATOMIC_ACQUIRE);
+        uint32_t active = __atomic_load_n(u32_at(b->base, OFF_ACTIVE), __ATOMIC_ACQUIRE) & 1u;
+        memcpy(out, b->base + BOARD_BUFFERS + active * b->stride, 4 * b->n_params);
+        int64_t seq = buffer_seq(b, active);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(u64_at(b->base, OFF_SEQLOCK), __ATOMIC_RELAXED) <= (before & ~1ull) + 2) return seq;
+        if (attempt % 8 == 0) sched_yield();  /* (a publish in progress: let the learner finish it) */
+    }
+}
