@@ -161,10 +161,15 @@ static rlk_status allocate_for(rlk_local *l) {
 
 /* Take the parsed ATTACHED: the first one sizes the buffers, later ones must describe the same policy. */
 static rlk_status adopt(rlk_local *l, rlk_attached *a, char *err, size_t cap) {
-    if (l->attached_once) {
+    if (l->attached_once) {  /* (new paths and sample size; the network must be the same) */
         int same = rlk_mlp_same(l->at.mlp, a->mlp) && a->layout.record_bytes == l->at.layout.record_bytes;
+        rlk_mlp *mlp = l->at.mlp;
+        rlk_dist *dist = l->at.dist;
         rlk_attached_free(a);
         if (!same) snprintf(err, cap, "%s", "the daemon's policy network changed across a reconnect");
+        l->at = *a;
+        l->at.mlp = mlp;
+        l->at.dist = dist;
         return same ? RLK_OK : RLK_E_UNSUPPORTED;
     }
     l->at = *a;

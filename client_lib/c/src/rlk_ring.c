@@ -247,8 +247,8 @@ rlk_status rlk_board_attach(const char *path, size_t n_params, rlk_board **out, 
     }
     if (fd >= 0) close(fd);
     if (s != RLK_OK) {
-        snprintf(err, cap, s == RLK_E_UNSUPPORTED ? "the weights board at %s does not hold this network's weights"
-                                                   : "cannot use the weights board at %s", path);
+        snprintf(err, cap, "%s the weights board at %s", s == RLK_E_UNSUPPORTED ? "this network's weights are not on"
+                 : s == RLK_E_IO ? "cannot open" : "a malformed header on", path);
         rlk_board_close(b);
         return s;
     }

@@ -4,6 +4,9 @@
  *   - the JSON tokenizer (valid, invalid, too deep, too many tokens) and writer (overflow);
  *   - the reply parsers on good replies and on mutated and truncated ones (an error code,
  *     never a crash or an out-of-bounds access);
+ *   - client-side inference's pieces: ATTACHED and WEIGHTS_READY (good, mutated, truncated),
+ *     the step ring and weights board as the daemon makes them and corrupted ones (refused
+ *     with an error code), records written and wrapped around the ring;
  *   - the whole client against a scripted server (a forked process on a Unix socket):
  *     malformed and truncated replies give error codes and nothing leaks; a lost connection
  *     is re-established and the episode goes on.
@@ -14,7 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,7 +28,9 @@
 #include "rlinkd.h"
 #include "rlk_json.h"
 #include "rlk_net.h"
+#include "rlk_local.h"
 #include "rlk_proto.h"
+#include "rlk_ring.h"
 
 static int failures = 0;
 #define CHECK(cond)                                                   \
@@ -48,6 +56,25 @@ static const char *PENDULUM_CONFIG =
     "\"box_dist\": \"squashed_gaussian\"}";
 static const char *ACTIONS_2 = "{\"type\": \"ACTIONS\", \"actions\": [1, null], \"weights_seq_nos\": [7, -1]}";
 static const char *ACTIONS_BOX = "{\"type\": \"ACTIONS\", \"actions\": [[0.5], [-1.25]], \"weights_seq_nos\": [3, 3]}";
+
+/* What the daemon sends a CartPole client (a 4 -> 8 -> 2 actor; 115 parameters in all). */
+static const char *ATTACHED_CARTPOLE =
+    "{\"type\": \"ATTACHED\", \"ring_name\": \"rlinkd.1.ab.client-1-default-00\", \"board_path\": \"/dev/shm/board\", "
+    "\"doorbell_path\": \"/run/doorbell\", \"layout\": {\"obs_fields\": [[\"obs\", \"<f4\", [4]]], \"action_size\": 1, "
+    "\"dist_size\": 2, \"record_bytes\": 64}, \"policy_spec\": {\"x\": 1}, \"env_steps_per_sample\": 64, "
+    "\"force_on_policy\": true, \"policy\": \"default\", \"network\": {\"ops\": [{\"op\": \"Input\", \"out\": "
+    "\"onnx::Gemm_0\", \"key\": \"\", \"dtype\": \"<f4\", \"shape\": [4]}, {\"op\": \"Normalize\", \"out\": \"obs/norm\", "
+    "\"x\": \"onnx::Gemm_0\", \"mean\": \"obs_mean\", \"std\": \"obs_std\"}, {\"op\": \"Linear\", \"out\": \"pi.0.pre\", "
+    "\"x\": \"obs/norm\", \"weight\": \"pi.0.weight\", \"bias\": \"pi.0.bias\"}, {\"op\": \"Act\", \"out\": \"pi.0.out\", "
+    "\"x\": \"pi.0.pre\", \"kind\": \"tanh\"}, {\"op\": \"Linear\", \"out\": \"action_dist_inputs\", \"x\": \"pi.0.out\", "
+    "\"weight\": \"pi.1.weight\", \"bias\": \"pi.1.bias\"}], \"params\": [[\"obs_mean\", [4]], [\"obs_std\", [4]], "
+    "[\"pi.0.weight\", [8, 4]], [\"pi.0.bias\", [8]], [\"pi.1.weight\", [2, 8]], [\"pi.1.bias\", [2]], [\"vf.0.weight\", [8, 4]], "
+    "[\"vf.0.bias\", [8]], [\"vf.1.weight\", [1, 8]], [\"vf.1.bias\", [1]]], \"dist\": [{\"kind\": \"categorical\", "
+    "\"dist\": 0, \"width\": 2, \"action\": 0, \"low\": [], \"high\": []}]}}";
+static const char *WEIGHTS_READY =
+    "{\"type\": \"WEIGHTS_READY\", \"weights_seq_no\": 5, \"weights_seq_nos\": {\"default\": 6, \"b\": 1}, "
+    "\"exploration\": {\"default\": {\"epsilon\": 0.25}}}";
+#define CARTPOLE_PARAMS 115
 
 static rlk_reply_info info(void) {
     rlk_reply_info i = {errbuf, sizeof errbuf, 0};
@@ -114,6 +141,35 @@ static void test_parsers(void) {
     CHECK(rlk_parse_set_config(img, strlen(img), toks, MAX_TOKS, &sp, &i) == RLK_E_UNSUPPORTED);
 }
 
+static void test_local_parsers(void) {
+    rlk_spaces sp;
+    rlk_attached a;
+    rlk_reply_info i = info();
+    long seq;
+    double eps;
+    rlk_parse_set_config(CARTPOLE_CONFIG, strlen(CARTPOLE_CONFIG), toks, MAX_TOKS, &sp, &i);
+    CHECK(rlk_parse_attached(ATTACHED_CARTPOLE, strlen(ATTACHED_CARTPOLE), toks, MAX_TOKS, &sp, 4, &a, &i) == RLK_OK);
+    CHECK(a.env_steps_per_sample == 64 && !strcmp(a.policy, "default") && !strcmp(a.board_path, "/dev/shm/board"));
+    CHECK(a.layout.record_bytes == 64 && a.layout.dist_size == 2 && rlk_mlp_n_params(a.mlp) == CARTPOLE_PARAMS);
+    CHECK(rlk_dist_single_categorical(a.dist));
+    rlk_attached_free(&a);
+    CHECK(rlk_parse_weights_ready(WEIGHTS_READY, strlen(WEIGHTS_READY), toks, MAX_TOKS, "default", &seq, &eps, &i) == RLK_OK);
+    CHECK(seq == 6 && eps == 0.25);
+    CHECK(rlk_parse_weights_ready(WEIGHTS_READY, strlen(WEIGHTS_READY), toks, MAX_TOKS, "c", &seq, &eps, &i) == RLK_OK);
+    CHECK(seq == 5 && eps < 0);
+    char *frozen = strdup(ATTACHED_CARTPOLE);  /* no board: a frozen model */
+    memcpy(strstr(frozen, "/dev/shm/board") - 1, "\"\"              ", 16);
+    CHECK(rlk_parse_attached(frozen, strlen(frozen), toks, MAX_TOKS, &sp, 4, &a, &i) == RLK_E_UNSUPPORTED);
+    free(frozen);
+    char *conv = strdup(ATTACHED_CARTPOLE);  /* an op the C client does not run */
+    memcpy(strstr(conv, "\"Act\""), "\"Cnv\"", 5);
+    CHECK(rlk_parse_attached(conv, strlen(conv), toks, MAX_TOKS, &sp, 4, &a, &i) == RLK_E_UNSUPPORTED);
+    free(conv);
+    rlk_spaces wrong = sp;  /* a layout that does not fit the spaces */
+    wrong.obs_size = 5;
+    CHECK(rlk_parse_attached(ATTACHED_CARTPOLE, strlen(ATTACHED_CARTPOLE), toks, MAX_TOKS, &wrong, 4, &a, &i) == RLK_E_PROTOCOL);
+}
+
 static unsigned long long fuzz_state = 0x9E3779B97F4A7C15ull;
 static unsigned fuzz_rand(void) {
     fuzz_state ^= fuzz_state << 13;
@@ -169,6 +225,150 @@ static void fuzz_parsers(void) {
         free(exact);
         free(buf);
     }
+}
+
+/* Mutated and truncated ATTACHED / WEIGHTS_READY: an error code or a description whose pieces
+ * are all freed (ASan's leak check). */
+static void fuzz_local_parsers(void) {
+    rlk_spaces sp;
+    rlk_reply_info i = info();
+    rlk_parse_set_config(CARTPOLE_CONFIG, strlen(CARTPOLE_CONFIG), toks, MAX_TOKS, &sp, &i);
+    for (int round = 0; round < 30000; round++) {
+        const char *seed = round % 3 ? ATTACHED_CARTPOLE : WEIGHTS_READY;
+        size_t len = strlen(seed), n;
+        char *buf = malloc(len + 8);
+        if (round < 3000) {
+            n = (size_t)round % (len + 1);
+            memcpy(buf, seed, n);
+        } else {
+            n = mutate(seed, buf, len + 8);
+        }
+        char *exact = malloc(n ? n : 1);
+        memcpy(exact, buf, n);
+        rlk_attached a;
+        long seq;
+        double eps;
+        rlk_status st = rlk_parse_attached(exact, n, toks, MAX_TOKS, &sp, 4, &a, &i);
+        CHECK(known(st));
+        if (st == RLK_OK) CHECK(a.mlp && a.dist && rlk_mlp_n_params(a.mlp) <= RLK_MLP_MAX_PARAM_FLOATS);
+        rlk_attached_free(&a);
+        CHECK(known(rlk_parse_weights_ready(exact, n, toks, MAX_TOKS, "default", &seq, &eps, &i)));
+        free(exact);
+        free(buf);
+    }
+}
+
+/* ----------------------------------------------------------------- ring and board */
+#define RING_LAYOUT "{\"action_size\":1,\"dist_size\":2,\"obs_fields\":[[\"obs\",\"<f4\",[4]]],\"record_bytes\":64}"
+#define RING_CAPACITY 1024u
+
+static size_t ring_records_offset(void) { return (320 + strlen(RING_LAYOUT) + 63) / 64 * 64; }
+
+/* A CartPole ring as the collector makes it: a sealed memfd; `corrupt` damages one field. */
+static int make_ring(int corrupt, int seal) {
+    size_t bytes = ring_records_offset() + RING_CAPACITY * 64;
+    unsigned char header[320 + 128];
+    uint32_t version = corrupt == 2 ? 2 : 3, record = corrupt == 3 ? 72 : 64, pid = 1;
+    uint32_t layout = (uint32_t)strlen(RING_LAYOUT);
+    uint64_t capacity = corrupt == 4 ? RING_CAPACITY - 1 : RING_CAPACITY;
+    memset(header, 0, sizeof header);
+    memcpy(header, corrupt == 1 ? "RLKRINGX" : "RLKRING1", 8);
+    memcpy(header + 8, &version, 4);
+    memcpy(header + 12, &record, 4);
+    memcpy(header + 16, &capacity, 8);
+    memcpy(header + 24, &pid, 4);
+    memcpy(header + 32, &layout, 4);
+    memcpy(header + 320, RING_LAYOUT, layout);
+    if (corrupt == 5) memcpy(header + 320 + strlen("{\"action_size\":"), "2", 1);
+    int fd = memfd_create("test-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, (off_t)(bytes + (corrupt == 6 ? 64 : 0))) != 0 || pwrite(fd, header, sizeof header, 0) != (ssize_t)sizeof header)
+        return -1;
+    if (seal) fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    return fd;
+}
+
+static void test_ring(const char *fifo) {
+    rlk_layout want = rlk_layout_flat(4, 1, 2);
+    rlk_ring *r;
+    char err[RLK_ERROR_CHARS];
+    CHECK(want.record_bytes == 64);
+    for (int corrupt = 1; corrupt <= 6; corrupt++)
+        CHECK(rlk_ring_attach(make_ring(corrupt, 1), fifo, &want, toks, MAX_TOKS, &r, err, sizeof err) != RLK_OK && !r);
+    CHECK(rlk_ring_attach(make_ring(0, 0), fifo, &want, toks, MAX_TOKS, &r, err, sizeof err) != RLK_OK);  /* unsealed */
+    int fd = make_ring(0, 1), view = dup(fd);
+    CHECK(rlk_ring_attach(fd, fifo, &want, toks, MAX_TOKS, &r, err, sizeof err) == RLK_OK);
+    CHECK(r && rlk_ring_capacity(r) == RING_CAPACITY);
+    size_t off = ring_records_offset(), bytes = off + RING_CAPACITY * 64;
+    unsigned char *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, view, 0);
+    uint64_t head = RING_CAPACITY - 3;  /* (as if the collector had read that far: the batch wraps) */
+    memcpy(m + 64, &head, 8);
+    memcpy(m + 128, &head, 8);
+    unsigned char recs[5 * 64];
+    float obs[4] = {1, 2, 3, 4}, action = 1, dist[2] = {0.5f, -0.5f};
+    for (int k = 0; k < 5; k++) rlk_record_fill(recs + 64 * k, &want, RLK_REC_HAS_LOGP, (uint32_t)k, 9, 1.0f, -0.7f, obs, &action, dist);
+    CHECK(rlk_ring_write(r, recs, 5, -1, 1.0) == 0);
+    uint64_t tail;
+    memcpy(&tail, m + 64, 8);
+    CHECK(tail == head + 5);
+    CHECK(!memcmp(m + off + (RING_CAPACITY - 1) * 64, recs + 2 * 64, 64) && !memcmp(m + off + 64, recs + 4 * 64, 64));
+    unsigned char *many = calloc(RING_CAPACITY, 64);
+    CHECK(rlk_ring_write(r, recs, 5, -1, 0.05) == 0 && rlk_ring_write(r, many, RING_CAPACITY, -1, 0.05) == -2);  /* full */
+    free(many);
+    munmap(m, bytes);
+    close(view);
+    rlk_ring_close(r);
+}
+
+/* A board file with n parameters of value v at version seq. */
+static void make_board(const char *path, uint64_t n, float v, int64_t seq, int corrupt) {
+    size_t stride = (4 * n + 63) / 64 * 64, bytes = 16512 + 2 * stride;
+    unsigned char *b = calloc(1, bytes);
+    uint32_t version = corrupt == 1 ? 2 : 1, pid = 1, active = 1;
+    memcpy(b, "RLKBOARD", 8);
+    memcpy(b + 8, &version, 4);
+    memcpy(b + 16, &n, 8);
+    memcpy(b + 24, &pid, 4);
+    memcpy(b + 72, &active, 4);
+    memcpy(b + 88, &seq, 8);
+    for (uint64_t k = 0; k < n; k++) memcpy(b + 16512 + stride + 4 * k, &v, 4);
+    FILE *f = fopen(path, "wb");
+    fwrite(b, 1, bytes - (corrupt == 2 ? 4 : 0), f);
+    fclose(f);
+    free(b);
+}
+
+static void test_board(const char *path) {
+    rlk_board *b;
+    char err[RLK_ERROR_CHARS];
+    float w[CARTPOLE_PARAMS];
+    make_board(path, CARTPOLE_PARAMS, 0.5f, 3, 0);
+    CHECK(rlk_board_attach(path, CARTPOLE_PARAMS, &b, err, sizeof err) == RLK_OK);
+    CHECK(rlk_board_latest(b) == 3 && rlk_board_read(b, w) == 3 && w[0] == 0.5f && w[CARTPOLE_PARAMS - 1] == 0.5f);
+    rlk_board_close(b);
+    CHECK(rlk_board_attach(path, CARTPOLE_PARAMS + 1, &b, err, sizeof err) == RLK_E_UNSUPPORTED && !b);
+    make_board(path, CARTPOLE_PARAMS, 0.5f, 3, 1);
+    CHECK(rlk_board_attach(path, CARTPOLE_PARAMS, &b, err, sizeof err) == RLK_E_PROTOCOL);
+    make_board(path, CARTPOLE_PARAMS, 0.5f, 3, 2);
+    CHECK(rlk_board_attach(path, CARTPOLE_PARAMS, &b, err, sizeof err) == RLK_E_PROTOCOL);
+    CHECK(rlk_board_attach("/nonexistent/board", CARTPOLE_PARAMS, &b, err, sizeof err) == RLK_E_IO);
+}
+
+static void test_shared_memory_pieces(void) {
+    char dir[] = "/tmp/rlk-test-XXXXXX", fifo[64], board[64];
+    if (!mkdtemp(dir)) {
+        CHECK(0);
+        return;
+    }
+    snprintf(fifo, sizeof fifo, "%s/doorbell", dir);
+    snprintf(board, sizeof board, "%s/board", dir);
+    int keep = mkfifo(fifo, 0600) == 0 ? open(fifo, O_RDWR | O_NONBLOCK) : -1;  /* (the collector's end) */
+    CHECK(keep >= 0);
+    test_ring(fifo);
+    test_board(board);
+    close(keep);
+    unlink(fifo);
+    unlink(board);
+    rmdir(dir);
 }
 
 /* ----------------------------------------------------------------- scripted server */
@@ -337,6 +537,9 @@ int main(void) {
     test_writer();
     test_parsers();
     fuzz_parsers();
+    test_local_parsers();
+    fuzz_local_parsers();
+    test_shared_memory_pieces();
     test_arguments_are_checked();
     test_bad_replies_give_error_codes();
     test_a_lost_connection_is_reestablished_and_the_episode_goes_on();
