@@ -1,7 +1,8 @@
 """The C client (client_lib/c) against a real daemon: its CartPole, written in C, learns
 through server-side actions over TCP and over shared-memory lanes and with client-side
-inference over shared memory; a daemon restart mid-run is survived in every variant (the client reconnects and its episodes go on). The library and the example are built here with the
-client's own Makefile (AddressSanitizer + UndefinedBehaviorSanitizer for the restart test,
+inference over shared memory; a daemon restart mid-run is survived in every variant (the
+client reconnects and its episodes go on). The library and the example are built here with
+the client's own Makefile (AddressSanitizer + UndefinedBehaviorSanitizer for the restart test,
 so real traffic runs under the sanitizers too)."""
 from __future__ import annotations
 
