@@ -1,13 +1,15 @@
-"""The C client's CartPole loop: env steps/s with server-side actions, beside the Python client.
+"""The C client's CartPole loop: env steps/s with server- and client-side inference, beside Python's.
 
     python -m bench.scenarios.c_client [--runs 3] [--seconds 15] [--quick] [--out FILE]
 
 Per run, one daemon (CartPole-v1, PPO with ``sampling.force_on_policy = false``: clients never
 wait for an update, so the figures are the serving path's, not the learner's), then in turn
 for ``--seconds`` each: the C example (client_lib/c/examples/cartpole.c, built here with -O2)
-with 1 and with 8 agents over TCP, the Unix socket and shared-memory lanes, and the Python
-client_lib served client (``connect(..., inference="server")``; one agent, and a vector of 8)
-over TCP and shared memory. Reports env steps/s (medians over runs), and the round-trip
+with 1 and with 8 agents over TCP, the Unix socket and shared-memory lanes (server-side
+actions) and with client-side inference over shared memory (``--inference client``: the MLP
+run in the C process on the board's weights, steps written into its ring), and the Python
+client_lib client the same ways (``connect(..., inference="server")`` over TCP and shared
+memory, the default client-side inference over shared memory; one agent, and a vector of 8). Reports env steps/s (medians over runs), and the round-trip
 limits measured in the same run (bench.scenarios.serving: a blocking shared-memory round trip,
 a TCP + orjson round trip; their p50 in steps/s is what one agent could at most reach).
 Writes bench/results/c_client.json.
@@ -33,18 +35,18 @@ def build(out: Path) -> Path:
     return out / "cartpole"
 
 
-def c_rate(binary: Path, address: str, agents: int, seconds: float) -> float:
+def c_rate(binary: Path, address: str, agents: int, seconds: float, *extra: str) -> float:
     proc = subprocess.run([str(binary), address, "--agents", str(agents), "--target", "1e9",
-                           "--max-seconds", str(seconds)], capture_output=True, text=True,
+                           "--max-seconds", str(seconds), *extra], capture_output=True, text=True,
                           timeout=seconds + 60)
     return float(json.loads(proc.stdout.strip().splitlines()[-1])["steps_per_s"])
 
 
-def python_rate(address: str, agents: int, seconds: float) -> float:
+def python_rate(address: str, agents: int, seconds: float, inference: str = "server") -> float:
     import gymnasium as gym
     from rlinkd.client_lib import connect, connect_vector
     if agents == 1:
-        agent, env = connect(address, inference="server"), gym.make("CartPole-v1")
+        agent, env = connect(address, inference=inference), gym.make("CartPole-v1")
         obs, _ = env.reset(seed=0)
         steps, t0 = 0, time.monotonic()
         while time.monotonic() - t0 < seconds:
@@ -55,7 +57,7 @@ def python_rate(address: str, agents: int, seconds: float) -> float:
         agent.close()
         return steps / (time.monotonic() - t0)
     envs = gym.make_vec("CartPole-v1", num_envs=agents, vectorization_mode="sync")
-    vec = connect_vector(address, agents, inference="server")
+    vec = connect_vector(address, agents, inference=inference)
     obs, _ = envs.reset(seed=0)
     steps, t0 = 0, time.monotonic()
     while time.monotonic() - t0 < seconds:
@@ -77,9 +79,13 @@ def one_run(binary: Path, seconds: float) -> dict[str, float]:
         for transport, address in (("tcp", tcp), ("unix", unix), ("shm", shm)):
             for agents in (1, 8):
                 rates[f"c {transport} x{agents}"] = c_rate(binary, address, agents, seconds)
+        for agents in (1, 8):
+            rates[f"c shm-client x{agents}"] = c_rate(binary, shm, agents, seconds, "--inference", "client")
         for transport, address in (("tcp", tcp), ("shm", unix)):  # (python: unix:// = lanes)
             for agents in (1, 8):
                 rates[f"python {transport} x{agents}"] = python_rate(address, agents, seconds)
+        for agents in (1, 8):
+            rates[f"python shm-client x{agents}"] = python_rate(unix, agents, seconds, "client")
         return rates
     finally:
         daemon.stop()

@@ -388,6 +388,17 @@ def _valid_frames() -> list[bytes]:
                        action_dist_inputs=np.array([[1.0, 2.0], [3.0, 4.0]])),),
         weights_seq_no=3)))
     frames.append(codec.encode_body(episodes_body()))
+    frames.append(codec.encode_body({  # the additive keys of the off-policy and C-client work
+        "type": "SET_CONFIG", "env_steps_per_sample": 8, "force_on_policy": False,
+        "box_dist": "squashed_gaussian",
+        "policies": {"default": {"box_dist": "squashed_gaussian", "algorithm": "sac"}}}))
+    frames.append(codec.encode(codec.Attached(
+        ring_name="r", board_path="/b", doorbell_path="/d", layout={"action_size": 1},
+        policy_spec={}, env_steps_per_sample=4, force_on_policy=False, policy="default",
+        network={"ops": [{"op": "Linear", "out": "y", "x": "x", "weight": "w", "bias": "b"}],
+                 "params": [["w", [2, 4]], ["b", [2]]],
+                 "dist": [{"kind": "categorical", "dist": 0, "width": 2, "action": 0,
+                           "low": [], "high": []}]})))
     return frames
 
 

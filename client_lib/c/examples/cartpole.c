@@ -97,7 +97,7 @@ static double mean_last(const tally *t) {
 typedef struct {
     const char *address, *token;
     int agents, client_inference;
-    unsigned long seed;
+    unsigned long long seed;
     double target, max_seconds;
     long max_steps;
 } args;
@@ -117,7 +117,7 @@ static int parse_args(int argc, char **argv, args *a) {
         else if (!strcmp(argv[i], "--max-seconds")) a->max_seconds = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--max-steps")) a->max_steps = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--token")) a->token = argv[i + 1];
-        else if (!strcmp(argv[i], "--seed")) a->seed = strtoul(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--seed")) a->seed = strtoull(argv[i + 1], NULL, 10);
         else if (!strcmp(argv[i], "--inference") && !strcmp(argv[i + 1], "client")) a->client_inference = 1;
         else if (strcmp(argv[i], "--inference") != 0 || strcmp(argv[i + 1], "server") != 0) return -1;
     }

@@ -110,7 +110,7 @@ typedef struct {
     double reconnect_timeout_s;  /* give up reconnecting after this long (default 60; 0: never reconnect) */
     size_t max_frame_bytes;      /* largest message either way (default 1 MiB) */
     int client_inference;        /* 1: run the policy here ("shm://" only; see above) */
-    unsigned long seed;          /* client-side inference: the sampling seed (0: from pid and time) */
+    unsigned long long seed;     /* client-side inference: the sampling seed (0: from pid and time) */
 } rlk_options;
 
 typedef struct rlk_client rlk_client;

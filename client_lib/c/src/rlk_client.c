@@ -61,7 +61,7 @@ struct rlk_client {
     rlk_jtok *toks;
     int max_toks;
     int shm;            /* "shm://" address: requests go through a lane area (or a ring) */
-    unsigned long seed; /* client-side inference: the sampling seed */
+    unsigned long long seed; /* client-side inference: the sampling seed */
     rlk_lanes *lanes;   /* the current connection's lane area (shm only) */
     int *lane_list;     /* [2 * max_agents] scratch: asked lanes from the front, ends from the back */
     rlk_local *local;   /* client-side inference (options.client_inference): episodes, actor, ring */
@@ -671,7 +671,7 @@ rlk_status rlk_connect(const rlk_options *o, rlk_client **out) {
     c->o = *o;
     c->fd = -1;
     c->shm = strncmp(o->address, "shm://", 6) == 0;
-    c->seed = o->seed ? o->seed : (unsigned long)getpid() * 2654435761ul ^ (unsigned long)time(NULL);
+    c->seed = o->seed ? o->seed : (unsigned long long)getpid() * 2654435761ull ^ (unsigned long long)time(NULL);
     if (o->client_inference && !c->shm) {
         release(c);
         return RLK_E_ARG;  /* (client-side inference reads the weights board: shm:// only) */
