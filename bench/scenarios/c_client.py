@@ -9,7 +9,8 @@ with 1 and with 8 agents over TCP, the Unix socket and shared-memory lanes (serv
 actions) and with client-side inference over shared memory (``--inference client``: the MLP
 run in the C process on the board's weights, steps written into its ring), and the Python
 client_lib client the same ways (``connect(..., inference="server")`` over TCP and shared
-memory, the default client-side inference over shared memory; one agent, and a vector of 8). Reports env steps/s (medians over runs), and the round-trip
+memory, the default client-side inference over shared memory; one agent, and a vector of 8).
+Reports env steps/s (medians over runs), and the round-trip
 limits measured in the same run (bench.scenarios.serving: a blocking shared-memory round trip,
 a TCP + orjson round trip; their p50 in steps/s is what one agent could at most reach).
 Writes bench/results/c_client.json.
