@@ -72,6 +72,22 @@ def test_c_cartpole_learns_in_every_variant(daemon_factory, built):
     served = sum(results[v]["steps"] for v in ("tcp", "shm"))
     assert status["env_steps"] >= sum(r["steps"] for r in results.values()) * 0.9
     assert status["inference"]["actions"] >= served * 0.9
+    evaluation_contributes_no_training_data(built / "cartpole", d)
+
+
+def evaluation_contributes_no_training_data(binary, d) -> None:
+    """Greedy C clients (client-side over shared memory, server-side over TCP) after training:
+    their episodes reach the eval counters, the training counters do not move."""
+    trained = wait_for(lambda: (a := d.status()["env_steps"]) == d.status()["env_steps"] and a, 20,
+                       what="the training steps settled")
+    runs = [run_cartpole(binary, *variant_args(d, v), "--agents", "4", "--target", "1e9",
+                         "--max-steps", "4000", "--evaluate", "1") for v in ("shm-client", "tcp")]
+    episodes = sum(r["episodes"] for r in runs)
+    assert all(r["status"] == "RLK_OK" for r in runs), runs
+    assert runs[0]["mean_return_20"] >= 300, runs[0]  # (the trained policy, greedy)
+    status = wait_for(lambda: (s := d.status())["eval"].get("episodes", 0) >= episodes and s, 20,
+                      what="the evaluation episodes reported")
+    assert status["env_steps"] == trained, status
 
 
 def free_port() -> int:

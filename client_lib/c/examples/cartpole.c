@@ -4,8 +4,9 @@
  * client, shm:// addresses) the policy run here on the daemon's weights board.
  *
  *     cartpole ADDRESS [--agents N] [--target R] [--max-seconds S] [--max-steps N] [--token T]
- *                      [--inference server|client] [--seed S]
+ *                      [--inference server|client] [--seed S] [--evaluate 1]
  *
+ * --evaluate 1 plays evaluation episodes (greedy actions, never trained; returns reported).
  * Steps N copies of the cart (one STEP_BATCH per step for all of them) until the mean return of
  * the last 20 episodes reaches R (exit 0) or the time/step budget runs out (exit 1). Prints a
  * progress line every 2 s and a final JSON line {"solved", "episodes", "steps", "seconds",
@@ -87,16 +88,17 @@ typedef struct {
 
 static void record(tally *t, float ret) { t->returns[t->episodes++ % WINDOW] = ret; }
 
+/* The mean return of the last WINDOW episodes (of all of them while fewer; 0 before any). */
 static double mean_last(const tally *t) {
-    if (t->episodes < WINDOW) return 0.0;
+    int n = t->episodes < WINDOW ? (int)t->episodes : WINDOW;
     double sum = 0.0;
-    for (int i = 0; i < WINDOW; i++) sum += t->returns[i];
-    return sum / WINDOW;
+    for (int i = 0; i < n; i++) sum += t->returns[i];
+    return n ? sum / n : 0.0;
 }
 
 typedef struct {
     const char *address, *token;
-    int agents, client_inference;
+    int agents, client_inference, evaluate;
     unsigned long long seed;
     double target, max_seconds;
     long max_steps;
@@ -110,6 +112,7 @@ static int parse_args(int argc, char **argv, args *a) {
     a->max_seconds = 300.0;
     a->max_steps = 0;
     a->client_inference = 0;
+    a->evaluate = 0;
     a->seed = 0;
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--agents")) a->agents = atoi(argv[i + 1]);
@@ -118,6 +121,7 @@ static int parse_args(int argc, char **argv, args *a) {
         else if (!strcmp(argv[i], "--max-steps")) a->max_steps = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--token")) a->token = argv[i + 1];
         else if (!strcmp(argv[i], "--seed")) a->seed = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--evaluate")) a->evaluate = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--inference") && !strcmp(argv[i + 1], "client")) a->client_inference = 1;
         else if (strcmp(argv[i], "--inference") != 0 || strcmp(argv[i + 1], "server") != 0) return -1;
     }
@@ -151,7 +155,7 @@ int main(int argc, char **argv) {
     args a;
     if (parse_args(argc, argv, &a) != 0) {
         fprintf(stderr, "usage: %s ADDRESS [--agents N] [--target R] [--max-seconds S] [--max-steps N] [--token T]"
-                        " [--inference server|client] [--seed S]\n", argv[0]);
+                        " [--inference server|client] [--seed S] [--evaluate 1]\n", argv[0]);
         return 2;
     }
     rlk_options o;
@@ -161,6 +165,7 @@ int main(int argc, char **argv) {
     o.max_agents = a.agents;
     o.client_inference = a.client_inference;
     o.seed = a.seed;
+    o.evaluate = a.evaluate;
     rlk_client *c;
     rlk_status st = rlk_connect(&o, &c);
     if (st != RLK_OK || rlk_obs_size(c) != 4 || rlk_action_n(c) != 2) {
