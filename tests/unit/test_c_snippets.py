@@ -1,5 +1,6 @@
 """The README's C++ and C# snippets for the C client compile against client_lib/c/include/rlinkd.h
-(C# only where `mcs` is installed; the C++ check needs g++, which the C client's tests need anyway)."""
+(C# only where `mcs` is installed; the C++ check needs g++, which the C client's tests need anyway),
+and its CMake project (what engine projects add) configures and builds where cmake is installed."""
 from __future__ import annotations
 
 import re
@@ -35,3 +36,34 @@ def test_the_csharp_snippet_compiles(tmp_path):
     source.write_text(snippet("csharp"))
     subprocess.run(["mcs", "-target:library", f"-out:{tmp_path / 'Snippet.dll'}", str(source)],
                    check=True, capture_output=True, timeout=120)
+
+
+def test_the_csharp_struct_matches_rlk_options(tmp_path):
+    """The snippet's RlkOptions is passed by reference to C: its size must be rlk_options's."""
+    if shutil.which("mcs") is None or shutil.which("mono") is None:
+        pytest.skip("mcs/mono (mono-mcs) is not installed")
+    probe_c = tmp_path / "size.c"
+    probe_c.write_text('#include <stdio.h>\n#include "rlinkd.h"\n'
+                       'int main(void) { printf("%zu\\n", sizeof(rlk_options)); return 0; }\n')
+    subprocess.run(["cc", f"-I{REPO / 'client_lib' / 'c' / 'include'}", str(probe_c), "-o", str(tmp_path / "size")],
+                   check=True, capture_output=True, timeout=60)
+    c_size = subprocess.run([str(tmp_path / "size")], check=True, capture_output=True, text=True).stdout.strip()
+    source = tmp_path / "Probe.cs"
+    source.write_text(snippet("csharp") + "\npublic static class Probe { public static void Main() {"
+                      " System.Console.WriteLine(Marshal.SizeOf(typeof(RlkOptions))); } }\n")
+    subprocess.run(["mcs", f"-out:{tmp_path / 'Probe.exe'}", str(source)], check=True, capture_output=True,
+                   timeout=120)
+    cs_size = subprocess.run(["mono", str(tmp_path / "Probe.exe")], check=True, capture_output=True,
+                             text=True, timeout=60).stdout.strip()
+    assert cs_size == c_size
+
+
+def test_the_cmake_project_builds(tmp_path):
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed")
+    source = REPO / "client_lib" / "c"
+    subprocess.run(["cmake", "-S", str(source), "-B", str(tmp_path), "-DCMAKE_BUILD_TYPE=Release"],
+                   check=True, capture_output=True, timeout=120)
+    subprocess.run(["cmake", "--build", str(tmp_path), "-j", "2"], check=True, capture_output=True, timeout=300)
+    for name in ("librlinkd.a", "librlinkd.so", "rlinkd_cartpole"):
+        assert (tmp_path / name).exists(), name
