@@ -158,6 +158,8 @@ static rlk_status attach_ring(rlk_client *c, const rlk_spaces *sp) {
     rlk_jw w;
     size_t got;
     rlk_attached a;
+    if (sp->max_agents && c->o.max_agents > sp->max_agents)  /* (each agent writes its own slot) */
+        return set_err(c, RLK_E_UNSUPPORTED, "%s", "max_agents exceeds the daemon's server.max_agents_per_connection");
     rlk_status st = c->local ? RLK_OK : rlk_local_new(sp, c->o.max_agents, c->o.evaluate, c->seed, &c->local);
     if (st != RLK_OK) return st;
     rlk_jw_init(&w, c->out, c->frame_cap);

@@ -128,6 +128,9 @@ rlk_status rlk_parse_set_config(const char *s, size_t len, rlk_jtok *toks, int m
     if (!is_float_box(s, toks, obs))
         return fail(info, RLK_E_UNSUPPORTED, "observation space is not a float Box");
     memset(sp, 0, sizeof *sp);
+    int limit = rlk_json_get(s, toks, 0, "max_agents_per_connection");
+    if (limit >= 0 && int_of(s, &toks[limit], 1L << 30, &sp->max_agents) != 0)
+        return fail(info, RLK_E_PROTOCOL, "SET_CONFIG holds a bad max_agents_per_connection");
     st = obs_shape(s, toks, obs, sp, info);
     return st != RLK_OK ? st : action_space(s, toks, act, sp, info);
 }

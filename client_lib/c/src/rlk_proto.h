@@ -21,6 +21,7 @@ typedef struct {
     rlk_act_kind act_kind;
     size_t act_size;                 /* floats of one action */
     int act_n;                       /* Discrete: n */
+    long max_agents;                 /* SET_CONFIG's max_agents_per_connection (0: not said) */
 } rlk_spaces;
 
 typedef struct {

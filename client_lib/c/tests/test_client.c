@@ -53,7 +53,7 @@ static const char *PENDULUM_CONFIG =
     "{\"type\": \"SET_CONFIG\", \"env_steps_per_sample\": 200, \"force_on_policy\": false, "
     "\"observation_space\": {\"type\": \"Box\", \"shape\": [3], \"low\": [-1, -1, -8], \"high\": [1, 1, 8]}, "
     "\"action_space\": {\"type\": \"Box\", \"shape\": [1], \"low\": -2.0, \"high\": 2.0}, "
-    "\"box_dist\": \"squashed_gaussian\"}";
+    "\"box_dist\": \"squashed_gaussian\", \"max_agents_per_connection\": 64}";
 static const char *ACTIONS_2 = "{\"type\": \"ACTIONS\", \"actions\": [1, null], \"weights_seq_nos\": [7, -1]}";
 static const char *ACTIONS_BOX = "{\"type\": \"ACTIONS\", \"actions\": [[0.5], [-1.25]], \"weights_seq_nos\": [3, 3]}";
 
@@ -123,6 +123,7 @@ static void test_parsers(void) {
     rlk_reply_info i = info();
     CHECK(rlk_parse_set_config(CARTPOLE_CONFIG, strlen(CARTPOLE_CONFIG), toks, MAX_TOKS, &sp, &i) == RLK_OK);
     CHECK(sp.obs_size == 4 && sp.act_kind == RLK_ACT_DISCRETE && sp.act_n == 2 && sp.act_size == 1);
+    CHECK(sp.max_agents == 0);  /* (not said) */
     float actions[4];
     long seqs[2];
     unsigned char nulls[2];
@@ -130,7 +131,7 @@ static void test_parsers(void) {
     CHECK(actions[0] == 1.0f && seqs[0] == 7 && !nulls[0] && nulls[1] && seqs[1] == -1);
     CHECK(rlk_parse_actions(ACTIONS_2, strlen(ACTIONS_2), toks, MAX_TOKS, &sp, 3, actions, seqs, nulls, &i) == RLK_E_PROTOCOL);
     CHECK(rlk_parse_set_config(PENDULUM_CONFIG, strlen(PENDULUM_CONFIG), toks, MAX_TOKS, &sp, &i) == RLK_OK);
-    CHECK(sp.obs_size == 3 && sp.act_kind == RLK_ACT_BOX && sp.act_size == 1);
+    CHECK(sp.obs_size == 3 && sp.act_kind == RLK_ACT_BOX && sp.act_size == 1 && sp.max_agents == 64);
     CHECK(rlk_parse_actions(ACTIONS_BOX, strlen(ACTIONS_BOX), toks, MAX_TOKS, &sp, 2, actions, seqs, nulls, &i) == RLK_OK);
     CHECK(actions[0] == 0.5f && actions[1] == -1.25f);
     const char *err = "{\"type\": \"ERROR\", \"message\": \"daemon shutting down\"}";
