@@ -42,8 +42,11 @@
  * again into the new ring, and the episodes in progress go on. Networks other than an MLP
  * over a flat float Box (images, action masks, discrete observations) and frozen models fail
  * rlk_connect with RLK_E_UNSUPPORTED: use server-side inference for those. Memory: the
- * network's values for max_agents rows, the weights, and the staged records of one sample
- * (at most 64 MiB, or 4 records per agent when more).
+ * network's values for max_agents rows (at most 256 MiB, else RLK_E_LIMIT), the weights (at
+ * most 64 Mi floats), and the staged records of one sample (at most 64 MiB and the ring's
+ * capacity, but at least 4 records per agent); a sample is written into the ring all at
+ * once. A sample that fails for good (not retried, or reconnecting gave up) is dropped and the
+ * open episodes are abandoned: each agent starts a new one at its next rlk_act.
  *
  * Errors: no function aborts or exits; each returns an rlk_status (0 = RLK_OK) and
  * rlk_error() describes the last failure. A lost connection is re-established with
@@ -53,7 +56,8 @@
  * (retried instead when it says the daemon is shutting down or the connection was evicted).
  *
  * Memory: rlk_connect allocates the client and every buffer it will use, sized by the
- * options' limits and the spaces; nothing is sized by server input: a reply longer than
+ * options' limits and the spaces (client-side inference: also by the network, within the
+ * limits below); nothing else is sized by server input: a reply longer than
  * max_frame_bytes, or with more JSON tokens than the limits allow, is refused (RLK_E_LIMIT /
  * RLK_E_PROTOCOL) before it is parsed. (Over shared memory each (re)connection maps the
  * daemon's lane area, after checking its header against the spaces and max_agents.)
@@ -77,7 +81,7 @@
 extern "C" {
 #endif
 
-#define RLK_VERSION "0.1.0"
+#define RLK_VERSION "0.2.0"  /* 0.2.0: rlk_options gained client_inference and seed (rebuild against this header) */
 
 /* Hard limits (what a client can be configured to at most). */
 #define RLK_MAX_AGENTS 4096          /* agents per client = STEP_BATCH entries (the daemon's limit) */

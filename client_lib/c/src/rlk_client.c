@@ -165,6 +165,12 @@ static rlk_status attach_ring(rlk_client *c, const rlk_spaces *sp) {
     rlk_jw_init(&w, c->out, c->frame_cap);
     rlk_jw_raw(&w, "{\"type\": \"ATTACH\", \"pid\": ");
     rlk_jw_int(&w, (long)getpid());
+    if (!c->o.evaluate && RLK_STAGING_LEAST(c->o.max_agents) > 32768) {  /* (more than the daemon's default ring) */
+        long records = 1;
+        while ((size_t)records < RLK_STAGING_LEAST(c->o.max_agents)) records *= 2;
+        rlk_jw_raw(&w, ", \"capacity_records\": ");
+        rlk_jw_int(&w, records);
+    }
     if (c->policy[0]) {
         rlk_jw_raw(&w, ", \"policy\": ");
         rlk_jw_str(&w, c->policy);
@@ -463,11 +469,12 @@ static rlk_status flush(rlk_client *c) {
 static rlk_status ring_status(rlk_client *c, int r) {
     if (r == 1) return socket_event(c);
     if (r == -2) return set_err(c, RLK_E_TIMEOUT, "%s", "the ring stayed full for io_timeout_s");
+    if (r == -3) return set_err(c, RLK_E_LIMIT, "%s", "a sample larger than the daemon's ring");
     return r == 0 ? RLK_OK : set_err(c, RLK_E_IO, "%s", "the ring is gone (connection lost)");
 }
 
-/* SAMPLE_READY -> WEIGHTS_READY (get_state 0: no reply awaited). */
-static rlk_status sample_ready(rlk_client *c, int get_state) {
+/* SAMPLE_READY -> WEIGHTS_READY (get_state 0: no reply awaited); *sent once the request is out. */
+static rlk_status sample_ready(rlk_client *c, int get_state, int *sent) {
     rlk_jw w;
     size_t got;
     long seq;
@@ -476,8 +483,13 @@ static rlk_status sample_ready(rlk_client *c, int get_state) {
     rlk_jw_raw(&w, "{\"type\": \"SAMPLE_READY\", \"env_steps\": ");
     rlk_jw_int(&w, rlk_local_staged_steps(c->local));
     rlk_jw_raw(&w, get_state ? ", \"get_state\": true}" : ", \"get_state\": false}");
-    rlk_status st = roundtrip(c, w.len, get_state, &got);
-    if (st != RLK_OK || !get_state) return st;
+    int r = rlk_net_send(c->fd, c->out, w.len, c->o.io_timeout_s);
+    if (r != 0) return io_status(c, r, "send");
+    *sent = 1;
+    if (!get_state) return RLK_OK;
+    r = rlk_net_recv(c->fd, c->in, c->frame_cap, &got, c->o.io_timeout_s);
+    rlk_status st = r == 0 ? RLK_OK : io_status(c, r, "receive");
+    if (st != RLK_OK) return st;
     rlk_reply_info info = info_of(c);
     st = rlk_parse_weights_ready(c->in, got, c->toks, c->max_toks, rlk_local_policy(c->local), &seq, &epsilon, &info);
     c->server_retry = info.retry;
@@ -485,44 +497,63 @@ static rlk_status sample_ready(rlk_client *c, int get_state) {
     return st;
 }
 
-/* Cut the fragments, write the staged records into the ring and exchange SAMPLE_READY /
- * WEIGHTS_READY; through reconnects (the records are written again into the new ring). A
- * sample that fails for good is dropped (the episodes go on). */
+/* A sample that failed for good: its records are dropped, the open episodes abandoned (new
+ * ones start at the next act) and the connection closed, so that the daemon ends its streams;
+ * the next sample reconnects. */
+static rlk_status abandon_local(rlk_client *c, rlk_status st) {
+    rlk_local_abandon(c->local);
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+    rlk_local_detach(c->local);
+    return st;
+}
+
+/* Cut the fragments, write the staged records into the ring (all at once) and exchange
+ * SAMPLE_READY / WEIGHTS_READY, through reconnects for up to reconnect_timeout_s. After a lost
+ * connection the records are written again into the new ring (the daemon that had them is
+ * gone); after a reply that timed out they are not (the daemon has them: no step twice). */
 static rlk_status local_sample(rlk_client *c) {
+    double deadline = rlk_now() + c->o.reconnect_timeout_s;
     rlk_local_cut(c->local);
     for (;;) {
+        int sent = 0;
         c->server_retry = 0;
         rlk_status st = c->fd < 0 ? set_err(c, RLK_E_IO, "%s", "not connected") : RLK_OK;
         if (st == RLK_OK) st = ring_status(c, rlk_local_write(c->local, c->fd, c->o.io_timeout_s));
-        if (st == RLK_OK) st = sample_ready(c, 1);
+        if (st == RLK_OK) st = sample_ready(c, 1, &sent);
         if (st == RLK_OK) return st;
         int retry = st == RLK_E_IO || st == RLK_E_TIMEOUT || (st == RLK_E_SERVER && c->server_retry);
-        if (!retry || c->o.reconnect_timeout_s <= 0 || (st = reconnect(c)) != RLK_OK) {
-            rlk_local_drop(c->local);
-            return st;
-        }
+        if (sent && st == RLK_E_TIMEOUT) rlk_local_drop(c->local);
+        if (!retry || c->o.reconnect_timeout_s <= 0 || rlk_now() > deadline) return abandon_local(c, st);
+        if ((st = reconnect(c)) != RLK_OK) return abandon_local(c, st);
+        if (rlk_local_staged_steps(c->local) == 0) return RLK_OK;  /* (delivered before the timeout) */
     }
 }
 
-/* Evaluation: newer weights for the next episodes, and the finished ones reported (a report
- * lost with the connection is not re-sent). */
+/* Evaluation: newer weights for the next episodes, and the finished ones reported, as many
+ * messages as max_frame_bytes needs (a report lost with the connection is not re-sent). */
 static rlk_status local_report(rlk_client *c) {
     rlk_jw w;
+    rlk_status st = RLK_OK;
+    int per_message = (int)((c->frame_cap - 64) / 160), left = 1;  /* (an entry is < 160 bytes) */
     rlk_local_refresh(c->local);
-    rlk_jw_init(&w, c->out, c->frame_cap);
-    rlk_local_eval_results(c->local, &w);
-    rlk_status st = c->fd < 0 || w.overflow ? RLK_E_IO : roundtrip(c, w.len, 0, NULL);
-    if (st != RLK_OK && c->o.reconnect_timeout_s > 0) st = reconnect(c);
+    while (st == RLK_OK && left > 0) {
+        rlk_jw_init(&w, c->out, c->frame_cap);
+        left = rlk_local_eval_results(c->local, &w, per_message);
+        st = c->fd < 0 ? RLK_E_IO : w.overflow ? RLK_E_LIMIT : roundtrip(c, w.len, 0, NULL);
+    }
+    if ((st == RLK_E_IO || st == RLK_E_TIMEOUT) && c->o.reconnect_timeout_s > 0) st = reconnect(c);
     return st;
 }
 
 static rlk_status local_step(rlk_client *c, int n, const float *rewards, const float *next_obs,
                              const unsigned char *terminated, const unsigned char *truncated) {
     int due, ended;
+    if (!rlk_local_can_step(c->local, n)) return set_err(c, RLK_E_STATE, "%s", "rlk_step without a preceding rlk_act");
     rlk_status st = rlk_local_room(c->local, n) ? RLK_OK : local_sample(c);  /* (staging full: sample now) */
-    if (rlk_local_step(c->local, n, rewards, next_obs, terminated, truncated, &due, &ended) != RLK_OK)
-        return set_err(c, RLK_E_STATE, "%s", "rlk_step without a preceding rlk_act");
-    if (st == RLK_OK && due) st = local_sample(c);
+    if (st != RLK_OK) return st;  /* (the episodes were abandoned: these outcomes end with them) */
+    rlk_local_step(c->local, n, rewards, next_obs, terminated, truncated, &due, &ended);
+    if (due) st = local_sample(c);
     if (st == RLK_OK && ended && c->o.evaluate) st = local_report(c);
     rlk_local_next(c->local, n);  /* (the next actions, with the newest weights) */
     return st;
@@ -697,9 +728,10 @@ rlk_status rlk_connect(const rlk_options *o, rlk_client **out) {
 
 /* Client-side inference: the steps not yet sent, without waiting for weights (best effort). */
 static void local_flush(rlk_client *c) {
+    int sent = 0;
     rlk_local_cut(c->local);
     if (rlk_local_staged_steps(c->local) > 0 && rlk_local_write(c->local, c->fd, c->o.io_timeout_s) == 0)
-        sample_ready(c, 0);
+        sample_ready(c, 0, &sent);
 }
 
 void rlk_close(rlk_client *c) {

@@ -1,7 +1,10 @@
 /* rlk_json.c - bounded JSON tokenizer and writer (contract in rlk_json.h). */
+#define _POSIX_C_SOURCE 200809L /* (newlocale, uselocale) */
 #include "rlk_json.h"
 
+#include <locale.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +15,22 @@ typedef struct {
     rlk_jtok *toks;
     int max_toks, n;
 } parser;
+
+/* Numbers are read and written in the C locale whatever the process's LC_NUMERIC (an engine
+ * may run in a comma-decimal locale): a per-thread switch around strtod / snprintf. */
+static locale_t c_numeric;
+static pthread_once_t c_numeric_once = PTHREAD_ONCE_INIT;
+
+static void make_c_numeric(void) { c_numeric = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0); }
+
+static locale_t c_numeric_begin(void) {
+    pthread_once(&c_numeric_once, make_c_numeric);
+    return c_numeric ? uselocale(c_numeric) : (locale_t)0;
+}
+
+static void c_numeric_end(locale_t prev) {
+    if (prev) uselocale(prev);
+}
 
 static void skip_ws(parser *p) {
     while (p->pos < p->len) {
@@ -122,6 +141,7 @@ static int parse_container(parser *p, int depth, int is_object) {
     if (p->pos < p->len && p->s[p->pos] == close) {
         p->pos++;
         p->toks[i].next = p->n;
+        p->toks[i].len = (int)p->pos - p->toks[i].start;
         return i;
     }
     for (;;) {
@@ -144,6 +164,7 @@ static int parse_container(parser *p, int depth, int is_object) {
         if (p->s[p->pos] != close) return -1;
         p->pos++;
         p->toks[i].next = p->n;
+        p->toks[i].len = (int)p->pos - p->toks[i].start;
         return i;
     }
 }
@@ -191,7 +212,9 @@ int rlk_json_num(const char *s, const rlk_jtok *t, double *out) {
     if (t->type != RLK_J_NUMBER || t->len <= 0 || (size_t)t->len >= sizeof tmp) return -1;
     memcpy(tmp, s + t->start, (size_t)t->len);
     tmp[t->len] = '\0';
+    locale_t prev = c_numeric_begin();
     *out = strtod(tmp, NULL);
+    c_numeric_end(prev);
     return 0;
 }
 
@@ -253,7 +276,9 @@ void rlk_jw_str(rlk_jw *w, const char *text) {
 int rlk_jw_num(rlk_jw *w, double v) {
     char tmp[32];
     if (!isfinite(v)) return -1;
+    locale_t prev = c_numeric_begin();
     int n = snprintf(tmp, sizeof tmp, "%.9g", v);
+    c_numeric_end(prev);
     put(w, tmp, (size_t)n);
     return 0;
 }

@@ -18,7 +18,8 @@ typedef enum { RLK_J_OBJECT, RLK_J_ARRAY, RLK_J_STRING, RLK_J_NUMBER, RLK_J_TRUE
 
 typedef struct {
     rlk_jtype type;
-    int start, len;  /* bytes of the value (a string: its raw content, without quotes) */
+    int start, len;  /* bytes of the value (a string: its raw content, without quotes; an
+                        object or array: its whole text, brackets included) */
     int count;       /* children: array elements, or object keys + values */
     int next;        /* index of the first token after this subtree */
 } rlk_jtok;
@@ -31,7 +32,7 @@ int rlk_json_parse(const char *s, size_t len, rlk_jtok *toks, int max_toks);
 int rlk_json_get(const char *s, const rlk_jtok *toks, int obj, const char *key);
 /* 1 if string token t is exactly text (no escapes in either), else 0. */
 int rlk_json_str_eq(const char *s, const rlk_jtok *t, const char *text);
-/* Number token t as a double; -1 if t is not a number. */
+/* Number token t as a double (read in the C locale, whatever LC_NUMERIC); -1 if t is not a number. */
 int rlk_json_num(const char *s, const rlk_jtok *t, double *out);
 /* String token t decoded into out (at most cap-1 bytes, NUL-terminated; \u escapes
  * outside ASCII become '?'). -1 if t is not a string. */
@@ -47,7 +48,7 @@ void rlk_jw_init(rlk_jw *w, char *buf, size_t cap);
 void rlk_jw_raw(rlk_jw *w, const char *text);
 /* A JSON string (quotes added, control characters and " \ escaped). */
 void rlk_jw_str(rlk_jw *w, const char *text);
-/* A finite number (shortest round-tripping float form); returns -1 for NaN/inf (nothing written). */
+/* A finite number (9 significant digits, C locale); returns -1 for NaN/inf (nothing written). */
 int rlk_jw_num(rlk_jw *w, double v);
 void rlk_jw_int(rlk_jw *w, long v);
 

@@ -77,6 +77,8 @@ rlk_status rlk_parse_attached(const char *s, size_t len, rlk_jtok *toks, int max
     if (!out->board_path[0])
         return fail(info, RLK_E_UNSUPPORTED, "this policy has no board weights (a frozen model): use server-side inference");
     int network = rlk_json_get(s, toks, 0, "network");
+    if (network < 0 || toks[network].type != RLK_J_OBJECT)
+        return fail(info, RLK_E_UNSUPPORTED, "ATTACHED without a network description (an older rlinkd?)");
     int dist = network >= 0 ? rlk_json_get(s, toks, network, "dist") : -1;
     size_t dist_size = 0;
     for (int k = 0, i = dist + 1; dist >= 0 && toks[dist].type == RLK_J_ARRAY && k < toks[dist].count; k++, i = toks[i].next) {
@@ -124,6 +126,7 @@ rlk_status rlk_local_new(const rlk_spaces *sp, int max_agents, int evaluate, uin
         rlk_local_free(l);
         return RLK_E_NOMEM;
     }
+    for (size_t i = 0; i < m; i++) l->agents[i].seq = -1;
     *out = l;
     return RLK_OK;
 }
@@ -147,11 +150,17 @@ void rlk_local_free(rlk_local *l) {
 
 const char *rlk_local_policy(const rlk_local *l) { return l->at.policy; }
 
-/* The buffers sized by the network (first attachment only). */
-static rlk_status allocate_for(rlk_local *l) {
+/* The buffers sized by the network (first attachment only). The staging area holds at most
+ * what the ring does (a sample is written all at once). */
+static rlk_status allocate_for(rlk_local *l, size_t ring_capacity, char *err, size_t cap) {
     size_t m = (size_t)l->max_agents, d = l->at.layout.dist_size, rec = l->at.layout.record_bytes;
-    size_t by_bytes = RLK_STAGING_BYTES / rec, least = 4 * m + 8;
+    size_t by_bytes = RLK_STAGING_BYTES / rec, least = RLK_STAGING_LEAST(m);
     l->staging_cap = l->evaluate ? 0 : by_bytes > least ? by_bytes : least;
+    if (l->staging_cap > ring_capacity) l->staging_cap = ring_capacity;
+    if (!l->evaluate && l->staging_cap < least) {
+        snprintf(err, cap, "%s", "the daemon's ring is too small for max_agents agents");
+        return RLK_E_UNSUPPORTED;
+    }
     l->dist = calloc(m * d, sizeof(float));
     l->batch_dist = calloc(m * d, sizeof(float));
     l->weights = calloc(rlk_mlp_n_params(l->at.mlp), sizeof(float));
@@ -160,7 +169,7 @@ static rlk_status allocate_for(rlk_local *l) {
 }
 
 /* Take the parsed ATTACHED: the first one sizes the buffers, later ones must describe the same policy. */
-static rlk_status adopt(rlk_local *l, rlk_attached *a, char *err, size_t cap) {
+static rlk_status adopt(rlk_local *l, rlk_attached *a, size_t ring_capacity, char *err, size_t cap) {
     if (l->attached_once) {  /* (new paths and sample size; the network must be the same) */
         int same = rlk_mlp_same(l->at.mlp, a->mlp) && a->layout.record_bytes == l->at.layout.record_bytes;
         rlk_mlp *mlp = l->at.mlp;
@@ -175,7 +184,7 @@ static rlk_status adopt(rlk_local *l, rlk_attached *a, char *err, size_t cap) {
     l->at = *a;
     memset(a, 0, sizeof *a);
     l->attached_once = 1;
-    return allocate_for(l);
+    return allocate_for(l, ring_capacity, err, cap);
 }
 
 /* Wait for the learner's first weights (it may still be starting); a readable socket ends it. */
@@ -183,8 +192,13 @@ static rlk_status first_weights(rlk_local *l, int sock, double timeout_s, char *
     double deadline = rlk_now() + timeout_s;
     while (rlk_board_latest(l->board) < 0) {
         struct pollfd p = {sock, POLLIN, 0};
-        if (poll(&p, 1, 10) != 0 || rlk_now() > deadline) {
-            snprintf(err, cap, "%s", "no weights on the daemon's board (learner not running?)");
+        int r = poll(&p, 1, 10);
+        if (r > 0 || (r < 0 && errno != EINTR)) {
+            snprintf(err, cap, "%s", "the daemon closed the connection (or sent an error) before its first weights");
+            return RLK_E_IO;
+        }
+        if (rlk_now() > deadline) {
+            snprintf(err, cap, "%s", "no weights on the daemon's board within io_timeout_s (learner not running?)");
             return RLK_E_TIMEOUT;
         }
     }
@@ -201,12 +215,12 @@ rlk_status rlk_local_attach(rlk_local *l, rlk_attached *a, int sock, double time
         snprintf(err, cap, "%s", "no ring descriptor after ATTACHED");
         return RLK_E_PROTOCOL;
     }
-    rlk_status st = adopt(l, a, err, cap);
+    rlk_status st = rlk_ring_attach(fd, a->doorbell_path, &a->layout, toks, max_toks, &l->ring, err, cap);
     if (st != RLK_OK) {
-        close(fd);
+        rlk_attached_free(a);
         return st;
     }
-    st = rlk_ring_attach(fd, l->at.doorbell_path, &l->at.layout, toks, max_toks, &l->ring, err, cap);
+    st = adopt(l, a, rlk_ring_capacity(l->ring), err, cap);
     if (st == RLK_OK) st = rlk_board_attach(l->at.board_path, rlk_mlp_n_params(l->at.mlp), &l->board, err, cap);
     if (st == RLK_OK) st = first_weights(l, sock, timeout_s, err, cap);
     if (st != RLK_OK) rlk_local_detach(l);
@@ -260,6 +274,12 @@ void rlk_local_next(rlk_local *l, int n) {
 /* ------------------------------------------------------------------ recording */
 static unsigned char *stage(rlk_local *l) { return l->staged + l->n_staged++ * l->at.layout.record_bytes; }
 
+int rlk_local_can_step(const rlk_local *l, int n) {
+    for (int i = 0; i < n; i++)
+        if (!l->agents[i].open || l->agents[i].ready) return 0;
+    return 1;
+}
+
 int rlk_local_room(const rlk_local *l, int n) {
     return l->evaluate || l->n_staged + 2 * (size_t)n + (size_t)l->max_agents <= l->staging_cap;
 }
@@ -275,8 +295,7 @@ rlk_status rlk_local_step(rlk_local *l, int n, const float *rewards, const float
     size_t os = l->sp.obs_size, as = l->sp.act_size, ds = l->at.layout.dist_size;
     const rlk_layout *lay = &l->at.layout;
     *sample_due = *ended = 0;
-    for (int i = 0; i < n; i++)
-        if (!l->agents[i].open || l->agents[i].ready) return RLK_E_STATE;
+    if (!rlk_local_can_step(l, n)) return RLK_E_STATE;
     for (int i = 0; i < n; i++) {
         local_agent *a = &l->agents[i];
         int done = terminated[i] || truncated[i], flags = RLK_REC_HAS_LOGP | RLK_REC_HAS_DIST;
@@ -290,7 +309,7 @@ rlk_status rlk_local_step(rlk_local *l, int n, const float *rewards, const float
             l->steps_since_sample++;
         }
         if (done) {
-            flags = RLK_REC_FINAL_OBS | (terminated[i] ? RLK_REC_TERMINATED : RLK_REC_TRUNCATED);
+            flags = RLK_REC_FINAL_OBS | (terminated[i] ? RLK_REC_TERMINATED : 0) | (truncated[i] ? RLK_REC_TRUNCATED : 0);
             if (!l->evaluate) rlk_record_fill(stage(l), lay, flags, (uint32_t)i, a->seq, 0.0f, 0.0f, next_obs + (size_t)i * os, NULL, NULL);
             else finish_eval(l, a);
             a->open = 0;
@@ -336,19 +355,32 @@ void rlk_local_refresh(rlk_local *l) {
     if (l->board && rlk_board_latest(l->board) != l->weights_seq) l->weights_seq = rlk_board_read(l->board, l->weights);
 }
 
-void rlk_local_eval_results(rlk_local *l, rlk_jw *w) {
+int rlk_local_eval_results(rlk_local *l, rlk_jw *w, int max_episodes) {
+    int n = l->n_done < max_episodes ? l->n_done : max_episodes;
     rlk_jw_raw(w, "{\"type\": \"EVAL_RESULTS\", \"episodes\": [");
-    for (int k = 0; k < l->n_done; k++) {
+    for (int k = 0; k < n; k++) {
         rlk_jw_raw(w, k ? ", {\"episode_return\": " : "{\"episode_return\": ");
         if (rlk_jw_num(w, l->done[k].ret) != 0) rlk_jw_raw(w, "0");
         rlk_jw_raw(w, ", \"episode_length\": ");
         rlk_jw_int(w, l->done[k].length);
         rlk_jw_raw(w, ", \"weights_seq_no\": ");
         rlk_jw_int(w, l->done[k].seq);
+        rlk_jw_raw(w, ", \"policy_id\": ");
+        rlk_jw_str(w, l->at.policy);
         rlk_jw_raw(w, "}");
     }
     rlk_jw_raw(w, "]}");
-    l->n_done = 0;
+    memmove(l->done, l->done + n, (size_t)(l->n_done - n) * sizeof *l->done);
+    l->n_done -= n;
+    return l->n_done;
+}
+
+void rlk_local_abandon(rlk_local *l) {
+    rlk_local_drop(l);
+    for (int i = 0; i < l->max_agents; i++) {
+        l->agents[i].open = l->agents[i].ready = 0;
+        l->agents[i].frag_steps = 0;
+    }
 }
 
 long rlk_local_seq(const rlk_local *l, int i) { return l->agents[i].seq; }

@@ -28,6 +28,7 @@
 
 #define RLK_PATH_CHARS 4096
 #define RLK_STAGING_BYTES (64u << 20)  /* staged records between samples, at most (or 4 per agent) */
+#define RLK_STAGING_LEAST(agents) (4 * (size_t)(agents) + 8)  /* records a sample must have room for */
 
 /* What an ATTACHED reply says (rlk_parse_attached allocates mlp and dist: rlk_attached_free). */
 typedef struct {
@@ -61,6 +62,8 @@ const char *rlk_local_policy(const rlk_local *l);
 /* Agents 0..n-1: a new episode's action is chosen from obs, an open one's was chosen at its
  * last step. RLK_E_STATE for an agent that acted and has not stepped. */
 rlk_status rlk_local_act(rlk_local *l, int n, const float *obs, float *actions);
+/* 1 when agents 0..n-1 have all acted (and not stepped since). */
+int rlk_local_can_step(const rlk_local *l, int n);
 /* 1 when the outcomes of n agents (plus every cut) fit in the staging area now. */
 int rlk_local_room(const rlk_local *l, int n);
 /* Record agents 0..n-1's outcomes (each must have acted); *sample_due when a sample is complete.
@@ -84,8 +87,12 @@ void rlk_local_synced(rlk_local *l, long seq, double epsilon);
 void rlk_local_drop(rlk_local *l);
 /* Evaluation: read newer weights if the board has them. */
 void rlk_local_refresh(rlk_local *l);
-/* Evaluation: the finished episodes as an EVAL_RESULTS body into w (then forgotten). */
-void rlk_local_eval_results(rlk_local *l, rlk_jw *w);
+/* Evaluation: up to max_episodes finished episodes as an EVAL_RESULTS body into w (then
+ * forgotten); returns how many are left for another message. */
+int rlk_local_eval_results(rlk_local *l, rlk_jw *w, int max_episodes);
+/* A sample failed for good: its records are dropped and every open episode is abandoned (each
+ * agent starts a new one at its next act). */
+void rlk_local_abandon(rlk_local *l);
 /* The weights version that chose agent i's last action. */
 long rlk_local_seq(const rlk_local *l, int i);
 

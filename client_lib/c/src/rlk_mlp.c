@@ -276,6 +276,8 @@ static rlk_status make_scratch(parser *p) {
     for (int i = 0; i < m->n_values; i++) {
         m->values[i].scratch = total;
         total += (size_t)m->max_rows * m->values[i].width;
+        if (total > RLK_MLP_MAX_SCRATCH_FLOATS)
+            return bad(p, RLK_E_LIMIT, "%s", "the network's values for max_agents rows exceed RLK_MLP_MAX_SCRATCH_FLOATS");
     }
     m->scratch = malloc(total * sizeof(float));
     return m->scratch ? RLK_OK : RLK_E_NOMEM;

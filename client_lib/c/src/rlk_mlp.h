@@ -33,6 +33,7 @@
 #define RLK_MLP_MAX_PARAMS 128
 #define RLK_MLP_MAX_WIDTH 65536        /* columns of one value */
 #define RLK_MLP_MAX_PARAM_FLOATS (64u << 20)  /* the whole flat weight vector */
+#define RLK_MLP_MAX_SCRATCH_FLOATS (64u << 20)  /* every value for max_rows rows (256 MiB) */
 #define RLK_MLP_NAME_CHARS 96
 
 typedef struct rlk_mlp rlk_mlp;

@@ -173,6 +173,7 @@ int rlk_net_recv(int fd, char *buf, size_t cap, size_t *len, double timeout_s) {
 }
 
 #define MAX_FDS 4
+#define RLK_FD_BYTE 0x01 /* (codec.RING_FD_BYTE) */
 
 /* Close the descriptors of a control message that is not the one expected. */
 static void close_received(const struct cmsghdr *h) {
@@ -197,7 +198,8 @@ int rlk_net_recv_fds(int sock, int *fds, int count, double timeout_s) {
     if (wait_fd(sock, POLLIN, rlk_now() + timeout_s) != 1 || recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != 1) return -1;
     struct cmsghdr *h = CMSG_FIRSTHDR(&msg);
     int rights = h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS;
-    if (rights && h->cmsg_len == CMSG_LEN((size_t)count * sizeof(int)) && !(msg.msg_flags & MSG_CTRUNC)) {
+    if (rights && h->cmsg_len == CMSG_LEN((size_t)count * sizeof(int)) && !(msg.msg_flags & MSG_CTRUNC) &&
+        byte == RLK_FD_BYTE) {
         memcpy(fds, CMSG_DATA(h), (size_t)count * sizeof(int));
         return 0;
     }

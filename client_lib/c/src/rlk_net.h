@@ -28,7 +28,7 @@ int rlk_net_send(int fd, const char *body, size_t len, double timeout_s);
  * -3 malformed header, -4 body longer than cap (nothing read past the header). */
 int rlk_net_recv(int fd, char *buf, size_t cap, size_t *len, double timeout_s);
 
-/* The one data byte a daemon sends after ATTACHED / SERVE_ATTACHED with exactly `count`
+/* The one data byte (0x01) a daemon sends after ATTACHED / SERVE_ATTACHED with exactly `count`
  * descriptors (SCM_RIGHTS, close-on-exec) into fds: 0, or -1 (EOF, deadline, another count:
  * whatever descriptors did arrive are closed). count <= 4. */
 int rlk_net_recv_fds(int sock, int *fds, int count, double timeout_s);

@@ -6,7 +6,9 @@
 #include <fcntl.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,7 +144,8 @@ rlk_status rlk_ring_attach(int ring_fd, const char *doorbell_path, const rlk_lay
         s = r->base ? check_ring(r, want, toks, max_toks) : RLK_E_IO;
     }
     close(ring_fd);  /* (the mapping keeps the memory) */
-    if (s == RLK_OK && (r->doorbell = open(doorbell_path, O_WRONLY | O_NONBLOCK | O_CLOEXEC)) < 0) s = RLK_E_IO;
+    if (s == RLK_OK && (r->doorbell = open(doorbell_path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW)) < 0) s = RLK_E_IO;
+    if (s == RLK_OK && (fstat(r->doorbell, &st) != 0 || !S_ISFIFO(st.st_mode))) s = RLK_E_PROTOCOL;
     if (s != RLK_OK) {
         snprintf(err, cap, "cannot use the ring the daemon sent (%s)", rlk_status_name(s));
         rlk_ring_close(r);
@@ -184,8 +187,27 @@ static int wait_space(rlk_ring *r, size_t n, int sock, double deadline) {
     return 0;
 }
 
-/* Copy n records into the slots after tail, then publish them (release) and wake the reader. */
-static void publish(rlk_ring *r, const unsigned char *records, size_t n) {
+/* Ring the collector's FIFO doorbell: 0, or -1 when it has no reader any more (the collector
+ * is gone). SIGPIPE is blocked for the write and a SIGPIPE it raised is consumed: a client
+ * never dies of a daemon's death (the simulator may not ignore SIGPIPE). */
+static int ring_doorbell(int fd) {
+    sigset_t pipe_set, old, pending;
+    struct timespec zero = {0, 0};
+    uint64_t one = 1;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+    sigpending(&pending);
+    int was_pending = sigismember(&pending, SIGPIPE);
+    int gone = write(fd, &one, sizeof one) < 0 && errno == EPIPE;
+    if (gone && !was_pending) sigtimedwait(&pipe_set, NULL, &zero);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return gone ? -1 : 0;  /* (EAGAIN: a full FIFO already holds a wake-up) */
+}
+
+/* Copy n records into the slots after tail, then publish them (release) and wake the reader:
+ * 0, or -1 when the collector is gone. */
+static int publish(rlk_ring *r, const unsigned char *records, size_t n) {
     uint64_t *tail = u64_at(r->base, OFF_TAIL), t = __atomic_load_n(tail, __ATOMIC_RELAXED);
     size_t slot = (size_t)(t & (r->capacity - 1)), first = r->capacity - slot < n ? r->capacity - slot : n;
     memcpy(r->records + slot * r->record_bytes, records, first * r->record_bytes);
@@ -193,26 +215,16 @@ static void publish(rlk_ring *r, const unsigned char *records, size_t n) {
     __atomic_store_n(tail, t + n, __ATOMIC_RELEASE);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);  /* (Dekker: the tail store above, the load below) */
     uint32_t *sleeping = u32_at(r->base, OFF_SLEEPING);
-    if (__atomic_load_n(sleeping, __ATOMIC_RELAXED)) {
-        uint64_t one = 1;
-        __atomic_store_n(sleeping, 0u, __ATOMIC_RELAXED);
-        if (write(r->doorbell, &one, sizeof one) < 0) {
-            /* (a full FIFO already holds a wake-up; the collector's safety tick bounds a lost one) */
-        }
-    }
+    if (!__atomic_load_n(sleeping, __ATOMIC_RELAXED)) return 0;
+    __atomic_store_n(sleeping, 0u, __ATOMIC_RELAXED);
+    return ring_doorbell(r->doorbell);
 }
 
 int rlk_ring_write(rlk_ring *r, const unsigned char *records, size_t n, int sock, double timeout_s) {
-    double deadline = rlk_now() + timeout_s;
-    while (n > 0) {  /* (in pieces of at most half the ring, so the collector drains meanwhile) */
-        size_t half = r->capacity > 1 ? r->capacity / 2 : 1, piece = n < half ? n : half;
-        int w = wait_space(r, piece, sock, deadline);
-        if (w != 0) return w;
-        publish(r, records, piece);
-        records += piece * r->record_bytes;
-        n -= piece;
-    }
-    return 0;
+    if (n > r->capacity) return -3;
+    if (n == 0) return 0;
+    int w = wait_space(r, n, sock, rlk_now() + timeout_s);
+    return w != 0 ? w : publish(r, records, n);
 }
 
 /* ------------------------------------------------------------------ the weights board */

@@ -59,9 +59,11 @@ rlk_status rlk_ring_attach(int ring_fd, const char *doorbell_path, const rlk_lay
 void rlk_ring_close(rlk_ring *r);
 size_t rlk_ring_capacity(const rlk_ring *r);
 
-/* Append n records (records: n * record_bytes bytes), waiting for space (polling with backoff)
- * while the collector drains; wakes it if it sleeps. 0; 1 the socket became readable first
- * (an ERROR or EOF: the caller reads it); -2 deadline; -1 an I/O error. */
+/* Append n records (records: n * record_bytes bytes) all at once, waiting for space (polling
+ * with backoff) while the collector drains; wakes it if it sleeps. 0; 1 the socket became
+ * readable first (an ERROR or EOF: the caller reads it); -2 deadline; -3 n exceeds the
+ * capacity; -1 an I/O error or the collector gone (its doorbell has no reader). Nothing is
+ * published unless everything is. */
 int rlk_ring_write(rlk_ring *r, const unsigned char *records, size_t n, int sock, double timeout_s);
 
 typedef struct rlk_board rlk_board;

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <locale.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -153,7 +154,21 @@ static void test_local_parsers(void) {
     CHECK(a.env_steps_per_sample == 64 && !strcmp(a.policy, "default") && !strcmp(a.board_path, "/dev/shm/board"));
     CHECK(a.layout.record_bytes == 64 && a.layout.dist_size == 2 && rlk_mlp_n_params(a.mlp) == CARTPOLE_PARAMS);
     CHECK(rlk_dist_single_categorical(a.dist));
+    char *relu = strdup(ATTACHED_CARTPOLE);  /* another activation: another network */
+    memcpy(strstr(relu, "\"tanh\""), "\"relu\"", 6);
+    rlk_attached b;
+    CHECK(rlk_parse_attached(relu, strlen(relu), toks, MAX_TOKS, &sp, 4, &b, &i) == RLK_OK);
+    CHECK(!rlk_mlp_same(a.mlp, b.mlp));
+    rlk_attached_free(&b);
+    CHECK(rlk_parse_attached(ATTACHED_CARTPOLE, strlen(ATTACHED_CARTPOLE), toks, MAX_TOKS, &sp, 4, &b, &i) == RLK_OK);
+    CHECK(rlk_mlp_same(a.mlp, b.mlp));
+    rlk_attached_free(&b);
+    free(relu);
     rlk_attached_free(&a);
+    char *old = strdup(ATTACHED_CARTPOLE);  /* an older daemon: no network description */
+    memcpy(strstr(old, "\"network\""), "\"netwerk\"", 9);
+    CHECK(rlk_parse_attached(old, strlen(old), toks, MAX_TOKS, &sp, 4, &a, &i) == RLK_E_UNSUPPORTED);
+    free(old);
     CHECK(rlk_parse_weights_ready(WEIGHTS_READY, strlen(WEIGHTS_READY), toks, MAX_TOKS, "default", &seq, &eps, &i) == RLK_OK);
     CHECK(seq == 6 && eps == 0.25);
     CHECK(rlk_parse_weights_ready(WEIGHTS_READY, strlen(WEIGHTS_READY), toks, MAX_TOKS, "c", &seq, &eps, &i) == RLK_OK);
@@ -288,6 +303,8 @@ static int make_ring(int corrupt, int seal) {
     return fd;
 }
 
+static int keep_reader = -1;  /* the collector's end of the doorbell FIFO */
+
 static void test_ring(const char *fifo) {
     rlk_layout want = rlk_layout_flat(4, 1, 2);
     rlk_ring *r;
@@ -312,9 +329,20 @@ static void test_ring(const char *fifo) {
     memcpy(&tail, m + 64, 8);
     CHECK(tail == head + 5);
     CHECK(!memcmp(m + off + (RING_CAPACITY - 1) * 64, recs + 2 * 64, 64) && !memcmp(m + off + 64, recs + 4 * 64, 64));
-    unsigned char *many = calloc(RING_CAPACITY, 64);
+    unsigned char *many = calloc(RING_CAPACITY + 1, 64);
     CHECK(rlk_ring_write(r, recs, 5, -1, 0.05) == 0 && rlk_ring_write(r, many, RING_CAPACITY, -1, 0.05) == -2);  /* full */
+    CHECK(rlk_ring_write(r, many, RING_CAPACITY + 1, -1, 0.05) == -3);  /* never fits */
+    memcpy(&tail, m + 64, 8);
+    CHECK(tail == head + 10);  /* (nothing of the refused batches was published) */
     free(many);
+    uint32_t sleeping = 1;  /* the collector sleeps, then dies: the doorbell has no reader */
+    memcpy(m + 192, &sleeping, 4);
+    close(keep_reader);
+    keep_reader = -1;
+    memcpy(m + 128, &tail, 8);
+    signal(SIGPIPE, SIG_DFL);  /* (a simulator that never heard of SIGPIPE: it must not die) */
+    CHECK(rlk_ring_write(r, recs, 1, -1, 0.05) == -1);
+    signal(SIGPIPE, SIG_IGN);
     munmap(m, bytes);
     close(view);
     rlk_ring_close(r);
@@ -362,14 +390,41 @@ static void test_shared_memory_pieces(void) {
     }
     snprintf(fifo, sizeof fifo, "%s/doorbell", dir);
     snprintf(board, sizeof board, "%s/board", dir);
-    int keep = mkfifo(fifo, 0600) == 0 ? open(fifo, O_RDWR | O_NONBLOCK) : -1;  /* (the collector's end) */
-    CHECK(keep >= 0);
+    keep_reader = mkfifo(fifo, 0600) == 0 ? open(fifo, O_RDONLY | O_NONBLOCK) : -1;  /* (the collector's end) */
+    CHECK(keep_reader >= 0);
     test_ring(fifo);
     test_board(board);
-    close(keep);
+    if (keep_reader >= 0) close(keep_reader);
     unlink(fifo);
     unlink(board);
     rmdir(dir);
+}
+
+/* Numbers read and written in the C locale even when the process runs in a comma-decimal one
+ * (built here with localedef when the machine has the sources; skipped otherwise). */
+static void test_numbers_ignore_the_locale(void) {
+    char dir[] = "/tmp/rlk-locale-XXXXXX", cmd[256];
+    if (!mkdtemp(dir)) return;
+    snprintf(cmd, sizeof cmd, "localedef -i de_DE -f UTF-8 %s/de_DE.UTF-8 >/dev/null 2>&1", dir);
+    int built = system(cmd) == 0;
+    setenv("LOCPATH", dir, 1);
+    if (built && setlocale(LC_NUMERIC, "de_DE.UTF-8")) {
+        const char *doc = "[-1.5, 2.25e1]";
+        double v = 0, e = 0;
+        char buf[32];
+        rlk_jw w;
+        CHECK(rlk_json_parse(doc, strlen(doc), toks, MAX_TOKS) == 3);
+        CHECK(rlk_json_num(doc, &toks[1], &v) == 0 && v == -1.5 && rlk_json_num(doc, &toks[2], &e) == 0 && e == 22.5);
+        rlk_jw_init(&w, buf, sizeof buf);
+        rlk_jw_num(&w, 0.5);
+        CHECK(w.len == 3 && !memcmp(buf, "0.5", 3));
+        setlocale(LC_NUMERIC, "C");
+    } else {
+        printf("test_numbers_ignore_the_locale: skipped (no localedef / de_DE sources)\n");
+    }
+    unsetenv("LOCPATH");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) printf("could not remove %s\n", dir);
 }
 
 /* ----------------------------------------------------------------- scripted server */
@@ -541,6 +596,7 @@ int main(void) {
     test_local_parsers();
     fuzz_local_parsers();
     test_shared_memory_pieces();
+    test_numbers_ignore_the_locale();
     test_arguments_are_checked();
     test_bad_replies_give_error_codes();
     test_a_lost_connection_is_reestablished_and_the_episode_goes_on();
