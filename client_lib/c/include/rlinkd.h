@@ -2,7 +2,7 @@
  * rlinkd.h - the rlinkd C client: a simulator asks a running rlinkd daemon for actions.
  *
  * C99 + POSIX (and the GCC/Clang __atomic builtins for shared memory), no dependency beyond
- * libc. Speaks RLlink over TCP ("tcp://HOST:PORT") or the daemon's Unix socket
+ * libc, libm and pthreads. Speaks RLlink over TCP ("tcp://HOST:PORT") or the daemon's Unix socket
  * ("unix:///PATH/rlinkd.sock"), or, co-located, through shared-memory lanes
  * ("shm:///PATH/rlinkd.sock": the Unix socket only sets them up and carries errors; each
  * request is written into a lane of a memory area the daemon shares, no socket on the hot
