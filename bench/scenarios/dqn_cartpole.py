@@ -27,6 +27,10 @@ SETTINGS = {
     # the same with 3-step returns (offpolicy.py's settings)
     "zoo-3step-paced": [*ZOO, "dqn.n_step=3", "dqn.target_update_interval_updates=128",
                         "dqn.max_lead_steps=200"],
+    # zoo-paced with what SB3's DQN does beyond the zoo's file: no double Q (the max of the
+    # target network) and torch's own uniform layer initialisation instead of the orthogonal one
+    "zoo-sb3-paced": [*ZOO, "dqn.n_step=1", "dqn.target_update_interval_updates=128",
+                      "dqn.max_lead_steps=200", "dqn.double_q=false", "dqn.weight_init=uniform"],
 }
 
 
