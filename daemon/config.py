@@ -200,6 +200,12 @@ class DQNConfig:
                              "(double DQN); false: max of the target network.")
     hidden_sizes: tuple[int, ...] = setting((256, 256), "Hidden layer widths of the Q-network.")
     activation: str = setting("relu", "Hidden activation.", choices=("tanh", "relu"))
+    weight_init: str = setting("orthogonal", "Initial weights of the Q-network: `orthogonal` "
+                               "(the policy network's: orthogonal, gain sqrt 2 in hidden "
+                               "layers and 0.01 in the Q head, zero biases); `uniform` "
+                               "(torch's own nn.Linear/Conv2d draw, weights and biases "
+                               "~ U(+-1/sqrt(fan_in)), as SB3's DQN: Q-values start "
+                               "spread instead of near 0).", choices=("orthogonal", "uniform"))
 
 
 ALGORITHMS = ("ppo", "appo", "dqn", "sac")

@@ -1,7 +1,7 @@
 """DQN on CartPole-v1 with a budget of env steps: the greedy return after 50,000 steps.
 
-    python -m bench.scenarios.dqn_cartpole [--runs 3] [--steps 50000] [--settings NAME] [--quick]
-                                           [--out FILE]
+    python -m bench.scenarios.dqn_cartpole [--runs 3] [--first-seed 0] [--steps 50000]
+                                           [--settings NAME] [--quick] [--out FILE]
 
 rl-baselines3-zoo's reference: DQN reaches 500 within 50,000 env steps. Per seed: ``rlinkd
 serve`` with ``learner.algorithm = "dqn"``, one client_lib client over shared memory playing
@@ -27,12 +27,17 @@ SETTINGS = {
     # the same with 3-step returns (offpolicy.py's settings)
     "zoo-3step-paced": [*ZOO, "dqn.n_step=3", "dqn.target_update_interval_updates=128",
                         "dqn.max_lead_steps=200"],
+    # zoo-paced with what SB3's DQN does beyond the zoo's file: no double Q (the max of the
+    # target network) and torch's own uniform layer initialisation instead of the orthogonal one
+    "zoo-sb3-paced": [*ZOO, "dqn.n_step=1", "dqn.target_update_interval_updates=128",
+                      "dqn.max_lead_steps=200", "dqn.double_q=false", "dqn.weight_init=uniform"],
 }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="seeds")
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + runs - 1")
     ap.add_argument("--steps", type=int, default=50_000, help="env steps of training per run")
     ap.add_argument("--eval-episodes", type=int, default=10, help="greedy episodes after training")
     ap.add_argument("--target", type=float, default=500.0, help="greedy return to reach")
@@ -43,7 +48,7 @@ def main() -> int:
     if args.quick:
         args.runs, args.steps, args.eval_episodes = 1, 5000, 2
     runs = []
-    for seed in range(args.runs):
+    for seed in range(args.first_seed, args.first_seed + args.runs):
         runs.append(rlinkd_run(seed, args.steps, args.eval_episodes, SETTINGS[args.settings],
                                ENV_ID, "dqn"))
         print({k: v for k, v in runs[-1].items() if k != "curve"}, flush=True)

@@ -1,5 +1,6 @@
 """DQN (Mnih et al. 2015) with double-Q targets (van Hasselt et al. 2016) and n-step returns,
-as pure functions, plus the epsilon schedule the clients apply.
+as pure functions, plus the epsilon schedule the clients apply and the optional uniform
+initialisation of the Q-network's layers.
 
 The Q-network is the policy network of the spec: its ``action_dist_inputs`` output (the
 categorical logits of a PPO policy) holds Q(s, .) here, so clients, the ONNX graph and the
@@ -8,6 +9,8 @@ MASKED_LOGIT. Replay rows carry n-step returns with their discount folded in
 (``connector.transitions``): the target of a row is ``reward + discount * Q_target(s', a*)``.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from torch.nn import functional as F
@@ -44,3 +47,15 @@ def linear_epsilon(env_steps: int, start: float, end: float, decay_steps: int) -
         return end
     fraction = min(1.0, max(0, env_steps) / decay_steps)
     return start + fraction * (end - start)
+
+
+def fan_in_uniform(weight_shape: tuple[int, ...], bias_shape: tuple[int, ...],
+                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh (weight, bias) of one linear or convolution layer as torch's ``nn.Linear`` /
+    ``nn.Conv2d`` draw them (``dqn.weight_init = "uniform"``, what SB3's DQN starts from):
+    both ~ U(-b, b) with b = 1 / sqrt(fan_in), fan_in = prod(weight_shape[1:]) (torch's
+    kaiming_uniform_ with a = sqrt 5 reduces to this bound). CPU float32 tensors."""
+    bound = 1.0 / math.sqrt(math.prod(weight_shape[1:]))
+    weight = torch.empty(weight_shape).uniform_(-bound, bound, generator=generator)
+    bias = torch.empty(bias_shape).uniform_(-bound, bound, generator=generator)
+    return weight, bias

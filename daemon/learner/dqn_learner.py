@@ -12,11 +12,12 @@ import math
 import numpy as np
 import torch
 
+from rlinkd.client_lib.protocol import netops
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.daemon.config import DQNConfig
 from rlinkd.daemon.learner.adam import Adam
-from rlinkd.daemon.learner.dqn import double_q_targets, dqn_loss, linear_epsilon
+from rlinkd.daemon.learner.dqn import double_q_targets, dqn_loss, fan_in_uniform, linear_epsilon
 from rlinkd.daemon.learner.learner import seeded_model
 
 DQN_STATE_FORMAT = 1
@@ -34,11 +35,25 @@ class DQNLearner:
                  torch_threads: int = 0) -> None:
         self.spec, self.hp = spec, hp
         self.device, self.model = seeded_model(spec, device, seed, torch_threads)
+        if hp.weight_init == "uniform":
+            self._uniform_init(seed)
         self.target = copy.deepcopy(self.model).requires_grad_(False)
         self.optimizer = Adam(self.model.parameters(), lr=hp.lr)
         self.updates = 0
         self.trained_steps = 0   # transitions sampled, over all updates
         self.env_steps = 0       # transitions received
+
+    def _uniform_init(self, seed: int) -> None:
+        """Redraw every linear and convolution layer on the Q path (``dqn.weight_init =
+        "uniform"``), from a generator seeded by `seed`: the same weights on any device."""
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for op in self.spec.net.needed((netops.DIST,)):
+                if isinstance(op, (netops.Linear, netops.Conv)):
+                    weight, bias = self.model.tensor(op.weight), self.model.tensor(op.bias)
+                    new_weight, new_bias = fan_in_uniform(tuple(weight.shape), tuple(bias.shape), generator)
+                    weight.copy_(new_weight)
+                    bias.copy_(new_bias)
 
     @property
     def epsilon(self) -> float:

@@ -1,13 +1,15 @@
 """learner.dqn_learner: one gradient step moves Q(s, a) toward its target, the target network
-follows on schedule, the epsilon clock, and an exact resume from state_dict()."""
+follows on schedule, the epsilon clock, an exact resume from state_dict(), and the uniform
+weight initialisation."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.spaces import Box, Discrete
-from rlinkd.daemon.config import DQNConfig
+from rlinkd.daemon.config import ConfigError, DQNConfig, load_config
 from rlinkd.daemon.learner.dqn_learner import DQNLearner
 from rlinkd.shm.records import StepLayout
 from rlinkd.shm.replay import ReplayLayout
@@ -75,3 +77,21 @@ def test_state_dict_resumes_exactly():
         b.load_state_dict({"format_version": 2})
     with pytest.raises(ValueError):
         b.set_hparams(lr=-1.0)
+
+
+def test_uniform_weight_init_redraws_the_q_path_only_and_the_target_starts_equal():
+    ortho, uniform = learner(), learner(weight_init="uniform")
+    for name in ("pi.0.weight", "pi.0.bias", "pi.1.weight", "pi.1.bias"):
+        w = uniform.model.tensor(name)
+        fan_in = {"pi.0": 4, "pi.1": 16}[name[:4]]
+        assert w.abs().max() <= 1 / fan_in ** 0.5 and not torch.equal(w, ortho.model.tensor(name))
+    assert uniform.model.tensor("pi.1.bias").abs().min() > 0  # biases drawn too, not zeros
+    for name in ("vf.0.weight", "obs_std"):  # the unused critic trunk and the normaliser stay
+        assert torch.equal(uniform.model.tensor(name), ortho.model.tensor(name))
+    assert np.array_equal(uniform.target.flat_weights(), uniform.flat_weights())
+    assert np.array_equal(uniform.flat_weights(), learner(weight_init="uniform").flat_weights())
+    q = uniform.model.dist_inputs(torch.from_numpy(rows(32, 0)["obs"]["obs"]))
+    assert q.abs().mean() > 10 * ortho.model.dist_inputs(torch.from_numpy(rows(32, 0)["obs"]["obs"])).abs().mean()
+    assert load_config(overrides=[("dqn", "weight_init", "uniform")], resolve_dirs=False).dqn.weight_init == "uniform"
+    with pytest.raises(ConfigError, match="weight_init"):
+        load_config(overrides=[("dqn", "weight_init", "xavier")], resolve_dirs=False)

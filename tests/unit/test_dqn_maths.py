@@ -1,10 +1,11 @@
-"""learner.dqn: double-Q targets, the Huber loss and the epsilon schedule by hand."""
+"""learner.dqn: double-Q targets, the Huber loss, the epsilon schedule and the uniform
+layer initialisation by hand."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rlinkd.daemon.learner.dqn import double_q_targets, dqn_loss, linear_epsilon
+from rlinkd.daemon.learner.dqn import double_q_targets, dqn_loss, fan_in_uniform, linear_epsilon
 
 
 def test_double_q_takes_the_online_argmax_valued_by_the_target_network():
@@ -32,3 +33,19 @@ def test_linear_epsilon():
     assert linear_epsilon(50, 1.0, 0.1, 100) == pytest.approx(0.55)
     assert linear_epsilon(10_000, 1.0, 0.1, 100) == pytest.approx(0.1)
     assert linear_epsilon(5, 1.0, 0.1, 0) == 0.1
+
+
+def test_fan_in_uniform_draws_like_torch_linear_within_one_over_sqrt_fan_in():
+    weight, bias = fan_in_uniform((64, 16), (64,), torch.Generator().manual_seed(0))
+    assert weight.shape == (64, 16) and bias.shape == (64,) and weight.dtype == torch.float32
+    bound = 1 / 16 ** 0.5
+    assert weight.abs().max() <= bound and bias.abs().max() <= bound
+    assert weight.std().item() == pytest.approx(bound / 3 ** 0.5, rel=0.1)  # U(-b, b): b / sqrt 3
+    conv, _ = fan_in_uniform((8, 3, 4, 4), (8,), torch.Generator().manual_seed(0))
+    assert conv.abs().max() <= 1 / 48 ** 0.5 and conv.abs().max() > 0.9 / 48 ** 0.5  # fan_in 3*4*4
+    again, _ = fan_in_uniform((64, 16), (64,), torch.Generator().manual_seed(0))
+    assert torch.equal(weight, again)
+    # the bound of torch's own nn.Linear initialisation
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 64)
+    assert layer.weight.abs().max() <= bound and layer.weight.abs().max() > 0.95 * bound
