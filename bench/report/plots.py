@@ -53,25 +53,28 @@ FIGURES = (
 
 @dataclass(frozen=True)
 class EnvFigure:
-    """One picture per environment from one scenario's result file: a line per run of each
-    system or algorithm (``systems`` or ``algorithms`` of the document), ``target`` dashed."""
+    """One picture per environment from scenario result files (``results``: the systems of
+    every file that exists, merged): a line per run of each system or algorithm (``systems``
+    or ``algorithms`` of each document), ``target`` dashed."""
 
     file: str
     title: str
-    result: str
+    results: tuple[str, ...]
     target: float
     ylim: tuple[float, float]
 
 
 ENV_FIGURES = (
     EnvFigure("curves_pendulum_sac.png", "Pendulum-v1, SAC: rlinkd and Stable-Baselines3, 20,000 env steps "
-              "(mean return of the last 10 training episodes)", "sac_pendulum.json", -200.0, (-1700.0, 0.0)),
+              "(mean return of the last 10 training episodes)", ("sac_pendulum.json",), -200.0, (-1700.0, 0.0)),
     EnvFigure("curves_lunarlander_ppo.png", "LunarLander-v3, PPO: rlinkd (daemon's mean return of the last "
-              "20 episodes)", "lunar.json", 200.0, (-500.0, 320.0)),
-    EnvFigure("curves_cartpole_dqn_budget.png", "CartPole-v1, DQN with a 50,000-step budget (mean return "
-              "of the last 10 training episodes, epsilon-greedy)", "dqn_cartpole.json", 500.0, (0.0, 520.0)),
+              "20 episodes)", ("lunar.json",), 200.0, (-500.0, 320.0)),
+    EnvFigure("curves_cartpole_dqn_budget.png", "CartPole-v1, DQN with a 50,000-step budget: rlinkd and "
+              "Stable-Baselines3 (mean return of the last 10 training episodes, epsilon-greedy)",
+              ("dqn_cartpole_zoo_sb3.json", "dqn_cartpole_zoo_sb3_seeds34.json", "dqn_cartpole_sb3.json",
+               "dqn_cartpole.json"), 500.0, (0.0, 520.0)),
     EnvFigure("curves_cartpole_algorithms.png", "CartPole-v1: rlinkd's PPO, APPO and DQN (daemon's mean "
-              "return of the last 20 episodes)", "offpolicy.json", 450.0, (0.0, 520.0)),
+              "return of the last 20 episodes)", ("offpolicy.json",), 450.0, (0.0, 520.0)),
 )
 
 
@@ -153,11 +156,21 @@ def draw_all(solve: dict | None, rllib: dict | None, out_dir: Path = PLOTS_DIR) 
     return written
 
 
+def merged(docs) -> dict:
+    """One document of the ``systems``/``algorithms`` of several (missing ones skipped); runs of
+    a system named in more than one are joined in order."""
+    out: dict[str, dict] = {}
+    for doc in docs:
+        for name, section in ((doc or {}).get("systems") or (doc or {}).get("algorithms") or {}).items():
+            out.setdefault(name, {"runs": []})["runs"] += section.get("runs") or []
+    return {"systems": out}
+
+
 def draw_envs(results_dir: Path = RESULTS, out_dir: Path = PLOTS_DIR) -> list[Path]:
     """Every ENV_FIGURES picture whose result file has runs to draw; the PNGs written."""
     written = []
     for fig in ENV_FIGURES:
-        drawn = env_series(fig, _load(results_dir / fig.result))
+        drawn = env_series(fig, merged(_load(results_dir / name) for name in fig.results))
         if drawn:
             written.append(draw(fig, drawn, out_dir / fig.file))
     return written

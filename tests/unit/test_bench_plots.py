@@ -96,6 +96,16 @@ def test_env_figures_draw_each_system_of_a_scenario_result(tmp_path):
         {"solved": True, "wall_s": 30.0, "env_steps": 9000}]}}})
     assert marker[0].reached == [(30.0, 9000)] and "-200" in marker[0].label
     (tmp_path / "results").mkdir()
-    (tmp_path / "results" / fig.result).write_text(json.dumps(doc))
+    (tmp_path / "results" / fig.results[0]).write_text(json.dumps(doc))
     written = plots.draw_envs(tmp_path / "results", tmp_path / "plots")
     assert [p.name for p in written] == [fig.file] and written[0].stat().st_size > 1000
+
+
+def test_env_figures_merge_the_systems_of_several_result_files():
+    """The DQN figure draws rlinkd's and SB3's runs from their own files; a system named in two
+    files (seeds run separately) gets the runs of both."""
+    curve = {"wall_s": [1.0], "env_steps": [100], "return_mean": [20.0]}
+    doc = plots.merged([{"systems": {"rlinkd": {"runs": [{"curve": curve}]}}}, None,
+                        {"systems": {"rlinkd": {"runs": [{"curve": curve}]}, "sb3": {"runs": [{"curve": curve}]}}},
+                        {"algorithms": {"dqn": {"runs": []}}}])
+    assert {name: len(s["runs"]) for name, s in doc["systems"].items()} == {"rlinkd": 2, "sb3": 1, "dqn": 0}
