@@ -13,7 +13,11 @@ memory, the default client-side inference over shared memory; one agent, and a v
 Reports env steps/s (medians over runs), and the round-trip
 limits measured in the same run (bench.scenarios.serving: a blocking shared-memory round trip,
 a TCP + orjson round trip; their p50 in steps/s is what one agent could at most reach).
-Writes bench/results/c_client.json.
+``--many N`` instead: N single-agent C clients at once against a daemon that does not train
+(the serving benchmark's settings), over shared-memory lanes and over TCP: the inference
+role's actions/s with clients whose own CPU per action is negligible (issue 12's 64-client
+targets), with the role's mean batch and CPU per 1,000 actions.
+Writes bench/results/c_client.json (``--many``: c_client_many.json).
 """
 from __future__ import annotations
 
@@ -93,17 +97,58 @@ def one_run(binary: Path, seconds: float) -> dict[str, float]:
         shutil.rmtree(state, ignore_errors=True)
 
 
+def many_c(binary: Path, clients: int, seconds: float) -> dict[str, dict]:
+    """``clients`` C processes (one agent each) per transport at once; the role's counters."""
+    from bench.scenarios.serving import NO_TRAINING
+    out = {}
+    state = Path(tempfile.mkdtemp(prefix="rlinkd-cmany-"))
+    with ServeProcess(state / "state", NO_TRAINING) as daemon:
+        time.sleep(2.0)
+        for transport in ("shm", "tcp"):
+            address = f"shm://{daemon.unix_socket}" if transport == "shm" else f"tcp://127.0.0.1:{daemon.port}"
+            before = daemon.status()["inference"]
+            procs = [subprocess.Popen([str(binary), address, "--agents", "1", "--target", "1e9", "--max-seconds",
+                                       str(seconds)], stdout=subprocess.PIPE, text=True) for _ in range(clients)]
+            rates = [json.loads(p.communicate(timeout=seconds + 60)[0].strip().splitlines()[-1])["steps_per_s"]
+                     for p in procs]
+            time.sleep(1.2)  # (one more status report from the role)
+            after = daemon.status()["inference"]
+            actions = after["actions"] - before.get("actions", 0)
+            batches = after["batches"] - before.get("batches", 0)
+            out[transport] = {"actions_per_s": round(sum(rates)),
+                              "mean_batch_size": round(actions / max(batches, 1), 1),
+                              "inference_cpu_ms_per_1000_actions": round(
+                                  1e6 * (after["cpu_s"] - before.get("cpu_s", 0)) / max(actions, 1), 1)}
+    shutil.rmtree(state, ignore_errors=True)
+    return out
+
+
+def main_many(args, binary: Path) -> int:
+    runs = [many_c(binary, args.many, args.seconds) for _ in range(args.runs)]
+    result = {"clients": args.many, "seconds": args.seconds, "runs": runs,
+              "actions_per_s": {t: median_range([r[t]["actions_per_s"] for r in runs], 0) for t in runs[0]}}
+    path = write_result("c_client_many", result, args.out)
+    for t, m in result["actions_per_s"].items():
+        print(f"{args.many} C clients, {t}: {m['median']:,.0f} actions/s ({m['min']:,.0f} – {m['max']:,.0f}); "
+              f"last run {runs[-1][t]}")
+    print(f"wrote {path}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="daemons (each measures every client)")
     ap.add_argument("--seconds", type=float, default=15.0, help="seconds per client measurement")
     ap.add_argument("--quick", action="store_true", help="one run of 3 s each")
+    ap.add_argument("--many", type=int, default=0, help="instead: this many single-agent C clients at once")
     ap.add_argument("--out", help="result file (default: bench/results/c_client.json)")
     args = ap.parse_args()
     if args.quick:
         args.runs, args.seconds = 1, 3.0
     from bench.scenarios.serving import shm_round_trip, tcp_round_trip
     binary = build(Path(tempfile.mkdtemp(prefix="rlinkd-cbuild-")))
+    if args.many:
+        return main_many(args, binary)
     runs = [one_run(binary, args.seconds) for _ in range(args.runs)]
     limits_us = {"shm_round_trip": shm_round_trip(2000), "tcp_round_trip": tcp_round_trip(2000)}
     result = {"seconds": args.seconds, "runs": runs, "limits_us": limits_us,
