@@ -1,8 +1,9 @@
 """Off-policy and asynchronous learners on CartPole-v1: PPO, APPO and DQN side by side.
 
-    python -m bench.scenarios.offpolicy [--runs 3] [--quick] [--out FILE]
+    python -m bench.scenarios.offpolicy [--runs 3] [--transport tcp|shm] [--num-envs N] [--quick]
+                                        [--out FILE]
 
-Per seed, alternating: ``rlinkd demo`` (2 TCP clients) with each algorithm until the mean
+Per seed, alternating: ``rlinkd demo`` (2 clients, TCP unless ``--transport shm``) with each algorithm until the mean
 return of the last 20 episodes reaches ``--target`` (450 by default) or ``--timeout-s``
 passes: wall time, env steps, the daemon's env steps/s. DQN runs with the settings below
 (CartPole-sized, close to rl-baselines3-zoo's: lr 2.3e-3, target copy every 128 updates,
@@ -32,9 +33,11 @@ ALGORITHMS = {
 ALGORITHMS["dqn-paced"] = [*ALGORITHMS["dqn"], "dqn.max_lead_steps=500"]
 
 
-def solve_run(algorithm: str, seed: int, target: float, timeout_s: float) -> dict:
+def solve_run(algorithm: str, seed: int, target: float, timeout_s: float, transport: str = "tcp",
+              num_envs: int = 1) -> dict:
     overrides = ALGORITHMS[algorithm]
-    cmd = [*demo_command(2, "tcp", seed, overrides, timeout_s=timeout_s), "--target", str(target)]
+    cmd = [*demo_command(2, transport, seed, overrides, timeout_s=timeout_s), "--target", str(target),
+           "--num-envs", str(num_envs)]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout_s + 120)
@@ -73,6 +76,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one seed, a 150 target")
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS),
                     help="comma-separated subset of " + ", ".join(ALGORITHMS))
+    ap.add_argument("--transport", default="tcp", choices=("tcp", "shm"), help="the demo clients' transport")
+    ap.add_argument("--num-envs", type=int, default=1, help="env copies each demo client steps (vectorized)")
     ap.add_argument("--out", help="result file (default: bench/results/offpolicy.json)")
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
@@ -84,9 +89,10 @@ def main() -> int:
     results: dict[str, list] = {name: [] for name in chosen}
     for seed in range(runs):
         for name in chosen:
-            results[name].append(solve_run(name, seed, target, args.timeout_s))
+            results[name].append(solve_run(name, seed, target, args.timeout_s, args.transport, args.num_envs))
             print(name, results[name][-1], flush=True)
-    result = {"target": target, "algorithms": {n: summarize(r) for n, r in results.items()}}
+    result = {"target": target, "transport": args.transport, "num_envs": args.num_envs,
+              "algorithms": {n: summarize(r) for n, r in results.items()}}
     path = write_result("offpolicy", result, args.out)
     print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
     print(table_markdown(result))
