@@ -166,7 +166,13 @@ class DQNConfig:
     a target network, n-step returns from a shared-memory replay buffer, epsilon-greedy
     clients. The convolution settings of image encoders are [ppo]'s `cnn_*`."""
 
-    lr: float = setting(1e-3, "Adam learning rate.", reloadable=True, minimum=0.0)
+    lr: float = setting(1e-3, "Adam learning rate (at the start, with `lr_decay_steps`).",
+                        reloadable=True, minimum=0.0)
+    lr_end: float = setting(0.0, "Learning rate after the decay (with `lr_decay_steps` > 0).",
+                            minimum=0.0)
+    lr_decay_steps: int = setting(0, "Env steps over which the learning rate falls linearly from "
+                                  "`lr` to `lr_end` (0: `lr` throughout): late updates small, "
+                                  "so a policy that got good stays good.", minimum=0)
     gamma: float = setting(0.99, "Discount factor.", minimum=0.0, maximum=1.0)
     n_step: int = setting(1, "Steps of reward summed before bootstrapping (n-step returns).",
                           minimum=1, maximum=100)

@@ -32,6 +32,9 @@ SETTINGS = {
     "zoo-sb3-paced": [*ZOO, "dqn.n_step=1", "dqn.target_update_interval_updates=128",
                       "dqn.max_lead_steps=200", "dqn.double_q=false", "dqn.weight_init=uniform"],
 }
+# zoo-sb3-paced with the learning rate falling linearly to lr_end over the budget: late
+# updates small, so a policy that reached 500 is not unlearned by the end
+SETTINGS["zoo-sb3-decay"] = [*SETTINGS["zoo-sb3-paced"], "dqn.lr_decay_steps=50000", "dqn.lr_end=0.0001"]
 
 
 def main() -> int:

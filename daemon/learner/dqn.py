@@ -1,5 +1,6 @@
 """DQN (Mnih et al. 2015) with double-Q targets (van Hasselt et al. 2016) and n-step returns,
-as pure functions, plus the epsilon schedule the clients apply and the optional uniform
+as pure functions, plus the linear schedules (the epsilon the clients apply, the optional
+learning-rate decay) and the optional uniform
 initialisation of the Q-network's layers.
 
 The Q-network is the policy network of the spec: its ``action_dist_inputs`` output (the
@@ -40,9 +41,9 @@ def dqn_loss(q: torch.Tensor, actions: torch.Tensor, targets: torch.Tensor
     return loss, dict(zip(("loss", "q_mean", "td_abs_mean"), values.tolist()))
 
 
-def linear_epsilon(env_steps: int, start: float, end: float, decay_steps: int) -> float:
-    """Exploration rate after ``env_steps``: from ``start`` down to ``end`` linearly over
-    ``decay_steps`` env steps, then ``end``."""
+def linear_schedule(env_steps: int, start: float, end: float, decay_steps: int) -> float:
+    """A rate after ``env_steps`` (epsilon; the learning rate with ``dqn.lr_decay_steps``):
+    from ``start`` to ``end`` linearly over ``decay_steps`` env steps, then ``end``."""
     if decay_steps <= 0:
         return end
     fraction = min(1.0, max(0, env_steps) / decay_steps)

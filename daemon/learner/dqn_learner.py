@@ -17,7 +17,7 @@ from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.daemon.config import DQNConfig
 from rlinkd.daemon.learner.adam import Adam
-from rlinkd.daemon.learner.dqn import double_q_targets, dqn_loss, fan_in_uniform, linear_epsilon
+from rlinkd.daemon.learner.dqn import double_q_targets, dqn_loss, fan_in_uniform, linear_schedule
 from rlinkd.daemon.learner.learner import seeded_model
 
 DQN_STATE_FORMAT = 1
@@ -56,9 +56,15 @@ class DQNLearner:
                     bias.copy_(new_bias)
 
     @property
+    def lr(self) -> float:
+        """The learning rate of the next step (``dqn.lr``, decayed by ``dqn.lr_decay_steps``)."""
+        hp = self.hp
+        return linear_schedule(self.env_steps, hp.lr, hp.lr_end, hp.lr_decay_steps) if hp.lr_decay_steps else hp.lr
+
+    @property
     def epsilon(self) -> float:
         hp = self.hp
-        return linear_epsilon(self.env_steps, hp.epsilon_start, hp.epsilon_end, hp.epsilon_decay_steps)
+        return linear_schedule(self.env_steps, hp.epsilon_start, hp.epsilon_end, hp.epsilon_decay_steps)
 
     def train_step(self, rows: np.ndarray) -> dict[str, float]:
         """One gradient step on replay rows (``shm.replay`` dtype, [B]); the target network
@@ -77,6 +83,7 @@ class DQNLearner:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.hp.max_grad_norm)
         info["grad_norm"] = float(grad_norm)
         if math.isfinite(info["loss"]) and math.isfinite(info["grad_norm"]):
+            self.optimizer.param_groups[0]["lr"] = self.lr
             self.optimizer.step()
         self.updates += 1
         self.trained_steps += len(rows)
@@ -95,7 +102,7 @@ class DQNLearner:
         return self.model.flat_weights()
 
     def live_hparams(self) -> dict[str, float]:
-        return {"lr": float(self.hp.lr), "epsilon": self.epsilon}
+        return {"lr": self.lr, "epsilon": self.epsilon}
 
     def set_hparams(self, lr: float | None = None) -> None:
         """A new learning rate from the next step on; ValueError if negative or not finite."""

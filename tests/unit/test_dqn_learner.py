@@ -95,3 +95,17 @@ def test_uniform_weight_init_redraws_the_q_path_only_and_the_target_starts_equal
     assert load_config(overrides=[("dqn", "weight_init", "uniform")], resolve_dirs=False).dqn.weight_init == "uniform"
     with pytest.raises(ConfigError, match="weight_init"):
         load_config(overrides=[("dqn", "weight_init", "xavier")], resolve_dirs=False)
+
+
+def test_the_learning_rate_decays_with_the_env_steps_received():
+    """dqn.lr_decay_steps: lr falls linearly to lr_end over that many env steps, each step
+    uses the rate of its moment (an exact resume needs nothing more than env_steps)."""
+    dqn = learner(lr=1e-2, lr_end=1e-3, lr_decay_steps=100)
+    assert dqn.lr == pytest.approx(1e-2)
+    dqn.env_steps = 50
+    dqn.train_step(rows(8, 0))
+    assert dqn.optimizer.param_groups[0]["lr"] == pytest.approx(5.5e-3)
+    assert dqn.live_hparams()["lr"] == pytest.approx(5.5e-3)
+    dqn.env_steps = 10_000
+    assert dqn.lr == pytest.approx(1e-3)
+    assert learner(lr=1e-2).lr == 1e-2  # (no decay by default)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlinkd.daemon.learner.dqn import double_q_targets, dqn_loss, fan_in_uniform, linear_epsilon
+from rlinkd.daemon.learner.dqn import double_q_targets, dqn_loss, fan_in_uniform, linear_schedule
 
 
 def test_double_q_takes_the_online_argmax_valued_by_the_target_network():
@@ -28,11 +28,11 @@ def test_huber_loss_of_the_taken_actions():
     assert q.grad.flatten().tolist() == pytest.approx([0.0, -0.25, -0.5, 0.0])
 
 
-def test_linear_epsilon():
-    assert linear_epsilon(0, 1.0, 0.1, 100) == 1.0
-    assert linear_epsilon(50, 1.0, 0.1, 100) == pytest.approx(0.55)
-    assert linear_epsilon(10_000, 1.0, 0.1, 100) == pytest.approx(0.1)
-    assert linear_epsilon(5, 1.0, 0.1, 0) == 0.1
+def test_linear_schedule():
+    assert linear_schedule(0, 1.0, 0.1, 100) == 1.0
+    assert linear_schedule(50, 1.0, 0.1, 100) == pytest.approx(0.55)
+    assert linear_schedule(10_000, 1.0, 0.1, 100) == pytest.approx(0.1)
+    assert linear_schedule(5, 1.0, 0.1, 0) == 0.1
 
 
 def test_fan_in_uniform_draws_like_torch_linear_within_one_over_sqrt_fan_in():
