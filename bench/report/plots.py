@@ -71,8 +71,8 @@ ENV_FIGURES = (
               "20 episodes)", ("lunar.json",), 200.0, (-500.0, 320.0)),
     EnvFigure("curves_cartpole_dqn_budget.png", "CartPole-v1, DQN with a 50,000-step budget: rlinkd and "
               "Stable-Baselines3 (mean return of the last 10 training episodes, epsilon-greedy)",
-              ("dqn_cartpole_zoo_sb3.json", "dqn_cartpole_zoo_sb3_seeds34.json", "dqn_cartpole_sb3.json",
-               "dqn_cartpole.json"), 500.0, (0.0, 520.0)),
+              ("dqn_cartpole_zoo_sb3_decay.json", "dqn_cartpole_zoo_sb3.json", "dqn_cartpole_zoo_sb3_seeds34.json",
+               "dqn_cartpole_sb3.json", "dqn_cartpole.json"), 500.0, (0.0, 520.0)),
     EnvFigure("curves_cartpole_algorithms.png", "CartPole-v1: rlinkd's PPO, APPO and DQN (daemon's mean "
               "return of the last 20 episodes)", ("offpolicy.json",), 450.0, (0.0, 520.0)),
 )
