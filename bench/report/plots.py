@@ -73,8 +73,9 @@ ENV_FIGURES = (
               "Stable-Baselines3 (mean return of the last 10 training episodes, epsilon-greedy)",
               ("dqn_cartpole_zoo_sb3_decay.json", "dqn_cartpole_zoo_sb3.json", "dqn_cartpole_zoo_sb3_seeds34.json",
                "dqn_cartpole_sb3.json", "dqn_cartpole.json"), 500.0, (0.0, 520.0)),
-    EnvFigure("curves_cartpole_algorithms.png", "CartPole-v1: rlinkd's PPO, APPO and DQN (daemon's mean "
-              "return of the last 20 episodes)", ("offpolicy.json",), 450.0, (0.0, 520.0)),
+    EnvFigure("curves_cartpole_algorithms.png", "CartPole-v1: rlinkd's PPO and APPO (2 TCP clients; daemon's "
+              "mean return of the last 20 episodes) beside RLlib 2.60.0's PPO (its own criterion)",
+              ("offpolicy_appo_tcp.json", "rllib_appo_compare.json"), 450.0, (0.0, 520.0)),
 )
 
 
@@ -157,13 +158,21 @@ def draw_all(solve: dict | None, rllib: dict | None, out_dir: Path = PLOTS_DIR) 
 
 
 def merged(docs) -> dict:
-    """One document of the ``systems``/``algorithms`` of several (missing ones skipped); runs of
-    a system named in more than one are joined in order."""
+    """One document of the ``systems``/``algorithms`` of several (missing ones skipped; an
+    ``rllib_baseline`` result's ``versions``/``modes`` become systems "RLlib V PPO (mode)"); runs
+    of a system named in more than one are joined in order."""
     out: dict[str, dict] = {}
     for doc in docs:
-        for name, section in ((doc or {}).get("systems") or (doc or {}).get("algorithms") or {}).items():
+        for name, section in _sections(doc or {}):
             out.setdefault(name, {"runs": []})["runs"] += section.get("runs") or []
     return {"systems": out}
+
+
+def _sections(doc: dict) -> list[tuple[str, dict]]:
+    if "versions" in doc:
+        return [(f"RLlib {version} PPO ({mode})", section) for version, v in doc["versions"].items()
+                for mode, section in (v.get("modes") or {}).items()]
+    return list((doc.get("systems") or doc.get("algorithms") or {}).items())
 
 
 def draw_envs(results_dir: Path = RESULTS, out_dir: Path = PLOTS_DIR) -> list[Path]:

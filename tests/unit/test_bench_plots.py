@@ -107,5 +107,7 @@ def test_env_figures_merge_the_systems_of_several_result_files():
     curve = {"wall_s": [1.0], "env_steps": [100], "return_mean": [20.0]}
     doc = plots.merged([{"systems": {"rlinkd": {"runs": [{"curve": curve}]}}}, None,
                         {"systems": {"rlinkd": {"runs": [{"curve": curve}]}, "sb3": {"runs": [{"curve": curve}]}}},
-                        {"algorithms": {"dqn": {"runs": []}}}])
-    assert {name: len(s["runs"]) for name, s in doc["systems"].items()} == {"rlinkd": 2, "sb3": 1, "dqn": 0}
+                        {"algorithms": {"dqn": {"runs": []}}},
+                        {"versions": {"2.60.0": {"modes": {"external": {"runs": [{"curve": curve}]}}}}}])
+    assert {name: len(s["runs"]) for name, s in doc["systems"].items()} == {
+        "rlinkd": 2, "sb3": 1, "dqn": 0, "RLlib 2.60.0 PPO (external)": 1}
