@@ -16,7 +16,10 @@ Wake-ups, each with its own eventfd and the Dekker handshake of ``shm._sync``:
   fences, rechecks its lane, then sleeps; the inference role, after publishing responses,
   fences, and rings the area's doorbell only if ``client_waiting`` was set (and clears it).
 
-Segment layout: ``LANE_HEADER``, the layout description, then ``capacity`` lanes::
+Segment layout: ``LANE_HEADER``, the layout description, then ``capacity`` lanes from
+``lanes_offset``, a page boundary; ``capacity * lane_bytes`` is a whole number of pages
+(``area_capacity`` rounds a request up), so the inference role can map every area's lanes
+back to back into one array (``shm.lane_region``)::
 
     offset  size  field            type  written by
     0       8     magic            8s    creator   b"RLKLANE1"
@@ -28,10 +31,11 @@ Segment layout: ``LANE_HEADER``, the layout description, then ``capacity`` lanes
     28      4     layout_bytes     u32   creator   L, length of the layout description at 64
     32      4     server_sleeping  u32   inference sets before sleeping; a client that sees it clears it
     36      4     client_waiting   u32   client sets before sleeping; the inference role clears it
-    40      8     requests         u64   client    requests ever published (lets the server skip idle areas)
-    48      16    (pad)
+    40      8     requests         u64   client    requests ever published
+    48      4     lanes_offset     u32   creator   R, where the lanes begin
+    52      12    (pad)
     64      L     layout           creator   ``LaneLayout.to_json()`` (the step layout of the policy), ASCII
-    R             lanes[capacity]        R = 64 + L rounded up to 64
+    R             lanes[capacity]        R = 64 + L rounded up to the page size (LANE_ALIGN)
 
 One lane (``LaneLayout.dtype``; A action floats, the obs fields as in ``shm.records``)::
 
@@ -54,6 +58,8 @@ One lane (``LaneLayout.dtype``; A action floats, the obs fields as in ``shm.reco
 """
 from __future__ import annotations
 
+import math
+import mmap
 import struct
 
 import numpy as np
@@ -64,10 +70,11 @@ from rlinkd.shm.records import DerivedLayout, StepLayout, align
 from rlinkd.shm.segment import Segment, check_field, check_magic
 
 LANE_MAGIC = b"RLKLANE1"
-LANE_LAYOUT_VERSION = 2  # 2: request groups
-LANE_HEADER = struct.Struct("<8sIIIIIIIIQ16x")
+LANE_LAYOUT_VERSION = 3  # 2: request groups; 3: lanes_offset, lanes on whole pages
+LANE_HEADER = struct.Struct("<8sIIIIIIIIQI12x")
 assert LANE_HEADER.size == 64
-SLEEPING_OFFSET, WAITING_OFFSET, REQUESTS_OFFSET = 32, 36, 40
+SLEEPING_OFFSET, WAITING_OFFSET, REQUESTS_OFFSET, LANES_OFFSET_OFFSET = 32, 36, 40, 48
+LANE_ALIGN = mmap.PAGESIZE  # lanes start on a page and fill whole pages (mmap offsets are pages)
 WRITER_PID_OFFSET, READER_PID_OFFSET = 20, 24
 MAX_LANES = 1 << 16
 MAX_GROUP = (1 << 16) - 1  # requests in one group (group_size is a u16)
@@ -109,16 +116,22 @@ class LaneLayout(DerivedLayout):
     def area_bytes(self, lanes: int) -> int:
         return lanes_offset(len(self.description())) + lanes * self.lane_bytes
 
+    def area_capacity(self, lanes: int) -> int:
+        """``lanes`` rounded up so that the lanes fill whole pages (at most 64 more lanes)."""
+        unit = LANE_ALIGN // math.gcd(self.lane_bytes, LANE_ALIGN)
+        return align(lanes, unit)
+
 
 def lanes_offset(layout_bytes: int) -> int:
-    return align(LANE_HEADER.size + layout_bytes, 64)
+    return align(LANE_HEADER.size + layout_bytes, LANE_ALIGN)
 
 
 class LaneArea:
     """One mapped lane area. ``lanes`` is the structured numpy view of every lane.
 
-    Made by the collector (``create``/``create_sealed``), mapped by one client and by the
-    inference role (``attach``/``from_fd``), which check magic, version, sizes and layout.
+    Made by the collector (``create``/``create_sealed``, capacity rounded up by
+    ``LaneLayout.area_capacity``), mapped by one client and by the inference role
+    (``attach``/``from_fd``), which check magic, version, sizes and layout.
     """
 
     def __init__(self, segment: Segment, layout: LaneLayout, capacity: int) -> None:
@@ -134,20 +147,21 @@ class LaneArea:
     @classmethod
     def create(cls, path: str, layout: LaneLayout, capacity: int) -> LaneArea:
         """A file-backed area (the collector's own, made by the wiring)."""
-        return cls._init(Segment.create(path, layout.area_bytes(_check_capacity(capacity))),
-                         layout, capacity)
+        capacity = layout.area_capacity(_check_capacity(capacity))
+        return cls._init(Segment.create(path, layout.area_bytes(capacity)), layout, capacity)
 
     @classmethod
     def create_sealed(cls, name: str, layout: LaneLayout, capacity: int) -> LaneArea:
         """A sealed memfd area for one shared-memory client (fd passed on by SCM_RIGHTS)."""
-        return cls._init(Segment.create_sealed(name, layout.area_bytes(_check_capacity(capacity))),
-                         layout, capacity)
+        capacity = layout.area_capacity(_check_capacity(capacity))
+        return cls._init(Segment.create_sealed(name, layout.area_bytes(capacity)), layout, capacity)
 
     @classmethod
     def _init(cls, segment: Segment, layout: LaneLayout, capacity: int) -> LaneArea:
         desc = layout.description()
         LANE_HEADER.pack_into(segment.buf, 0, LANE_MAGIC, LANE_LAYOUT_VERSION, layout.lane_bytes,
-                              capacity, _pid(), _pid(), len(desc), 0, 0, 0)
+                              capacity, _pid(), _pid(), len(desc), 0, 0, 0,
+                              lanes_offset(len(desc)))
         segment.buf[LANE_HEADER.size:LANE_HEADER.size + len(desc)] = desc
         return cls(segment, layout, capacity)
 
@@ -169,12 +183,15 @@ class LaneArea:
     def _checked(cls, segment: Segment, expected: LaneLayout | None) -> LaneArea:
         if segment.size < LANE_HEADER.size:
             raise LayoutError(f"{segment.path}: {segment.size} bytes is smaller than a lane header")
-        magic, version, lane_bytes, capacity, _, _, layout_bytes, *_ = LANE_HEADER.unpack_from(segment.buf)
+        magic, version, lane_bytes, capacity, _, _, layout_bytes, _, _, _, start = \
+            LANE_HEADER.unpack_from(segment.buf)
         check_magic(segment.path, magic, LANE_MAGIC, "lane area")
         check_field(segment.path, "layout_version", version, LANE_LAYOUT_VERSION)
+        check_field(segment.path, "lanes_offset", start, lanes_offset(layout_bytes))
         layout = LaneLayout.read(segment.path, segment.buf, LANE_HEADER.size, layout_bytes,
                                  lane_bytes, expected)
-        if not 0 < capacity <= MAX_LANES or layout.area_bytes(capacity) > segment.size:
+        if (not 0 < capacity <= MAX_LANES or layout.area_bytes(capacity) > segment.size
+                or capacity * lane_bytes % LANE_ALIGN):
             raise LayoutError(f"{segment.path}: {capacity} lanes do not fit {segment.size} bytes")
         return cls(segment, layout, capacity)
 
@@ -252,20 +269,28 @@ class LaneArea:
         """(indices of lanes with a request to answer now, whether some group is still
         incomplete): the members of a group count only once all of them are pending."""
         idx = self.pending()
-        groups = self.lanes["group"][idx]
-        if not groups.any():
-            return idx, False
-        sizes = self.lanes["group_size"][idx]
-        if groups[0] == groups[-1] and (groups == groups[0]).all():  # one group (a vector act)
-            return (idx, False) if len(idx) >= sizes[0] else (idx[:0], True)
-        ids, first, counts = np.unique(groups, return_index=True, return_counts=True)
-        complete = ids[(ids == 0) | (counts >= sizes[first])]
-        ready = np.isin(groups, complete)
-        return idx[ready], not ready.all()
+        ready = complete_groups(self.lanes, idx)
+        return ready, len(ready) < len(idx)
 
     def answer(self, lanes: np.ndarray, seqs: np.ndarray) -> None:
         """Publish responses already written into ``lanes`` (``seqs``: their req_seq as read)."""
         self.lanes["resp_seq"][lanes] = seqs
+
+
+def complete_groups(lanes: np.ndarray, idx: np.ndarray, owner: np.ndarray | None = None) -> np.ndarray:
+    """The pending lanes ``idx`` that may be answered: lone requests, and the members of
+    groups wholly pending (a group is answered in one pass or not at all). Group ids are
+    per area: ``owner`` gives each lane's area when ``lanes`` spans several (``shm.lane_region``)."""
+    groups = lanes["group"][idx]
+    if not groups.any():
+        return idx
+    sizes = lanes["group_size"][idx]
+    if owner is None and groups[0] == groups[-1] and (groups == groups[0]).all():  # a vector act
+        return idx if len(idx) >= sizes[0] else idx[:0]
+    key = groups.astype(np.int64) if owner is None else (owner[idx] << 32) | groups.astype(np.int64)
+    ids, first, counts = np.unique(key, return_index=True, return_counts=True)
+    complete = ids[((ids & 0xFFFFFFFF) == 0) | (counts >= sizes[first])]
+    return idx[np.isin(key, complete)]
 
 
 def _check_capacity(capacity: int) -> int:

@@ -104,6 +104,23 @@ class LaneBook:
         self.ret = np.zeros(capacity, np.float64)
         self.length = np.zeros(capacity, np.int64)
 
+    def grow(self, capacity: int) -> None:
+        """Room for lanes ``[0, capacity)`` (new lanes closed); called when areas are added."""
+        old = len(self.open)
+        if capacity <= old:
+            return
+        extra = capacity - old
+
+        def more(a: np.ndarray, fill) -> np.ndarray:
+            return np.concatenate([a, np.full(extra, fill, a.dtype)])
+        self.open, self.evaluate = more(self.open, False), more(self.evaluate, False)
+        self.slot, self.has_pending = more(self.slot, -1), more(self.has_pending, False)
+        self.fragment_steps, self.ret, self.length = (more(self.fragment_steps, 0), more(self.ret, 0.0),
+                                                      more(self.length, 0))
+        pending = self.layout.empty(capacity)
+        pending[:old] = self.pending
+        self.pending = pending
+
     def open_training_lanes(self) -> int:
         return int(np.count_nonzero(self.open & ~self.evaluate))
 
@@ -278,10 +295,11 @@ class LaneBook:
         self.fragment_steps[lanes] = 0
         return final
 
-    def drop_all(self) -> np.ndarray:
-        """The area's client went away: end every open training fragment (truncated)."""
+    def drop(self, lanes: slice) -> np.ndarray:
+        """An area's client went away: end every open training fragment of its ``lanes``
+        (truncated) and close them."""
         parts: list[np.ndarray] = []
-        self._abandon(np.flatnonzero(self.open), parts)
+        self._abandon(np.flatnonzero(self.open[lanes]) + (lanes.start or 0), parts)
         return parts[0]
 
 

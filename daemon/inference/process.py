@@ -24,12 +24,13 @@ from rlinkd.daemon import messages as m
 from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.inference import channel
 from rlinkd.daemon.inference.backend import PolicyRunner
-from rlinkd.daemon.inference.episodes import LaneBook, SlotPool
+from rlinkd.daemon.inference.episodes import SlotPool
 from rlinkd.daemon.inference.link import PolicyLink
 from rlinkd.daemon.inference.server import HISTOGRAM_BOUNDS, InferenceServer, PolicyServing, ServedArea
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import RoleContext
 from rlinkd.daemon.wiring import PolicyTopology, Topology
+from rlinkd.shm._sync import store_load_fence
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.errors import ShmError
@@ -78,9 +79,12 @@ class Inference:
         for i, p in enumerate(self.topo.policies.values()):
             area = LaneArea.attach(p.tcp_lanes_path, LaneLayout(p.layout))
             area.set_pid("reader", os.getpid())
-            book = LaneBook(area.capacity, p.layout, self.server.policies[p.name].slots)
-            self.server.add(ServedArea(TCP_AREA_BASE + i, area, book, p.name, self.tcp_bell,
-                                       shared_bell=True))
+            fd = os.open(p.tcp_lanes_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                self.server.add(ServedArea(TCP_AREA_BASE + i, area, p.name, self.tcp_bell,
+                                           shared_bell=True), fd)
+            finally:
+                os.close(fd)
 
     # ------------------------------------------------------------ the loop
     def step(self) -> None:
@@ -110,10 +114,7 @@ class Inference:
         return False
 
     def _sleep(self, timeout_s: float) -> None:
-        areas = [a.area for a in self.server.areas.values()]
-        for area in areas:
-            area.announce_server_sleep()
-        from rlinkd.shm._sync import store_load_fence
+        self.server.announce_sleep(True)
         store_load_fence()
         if timeout_s == IDLE_S and self.server.arrivals():
             timeout_s = 0.0
@@ -122,8 +123,7 @@ class Inference:
                 and p.link.held]
         select.select(fds, [], [], timeout_s)
         self.request_bell.drain()
-        for area in areas:
-            area.take_server_sleeping()
+        self.server.announce_sleep(False)
 
     def _release_holds(self) -> None:
         for name, policy in self.server.policies.items():
@@ -166,7 +166,7 @@ class Inference:
                 for area_id in [i for i in self.server.areas if i < TCP_AREA_BASE]:
                     self.server.remove(area_id)
                 for served in self.server.areas.values():
-                    served.book.drop_all()
+                    self.server.forget(served)  # (a new collector: those episodes are gone)
 
     def _open_area(self, msg: channel.ChannelMessage) -> None:
         area_fd, bell_fd = msg.fds
@@ -175,11 +175,22 @@ class Inference:
             os.close(area_fd)
             os.close(bell_fd)
             return
-        area = LaneArea.from_fd(area_fd, msg.name, LaneLayout(p.layout))
-        area.set_pid("reader", os.getpid())
-        book = LaneBook(area.capacity, p.layout, self.server.policies[p.name].slots)
-        self.server.remove(msg.area_id)
-        self.server.add(ServedArea(msg.area_id, area, book, p.name, Doorbell(bell_fd)))
+        keep = os.dup(area_fd)  # (from_fd closes its descriptor; the region maps this one)
+        try:
+            served = ServedArea(msg.area_id, LaneArea.from_fd(area_fd, msg.name, LaneLayout(p.layout)),
+                                p.name, Doorbell(bell_fd))
+        except BaseException:
+            os.close(keep)
+            os.close(bell_fd)
+            raise
+        try:
+            served.area.set_pid("reader", os.getpid())
+            self.server.add(served, keep)
+        except ShmError as exc:  # (the region is full: this client's requests time out)
+            log.warning("inference_area_refused", area=msg.name, error=str(exc))
+            served.close()
+        finally:
+            os.close(keep)
 
     def _periodic(self) -> None:
         now = time.monotonic()
@@ -212,8 +223,7 @@ class Inference:
             log.warning("inference_hello_not_sent")
 
     def close(self) -> None:
-        for area_id in list(self.server.areas):
-            self.server.remove(area_id)
+        self.server.close()
         for policy in self.server.policies.values():
             if policy.link is not None:
                 policy.link.close()

@@ -1,12 +1,14 @@
 """The inference role's serving loop: lane areas in, batched forward passes, answers out.
 
-``InferenceServer.serve_once`` is one turn: find pending requests on every lane area
-(skipping areas whose request counter did not move), wait up to ``inference.max_wait_us``
-for more unless ``max_batch`` are pending or every open episode has a request in, then per
-policy: one ``refresh`` of the weights (between batches, never within one: a batch never
-mixes weight versions), the lane bookkeeping (``LaneBook.apply``), one forward pass over the
-requests of every area, the answers written into the lanes, the step records handed to
-the policy's ``PolicyLink``, and a response doorbell rung for each area whose client sleeps.
+Every area of a policy is mapped into one ``LaneRegion`` (one array of all their lanes), so
+a turn costs a few numpy calls however many clients there are, not Python work per client.
+``InferenceServer.serve_once`` is one turn: find pending requests (one vectorised scan per
+policy), wait up to ``inference.max_wait_us`` for more unless ``max_batch`` are pending or
+every open episode has a request in, then per policy: one ``refresh`` of the weights
+(between batches, never within one: a batch never mixes weight versions), the lane
+bookkeeping (``LaneBook.apply`` over the policy's whole lane index space), one forward pass,
+the answers written into the lanes, the step records handed to the policy's ``PolicyLink``,
+and a response doorbell rung for each area whose client sleeps.
 
 Owned by ``inference.process`` (which adds areas, sleeps, reconnects links, reports stats).
 Nothing here blocks except ``PolicyLink.write`` when the collector's ring is full.
@@ -22,16 +24,17 @@ import structlog
 from rlinkd.client_lib.protocol.serving import EvalEpisode
 from rlinkd.client_lib.protocol.spaces import Space
 from rlinkd.daemon.inference.backend import PolicyRunner
-from rlinkd.daemon.inference.episodes import LaneBook, Outcome, Requests, SlotPool, concat
+from rlinkd.daemon.inference.episodes import LaneBook, Requests, SlotPool, concat
 from rlinkd.daemon.inference.link import PolicyLink
 from rlinkd.shm._sync import store_load_fence
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.errors import ShmError
-from rlinkd.shm.lanes import EVALUATE, OP_END, OP_RELEASE, OP_START, LaneArea
+from rlinkd.shm.lane_region import NOWHERE, LaneRegion, Placement
+from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_RELEASE, OP_START, SLEEPING_OFFSET, WAITING_OFFSET,
+                              LaneArea, LaneLayout, complete_groups)
 
 log = structlog.get_logger("inference")
 WAIT_SLICE_S = 50e-6
-EMPTY = np.empty(0)  # placeholder records of a scalar-path Outcome (its records go to the list)
 HISTOGRAM_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -41,17 +44,63 @@ class ServedArea:
 
     area_id: int
     area: LaneArea
-    book: LaneBook
     policy: str
     bell: Doorbell
-    seen: int = -1          # the area's request counter at the last scan
-    deferred: bool = False  # requests left pending (their policy was held)
     shared_bell: bool = False  # the bell belongs to the collector (do not close it)
+    where: Placement = NOWHERE  # its lanes and header slot in the policy's region, once added
 
     def close(self) -> None:
         self.area.close()
         if not self.shared_bell:
             self.bell.close()
+
+
+class PolicyLanes:
+    """Every area of one policy in one ``LaneRegion``: one lane index space, one ``LaneBook``
+    over it, and the lanes left pending at the last scan (``deferred``)."""
+
+    def __init__(self, layout: LaneLayout, slots: SlotPool) -> None:
+        self.region = LaneRegion(layout)
+        self.book = LaneBook(0, layout.step, slots)
+        self.deferred = np.zeros(0, bool)
+        self.by_slot: dict[int, ServedArea] = {}
+
+    def place(self, fd: int, served: ServedArea) -> None:
+        served.where = self.region.place(fd, served.area)
+        self.by_slot[served.where.slot] = served
+        high = self.region.high
+        self.book.grow(high)
+        if len(self.deferred) < high:
+            self.deferred = np.concatenate([self.deferred, np.zeros(high - len(self.deferred), bool)])
+
+    def pending(self) -> np.ndarray:
+        lanes = self.region.lanes
+        return lanes["req_seq"] != lanes["resp_seq"]
+
+    def arrivals(self, held: bool) -> int:
+        """Pending lanes not looked at yet (and, unless held, those left pending)."""
+        pend = self.pending()
+        return int(np.count_nonzero(pend if not held else pend & ~self.deferred))
+
+    def wake(self, idx: np.ndarray) -> None:
+        """After answering lanes ``idx``: ring each of their areas whose client sleeps."""
+        owner, words = self.region.owner, self.region.headers[:, WAITING_OFFSET // 4]
+        if len(idx) == 1:
+            slot = int(owner[idx[0]])
+            store_load_fence()
+            if words[slot]:
+                words[slot] = 0
+                self.by_slot[slot].bell.ring()
+            return
+        slots = np.unique(owner[idx])
+        store_load_fence()
+        for slot in slots[words[slots] != 0]:
+            words[slot] = 0
+            self.by_slot[int(slot)].bell.ring()
+
+    def close(self) -> None:
+        self.by_slot.clear()
+        self.region.close()
 
 
 @dataclass
@@ -87,53 +136,73 @@ class PolicyServing:
 
 
 class InferenceServer:
-    """Serving state of the inference role (areas by id, policies by name)."""
+    """Serving state of the inference role (areas by id, policies by name, their lanes)."""
 
     def __init__(self, policies: dict[str, PolicyServing], max_batch: int, max_wait_s: float,
                  on_policy: bool) -> None:
         self.policies, self.max_batch, self.max_wait_s = policies, max_batch, max_wait_s
         self.on_policy = on_policy
         self.areas: dict[int, ServedArea] = {}
+        self.lanes: dict[str, PolicyLanes] = {}
         self.stats = ServingStats()
 
     # ------------------------------------------------------------ areas
-    def add(self, area: ServedArea) -> None:
-        self.areas[area.area_id] = area
+    def add(self, served: ServedArea, fd: int) -> None:
+        """Serve an area whose ``LaneArea`` was checked; ``fd`` (kept by the caller) is mapped
+        into the policy's region. ``ShmError`` when the region is full."""
+        if served.policy not in self.lanes:
+            self.lanes[served.policy] = PolicyLanes(served.area.layout, self.policies[served.policy].slots)
+        self.remove(served.area_id)
+        self.lanes[served.policy].place(fd, served)
+        self.areas[served.area_id] = served
 
     def remove(self, area_id: int) -> None:
         """A client went away: end its open training fragments (truncated), unmap."""
         served = self.areas.pop(area_id, None)
         if served is None:
             return
-        self._send(served.policy, served.book.drop_all(), 0)
+        self._send(served.policy, self.forget(served), 0)
+        pl = self.lanes[served.policy]
+        pl.region.remove(served.where)
+        del pl.by_slot[served.where.slot]
         served.close()
 
+    def forget(self, served: ServedArea) -> np.ndarray:
+        """Close every episode of the area's lanes; returns their final records."""
+        pl = self.lanes[served.policy]
+        pl.deferred[served.where.lanes] = False
+        return pl.book.drop(served.where.lanes)
+
     def open_lanes(self) -> int:
-        return sum(int(np.count_nonzero(a.book.open)) for a in self.areas.values())
+        return sum(int(np.count_nonzero(pl.book.open)) for pl in self.lanes.values())
+
+    def announce_sleep(self, sleeping: bool) -> None:
+        """Set (before sleeping) or clear (after) ``server_sleeping`` in every area header."""
+        for pl in self.lanes.values():
+            pl.region.headers[:, SLEEPING_OFFSET // 4] = int(sleeping)
+
+    def close(self) -> None:
+        for area_id in list(self.areas):
+            self.remove(area_id)
+        for pl in self.lanes.values():
+            pl.close()
+        self.lanes.clear()
 
     # ------------------------------------------------------------ one turn
     def arrivals(self) -> int:
-        """Requests published since the last scan, over every area (cheap: counters only)."""
-        return sum(a.area.requests - a.seen for a in self.areas.values() if a.seen >= 0) + sum(
-            1 for a in self.areas.values()
-            if a.seen < 0 or (a.deferred and not self.policies[a.policy].held))
+        """Requests not looked at yet, over every area (one vectorised scan per policy)."""
+        return sum(pl.arrivals(self.policies[name].held) for name, pl in self.lanes.items())
 
     def serve_once(self) -> int:
         """Answer what is pending (after batching up to ``max_wait_s``). Returns requests answered."""
         if not self.arrivals():
             return 0
         self._gather_wait()
-        by_policy = self._gather()
         answered = 0
-        touched: list[ServedArea] = []
-        for policy, items in by_policy.items():
-            answered += self._serve_policy(policy, items)
-            touched += [a for a, _ in items]
-        if touched:
-            store_load_fence()
-            for served in touched:
-                if served.area.take_client_waiting():
-                    served.bell.ring()
+        for name, pl in self.lanes.items():
+            idx = self._ready(name, pl)
+            if len(idx):
+                answered += self._serve_policy(name, pl, idx)
         return answered
 
     def _gather_wait(self) -> None:
@@ -146,155 +215,85 @@ class InferenceServer:
         while self.arrivals() < want and time.perf_counter() < deadline:
             time.sleep(WAIT_SLICE_S)
 
-    def _gather(self) -> dict[str, list[tuple[ServedArea, Requests]]]:
-        out: dict[str, list[tuple[ServedArea, Requests]]] = {}
-        for served in self.areas.values():
-            count = served.area.requests
-            if count == served.seen and not served.deferred:
-                continue
-            served.seen = count
-            idx, incomplete = served.area.ready()  # a group (STEP_BATCH) only when complete
-            policy = self.policies[served.policy]
-            if policy.held and len(idx):
-                keep = self._serveable_while_held(served, idx)
-                served.deferred = incomplete or len(keep) < len(idx)
-                idx = keep
-            else:
-                served.deferred = incomplete
-            if len(idx):
-                out.setdefault(served.policy, []).append((served, Requests.read(served.area.lanes, idx)))
-        return out
-
-    @staticmethod
-    def _serveable_while_held(served: ServedArea, idx: np.ndarray) -> np.ndarray:
-        """While a policy waits for weights: ends, releases and evaluation lanes go on."""
-        lanes = served.area.lanes
-        ops, flags = lanes["op"][idx], lanes["flags"][idx]
-        book = served.book
-        ok = ((ops == OP_END) | (ops == OP_RELEASE) | ((ops == OP_START) & ((flags & EVALUATE) != 0))
-              | ((ops != OP_START) & book.open[idx] & book.evaluate[idx]))
-        groups = lanes["group"][idx]
-        held_groups = np.unique(groups[~ok & (groups != 0)])  # a group goes whole or waits whole
-        return idx[ok & ~np.isin(groups, held_groups)]
+    def _ready(self, name: str, pl: PolicyLanes) -> np.ndarray:
+        """Lanes to answer now: pending, their group complete, and (while the policy is
+        held) only what may go on; the rest are left pending (``deferred``)."""
+        lanes, owner = pl.region.lanes, pl.region.owner
+        pending = np.flatnonzero(pl.pending())
+        idx = complete_groups(lanes, pending, owner)
+        if self.policies[name].held and len(idx):
+            idx = serveable_while_held(lanes, owner, pl.book, idx)
+        pl.deferred[:] = False
+        pl.deferred[pending] = True
+        pl.deferred[idx] = False
+        return idx
 
     # ------------------------------------------------------------ one policy
-    def _serve_policy(self, name: str, items: list[tuple[ServedArea, Requests]]) -> int:
-        """Every pending request of one policy: lane bookkeeping per area (scalar code for an
-        area with one request, the common case), one observation check and one forward pass
-        over all of them, answers into the lanes, step records to the policy's link."""
+    def _serve_policy(self, name: str, pl: PolicyLanes, idx: np.ndarray) -> int:
+        """Every ready request of one policy: one weights refresh, the lane bookkeeping, one
+        observation check and one forward pass over all of them, answers into the lanes,
+        step records to the policy's link, the sleeping clients rung."""
         policy = self.policies[name]
         runner = policy.runner
         if not policy.held or not runner.ready:  # (held: keep the version it sampled with)
             runner.refresh()
-        if not runner.ready:
-            for served, _req in items:  # no weights yet (learner booting): leave them pending
-                served.deferred = True
+        if not runner.ready:  # no weights yet (learner booting): leave them pending
+            pl.deferred[idx] = True
             return 0
-        if len(items) == 1 and len(items[0][1]) == 1:
-            return self._serve_one(name, policy, *items[0])
-        bad = runner.bad_rows(items[0][1].obs if len(items) == 1 else
-                              stack([req.obs for _, req in items]))
-        records: list[np.ndarray] = []
-        outcomes, steps, start = [], 0, 0
-        for served, req in items:
-            out = self._apply(name, policy, served, req, bad[start:start + len(req)], records)
-            start += len(req)
-            steps += out.train_steps
-            outcomes.append(out)
-        self._act(runner, [(served, req, out) for (served, req), out in zip(items, outcomes)])
-        for (served, req), out in zip(items, outcomes):
-            self._answer(served, req, out, runner.weights_seq_no)
-        if records or steps:
-            self._send(name, concat(records, items[0][0].book.layout), steps)
-        return start
+        req = Requests.read(pl.region.lanes, idx)
+        bad = runner.bad_rows(req.obs)
+        if len(req) == 1:
+            self._serve_one(name, policy, pl, req, bool(bad[0]))
+        else:
+            self._serve_many(name, policy, pl, req, bad)
+        pl.wake(idx)
+        return len(req)
 
-    def _serve_one(self, name: str, policy: PolicyServing, served: ServedArea, req: Requests) -> int:
-        """``_serve_policy`` for a lone request, without batch bookkeeping (a lone client's
-        every step: ~20 us less)."""
-        runner, lane = policy.runner, int(req.lanes[0])
+    def _serve_many(self, name: str, policy: PolicyServing, pl: PolicyLanes, req: Requests,
+                    bad: np.ndarray) -> None:
+        runner, lanes, seq = policy.runner, pl.region.lanes, policy.runner.weights_seq_no
+        out = pl.book.apply(req, bad)
+        wants = out.wants_action
+        n = int(np.count_nonzero(wants))
+        if n:
+            actions, logp, dist = runner.act(req.obs[wants], out.explore[wants])
+            sel = req.lanes[wants]
+            lanes["action"][sel], lanes["logp"][sel] = actions, logp
+            pl.book.remember(req, wants, actions, logp, dist, seq)
+            self.stats.batch(n)
+            self.stats.actions += n
+        lanes["status"][req.lanes], lanes["weights_seq_no"][req.lanes] = out.status, seq
+        lanes["resp_seq"][req.lanes] = req.seqs
+        self.stats.requests += len(req)
+        self.stats.errors += int(np.count_nonzero(out.status))
+        policy.eval_ends += [EvalEpisode(e.episode_return, e.episode_length, e.weights_seq_no,
+                                         policy_id=name) for e in out.eval_ends]
+        if len(out.records) or out.train_steps:
+            self._send(name, out.records, out.train_steps)
+
+    def _serve_one(self, name: str, policy: PolicyServing, pl: PolicyLanes, req: Requests,
+                   bad: bool) -> None:
+        """``_serve_many`` for a lone request, in scalar code (a lone client's every step)."""
+        runner, lane, book = policy.runner, int(req.lanes[0]), pl.book
         out: list[np.ndarray] = []
-        status, wants, explore, ended, steps = served.book.apply_one(
-            lane, int(req.ops[0]), int(req.flags[0]), float(req.rewards[0]), req.obs[0],
-            bool(runner.bad_rows(req.obs)[0]), out)
-        row = served.area.lanes[lane]
+        status, wants, explore, ended, steps = book.apply_one(
+            lane, int(req.ops[0]), int(req.flags[0]), float(req.rewards[0]), req.obs[0], bad, out)
+        row = pl.region.lanes[lane]
         if wants:
             actions, logp, dist = runner.act(req.obs, np.array([explore]))
             row["action"], row["logp"] = actions[0], logp[0]
-            served.book.remember_one(lane, req.obs[0], actions[0], float(logp[0]), dist[0],
-                                     runner.weights_seq_no)
+            book.remember_one(lane, req.obs[0], actions[0], float(logp[0]), dist[0], runner.weights_seq_no)
             self.stats.batch(1)
             self.stats.actions += 1
         row["status"], row["weights_seq_no"] = status, runner.weights_seq_no
-        served.area.answer(req.lanes, req.seqs)
+        row["resp_seq"] = req.seqs[0]
         self.stats.requests += 1
         self.stats.errors += status != 0
         if ended is not None:
             policy.eval_ends.append(EvalEpisode(ended.episode_return, ended.episode_length,
                                                 ended.weights_seq_no, policy_id=name))
         if out or steps:
-            self._send(name, concat(out, served.book.layout), steps)
-        return 1
-
-    def _apply(self, name: str, policy: PolicyServing, served: ServedArea, req: Requests,
-               bad: np.ndarray, records: list[np.ndarray]) -> Outcome:
-        """``LaneBook.apply`` (or ``apply_one`` for a lone request); finished evaluation
-        episodes are queued for EVAL_RESULTS."""
-        if len(req) == 1:
-            status, wants, explore, ended, steps = served.book.apply_one(
-                int(req.lanes[0]), int(req.ops[0]), int(req.flags[0]), float(req.rewards[0]),
-                req.obs[0], bool(bad[0]), records)
-            out = Outcome(np.array([status], np.int32), np.array([wants]), np.array([explore]),
-                          EMPTY, [ended] if ended is not None else [], steps)
-        else:
-            out = served.book.apply(req, bad)
-            records.append(out.records)
-        policy.eval_ends += [EvalEpisode(e.episode_return, e.episode_length, e.weights_seq_no,
-                                         policy_id=name) for e in out.eval_ends]
-        return out
-
-    def _act(self, runner: PolicyRunner, acting: list[tuple[ServedArea, Requests, Outcome]]) -> None:
-        """One forward pass over every request that wants an action; results go into the lanes
-        and become the lanes' pending steps."""
-        rows = [out.wants_action for _, _, out in acting]
-        counts = [int(np.count_nonzero(r)) for r in rows]
-        n = sum(counts)
-        if not n:
-            return
-        if len(acting) == 1:
-            obs, explore = acting[0][1].obs[rows[0]], acting[0][2].explore[rows[0]]
-        else:
-            obs = stack([req.obs[r] for (_, req, _), r in zip(acting, rows)])
-            explore = np.concatenate([out.explore[r] for (_, _, out), r in zip(acting, rows)])
-        actions, logp, dist = runner.act(obs, explore)
-        self.stats.batch(n)
-        self.stats.actions += n
-        start = 0
-        for (served, req, _), r, k in zip(acting, rows, counts):
-            if k == 1 and len(req) == 1:
-                lane = int(req.lanes[0])
-                row = served.area.lanes[lane]
-                row["action"], row["logp"] = actions[start], logp[start]
-                served.book.remember_one(lane, req.obs[0], actions[start], float(logp[start]),
-                                         dist[start], runner.weights_seq_no)
-            elif k:
-                lanes, sel = served.area.lanes, req.lanes[r]
-                lanes["action"][sel] = actions[start:start + k]
-                lanes["logp"][sel] = logp[start:start + k]
-                served.book.remember(req, r, actions[start:start + k], logp[start:start + k],
-                                     dist[start:start + k], runner.weights_seq_no)
-            start += k
-
-    def _answer(self, served: ServedArea, req: Requests, out: Outcome, seq: int) -> None:
-        lanes = served.area.lanes
-        if len(req) == 1:
-            row = lanes[int(req.lanes[0])]
-            row["status"], row["weights_seq_no"] = out.status[0], seq
-        else:
-            lanes["status"][req.lanes] = out.status
-            lanes["weights_seq_no"][req.lanes] = seq
-        served.area.answer(req.lanes, req.seqs)
-        self.stats.requests += len(req)
-        self.stats.errors += int(np.count_nonzero(out.status))
+            self._send(name, concat(out, book.layout), steps)
 
     # ------------------------------------------------------------ steps out
     def _send(self, name: str, records: np.ndarray, train_steps: int) -> None:
@@ -307,8 +306,7 @@ class InferenceServer:
         try:
             link.write(records, train_steps)
             if link.steps >= policy.sample_steps and not link.held:
-                cuts = [a.book.cut() for a in self.areas.values() if a.policy == name]
-                link.write(concat(cuts, link.layout), 0)
+                link.write(self.lanes[name].book.cut(), 0)
                 link.sample_ready(self.on_policy or policy.off_policy)
         except (ConnectionError, OSError, ShmError) as exc:  # the collector restarts: reconnect
             log.info("inference_link_lost", policy=name, error=str(exc))
@@ -323,12 +321,14 @@ class InferenceServer:
                 policy.eval_ends = []
 
 
-def stack(parts: list[np.ndarray]) -> np.ndarray:
-    """Structured rows joined (np.concatenate promotes structured dtypes field by field:
-    ten times slower for many small parts)."""
-    out = np.empty(sum(len(p) for p in parts), parts[0].dtype)
-    start = 0
-    for p in parts:
-        out[start:start + len(p)] = p
-        start += len(p)
-    return out
+def serveable_while_held(lanes: np.ndarray, owner: np.ndarray, book: LaneBook,
+                         idx: np.ndarray) -> np.ndarray:
+    """While a policy waits for weights: ends, releases and evaluation lanes go on (a group
+    goes whole or waits whole)."""
+    ops, flags = lanes["op"][idx], lanes["flags"][idx]
+    ok = ((ops == OP_END) | (ops == OP_RELEASE) | ((ops == OP_START) & ((flags & EVALUATE) != 0))
+          | ((ops != OP_START) & book.open[idx] & book.evaluate[idx]))
+    groups = lanes["group"][idx]
+    key = (owner[idx] << 32) | groups.astype(np.int64)
+    held = np.unique(key[~ok & (groups != 0)])
+    return idx[ok & ~np.isin(key, held)]

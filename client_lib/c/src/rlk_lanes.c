@@ -16,7 +16,7 @@
 #include "rlk_net.h"
 
 #define MAGIC "RLKLANE1"
-#define LAYOUT_VERSION 2u
+#define LAYOUT_VERSION 3u  /* 3: lanes_offset (u32 at 48), lanes on a page boundary */
 #define HEADER_BYTES 64u
 #define ACTION_OFFSET 40u
 #define SPIN_S 50e-6
@@ -68,8 +68,10 @@ static rlk_status check_header(rlk_lanes *l, int lanes) {
     if (l->bytes < HEADER_BYTES || memcmp(l->base, MAGIC, 8) != 0 || version != LAYOUT_VERSION ||
         lane_bytes != l->lane_bytes || (int)capacity < lanes)
         return RLK_E_PROTOCOL;
-    size_t start = align_up(HEADER_BYTES + layout, 64);
-    if (start + (size_t)capacity * lane_bytes > l->bytes) return RLK_E_PROTOCOL;
+    size_t start = *word(l, 48);  /* lanes_offset: past the header and the layout, 64-aligned */
+    if (start < HEADER_BYTES + (size_t)layout || start % 64 != 0 ||
+        start + (size_t)capacity * lane_bytes > l->bytes)
+        return RLK_E_PROTOCOL;
     l->lanes = l->base + start;
     l->capacity = (int)capacity;
     return RLK_OK;
