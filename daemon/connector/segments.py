@@ -65,12 +65,41 @@ def split_segment(seg: Segment, steps: int) -> list[Segment]:
     return [head, tail]
 
 
+class OpenRun:
+    """One stream's records since its last segment, in a buffer grown by doubling (appending
+    a batch's few records is one slice copy, not another array in a list)."""
+
+    __slots__ = ("buf", "n")
+
+    def __init__(self, first: np.ndarray) -> None:
+        self.buf = np.empty(max(16, 2 * len(first)), first.dtype)
+        self.n = 0
+        self.append(first)
+
+    def append(self, rec: np.ndarray) -> None:
+        need = self.n + len(rec)
+        if need > len(self.buf):
+            grown = np.empty(max(need, 2 * len(self.buf)), self.buf.dtype)
+            grown[:self.n] = self.buf[:self.n]
+            self.buf = grown
+        self.buf[self.n:need] = rec
+        self.n = need
+
+    def records(self) -> np.ndarray:
+        """A view of the open records (valid until the next append)."""
+        return self.buf[:self.n]
+
+
 class SegmentAssembler:
-    """Groups interleaved records into complete segments; remembers flush requests."""
+    """Groups interleaved records into complete segments; remembers flush requests.
+
+    Called by the connector for every batch it reads: one stable sort by stream, then per
+    stream in the batch one slice appended to its ``OpenRun`` and a segment per FINAL_OBS.
+    """
 
     def __init__(self, max_open_steps: int | None = None) -> None:
         self.max_open_steps = max_open_steps
-        self.open: dict[int, list[np.ndarray]] = {}
+        self.open: dict[int, OpenRun] = {}
         self.max_ingest_id = 0
         self.flush_requested = False
 
@@ -80,11 +109,13 @@ class SegmentAssembler:
             return []
         self.max_ingest_id = max(self.max_ingest_id, int(records["ingest_id"].max()))
         is_marker = (records["flags"] & (FLUSH | STREAM_END)) != 0
-        markers, records = records[is_marker], records[~is_marker]
-        self.flush_requested |= bool(np.any(markers["flags"] & FLUSH))
+        markers = records[is_marker] if is_marker.any() else records[:0]
+        if len(markers):
+            records = records[~is_marker]
+            self.flush_requested |= bool(np.any(markers["flags"] & FLUSH))
         done: list[Segment] = []
-        for stream in np.unique(records["stream_id"]):
-            done.extend(self._add_stream(int(stream), records[records["stream_id"] == stream]))
+        for stream, rec in by_stream(records):
+            done.extend(self._add_stream(stream, rec))
         for stream in markers["stream_id"][(markers["flags"] & STREAM_END) != 0]:
             done.extend(self.end_stream(int(stream)))
         done.sort(key=lambda s: s.first_ingest_id)
@@ -93,23 +124,30 @@ class SegmentAssembler:
     def end_stream(self, stream: int) -> list[Segment]:
         """The stream's client left: its open steps become a cut segment (nothing is lost
         that can be trained on: the last record's obs is the bootstrap observation)."""
-        parts = self.open.pop(stream, [])
-        rec = np.concatenate(parts) if parts else None
-        if rec is None or len(rec) < 2:
+        run = self.open.pop(stream, None)
+        if run is None or run.n < 2:
             return []
-        final = rec[-1:].copy()
-        final["flags"] = FINAL_OBS
-        return [segment_from_records(np.concatenate([rec[:-1], final]))]
+        rec = run.records().copy()
+        rec["flags"][-1] = FINAL_OBS
+        return [segment_from_records(rec)]
 
     def _add_stream(self, stream: int, rec: np.ndarray) -> list[Segment]:
         ends = np.flatnonzero(rec["flags"] & FINAL_OBS)
         out, start = [], 0
         for end in ends:
-            parts = [*self.open.pop(stream, []), rec[start:end + 1]]
-            out.append(segment_from_records(np.concatenate(parts)))
+            run = self.open.pop(stream, None)
+            if run is None:
+                out.append(segment_from_records(rec[start:end + 1]))
+            else:
+                run.append(rec[start:end + 1])
+                out.append(segment_from_records(run.records()))  # (it copies what it keeps)
             start = int(end) + 1
         if start < len(rec):
-            self.open.setdefault(stream, []).append(rec[start:])
+            run = self.open.get(stream)
+            if run is None:
+                self.open[stream] = OpenRun(rec[start:])
+            else:
+                run.append(rec[start:])
             out.extend(self._cut_if_too_long(stream))
         return out
 
@@ -119,14 +157,29 @@ class SegmentAssembler:
         The last record stays open (its obs is both the cut's bootstrap observation and
         the first observation of the continuation), as an RLlink fragment cut would.
         """
-        parts = self.open[stream]
-        if self.max_open_steps is None or sum(len(p) for p in parts) <= self.max_open_steps:
+        run = self.open[stream]
+        if self.max_open_steps is None or run.n <= self.max_open_steps:
             return []
-        rec = np.concatenate(parts)
-        final = rec[-1:].copy()
-        final["flags"] = FINAL_OBS
-        self.open[stream] = [rec[-1:]]
-        return [segment_from_records(np.concatenate([rec[:-1], final]))]
+        rec = run.records().copy()
+        self.open[stream] = OpenRun(rec[-1:])
+        rec["flags"][-1] = FINAL_OBS
+        return [segment_from_records(rec)]
 
     def open_steps(self) -> int:
-        return sum(len(p) for parts in self.open.values() for p in parts)
+        return sum(run.n for run in self.open.values())
+
+
+def by_stream(records: np.ndarray):
+    """(stream id, its records in ring order) for each stream of a batch: one stable sort."""
+    ids = records["stream_id"]
+    if not len(ids):
+        return
+    if ids[0] == ids[-1] and (ids == ids[0]).all():
+        yield int(ids[0]), records
+        return
+    order = np.argsort(ids, kind="stable")
+    rec = records[order]
+    streams, starts = np.unique(rec["stream_id"], return_index=True)
+    bounds = [*starts[1:].tolist(), len(rec)]
+    for stream, a, b in zip(streams.tolist(), starts.tolist(), bounds):
+        yield stream, rec[a:b]

@@ -19,7 +19,8 @@
 #define LAYOUT_VERSION 3u  /* 3: lanes_offset (u32 at 48), lanes on a page boundary */
 #define HEADER_BYTES 64u
 #define ACTION_OFFSET 40u
-#define SPIN_S 50e-6
+#define SPIN_S 50e-6       /* busy-wait this long for an answer, while answers come fast */
+#define WAIT_EWMA 0.1      /* weight of the newest wait in wait_s */
 #define WAIT_SLICE_MS 100
 
 struct rlk_lanes {
@@ -28,6 +29,7 @@ struct rlk_lanes {
     unsigned char *lanes;  /* lane 0 */
     int capacity, fds[3];  /* area, request doorbell, response doorbell */
     uint32_t group;
+    double wait_s;         /* EWMA of how long answers take: spin only while it is short */
 };
 
 static size_t align_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -166,10 +168,23 @@ static int all_answered(const rlk_lanes *l, const int *lanes, int n) {
     return 1;
 }
 
+static int wait_answers(rlk_lanes *l, const int *lanes, int n, int sock, double start, double timeout_s);
+
+/* Spin for the answer only while recent answers came within about SPIN_S; otherwise (a busy
+ * daemon, many clients on few cores) sleep at once and leave the CPU to the daemon. */
 int rlk_lanes_wait(rlk_lanes *l, const int *lanes, int n, int sock, double timeout_s) {
-    double start = rlk_now(), deadline = start + timeout_s;
-    while (rlk_now() - start < SPIN_S)
-        if (all_answered(l, lanes, n)) return 0;
+    double start = rlk_now();
+    int r = wait_answers(l, lanes, n, sock, start, timeout_s);
+    double took = rlk_now() - start;
+    l->wait_s += WAIT_EWMA * ((took < 10 * SPIN_S ? took : 10 * SPIN_S) - l->wait_s);
+    return r;
+}
+
+static int wait_answers(rlk_lanes *l, const int *lanes, int n, int sock, double start, double timeout_s) {
+    double deadline = start + timeout_s;
+    if (l->wait_s < 2 * SPIN_S)
+        while (rlk_now() - start < SPIN_S)
+            if (all_answered(l, lanes, n)) return 0;
     while (!all_answered(l, lanes, n)) {
         __atomic_store_n(word(l, 36), 1u, __ATOMIC_RELAXED);  /* client_waiting, then fence, recheck */
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
