@@ -65,41 +65,24 @@ def split_segment(seg: Segment, steps: int) -> list[Segment]:
     return [head, tail]
 
 
-class OpenRun:
-    """One stream's records since its last segment, in a buffer grown by doubling (appending
-    a batch's few records is one slice copy, not another array in a list)."""
-
-    __slots__ = ("buf", "n")
-
-    def __init__(self, first: np.ndarray) -> None:
-        self.buf = np.empty(max(16, 2 * len(first)), first.dtype)
-        self.n = 0
-        self.append(first)
-
-    def append(self, rec: np.ndarray) -> None:
-        need = self.n + len(rec)
-        if need > len(self.buf):
-            grown = np.empty(max(need, 2 * len(self.buf)), self.buf.dtype)
-            grown[:self.n] = self.buf[:self.n]
-            self.buf = grown
-        self.buf[self.n:need] = rec
-        self.n = need
-
-    def records(self) -> np.ndarray:
-        """A view of the open records (valid until the next append)."""
-        return self.buf[:self.n]
-
-
 class SegmentAssembler:
     """Groups interleaved records into complete segments; remembers flush requests.
 
-    Called by the connector for every batch it reads: one stable sort by stream, then per
-    stream in the batch one slice appended to its ``OpenRun`` and a segment per FINAL_OBS.
+    Called by the connector for every batch it reads (any streams interleaved, each in
+    ring order). Open records of every stream wait in one pool, in ring order: a batch is
+    appended with one slice copy, and a stream's records are gathered (one vectorised scan
+    of the pool) only when a FINAL_OBS completes its segment, so a batch of many streams
+    with a record each costs a few numpy calls, not Python work per stream. Taken rows
+    are marked dead; the pool is compacted when more than half of it is dead.
     """
 
     def __init__(self, max_open_steps: int | None = None) -> None:
         self.max_open_steps = max_open_steps
-        self.open: dict[int, OpenRun] = {}
+        self.pool: np.ndarray | None = None  # records [capacity]; rows [0, n) used
+        self.alive = np.zeros(0, bool)
+        self.n = 0
+        self.live = 0          # alive rows (open steps of every stream)
+        self.recheck_in = 0    # records to add before a stream could pass max_open_steps
         self.max_ingest_id = 0
         self.flush_requested = False
 
@@ -109,77 +92,104 @@ class SegmentAssembler:
             return []
         self.max_ingest_id = max(self.max_ingest_id, int(records["ingest_id"].max()))
         is_marker = (records["flags"] & (FLUSH | STREAM_END)) != 0
-        markers = records[is_marker] if is_marker.any() else records[:0]
-        if len(markers):
-            records = records[~is_marker]
+        markers = records[:0]
+        if is_marker.any():
+            markers, records = records[is_marker], records[~is_marker]
             self.flush_requested |= bool(np.any(markers["flags"] & FLUSH))
         done: list[Segment] = []
-        for stream, rec in by_stream(records):
-            done.extend(self._add_stream(stream, rec))
+        if len(records):
+            done.extend(self._add_records(records))
         for stream in markers["stream_id"][(markers["flags"] & STREAM_END) != 0]:
             done.extend(self.end_stream(int(stream)))
+        self._compact()
         done.sort(key=lambda s: s.first_ingest_id)
         return done
 
     def end_stream(self, stream: int) -> list[Segment]:
         """The stream's client left: its open steps become a cut segment (nothing is lost
         that can be trained on: the last record's obs is the bootstrap observation)."""
-        run = self.open.pop(stream, None)
-        if run is None or run.n < 2:
+        rows = self._rows(stream)
+        if not len(rows):
             return []
-        rec = run.records().copy()
-        rec["flags"][-1] = FINAL_OBS
-        return [segment_from_records(rec)]
-
-    def _add_stream(self, stream: int, rec: np.ndarray) -> list[Segment]:
-        ends = np.flatnonzero(rec["flags"] & FINAL_OBS)
-        out, start = [], 0
-        for end in ends:
-            run = self.open.pop(stream, None)
-            if run is None:
-                out.append(segment_from_records(rec[start:end + 1]))
-            else:
-                run.append(rec[start:end + 1])
-                out.append(segment_from_records(run.records()))  # (it copies what it keeps)
-            start = int(end) + 1
-        if start < len(rec):
-            run = self.open.get(stream)
-            if run is None:
-                self.open[stream] = OpenRun(rec[start:])
-            else:
-                run.append(rec[start:])
-            out.extend(self._cut_if_too_long(stream))
-        return out
-
-    def _cut_if_too_long(self, stream: int) -> list[Segment]:
-        """Bound memory: an open run longer than max_open_steps becomes a cut segment.
-
-        The last record stays open (its obs is both the cut's bootstrap observation and
-        the first observation of the continuation), as an RLlink fragment cut would.
-        """
-        run = self.open[stream]
-        if self.max_open_steps is None or run.n <= self.max_open_steps:
+        rec = self._take(rows)
+        if len(rec) < 2:
             return []
-        rec = run.records().copy()
-        self.open[stream] = OpenRun(rec[-1:])
         rec["flags"][-1] = FINAL_OBS
         return [segment_from_records(rec)]
 
     def open_steps(self) -> int:
-        return sum(run.n for run in self.open.values())
+        return self.live
 
+    # ------------------------------------------------------------ the pool
+    def _add_records(self, records: np.ndarray) -> list[Segment]:
+        start = self._append(records)
+        pool = self._pool()
+        out = [segment_from_records(self._take(self._rows(int(pool["stream_id"][end]), end)))
+               for end in (start + np.flatnonzero(records["flags"] & FINAL_OBS)).tolist()]
+        return out + self._cut_long_runs(len(records))
 
-def by_stream(records: np.ndarray):
-    """(stream id, its records in ring order) for each stream of a batch: one stable sort."""
-    ids = records["stream_id"]
-    if not len(ids):
-        return
-    if ids[0] == ids[-1] and (ids == ids[0]).all():
-        yield int(ids[0]), records
-        return
-    order = np.argsort(ids, kind="stable")
-    rec = records[order]
-    streams, starts = np.unique(rec["stream_id"], return_index=True)
-    bounds = [*starts[1:].tolist(), len(rec)]
-    for stream, a, b in zip(streams.tolist(), starts.tolist(), bounds):
-        yield stream, rec[a:b]
+    def _pool(self) -> np.ndarray:
+        assert self.pool is not None
+        return self.pool
+
+    def _append(self, rec: np.ndarray) -> int:
+        need = self.n + len(rec)
+        if self.pool is None or need > len(self.pool):
+            grown = np.empty(max(need, 2 * self.n, 256), rec.dtype)
+            if self.pool is not None:
+                grown[:self.n] = self.pool[:self.n]
+            self.pool = grown
+            self.alive = np.concatenate([self.alive[:self.n], np.zeros(len(grown) - self.n, bool)])
+        start = self.n
+        self.pool[start:need] = rec
+        self.alive[start:need] = True
+        self.n, self.live = need, self.live + len(rec)
+        return start
+
+    def _rows(self, stream: int, last: int | None = None) -> np.ndarray:
+        """Alive rows of ``stream`` up to row ``last`` (default: all), in ring order."""
+        if self.pool is None:
+            return np.zeros(0, np.int64)
+        n = self.n if last is None else last + 1
+        return np.flatnonzero(self.alive[:n] & (self.pool["stream_id"][:n] == stream))
+
+    def _take(self, rows: np.ndarray) -> np.ndarray:
+        """Copies of ``rows`` (some), which are dead from now on."""
+        out = self._pool()[rows]
+        self.alive[rows] = False
+        self.live -= len(rows)
+        return out
+
+    def _cut_long_runs(self, added: int) -> list[Segment]:
+        """Bound memory: an open run longer than max_open_steps becomes a cut segment.
+
+        The last record stays open (its obs is both the cut's bootstrap observation and
+        the first observation of the continuation), as an RLlink fragment cut would. The
+        per-stream count is taken only once enough records came for some run to pass it.
+        """
+        self.recheck_in -= added
+        if self.max_open_steps is None or self.live <= self.max_open_steps or self.recheck_in > 0:
+            return []
+        pool = self._pool()
+        streams, counts = np.unique(pool["stream_id"][np.flatnonzero(self.alive[:self.n])],
+                                    return_counts=True)
+        out = []
+        for stream in streams[counts > self.max_open_steps].tolist():
+            rows = self._rows(stream)
+            rec = pool[rows]  # (the last row stays alive: it continues the run)
+            self._take(rows[:-1])
+            rec["flags"][-1] = FINAL_OBS
+            out.append(segment_from_records(rec))
+        kept = counts[counts <= self.max_open_steps]
+        self.recheck_in = self.max_open_steps - (int(kept.max()) if len(kept) else 0)
+        return out
+
+    def _compact(self) -> None:
+        """Drop dead rows once they are most of a pool of 1,024 rows or more (order kept)."""
+        if self.pool is None or self.n < 1024 or self.live > self.n // 2:
+            return
+        keep = np.flatnonzero(self.alive[:self.n])
+        self.pool[:len(keep)] = self.pool[keep]
+        self.alive[:len(keep)] = True
+        self.alive[len(keep):self.n] = False
+        self.n = len(keep)

@@ -29,3 +29,33 @@ def test_open_run_longer_than_the_limit_becomes_a_cut_segment():
     end["flags"] = FINAL_OBS
     (tail,) = asm.add(end)
     assert tail.num_steps == 1 and tail.obs["obs"][0, 0] == 120  # continuation starts there
+
+
+def test_many_interleaved_streams_give_each_stream_its_own_runs_in_order():
+    """Random episodes of 40 streams, interleaved and read in random chunks (the pool is
+    compacted on the way): every segment is one stream's consecutive records, and every
+    step is in exactly one segment."""
+    rng = np.random.default_rng(5)
+    streams = {s: [] for s in range(40)}
+    for s in streams:
+        for length in rng.integers(1, 60, size=8):
+            streams[s] += [False] * int(length) + [True]  # steps, then FINAL_OBS
+    order = np.concatenate([[s] * len(v) for s, v in streams.items()])
+    rng.shuffle(order)  # (each stream's own records stay in order below)
+    rec = np.zeros(len(order), StepLayout.flat(4, 1, 2).dtype)
+    rec["stream_id"], rec["ingest_id"] = order, np.arange(1, len(order) + 1)
+    pos = {s: 0 for s in streams}
+    for i, s in enumerate(order):
+        rec["flags"][i] = FINAL_OBS if streams[s][pos[s]] else 0
+        pos[s] += 1
+    asm, got, at = SegmentAssembler(max_open_steps=10_000), [], 0
+    while at < len(rec):
+        n = int(rng.integers(1, 90))
+        got += asm.add(rec[at:at + n])
+        at += n
+    assert asm.open_steps() == 0 and asm.n < 1024  # compacted: nothing left open
+    assert sum(seg.num_steps + 1 for seg in got) == len(rec)
+    for seg in got:
+        mine = rec["ingest_id"][rec["stream_id"] == seg.stream_id]
+        first = int(np.flatnonzero(mine == seg.ingest_ids[0])[0])
+        assert list(seg.ingest_ids) == list(mine[first:first + len(seg.ingest_ids)])
