@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import select
+import time
 
 import numpy as np
 
@@ -27,6 +28,8 @@ from rlinkd.shm.ring import StepRing
 CONNECT_TIMEOUT_S = 10.0
 RING_RECORDS = 1 << 17
 WRITE_TIMEOUT_S = 30.0
+COALESCE_RECORDS = 1024  # step records queued before one ring write ...
+COALESCE_S = 0.002       # ... or this long after the first of them (``flush``: at once)
 
 
 class PolicyLink:
@@ -40,6 +43,9 @@ class PolicyLink:
         self.exploration: dict | None = None  # the last WEIGHTS_READY's (DQN epsilon)
         self.steps = 0          # training steps written since the last SAMPLE_READY
         self.unsent_records = 0
+        self.queue = layout.empty(COALESCE_RECORDS)  # records not in the ring yet
+        self.queued = 0
+        self.first_queued_at = 0.0
 
     def connect(self) -> None:
         """Handshake and ring (blocking, bounded). ``ConnectionError``/``OSError`` if the
@@ -65,15 +71,38 @@ class PolicyLink:
         return self.client.sock.fileno()
 
     def write(self, records: np.ndarray, train_steps: int) -> None:
-        """Append step records to the ring (waits for space: the collector drains it)."""
-        if len(records):
-            assert self.ring is not None
-            self.ring.write_batch(records, timeout_s=WRITE_TIMEOUT_S)
+        """Queue step records for the ring: written once ``COALESCE_RECORDS`` are queued or
+        the first of them is ``COALESCE_S`` old (one collector wake-up per ~1,000 steps,
+        not per batch of a few). Waits for ring space: the collector drains it."""
+        n = len(records)
+        if n:
+            if self.queued + n > COALESCE_RECORDS:
+                self.flush()
+            if n >= COALESCE_RECORDS:
+                self._write(records)
+            else:
+                if not self.queued:
+                    self.first_queued_at = time.perf_counter()
+                self.queue[self.queued:self.queued + n] = records
+                self.queued += n
         self.steps += train_steps
+        if self.queued and time.perf_counter() - self.first_queued_at >= COALESCE_S:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the queued records now (the role calls it before it idles)."""
+        if self.queued:
+            self._write(self.queue[:self.queued])
+            self.queued = 0
+
+    def _write(self, records: np.ndarray) -> None:
+        assert self.ring is not None
+        self.ring.write_batch(records, timeout_s=WRITE_TIMEOUT_S)
 
     def sample_ready(self, on_policy: bool) -> None:
         """Hand the steps written so far on; on-policy, hold until WEIGHTS_READY."""
         assert self.client is not None
+        self.flush()
         self.client.send(codec.SampleReady(env_steps=self.steps, get_state=on_policy))
         self.steps = 0
         self.held = on_policy
@@ -101,4 +130,4 @@ class PolicyLink:
             self.ring.close()
         if self.client is not None:
             self.client.close()
-        self.client, self.ring, self.held = None, None, False
+        self.client, self.ring, self.held, self.queued = None, None, False, 0

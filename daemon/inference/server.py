@@ -312,6 +312,18 @@ class InferenceServer:
             log.info("inference_link_lost", policy=name, error=str(exc))
             link.close()
 
+    def flush_links(self) -> None:
+        """Write every link's queued step records (the shell calls it before it idles)."""
+        for name, policy in self.policies.items():
+            link = policy.link
+            if link is None or not link.connected or not link.queued:
+                continue
+            try:
+                link.flush()
+            except (ConnectionError, OSError, ShmError) as exc:  # the collector restarts: reconnect
+                log.info("inference_link_lost", policy=name, error=str(exc))
+                link.close()
+
     def flush_eval(self) -> None:
         """Send finished evaluation episodes (called by the shell about twice a second)."""
         links = [p.link for p in self.policies.values() if p.link is not None and p.link.connected]

@@ -241,3 +241,32 @@ def test_a_dqn_policy_is_served_epsilon_greedy_once_epsilon_is_known(setup):
     runner.epsilon = 1.0
     actions, _, _ = runner.act(rows, np.ones(200, bool))
     assert 0.3 < float((actions != greedy).mean()) < 0.7  # uniform over 2 actions: half differ
+
+
+def test_the_link_coalesces_step_records_into_few_ring_writes(setup):
+    """Small batches wait in the link's queue: one ring write per COALESCE_RECORDS records,
+    or once the first queued is COALESCE_S old, or at flush (before idling, SAMPLE_READY)."""
+    from rlinkd.daemon.inference.link import COALESCE_RECORDS, PolicyLink
+    _, _, _, _, d = setup
+    layout = step_layout(d)
+    writes = []
+
+    class Ring:
+        def write_batch(self, records, timeout_s):
+            writes.append(records["reward"].copy())
+
+    link = PolicyLink("/nonexistent", "token", "default", layout)
+    link.ring = Ring()
+    batch = layout.empty(10)
+    batch["reward"] = np.arange(10)
+    link.write(batch, 10)
+    assert writes == [] and link.queued == 10 and link.steps == 10
+    link.first_queued_at -= 1.0  # the first queued record is old: the next write sends all
+    link.write(batch[:3], 3)
+    assert [len(w) for w in writes] == [13] and link.queued == 0
+    for _ in range(COALESCE_RECORDS // 10 + 1):
+        link.write(batch, 10)
+    assert [len(w) for w in writes] == [13, COALESCE_RECORDS // 10 * 10]  # full: written
+    link.flush()
+    assert sum(len(w) for w in writes) == 13 + (COALESCE_RECORDS // 10 + 1) * 10 and link.queued == 0
+    assert list(writes[-1]) == list(range(10)) * (len(writes[-1]) // 10)  # order kept
