@@ -16,7 +16,10 @@ a TCP + orjson round trip; their p50 in steps/s is what one agent could at most 
 ``--many N`` instead: N single-agent C clients at once against a daemon that does not train
 (the serving benchmark's settings), over shared-memory lanes and over TCP: the inference
 role's actions/s with clients whose own CPU per action is negligible (issue 12's 64-client
-targets), with the role's mean batch and CPU per 1,000 actions.
+targets), with the role's mean batch and CPU per 1,000 actions, beside the physical limit of
+that pattern measured in the same run (bench/limits/fanin.c: N C processes sleeping on their
+own eventfd, one C server answering all pending words per pass and ringing each sleeper; no
+policy, no Python).
 Writes bench/results/c_client.json (``--many``: c_client_many.json).
 """
 from __future__ import annotations
@@ -97,10 +100,22 @@ def one_run(binary: Path, seconds: float) -> dict[str, float]:
         shutil.rmtree(state, ignore_errors=True)
 
 
+def fanin_limit(out_dir: Path, clients: int, seconds: float) -> float:
+    """Round trips/s of bench/limits/fanin.c with ``clients`` sleeping client processes."""
+    exe = out_dir / "fanin"
+    subprocess.run(["cc", "-O2", "-std=c11", "-o", str(exe), str(REPO / "bench" / "limits" / "fanin.c")],
+                   check=True, timeout=120)
+    done = subprocess.run([str(exe), str(clients), str(seconds)], capture_output=True, text=True,
+                          check=True, timeout=seconds + 60)
+    return float(json.loads(done.stdout)["round_trips_per_s"])
+
+
 def many_c(binary: Path, clients: int, seconds: float) -> dict[str, dict]:
-    """``clients`` C processes (one agent each) per transport at once; the role's counters."""
+    """``clients`` C processes (one agent each) per transport at once; the role's counters;
+    the fan-in limit of as many sleeping processes."""
     from bench.scenarios.serving import NO_TRAINING
-    out = {}
+    out: dict[str, dict] = {"limit": {"round_trips_per_s": round(fanin_limit(binary.parent, clients,
+                                                                             min(seconds, 5.0)))}}
     state = Path(tempfile.mkdtemp(prefix="rlinkd-cmany-"))
     with ServeProcess(state / "state", NO_TRAINING) as daemon:
         time.sleep(2.0)
@@ -126,11 +141,15 @@ def many_c(binary: Path, clients: int, seconds: float) -> dict[str, dict]:
 def main_many(args, binary: Path) -> int:
     runs = [many_c(binary, args.many, args.seconds) for _ in range(args.runs)]
     result = {"clients": args.many, "seconds": args.seconds, "runs": runs,
-              "actions_per_s": {t: median_range([r[t]["actions_per_s"] for r in runs], 0) for t in runs[0]}}
+              "actions_per_s": {t: median_range([r[t]["actions_per_s"] for r in runs], 0)
+                                for t in runs[0] if t != "limit"},
+              "limit_round_trips_per_s": median_range([r["limit"]["round_trips_per_s"] for r in runs], 0)}
     path = write_result("c_client_many", result, args.out)
     for t, m in result["actions_per_s"].items():
         print(f"{args.many} C clients, {t}: {m['median']:,.0f} actions/s ({m['min']:,.0f} – {m['max']:,.0f}); "
               f"last run {runs[-1][t]}")
+    lim = result["limit_round_trips_per_s"]
+    print(f"limit ({args.many} sleeping C processes, C server, no policy): {lim['median']:,.0f} round trips/s")
     print(f"wrote {path}")
     return 0
 
