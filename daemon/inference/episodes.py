@@ -61,7 +61,11 @@ class Requests:
 
     @classmethod
     def read(cls, lanes_view: np.ndarray, idx: np.ndarray) -> Requests:
-        rows = lanes_view[idx]  # one fancy-index copy of the whole lanes
+        if len(idx) == 1:  # (a slice copy: a lone request's common case, half the cost)
+            i = int(idx[0])
+            rows = lanes_view[i:i + 1].copy()
+        else:
+            rows = lanes_view[idx]  # one fancy-index copy of the whole lanes
         return cls(idx, rows["req_seq"], rows["op"], rows["flags"], rows["reward"], rows["obs"])
 
     def __len__(self) -> int:

@@ -63,6 +63,7 @@ class PolicyLanes:
         self.region = LaneRegion(layout)
         self.book = LaneBook(0, layout.step, slots)
         self.deferred = np.zeros(0, bool)
+        self.any_deferred = False
         self.by_slot: dict[int, ServedArea] = {}
 
     def place(self, fd: int, served: ServedArea) -> None:
@@ -170,7 +171,7 @@ class InferenceServer:
     def forget(self, served: ServedArea) -> np.ndarray:
         """Close every episode of the area's lanes; returns their final records."""
         pl = self.lanes[served.policy]
-        pl.deferred[served.where.lanes] = False
+        pl.deferred[served.where.lanes] = False  # (any_deferred may stay set: harmless)
         return pl.book.drop(served.where.lanes)
 
     def open_lanes(self) -> int:
@@ -223,9 +224,14 @@ class InferenceServer:
         idx = complete_groups(lanes, pending, owner)
         if self.policies[name].held and len(idx):
             idx = serveable_while_held(lanes, owner, pl.book, idx)
-        pl.deferred[:] = False
-        pl.deferred[pending] = True
-        pl.deferred[idx] = False
+        if len(idx) < len(pending):
+            pl.deferred[:] = False
+            pl.deferred[pending] = True
+            pl.deferred[idx] = False
+            pl.any_deferred = True
+        elif pl.any_deferred:
+            pl.deferred[:] = False
+            pl.any_deferred = False
         return idx
 
     # ------------------------------------------------------------ one policy
@@ -239,6 +245,7 @@ class InferenceServer:
             runner.refresh()
         if not runner.ready:  # no weights yet (learner booting): leave them pending
             pl.deferred[idx] = True
+            pl.any_deferred = True
             return 0
         req = Requests.read(pl.region.lanes, idx)
         bad = runner.bad_rows(req.obs)
