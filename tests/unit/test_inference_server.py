@@ -270,3 +270,13 @@ def test_the_link_coalesces_step_records_into_few_ring_writes(setup):
     link.flush()
     assert sum(len(w) for w in writes) == 13 + (COALESCE_RECORDS // 10 + 1) * 10 and link.queued == 0
     assert list(writes[-1]) == list(range(10)) * (len(writes[-1]) // 10)  # order kept
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_lone_request_with_a_non_finite_observation_is_refused(setup, bad):
+    """The lone-request path checks one row in plain Python: NaN and +-inf still fail."""
+    server, (a, _), _, _, _ = setup
+    request(a, 0, OP_START, np.array([0.0, bad, 0.0, 0.0], np.float32))
+    assert server.serve_once() == 1 and a.lanes["status"][0] == STATUS_BAD_OBS
+    request(a, 1, OP_START)
+    assert server.serve_once() == 1 and a.lanes["status"][1] == STATUS_OK
