@@ -34,7 +34,7 @@ from rlinkd.shm.lanes import LANE_ALIGN, LaneArea, LaneLayout, lanes_offset
 PROT_NONE, PROT_RW = 0, mmap.PROT_READ | mmap.PROT_WRITE
 MAP_FIXED, MAP_NORESERVE = 0x10, 0x4000
 MAP_FAILED = ctypes.c_void_p(-1).value
-MAX_REGION_BYTES = 1 << 34  # address space reserved for one policy's lanes (no memory behind it)
+MAX_REGION_BYTES = 1 << 32  # address space reserved for one policy's lanes (no memory behind it)
 MAX_SLOTS = 1 << 14          # areas of one policy at once
 
 _libc = ctypes.CDLL(None, use_errno=True)
