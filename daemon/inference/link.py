@@ -86,12 +86,12 @@ class PolicyLink:
                 self.queue[self.queued:self.queued + n] = records
                 self.queued += n
         self.steps += train_steps
-        if self.queued and time.perf_counter() - self.first_queued_at >= COALESCE_S:
-            self.flush()
+        self.flush(only_old=True)
 
-    def flush(self) -> None:
-        """Write the queued records now (the role calls it before it idles)."""
-        if self.queued:
+    def flush(self, only_old: bool = False) -> None:
+        """Write the queued records now (``only_old``: if the first is ``COALESCE_S`` old).
+        The role calls it after each turn (only_old) and before it idles."""
+        if self.queued and (not only_old or time.perf_counter() - self.first_queued_at >= COALESCE_S):
             self._write(self.queue[:self.queued])
             self.queued = 0
 

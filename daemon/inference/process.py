@@ -97,6 +97,7 @@ class Inference:
         if answered:  # (the gap excludes serving: a big batch is no reason to stop spinning)
             self.gap_s += GAP_EWMA * (min(started - self.last_answer, 1.0) - self.gap_s)
             self.last_answer = time.perf_counter()
+            self.server.flush_links(only_old=True)  # (turns of evaluation lanes only write none)
         else:
             self.server.flush_links()  # (nothing to answer: the queued steps go now)
             if not self._spin():

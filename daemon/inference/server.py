@@ -319,14 +319,15 @@ class InferenceServer:
             log.info("inference_link_lost", policy=name, error=str(exc))
             link.close()
 
-    def flush_links(self) -> None:
-        """Write every link's queued step records (the shell calls it before it idles)."""
+    def flush_links(self, only_old: bool = False) -> None:
+        """Write every link's queued step records (``only_old``: those queued ``COALESCE_S``
+        ago; the shell calls it after each turn, and with False before it idles)."""
         for name, policy in self.policies.items():
             link = policy.link
             if link is None or not link.connected or not link.queued:
                 continue
             try:
-                link.flush()
+                link.flush(only_old)
             except (ConnectionError, OSError, ShmError) as exc:  # the collector restarts: reconnect
                 log.info("inference_link_lost", policy=name, error=str(exc))
                 link.close()
