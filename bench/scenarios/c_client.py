@@ -19,14 +19,17 @@ role's actions/s with clients whose own CPU per action is negligible (issue 12's
 targets), with the role's mean batch and CPU per 1,000 actions, beside the physical limit of
 that pattern measured in the same run (bench/limits/fanin.c: N C processes sleeping on their
 own eventfd, one C server answering all pending words per pass and ringing each sleeper; no
-policy, no Python).
+policy, no Python), and what one Python ``os.write`` to the eventfd of a sleeping process
+costs the writer (the role rings every answered client that sleeps).
 Writes bench/results/c_client.json (``--many``: c_client_many.json).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -110,12 +113,42 @@ def fanin_limit(out_dir: Path, clients: int, seconds: float) -> float:
     return float(json.loads(done.stdout)["round_trips_per_s"])
 
 
+def wake_cost_us(processes: int, rounds: int = 200) -> float:
+    """Microseconds one Python ``os.write`` to an eventfd costs the writer when a process
+    sleeps on it (the inference role's ring of a sleeping client), ``processes`` at a time."""
+    fds = [os.eventfd(0, 0) for _ in range(processes)]
+    pids = []
+    for fd in fds:
+        pid = os.fork()
+        if pid == 0:  # (a child: sleep on its eventfd until killed)
+            while True:
+                os.read(fd, 8)
+        pids.append(pid)
+    try:
+        one, total = (1).to_bytes(8, "little"), 0.0
+        time.sleep(0.5)
+        for _ in range(rounds):
+            time.sleep(0.005)  # (every child asleep again)
+            t0 = time.perf_counter()
+            for fd in fds:
+                os.write(fd, one)
+            total += time.perf_counter() - t0
+        return total / rounds / processes * 1e6
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        for fd in fds:
+            os.close(fd)
+
+
 def many_c(binary: Path, clients: int, seconds: float) -> dict[str, dict]:
     """``clients`` C processes (one agent each) per transport at once; the role's counters;
     the fan-in limit of as many sleeping processes."""
     from bench.scenarios.serving import NO_TRAINING
     out: dict[str, dict] = {"limit": {"round_trips_per_s": round(fanin_limit(binary.parent, clients,
-                                                                             min(seconds, 5.0)))}}
+                                                                             min(seconds, 5.0))),
+                                      "python_wake_us": round(wake_cost_us(clients), 1)}}
     state = Path(tempfile.mkdtemp(prefix="rlinkd-cmany-"))
     with ServeProcess(state / "state", NO_TRAINING) as daemon:
         time.sleep(2.0)
@@ -143,13 +176,15 @@ def main_many(args, binary: Path) -> int:
     result = {"clients": args.many, "seconds": args.seconds, "runs": runs,
               "actions_per_s": {t: median_range([r[t]["actions_per_s"] for r in runs], 0)
                                 for t in runs[0] if t != "limit"},
-              "limit_round_trips_per_s": median_range([r["limit"]["round_trips_per_s"] for r in runs], 0)}
+              "limit_round_trips_per_s": median_range([r["limit"]["round_trips_per_s"] for r in runs], 0),
+              "python_wake_us": median_range([r["limit"]["python_wake_us"] for r in runs])}
     path = write_result("c_client_many", result, args.out)
     for t, m in result["actions_per_s"].items():
         print(f"{args.many} C clients, {t}: {m['median']:,.0f} actions/s ({m['min']:,.0f} – {m['max']:,.0f}); "
               f"last run {runs[-1][t]}")
     lim = result["limit_round_trips_per_s"]
-    print(f"limit ({args.many} sleeping C processes, C server, no policy): {lim['median']:,.0f} round trips/s")
+    print(f"limit ({args.many} sleeping C processes, C server, no policy): {lim['median']:,.0f} round trips/s; "
+          f"waking a sleeping process from Python: {result['python_wake_us']['median']:.1f} us")
     print(f"wrote {path}")
     return 0
 
