@@ -17,9 +17,8 @@ Wake-ups, each with its own eventfd and the Dekker handshake of ``shm._sync``:
   fences, and rings the area's doorbell only if ``client_waiting`` was set (and clears it).
 
 Segment layout: ``LANE_HEADER``, the layout description, then ``capacity`` lanes from
-``lanes_offset``, a page boundary; ``capacity * lane_bytes`` is a whole number of pages
-(``area_capacity`` rounds a request up), so the inference role can map every area's lanes
-back to back into one array (``shm.lane_region``)::
+``lanes_offset``, a page boundary, the file padded to a whole page after them, so the
+inference role can map every area's lanes back to back into one array (``shm.lane_region``)::
 
     offset  size  field            type  written by
     0       8     magic            8s    creator   b"RLKLANE1"
@@ -36,6 +35,7 @@ back to back into one array (``shm.lane_region``)::
     52      12    (pad)
     64      L     layout           creator   ``LaneLayout.to_json()`` (the step layout of the policy), ASCII
     R             lanes[capacity]        R = 64 + L rounded up to the page size (LANE_ALIGN)
+                  (pad to a page)
 
 One lane (``LaneLayout.dtype``; A action floats, the obs fields as in ``shm.records``)::
 
@@ -114,12 +114,13 @@ class LaneLayout(DerivedLayout):
             "itemsize": self.lane_bytes})
 
     def area_bytes(self, lanes: int) -> int:
-        return lanes_offset(len(self.description())) + lanes * self.lane_bytes
+        """The file: header and layout, the lanes, padding to a whole page."""
+        return lanes_offset(len(self.description())) + align(lanes * self.lane_bytes, LANE_ALIGN)
 
-    def area_capacity(self, lanes: int) -> int:
-        """``lanes`` rounded up so that the lanes fill whole pages (at most 64 more lanes)."""
-        unit = LANE_ALIGN // math.gcd(self.lane_bytes, LANE_ALIGN)
-        return align(lanes, unit)
+    def span_lanes(self, lanes: int) -> int:
+        """Lanes of address space an area of ``lanes`` takes in a ``LaneRegion``: rounded up
+        to a whole number of pages that is also a whole number of lanes."""
+        return align(lanes, LANE_ALIGN // math.gcd(self.lane_bytes, LANE_ALIGN))
 
 
 def lanes_offset(layout_bytes: int) -> int:
@@ -129,14 +130,14 @@ def lanes_offset(layout_bytes: int) -> int:
 class LaneArea:
     """One mapped lane area. ``lanes`` is the structured numpy view of every lane.
 
-    Made by the collector (``create``/``create_sealed``, capacity rounded up by
-    ``LaneLayout.area_capacity``), mapped by one client and by the inference role
-    (``attach``/``from_fd``), which check magic, version, sizes and layout.
+    Made by the collector (``create``/``create_sealed``), mapped by one client and by the
+    inference role (``attach``/``from_fd``), which check magic, version, sizes and layout.
+    ``start`` is where the lanes begin in the file (the header's ``lanes_offset``).
     """
 
     def __init__(self, segment: Segment, layout: LaneLayout, capacity: int) -> None:
         self.segment, self.layout, self.capacity = segment, layout, capacity
-        start = lanes_offset(len(layout.description()))
+        self.start = start = lanes_offset(len(layout.description()))
         self.lanes = np.ndarray((capacity,), layout.dtype, buffer=segment.buf, offset=start)
         self._words = segment.buf[:64].cast("I")
         self._counter = segment.buf[REQUESTS_OFFSET:REQUESTS_OFFSET + 8].cast("Q")
@@ -147,13 +148,13 @@ class LaneArea:
     @classmethod
     def create(cls, path: str, layout: LaneLayout, capacity: int) -> LaneArea:
         """A file-backed area (the collector's own, made by the wiring)."""
-        capacity = layout.area_capacity(_check_capacity(capacity))
+        capacity = _check_capacity(capacity)
         return cls._init(Segment.create(path, layout.area_bytes(capacity)), layout, capacity)
 
     @classmethod
     def create_sealed(cls, name: str, layout: LaneLayout, capacity: int) -> LaneArea:
         """A sealed memfd area for one shared-memory client (fd passed on by SCM_RIGHTS)."""
-        capacity = layout.area_capacity(_check_capacity(capacity))
+        capacity = _check_capacity(capacity)
         return cls._init(Segment.create_sealed(name, layout.area_bytes(capacity)), layout, capacity)
 
     @classmethod
@@ -191,7 +192,7 @@ class LaneArea:
         layout = LaneLayout.read(segment.path, segment.buf, LANE_HEADER.size, layout_bytes,
                                  lane_bytes, expected)
         if (not 0 < capacity <= MAX_LANES or layout.area_bytes(capacity) > segment.size
-                or capacity * lane_bytes % LANE_ALIGN):
+                or lanes_offset(len(layout.description())) != start):
             raise LayoutError(f"{segment.path}: {capacity} lanes do not fit {segment.size} bytes")
         return cls(segment, layout, capacity)
 

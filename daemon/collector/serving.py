@@ -23,6 +23,7 @@ import socket
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import structlog
@@ -87,6 +88,7 @@ class ServingSession:
     area: LaneArea | None = None
     area_policy: str = ""
     bell_fd: int = -1
+    writer: Any = None         # its connection's stream writer (closed if the role refuses the area)
 
 
 class TcpLanes:
@@ -456,6 +458,7 @@ class ServingFront:
         name = f"{self.topo.shm_prefix}.serve-{session.id}-{secrets.token_hex(4)}"
         area = LaneArea.create_sealed(name, LaneLayout(p.layout), msg.lanes)
         state.area, state.area_id, state.area_policy = area, next(self.area_ids), policy
+        state.writer = writer
         state.bell_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         assert area.segment.fd is not None
         writer.write(codec.encode(serving.ServeAttached(
@@ -481,6 +484,16 @@ class ServingFront:
                 for state in self.sessions.values():
                     if state.area is not None:
                         self._announce(state)
+            elif msg.op == "refuse":
+                self._refused(msg.area_id)
+
+    def _refused(self, area_id: int) -> None:
+        """The inference role cannot serve this area (its header was scribbled over, or the
+        role has no room): the client's connection is closed (its own fault, or it retries)."""
+        for sid, state in self.sessions.items():
+            if state.area_id == area_id and state.writer is not None:
+                log.warning("shm_action_client_refused", session=sid, area_id=area_id)
+                state.writer.close()
 
     def _channel_send(self, msg: channel.ChannelMessage) -> None:
         try:

@@ -122,10 +122,20 @@ class SegmentAssembler:
 
     # ------------------------------------------------------------ the pool
     def _add_records(self, records: np.ndarray) -> list[Segment]:
+        """Append a batch; each FINAL_OBS completes its stream's segment (one pool scan per
+        stream that has ends in the batch, however many ends it has)."""
         start = self._append(records)
-        pool = self._pool()
-        out = [segment_from_records(self._take(self._rows(int(pool["stream_id"][end]), end)))
-               for end in (start + np.flatnonzero(records["flags"] & FINAL_OBS)).tolist()]
+        ends = start + np.flatnonzero(records["flags"] & FINAL_OBS)
+        out: list[Segment] = []
+        if len(ends):
+            end_streams = self._pool()["stream_id"][ends]
+            for stream in np.unique(end_streams).tolist():
+                mine = ends[end_streams == stream]
+                rows = self._rows(stream, int(mine[-1]))
+                first = 0
+                for last in np.searchsorted(rows, mine, side="right").tolist():
+                    out.append(segment_from_records(self._take(rows[first:last])))
+                    first = last
         return out + self._cut_long_runs(len(records))
 
     def _pool(self) -> np.ndarray:

@@ -9,6 +9,7 @@ announces them to the inference role over this channel with the descriptors atta
     collector -> inference   {"op": "close", "area_id": N}     the client went away
     collector -> inference   {"op": "reset"}                   a new collector: forget every client area
     inference -> collector   {"op": "hello"}                   a new inference role: send every open area again
+    inference -> collector   {"op": "refuse", "area_id": N}    an area it cannot serve: close that client
 
 Each side's descriptor is non-blocking; a datagram is at most MAX_DATAGRAM bytes. Messages
 that do not parse are a bug of ours (``ChannelError``), never client input.

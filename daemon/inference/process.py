@@ -180,20 +180,28 @@ class Inference:
             return
         keep = os.dup(area_fd)  # (from_fd closes its descriptor; the region maps this one)
         try:
-            served = ServedArea(msg.area_id, LaneArea.from_fd(area_fd, msg.name, LaneLayout(p.layout)),
-                                p.name, Doorbell(bell_fd))
-        except BaseException:
+            area = LaneArea.from_fd(area_fd, msg.name, LaneLayout(p.layout))
+        except (ShmError, OSError) as exc:  # (its client scribbled over the header first)
             os.close(keep)
             os.close(bell_fd)
-            raise
+            return self._refuse(msg, exc)
+        served = ServedArea(msg.area_id, area, p.name, Doorbell(bell_fd))
         try:
-            served.area.set_pid("reader", os.getpid())
+            area.set_pid("reader", os.getpid())
             self.server.add(served, keep)
-        except ShmError as exc:  # (the region is full: this client's requests time out)
-            log.warning("inference_area_refused", area=msg.name, error=str(exc))
+        except (ShmError, OSError) as exc:  # (the region is full, or refused the mapping)
             served.close()
+            self._refuse(msg, exc)
         finally:
             os.close(keep)
+
+    def _refuse(self, msg: channel.ChannelMessage, exc: BaseException) -> None:
+        """An area the role cannot serve: the collector closes that client's connection."""
+        log.warning("inference_area_refused", area=msg.name, error=str(exc))
+        try:
+            channel.send(self.channel, channel.ChannelMessage("refuse", msg.area_id))
+        except BlockingIOError:
+            log.warning("inference_refuse_not_sent", area=msg.name)
 
     def _periodic(self) -> None:
         now = time.monotonic()
@@ -226,7 +234,8 @@ class Inference:
             log.warning("inference_hello_not_sent")
 
     def close(self) -> None:
-        self.server.close()
+        self.server.close()  # (ends every area's fragments: their records are queued ...)
+        self.server.flush_links()  # (... and written before the links close)
         for policy in self.server.policies.values():
             if policy.link is not None:
                 policy.link.close()

@@ -67,16 +67,20 @@ class PolicyLanes:
         self.by_slot: dict[int, ServedArea] = {}
 
     def place(self, fd: int, served: ServedArea) -> None:
-        served.where = self.region.place(fd, served.area)
-        self.by_slot[served.where.slot] = served
-        high = self.region.high
-        self.book.grow(high)
-        if len(self.deferred) < high:
-            self.deferred = np.concatenate([self.deferred, np.zeros(high - len(self.deferred), bool)])
+        """``ShmError`` if the region refuses it (the book still matches the region)."""
+        try:
+            served.where = self.region.place(fd, served.area)
+            self.by_slot[served.where.slot] = served
+        finally:
+            high = self.region.high
+            self.book.grow(high)
+            if len(self.deferred) < high:
+                self.deferred = np.concatenate([self.deferred, np.zeros(high - len(self.deferred), bool)])
 
     def pending(self) -> np.ndarray:
+        """[high] lanes with a request not answered (only an area's own lanes count)."""
         lanes = self.region.lanes
-        return lanes["req_seq"] != lanes["resp_seq"]
+        return (lanes["req_seq"] != lanes["resp_seq"]) & self.region.served
 
     def arrivals(self, held: bool) -> int:
         """Pending lanes not looked at yet (and, unless held, those left pending)."""

@@ -506,3 +506,23 @@ def test_evaluation_returns_and_client_metrics_reach_tensorboard(daemon_factory,
                     >= wanted and t, 30, what="eval/* and client/* tags in the event file")
     assert wanted <= tags
     assert d.status()["env_steps"] == 0  # evaluation trained nothing
+
+
+def test_a_client_that_scribbles_its_lane_header_is_closed_not_the_role(daemon):
+    """An area whose header its client overwrote is refused when a restarted inference role
+    maps it again: the collector closes that client (which reconnects with a fresh area);
+    the role does not crash-loop on it."""
+    agent = connect(f"unix://{daemon.unix_socket}", inference="server")
+    obs = np.zeros(4, np.float32)
+    agent.act(obs)
+    agent.link.area.segment.buf[8:12] = (99).to_bytes(4, "little")  # layout_version
+    before = daemon.status()["children"]["inference"]
+    os.kill(before["pid"], signal.SIGKILL)
+    wait_for(lambda: all(e in daemon.log() for e in ("inference_area_refused", "shm_action_client_refused")),
+             30, what="the refusal")
+    agent.act(obs)  # (a new connection, a new area)
+    assert int.from_bytes(agent.link.area.segment.buf[8:12], "little") == 3
+    time.sleep(1.0)  # (a crash loop would show as more restarts within a second)
+    after = daemon.status()["children"]["inference"]
+    assert after["alive"] and after["restarts"] == before["restarts"] + 1, after
+    agent.close()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rlinkd.daemon.connector.segments import SegmentAssembler
 from rlinkd.shm.records import FINAL_OBS, StepLayout
@@ -31,10 +32,12 @@ def test_open_run_longer_than_the_limit_becomes_a_cut_segment():
     assert tail.num_steps == 1 and tail.obs["obs"][0, 0] == 120  # continuation starts there
 
 
-def test_many_interleaved_streams_give_each_stream_its_own_runs_in_order():
+@pytest.mark.parametrize("limit", [10_000, 25])
+def test_many_interleaved_streams_give_each_stream_its_own_runs_in_order(limit):
     """Random episodes of 40 streams, interleaved and read in random chunks (the pool is
-    compacted on the way): every segment is one stream's consecutive records, and every
-    step is in exactly one segment."""
+    compacted on the way; with a limit of 25, long runs are cut): every segment is one
+    stream's consecutive records, every record is in one segment (a cut's last record also
+    begins the next), and no stream keeps more than the limit open after a batch."""
     rng = np.random.default_rng(5)
     streams = {s: [] for s in range(40)}
     for s in streams:
@@ -48,13 +51,17 @@ def test_many_interleaved_streams_give_each_stream_its_own_runs_in_order():
     for i, s in enumerate(order):
         rec["flags"][i] = FINAL_OBS if streams[s][pos[s]] else 0
         pos[s] += 1
-    asm, got, at = SegmentAssembler(max_open_steps=10_000), [], 0
+    asm, got, at = SegmentAssembler(max_open_steps=limit), [], 0
     while at < len(rec):
         n = int(rng.integers(1, 90))
         got += asm.add(rec[at:at + n])
         at += n
+        alive = asm.pool["stream_id"][:asm.n][asm.alive[:asm.n]]
+        assert np.bincount(alive).max(initial=0) <= limit
     assert asm.open_steps() == 0 and asm.n < 1024  # compacted: nothing left open
-    assert sum(seg.num_steps + 1 for seg in got) == len(rec)
+    finals = set(rec["ingest_id"][(rec["flags"] & FINAL_OBS) != 0].tolist())
+    cuts = sum(1 for seg in got if int(seg.ingest_ids[-1]) not in finals)  # (its last record stays open)
+    assert sum(len(seg.ingest_ids) for seg in got) == len(rec) + cuts and (cuts > 0) == (limit < 100)
     for seg in got:
         mine = rec["ingest_id"][rec["stream_id"] == seg.stream_id]
         first = int(np.flatnonzero(mine == seg.ingest_ids[0])[0])
