@@ -68,7 +68,8 @@ static rlk_status read_layout(const char *s, const rlk_jtok *t, const rlk_spaces
 static rlk_status check_header(rlk_lanes *l, int lanes) {
     uint32_t version = *word(l, 8), lane_bytes = *word(l, 12), capacity = *word(l, 16), layout = *word(l, 28);
     if (l->bytes < HEADER_BYTES || memcmp(l->base, MAGIC, 8) != 0 || version != LAYOUT_VERSION ||
-        lane_bytes != l->lane_bytes || (int)capacity < lanes)
+        lane_bytes != l->lane_bytes || lane_bytes % 64 != 0 || (int)capacity < lanes ||
+        capacity > (SIZE_MAX - l->bytes) / lane_bytes)  /* (no size_t overflow below, even 32-bit) */
         return RLK_E_PROTOCOL;
     size_t start = *word(l, 48);  /* lanes_offset: past the header and the layout, 64-aligned */
     if (start < HEADER_BYTES + (size_t)layout || start % 64 != 0 ||
