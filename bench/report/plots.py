@@ -8,8 +8,8 @@ files, ``bench.harness.curves``), one colour per system and configuration, the 4
 dashed. rlinkd's curves come from ``bench.scenarios.rlinkd_solve`` results
 (``RLINKD_CURVE_FILES``), RLlib's from ``rllib.json`` (``bench.scenarios.rllib_baseline``);
 a run recorded before curves were kept is drawn as one marker where it reached the target.
-``ENV_FIGURES``: one PNG per further environment (Pendulum SAC beside Stable-Baselines3,
-LunarLander PPO, CartPole's algorithms), from those scenarios' result files. Called by
+``ENV_FIGURES``: one PNG per further environment (Pendulum SAC and LunarLander PPO beside
+Stable-Baselines3, CartPole's algorithms), from those scenarios' result files. Called by
 ``bench.run_all`` before it writes the BENCHMARKS.md section, which shows ``PLOTS_DIR``'s
 pictures; ``series`` (what is drawn) is pure, ``draw`` only renders it.
 """
@@ -67,8 +67,9 @@ class EnvFigure:
 ENV_FIGURES = (
     EnvFigure("curves_pendulum_sac.png", "Pendulum-v1, SAC: rlinkd and Stable-Baselines3, 20,000 env steps "
               "(mean return of the last 10 training episodes)", ("sac_pendulum.json",), -200.0, (-1700.0, 0.0)),
-    EnvFigure("curves_lunarlander_ppo.png", "LunarLander-v3, PPO: rlinkd (daemon's mean return of the last "
-              "20 episodes)", ("lunar.json",), 200.0, (-500.0, 320.0)),
+    EnvFigure("curves_lunarlander_ppo.png", "LunarLander-v3, PPO with a 1,000,000-step budget: rlinkd and "
+              "Stable-Baselines3 (mean return of the last 20 training episodes; rlinkd: the daemon's)",
+              ("lunar.json", "lunar_sb3.json"), 200.0, (-500.0, 320.0)),
     EnvFigure("curves_cartpole_dqn_budget.png", "CartPole-v1, DQN with a 50,000-step budget: rlinkd and "
               "Stable-Baselines3 (mean return of the last 10 training episodes, epsilon-greedy)",
               ("dqn_cartpole_zoo_sb3_decay.json", "dqn_cartpole_zoo_sb3.json", "dqn_cartpole_zoo_sb3_seeds34.json",
