@@ -286,7 +286,8 @@ def complete_groups(lanes: np.ndarray, idx: np.ndarray, owner: np.ndarray | None
     if not groups.any():
         return idx
     sizes = lanes["group_size"][idx]
-    if owner is None and groups[0] == groups[-1] and (groups == groups[0]).all():  # a vector act
+    if groups[0] == groups[-1] and (groups == groups[0]).all() and (  # one vector act: fast path
+            owner is None or (owner[idx] == owner[idx[0]]).all()):
         return idx if len(idx) >= sizes[0] else idx[:0]
     key = groups.astype(np.int64) if owner is None else (owner[idx] << 32) | groups.astype(np.int64)
     ids, first, counts = np.unique(key, return_index=True, return_counts=True)

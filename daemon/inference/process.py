@@ -97,11 +97,10 @@ class Inference:
         if answered:  # (the gap excludes serving: a big batch is no reason to stop spinning)
             self.gap_s += GAP_EWMA * (min(started - self.last_answer, 1.0) - self.gap_s)
             self.last_answer = time.perf_counter()
-            self.server.flush_links(only_old=True)  # (turns of evaluation lanes only write none)
-        else:
-            self.server.flush_links()  # (nothing to answer: the queued steps go now)
-            if not self._spin():
-                self._sleep(BUSY_RETRY_S if self.server.arrivals() else IDLE_S)
+            self.server.flush_links(only_old=True)  # (turns of evaluation lanes alone write none)
+        elif not self._spin():
+            self.server.flush_links()  # (about to sleep: the queued steps go now)
+            self._sleep(BUSY_RETRY_S if self.server.arrivals() else IDLE_S)
 
     def _spin(self) -> bool:
         """After answering, poll the request counters instead of sleeping for about twice
