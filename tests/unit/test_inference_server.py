@@ -280,3 +280,29 @@ def test_a_lone_request_with_a_non_finite_observation_is_refused(setup, bad):
     assert server.serve_once() == 1 and a.lanes["status"][0] == STATUS_BAD_OBS
     request(a, 1, OP_START)
     assert server.serve_once() == 1 and a.lanes["status"][1] == STATUS_OK
+
+
+def test_a_new_client_in_a_removed_clients_range_starts_with_clean_lanes(setup, tmp_path):
+    """The region reuses a departed client's lane range: none of its episodes (open, pending
+    step, stream slot) may leak into the newcomer's lanes."""
+    server, (a, _), link, _, d = setup
+    request(a, 0, OP_START)
+    server.serve_once()
+    request(a, 0, OP_STEP, reward=1.0)
+    server.serve_once()
+    start = server.areas[0].where.start
+    server.remove(0)  # a leaves mid-episode
+    path = str(tmp_path / "newcomer")
+    c = LaneArea.create(path, LaneLayout(step_layout(d)), 4)
+    server.add(ServedArea(9, c, "default", Doorbell.create()), fd := os.open(path, os.O_RDWR))
+    os.close(fd)
+    assert server.areas[9].where.start == start
+    request(c, 0, OP_STEP, reward=1.0)  # no episode is open in this lane for the newcomer
+    assert server.serve_once() == 1 and c.lanes["status"][0] == STATUS_LOST
+    n = len(link.all)
+    request(c, 1, OP_START, OBS + 0.05)
+    assert server.serve_once() == 1 and c.lanes["status"][1] == STATUS_OK and len(link.all) == n
+    request(c, 1, OP_STEP, OBS + 0.06, reward=2.0)
+    server.serve_once()
+    rec = link.all[n:]
+    assert len(rec) == 1 and rec["reward"][0] == 2.0 and np.allclose(rec["obs"]["obs"][0], OBS + 0.05)
