@@ -26,7 +26,7 @@ import numpy as np
 
 from rlinkd.client_lib.protocol.compact import (COMPACT_MIN_BYTES, CompactError, decode_compact,
                                                 encode_compact, is_compact)
-from rlinkd.client_lib.protocol.spaces import (Dict, InvalidValue, LeafSpace, Space, Tuple,
+from rlinkd.client_lib.protocol.spaces import (Box, Dict, InvalidValue, LeafSpace, Space, Tuple,
                                                path_display, path_key)
 
 Columns = dict[str, np.ndarray]
@@ -37,9 +37,29 @@ def to_columns(value: Any, space: Space, rows: int, prefix: str) -> Columns:
     """``rows`` steps of ``space`` (any accepted form) → validated leaf columns.
 
     ``prefix`` starts every error path ("episodes[0].obs"). Raises InvalidValue."""
+    if rows == 1 and type(value) is list and len(value) == 1:
+        one = _one_small_box(value[0], space)
+        if one is not None:
+            return one
     out: Columns = {}
     _collect(value, space, (), rows, prefix, out)
     return out
+
+
+def _one_small_box(value: Any, space: Space) -> Columns | None:
+    """One step of a small float Box, given as a float ndarray of the Box's shape with every
+    value strictly inside the bounds: checked in plain Python floats (~2 us; the general path
+    ~11 us, twice per step of a client-side agent). None: anything else, left to the general
+    path (which also words the error). NaN fails every comparison, so it is never accepted here."""
+    if type(value) is not np.ndarray or type(space) is not Box or value.dtype.kind != "f":
+        return None
+    bounds = space.small_float_bounds
+    if bounds is None or value.shape != space.shape:
+        return None
+    lows, highs = bounds
+    if all(lo < x < hi for x, lo, hi in zip(value.ravel().tolist(), lows, highs)):
+        return {"": value.astype(np.float32).reshape(1, *space.shape)}
+    return None
 
 
 def _collect(value: Any, space: Space, path: tuple, rows: int, prefix: str, out: Columns) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 BOUND_TOLERANCE = 1e-4
+SMALL_BOX_SIZE = 16  # float Boxes up to this many elements have a plain-Python check of one value
 MAX_DEPTH = 8
 """Deepest nesting of Dict/Tuple spaces accepted."""
 MAX_LEAVES = 64
@@ -335,6 +336,17 @@ class Box(LeafSpace):
         if not self.is_float:
             return self.low_array, self.high_array
         return self.low_array - tolerance(self.low_array), self.high_array + tolerance(self.high_array)
+
+    @cached_property
+    def small_float_bounds(self) -> tuple[list[float], list[float]] | None:
+        """(lows, highs) as Python floats for a float Box of at most SMALL_BOX_SIZE elements:
+        the slack bounds, inside the float32 range; None for any other Box. One value strictly
+        between them is valid (``columns.to_columns``'s plain-Python check of one step)."""
+        if not self.is_float or math.prod(self.shape) > SMALL_BOX_SIZE:
+            return None
+        f32_max = float(np.finfo(np.float32).max)
+        low, high = self._slack
+        return (np.maximum(low, -f32_max).ravel().tolist(), np.minimum(high, f32_max).ravel().tolist())
 
     def _slack_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """Float bounds widened by BOUND_TOLERANCE relative to their magnitude (float32

@@ -13,7 +13,6 @@ client-side one.
 """
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +21,7 @@ import numpy as np
 import structlog
 
 from rlinkd.client_lib.policy import ActionChooser, has_conv, onnx_input_key, session
+from rlinkd.client_lib.protocol.distributions import categorical_one
 from rlinkd.client_lib.protocol.netnumpy import NumpyNet
 from rlinkd.client_lib.protocol.netonnx import OnnxWeightWriter
 from rlinkd.client_lib.protocol.netops import DIST
@@ -229,18 +229,7 @@ class PolicyRunner:
         return actions, np.asarray(logp, np.float32), dist
 
     def _one_categorical(self, dist: np.ndarray, explore: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One Discrete choice in plain Python floats (a few microseconds; the numpy path
-        costs ~8): the same softmax distribution and log-probability."""
-        logits = dist[0].tolist()
-        top = max(logits)
-        weights = [math.exp(x - top) for x in logits]
-        total = sum(weights)
-        if explore:
-            u, a, acc = self.rng.random() * total, 0, weights[0]
-            while acc < u and a < len(weights) - 1:
-                a += 1
-                acc += weights[a]
-        else:
-            a = logits.index(top)
-        logp = logits[a] - top - math.log(total)
+        """One Discrete choice in plain Python floats (``categorical_one``: a few
+        microseconds; the numpy path costs ~8): the same distribution and log-probability."""
+        a, logp = categorical_one(dist[0].tolist(), self.rng.random() if explore else None)
         return np.array([[a]], np.float32), np.array([logp], np.float32), dist

@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from rlinkd.client_lib.protocol.columns import (action_columns, action_vector, check_action_vector,
                                                 native, to_columns, to_wire)
@@ -507,3 +508,54 @@ def test_check_masks_and_actions():
     empty = masks.copy()
     empty[0, 5:7] = 0  # gear component 1 has no legal choice
     assert check_masks(empty, spec, "m") == "m: a step allows no choice for discrete action component 2"
+
+
+# ---------------------------------------------------------------- one small Box, the fast check
+
+_EDGE_FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=64),
+                         st.sampled_from([4.8, -4.8, 4.8 * (1 + 1e-4), 4.80049, 0.418, -0.41805, 3.5e38,
+                                          -3.5e38, float(np.finfo(np.float32).max), 1e-45, 0.0]))
+
+
+def _general_path(value, space):
+    """to_columns without the one-small-Box fast path (a one-row leaf through _collect)."""
+    from rlinkd.client_lib.protocol import columns as C
+    out = {}
+    C._collect([value], space, (), 1, "obs", out)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(_EDGE_FLOATS, min_size=4, max_size=4), dtype=st.sampled_from([np.float32, np.float64]),
+       bounded=st.booleans())
+def test_one_small_box_fast_check_agrees_with_the_general_path(values, dtype, bounded):
+    space = (Box((4,), low=[-4.8, -math.inf, -0.418, -math.inf], high=[4.8, math.inf, 0.418, math.inf])
+             if bounded else Box((2, 2)))
+    with np.errstate(over="ignore"):
+        value = np.array(values, dtype).reshape(space.shape)
+    try:
+        expected = _general_path(value, space)
+    except InvalidValue:
+        expected = None
+    try:
+        got = to_columns([value], space, 1, "obs")
+    except InvalidValue:
+        got = None
+    assert (got is None) == (expected is None), values
+    if got is not None:
+        assert got.keys() == expected.keys() == {""}
+        assert got[""].dtype == expected[""].dtype == np.float32 and got[""].shape == (1, *space.shape)
+        assert np.array_equal(got[""], expected[""])
+
+
+def test_one_small_box_fast_path_copies_and_leaves_other_forms_to_the_general_path():
+    space = Box((3,), low=-1.0, high=1.0)
+    obs = np.array([0.1, 0.2, 0.3], np.float32)
+    cols = to_columns([obs], space, 1, "obs")
+    obs[0] = 0.9  # a simulator reusing its buffer must not change what was recorded
+    assert cols[""][0, 0] == np.float32(0.1)
+    for bad in (np.array([0.1, 2.0, 0.3]), np.array([0.1, np.nan, 0.3]), np.zeros(4), np.zeros((1, 3))):
+        with pytest.raises(InvalidValue):
+            to_columns([bad], space, 1, "obs")
+    assert to_columns([[0.1, 0.2, 0.3]], space, 1, "obs")[""].shape == (1, 3)  # a list: general path
+    assert Box((17,)).small_float_bounds is None and Box((2,), "int32").small_float_bounds is None
