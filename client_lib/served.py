@@ -34,7 +34,7 @@ from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_START, OP_STEP, STATUS_LOST, STATUS_MESSAGES,
                               STATUS_OK, TERMINATED, TRUNCATED, LaneArea, LaneLayout)
 
-SPIN_S = 100e-6      # busy-wait this long for an answer before sleeping on the doorbell
+SPIN_S = 250e-6      # busy-wait up to this long for an answer before sleeping on the doorbell
 WAIT_SLICE_S = 1.0   # between checks that the daemon is still there
 CLOSE_WAIT_S = 5.0   # close() waits this long for the answer to a last END sent without waiting
 
@@ -187,10 +187,10 @@ class ServedShmLink(ReconnectingLink):
         EOF raises ConnectionError). Keeps ``wait_s``, the EWMA that decides spinning."""
         area = self._area()
         started = time.perf_counter()
-        if self.wait_s < 2 * SPIN_S:  # answers come fast: spin for them (else sleep at once,
+        if self.wait_s < SPIN_S:  # answers come fast: spin for them (else sleep at once,
             deadline = started + SPIN_S  # leaving the CPU to the daemon and other clients)
             while not answered() and time.perf_counter() < deadline:
-                pass
+                os.sched_yield()  # (a daemon role preempted on this core goes on meanwhile)
         while not answered():
             area.announce_client_wait()
             if answered():
@@ -201,8 +201,8 @@ class ServedShmLink(ReconnectingLink):
             if sock_fd in ready:
                 self.client.recv()
             self.bells[1].drain()
-        # (a sample capped at 10 spins: an on-policy hold of 100 ms must not stop the spinning)
-        self.wait_s += 0.1 * (min(time.perf_counter() - started, 10 * SPIN_S) - self.wait_s)
+        # (a sample capped at 2 spins: a long on-policy hold must not stop the spinning for long)
+        self.wait_s += 0.1 * (min(time.perf_counter() - started, 2 * SPIN_S) - self.wait_s)
 
     def _area(self) -> LaneArea:
         if self.client is None or self.area is None:

@@ -37,11 +37,14 @@ SETTINGS = {
 SETTINGS["zoo-sb3-decay"] = [*SETTINGS["zoo-sb3-paced"], "dqn.lr_decay_steps=50000", "dqn.lr_end=0.0001"]
 # the same decayed to zero (measured worse: greedy 276 / 465 / 204 on seeds 0-2, 17:47-17:51)
 SETTINGS["zoo-sb3-decay0"] = [*SETTINGS["zoo-sb3-paced"], "dqn.lr_decay_steps=50000", "dqn.lr_end=0"]
-# zoo-sb3-decay, weights published every 10 updates (not 50): fresher weights, as SB3 acts on its newest
+# zoo-sb3-decay, weights published every 10 updates (not 50): fresher weights, as SB3 acts on
+# its newest
 SETTINGS["zoo-sb3-decay-pub10"] = [*SETTINGS["zoo-sb3-decay"], "dqn.publish_interval_updates=10"]
-# zoo-sb3-decay-pub10 paced to 50 steps of lead (not 200): the client's data follows the learner more closely, as in SB3
+# zoo-sb3-decay-pub10 paced to 50 steps of lead (not 200): the client's data follows the
+# learner more closely, as in SB3
 SETTINGS["zoo-sb3-decay-pub10-lead50"] = [*SETTINGS["zoo-sb3-decay-pub10"], "dqn.max_lead_steps=50"]
-# zoo-sb3-decay-pub10 with the decay ending at 40,000 steps (then lr 1e-4): the last 10,000 steps small, to keep a policy that got to 500
+# zoo-sb3-decay-pub10 with the decay ending at 40,000 steps (then lr 1e-4): the last 10,000
+# steps small, to keep a policy that got to 500
 SETTINGS["zoo-sb3-decay40k-pub10"] = [*SETTINGS["zoo-sb3-paced"], "dqn.lr_decay_steps=40000", "dqn.lr_end=0.0001",
                                        "dqn.publish_interval_updates=10"]
 

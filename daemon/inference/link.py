@@ -92,10 +92,18 @@ class PolicyLink:
 
     def flush(self, only_old: bool = False) -> None:
         """Write the queued records now (``only_old``: if the first is ``COALESCE_S`` old).
-        The role calls it after each turn (only_old) and before it idles."""
+        The role calls it after each turn and when it wakes (only_old; it sleeps no longer
+        than ``due_in_s``), and before SAMPLE_READY and close (all)."""
         if self.queued and (not only_old or time.perf_counter() - self.first_queued_at >= COALESCE_S):
             self._write(self.queue[:self.queued])
             self.queued = 0
+
+    def due_in_s(self) -> float | None:
+        """Seconds until the queued records are due (``flush(only_old=True)`` writes them);
+        None when nothing is queued. The idle role sleeps no longer than this."""
+        if not self.queued:
+            return None
+        return max(0.0, self.first_queued_at + COALESCE_S - time.perf_counter())
 
     def _write(self, records: np.ndarray) -> None:
         assert self.ring is not None

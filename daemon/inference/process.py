@@ -95,30 +95,38 @@ class Inference:
         answered = self.server.serve_once()
         self._periodic()
         if answered:  # (the gap excludes serving: a big batch is no reason to stop spinning)
-            self.gap_s += GAP_EWMA * (min(started - self.last_answer, 1.0) - self.gap_s)
+            self.gap_s += GAP_EWMA * (min(started - self.last_answer, 3 * SPIN_MAX_S) - self.gap_s)
             self.last_answer = time.perf_counter()
-            self.server.flush_links(only_old=True)  # (turns of evaluation lanes alone write none)
-        elif not self._spin():
-            self.server.flush_links()  # (about to sleep: the queued steps go now)
-            self._sleep(BUSY_RETRY_S if self.server.arrivals() else IDLE_S)
+        self.server.flush_links(only_old=True)  # (queued step records go once COALESCE_S old)
+        if not answered and not self._spin() and not self.server.fresh_arrivals():
+            busy = self.server.arrivals() > 0  # (requests it cannot answer yet: retry soon)
+            timeout = BUSY_RETRY_S if busy else IDLE_S
+            due = self.server.flush_due_in_s()  # (queued step records: at most 2 ms, so a
+            if due is not None:                 # lone client wakes the collector every 2 ms,
+                timeout = min(timeout, due)     # not after every step)
+            self._sleep(timeout)
 
     def _spin(self) -> bool:
-        """After answering, poll the request counters instead of sleeping for about twice
-        the recent idle gap before requests (at least SPIN_MIN_S, at most SPIN_MAX_S; never
-        when requests are rarer): a busy client's next request then finds the role awake,
-        no wake-up on either side."""
+        """After answering, poll for new requests instead of sleeping for about twice the
+        recent idle gap before requests (at least SPIN_MIN_S, at most SPIN_MAX_S; never when
+        requests are rarer): a busy client's next request then finds the role awake, no
+        wake-up on either side."""
         if self.gap_s > SPIN_MAX_S:
             return False
         until = self.last_answer + min(max(2.0 * self.gap_s, SPIN_MIN_S), SPIN_MAX_S)
         while time.perf_counter() < until:
-            if self.server.arrivals():
+            if self.server.fresh_arrivals():
                 return True
+            os.sched_yield()  # (a client preempted on this core goes on meanwhile)
         return False
 
     def _sleep(self, timeout_s: float) -> None:
+        """Announce sleep in every area, fence, look for new requests once more (one
+        published before the announcement rang no bell), then sleep on every descriptor
+        for at most ``timeout_s``."""
         self.server.announce_sleep(True)
         store_load_fence()
-        if timeout_s == IDLE_S and self.server.arrivals():
+        if self.server.fresh_arrivals():
             timeout_s = 0.0
         fds = [self.request_bell.fileno(), self.channel.fileno(), self.ctx.inbox.fileno()]
         fds += [p.link.fileno() for p in self.server.policies.values() if p.link and p.link.connected

@@ -199,6 +199,11 @@ class InferenceServer:
         """Requests not looked at yet, over every area (one vectorised scan per policy)."""
         return sum(pl.arrivals(self.policies[name].held) for name, pl in self.lanes.items())
 
+    def fresh_arrivals(self) -> int:
+        """Requests that arrived since the last turn (pending, and not left pending by it:
+        an incomplete group, a policy held or without weights)."""
+        return sum(pl.arrivals(True) for pl in self.lanes.values())
+
     def serve_once(self) -> int:
         """Answer what is pending (after batching up to ``max_wait_s``). Returns requests answered."""
         if not self.arrivals():
@@ -336,6 +341,12 @@ class InferenceServer:
             except (ConnectionError, OSError, ShmError) as exc:  # the collector restarts: reconnect
                 log.info("inference_link_lost", policy=name, error=str(exc))
                 link.close()
+
+    def flush_due_in_s(self) -> float | None:
+        """Seconds until some link's queued step records are due (None: nothing queued)."""
+        due = [d for p in self.policies.values() if p.link is not None and p.link.connected
+               and (d := p.link.due_in_s()) is not None]
+        return min(due, default=None)
 
     def flush_eval(self) -> None:
         """Send finished evaluation episodes (called by the shell about twice a second)."""

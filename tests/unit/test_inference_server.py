@@ -217,10 +217,15 @@ def test_a_group_is_answered_in_one_pass_with_one_version(setup):
         a.lanes["group"][lane], a.lanes["group_size"][lane] = 5, 3
     request(a, 0, OP_START)
     request(a, 1, OP_START)
+    assert server.fresh_arrivals() == 2
     server.serve_once()
     assert not a.answered(0) and not a.answered(1)  # 2 of 3: the group waits
+    # (left pending: no longer fresh, so the idle role sleeps instead of spinning on them;
+    # still arrivals, so it sleeps only BUSY_RETRY_S)
+    assert server.fresh_arrivals() == 0 and server.arrivals() == 2
     board.publish(8, board.read()[1] * 0.5)
     request(a, 2, OP_START)
+    assert server.fresh_arrivals() == 1  # (the idle role's last look before sleeping sees it)
     server.serve_once()
     assert all(a.answered(i) for i in range(3)) and set(a.lanes["weights_seq_no"][:3]) == {8}
 
@@ -245,8 +250,9 @@ def test_a_dqn_policy_is_served_epsilon_greedy_once_epsilon_is_known(setup):
 
 def test_the_link_coalesces_step_records_into_few_ring_writes(setup):
     """Small batches wait in the link's queue: one ring write per COALESCE_RECORDS records,
-    or once the first queued is COALESCE_S old, or at flush (before idling, SAMPLE_READY)."""
-    from rlinkd.daemon.inference.link import COALESCE_RECORDS, PolicyLink
+    or once the first queued is COALESCE_S old (the idle role sleeps no longer than
+    ``due_in_s``), or at flush (SAMPLE_READY, close)."""
+    from rlinkd.daemon.inference.link import COALESCE_RECORDS, COALESCE_S, PolicyLink
     _, _, _, _, d = setup
     layout = step_layout(d)
     writes = []
@@ -257,11 +263,16 @@ def test_the_link_coalesces_step_records_into_few_ring_writes(setup):
 
     link = PolicyLink("/nonexistent", "token", "default", layout)
     link.ring = Ring()
+    assert link.due_in_s() is None  # nothing queued: the idle role may sleep its full time
     batch = layout.empty(10)
     batch["reward"] = np.arange(10)
     link.write(batch, 10)
     assert writes == [] and link.queued == 10 and link.steps == 10
+    assert 0.0 < link.due_in_s() <= COALESCE_S  # the idle role wakes by then to write them
+    link.flush(only_old=True)
+    assert writes == []  # not due yet
     link.first_queued_at -= 1.0  # the first queued record is old: the next write sends all
+    assert link.due_in_s() == 0.0
     link.write(batch[:3], 3)
     assert [len(w) for w in writes] == [13] and link.queued == 0
     for _ in range(COALESCE_RECORDS // 10 + 1):

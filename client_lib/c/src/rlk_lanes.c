@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +20,7 @@
 #define LAYOUT_VERSION 3u  /* 3: lanes_offset (u32 at 48), lanes on a page boundary */
 #define HEADER_BYTES 64u
 #define ACTION_OFFSET 40u
-#define SPIN_S 50e-6       /* busy-wait this long for an answer, while answers come fast */
+#define SPIN_S 250e-6      /* busy-wait up to this long for an answer, while answers come fast */
 #define WAIT_EWMA 0.1      /* weight of the newest wait in wait_s */
 #define WAIT_SLICE_MS 100
 
@@ -177,15 +178,17 @@ int rlk_lanes_wait(rlk_lanes *l, const int *lanes, int n, int sock, double timeo
     double start = rlk_now();
     int r = wait_answers(l, lanes, n, sock, start, timeout_s);
     double took = rlk_now() - start;
-    l->wait_s += WAIT_EWMA * ((took < 10 * SPIN_S ? took : 10 * SPIN_S) - l->wait_s);
+    l->wait_s += WAIT_EWMA * ((took < 2 * SPIN_S ? took : 2 * SPIN_S) - l->wait_s);
     return r;
 }
 
 static int wait_answers(rlk_lanes *l, const int *lanes, int n, int sock, double start, double timeout_s) {
     double deadline = start + timeout_s;
-    if (l->wait_s < 2 * SPIN_S)
-        while (rlk_now() - start < SPIN_S)
+    if (l->wait_s < SPIN_S)
+        while (rlk_now() - start < SPIN_S) {
             if (all_answered(l, lanes, n)) return 0;
+            sched_yield();  /* a daemon role preempted on this core goes on meanwhile */
+        }
     while (!all_answered(l, lanes, n)) {
         __atomic_store_n(word(l, 36), 1u, __ATOMIC_RELAXED);  /* client_waiting, then fence, recheck */
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
