@@ -271,6 +271,14 @@ class APPOConfig:
                                      "TD errors are clipped here.", minimum=0.0)
     vtrace_c_clip: float = setting(1.0, "V-trace's c-bar: the trace-cutting importance "
                                    "weights are clipped here.", minimum=0.0)
+    max_lead_steps: int = setting(0, "Pacing: a sampling client waits (at most "
+                                  "`sampling.max_wait_for_batch_s`) while more than this many "
+                                  "env steps wait for the learner (read by the connector, not "
+                                  "yet in a batch); at least `sampling.train_batch_size` (which "
+                                  "keeps one batch ready): clients that share the learner's "
+                                  "cores leave it the CPU instead of sampling steps it would "
+                                  "drop. 0: clients never wait, and the connector keeps only the "
+                                  "freshest batch.", minimum=0)
 
 
 POLICY_SUBSECTIONS: dict[str, type] = {"ppo": PPOConfig, "dqn": DQNConfig, "sac": SACConfig}
@@ -656,6 +664,10 @@ def validate(cfg: Config) -> None:
     if cfg.ppo.minibatch_size > s.train_batch_size:
         raise ConfigError(f"ppo.minibatch_size ({cfg.ppo.minibatch_size}) must not exceed "
                           f"sampling.train_batch_size ({s.train_batch_size})")
+    if 0 < cfg.appo.max_lead_steps < s.train_batch_size:
+        raise ConfigError(f"appo.max_lead_steps ({cfg.appo.max_lead_steps}) must be 0 (off) or at "
+                          f"least sampling.train_batch_size ({s.train_batch_size}): clients held "
+                          "below a full batch would wait for one that cannot form")
     for key in POLICY_SUBSECTIONS:
         sizes = getattr(cfg, key).hidden_sizes
         if not sizes or min(sizes) < 1:

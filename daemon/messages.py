@@ -156,6 +156,17 @@ class ConnectorStats:
 
 @message(to="collector")
 @dataclass(frozen=True)
+class ConnectorLag:
+    """Connector → collector, when it changes (APPO with ``appo.max_lead_steps``): env steps
+    of the policy waiting for the learner (read, not yet in a batch). The collector's pacer
+    holds sampling clients while it (plus what was ingested since) exceeds the limit."""
+
+    policy: str
+    lag_steps: int
+
+
+@message(to="collector")
+@dataclass(frozen=True)
 class InferenceStats:
     """Inference → collector (periodic): what the serving role did since it started."""
 

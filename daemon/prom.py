@@ -58,6 +58,8 @@ COUNTERS: dict[str, tuple[Path, str]] = {
                                            "Env steps the learner trained on."),
     "rlinkd_learner_rejected_batches_total": (("learner", "rejected_batches"),
                                               "Batches rejected (the update was not finite)."),
+    "rlinkd_paced_samples_total": (("paced_samples",), "Samples whose client waited for its "
+                                   "learner (pacing: `max_lead_steps`)."),
     "rlinkd_checkpoints_written_total": (("checkpoints_written",), "Checkpoints written."),
     "rlinkd_undelivered_messages_total": (("undelivered_messages",),
                                           "Supervisor messages dropped at a full inbox."),

@@ -9,7 +9,9 @@ passes: wall time, env steps, the daemon's env steps/s. DQN runs with the settin
 (CartPole-sized, close to rl-baselines3-zoo's: lr 2.3e-3, target copy every 128 updates,
 epsilon 1 → 0.04 over 8,000 steps, 3-step returns, 0.5 updates per env step); PPO and APPO
 with the defaults; "dqn-paced" is DQN with `dqn.max_lead_steps=500` (clients held while the
-learner is more than 500 env steps behind its ratio). Writes bench/results/offpolicy.json.
+learner is more than 500 env steps behind its ratio); "appo-paced" is APPO with
+`appo.max_lead_steps=512` (clients held while a full train batch waits for the learner).
+Writes bench/results/offpolicy.json.
 """
 from __future__ import annotations
 
@@ -31,6 +33,13 @@ ALGORITHMS = {
             "dqn.epsilon_end=0.04", "dqn.learning_starts_steps=1000"],
 }
 ALGORITHMS["dqn-paced"] = [*ALGORITHMS["dqn"], "dqn.max_lead_steps=500"]
+# APPO with its clients held while a full train batch (512 steps) waits for the learner: on
+# these two shared cores the clients then leave the learner its CPU
+ALGORITHMS["appo-paced"] = [*ALGORITHMS["appo"], "appo.max_lead_steps=512"]
+# trials (2026-11-26, fifth session, 2 shm clients, 3 seeds): 5 epochs per batch instead of 10
+# (11.1 s to 450, 6.7 - 16.0), a lead of two batches (21.6 s: 1,024-step batches learn slower)
+ALGORITHMS["appo-paced-e5"] = [*ALGORITHMS["appo-paced"], "ppo.num_epochs=5"]
+ALGORITHMS["appo-paced-2b"] = [*ALGORITHMS["appo"], "appo.max_lead_steps=1024"]
 
 
 def solve_run(algorithm: str, seed: int, target: float, timeout_s: float, transport: str = "tcp",

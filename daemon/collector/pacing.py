@@ -1,18 +1,34 @@
-"""Pacing of off-policy sampling (``dqn.max_lead_steps``): the collector holds a sampling
-client of such a policy while its learner is further behind its updates-to-data schedule
-than that many env steps, so the ratio it trains at is the configured one even when clients
-could outrun it. Off by default (0): DQN's clients never wait.
+"""Pacing of off-policy sampling (``dqn.max_lead_steps``, ``sac.max_lead_steps``,
+``appo.max_lead_steps``): the collector holds a sampling client of such a policy while its
+learner is more than that many env steps behind, so clients cannot outrun the learner (a
+replay learner trains at its configured updates-to-data ratio; an APPO learner always has a
+fresh batch but no backlog to drop, and keeps the CPU it shares with co-located clients).
+Off by default (0): clients never wait.
 
-The learner reports its lag (``LearnerState.lag_steps``) with every publication (and about
-once a second while idle); the steps the collector ingested since that report count on top,
-so samples arriving between reports cannot slip past the limit together. A held client is
-released by the first report within the limit, or after ``max_wait_s`` (a learner that
-stopped reporting must not stall the clients forever). Event-loop side only.
+Reports: a replay learner reports its lag behind its schedule (``LearnerState.lag_steps``)
+with every publication (and about once a second while idle); the connector reports an APPO
+policy's steps waiting for the learner (``ConnectorLag``) whenever that changes. The steps
+the collector ingested since the last report count on top, so samples arriving between
+reports cannot slip past the limit together. A held client is released by the first report
+within the limit, or after ``max_wait_s`` (a learner that stopped reporting must not stall
+the clients forever). Event-loop side only.
 """
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlinkd.daemon.wiring import PolicyTopology
+
+
+def pace_limit(policy: PolicyTopology) -> int:
+    """A policy's pacing limit in env steps (0: not paced): its algorithm's ``max_lead_steps``."""
+    d = policy.definition
+    if policy.uses_replay:
+        return d.replay_hp.max_lead_steps
+    return d.appo.max_lead_steps if d.algorithm == "appo" else 0
 
 
 class Pacer:
@@ -25,6 +41,10 @@ class Pacer:
         self.base: dict[str, int] = {}  # steps_of(policy) at its last report
         self.events: dict[str, asyncio.Event] = {}
         self.held = 0  # samples held so far (status)
+
+    def report(self) -> dict:
+        """Status keys: samples held so far (a sampling client waited for its learner)."""
+        return {"paced_samples": self.held}
 
     def on_report(self, policy: str, lag_steps: int | None) -> None:
         """A learner's report (WeightsPublished): release the waiters it lets go."""

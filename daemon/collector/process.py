@@ -15,7 +15,7 @@ import structlog
 
 from rlinkd.client_lib.protocol.netops import network_json
 from rlinkd.daemon import messages as m
-from rlinkd.daemon.collector.pacing import Pacer
+from rlinkd.daemon.collector.pacing import Pacer, pace_limit
 from rlinkd.daemon.collector.core import CollectorCore, policy_info
 from rlinkd.daemon.collector.server import CollectorServer, EpisodeRoute
 from rlinkd.daemon.collector.serving import ServingFront
@@ -59,21 +59,21 @@ class CollectorProcess:
                              internal_token=topo.internal_token)
         weights = {name: weights_cache(p, self.boards[name]) for name, p in topo.policies.items()}
         serving = ServingFront(topo, self.policies)
-        self.status = StatusBuilder(topo, core, weights, routes=self.routes, serving_status=serving.status)
+        pacer = Pacer({n: pace_limit(p) for n, p in topo.policies.items()},
+                      topo.cfg.sampling.max_wait_for_batch_s, lambda policy: core.policy_steps.get(policy, 0))
+        self.status = StatusBuilder(topo, core, weights, routes=self.routes, serving_status=serving.status,
+                                    pacing_status=pacer.report)
         self.server = CollectorServer(core, self.routes, weights, self.status,
                                       make_shm=self._make_shm_ingestor,
                                       ssl_ctx=server_context(topo.cfg.server),
                                       on_ingest=lambda: topo.write_counters(core.counters()),
-                                      serving=serving, pacer=Pacer(
-                                          {n: p.definition.replay_hp.max_lead_steps
-                                           for n, p in topo.policies.items() if p.uses_replay},
-                                          topo.cfg.sampling.max_wait_for_batch_s,
-                                          lambda policy: core.policy_steps.get(policy, 0)))
+                                      serving=serving, pacer=pacer)
         self.done = asyncio.Event()
         self.route = m.Router("collector", {
             m.WeightsPublished: self._on_weights, m.ConnectorStats: self.status.on_connector,
             m.DaemonInfo: self.status.on_daemon_info, m.Drain: self._on_drain,
             m.Stop: self._on_drain, m.Reload: self._on_reload,
+            m.ConnectorLag: lambda msg: self.server.pacer.on_report(msg.policy, msg.lag_steps),
             m.InferenceStats: self.status.on_inference})
         self.drain_started = False
 

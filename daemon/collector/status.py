@@ -68,9 +68,11 @@ class StatusBuilder:
 
     def __init__(self, topo: Topology, core: CollectorCore, weights: dict[str, WeightsCache],
                  clock: Callable[[], float] = time.monotonic, routes: dict | None = None,
-                 serving_status: Callable[[], dict] = dict) -> None:
+                 serving_status: Callable[[], dict] = dict,
+                 pacing_status: Callable[[], dict] = dict) -> None:
         self.topo, self.core, self.weights, self.clock = topo, core, weights, clock
         self.serving_status = serving_status  # the collector's serving front (lanes, episodes)
+        self.pacing_status = pacing_status  # samples held by pacing (``Pacer.report``)
         self.inference: dict = {}
         self.routes = routes or {}  # trainable policies' episode rings (producer side): fill
         self.learners = {name: PolicyReport() for name in weights}
@@ -171,6 +173,7 @@ class StatusBuilder:
             "connections": sum(1 for s in core.sessions.values() if not s.internal),
             "internal_connections": sum(1 for s in core.sessions.values() if s.internal),
             "waiting_clients": sum(1 for s in core.samplers() if s.is_waiting),
+            **self.pacing_status(),
             "agents": core.open_agents(),
             "dropped_episodes": sum(r.connector.get("dropped_episodes", 0)
                                     for r in self.learners.values()),

@@ -54,8 +54,11 @@ class PolicyConnector:
         # on-policy clients are promised weights trained on their episodes: nothing is dropped
         off_policy = policy.off_policy or not cfg.sampling.force_on_policy
         lag = cfg.sampling.max_policy_lag if off_policy else None
+        appo = policy.definition.algorithm == "appo"
+        self.paced = appo and policy.definition.appo.max_lead_steps > 0  # (clients wait instead)
+        self.reported_lag = -1
         self.builder = BatchBuilder(cfg.sampling.train_batch_size, self.slots.capacity_rows, lag,
-                                    freshest=policy.definition.algorithm == "appo")
+                                    freshest=appo and not self.paced)
         self.pipeline = LearnerPipeline(pipeline_for(cfg.connector.pipeline, policy.definition.algorithm))
         self.weights = np.empty(policy.spec.n_params(), np.float32)
 
@@ -102,6 +105,15 @@ class PolicyConnector:
                                appo.vtrace_c_clip)
         return write_columns(self.slots.columns(slot), self.pipeline(segments, pctx), p.spec)
 
+    def report_lag(self) -> None:
+        """A paced policy (``appo.max_lead_steps``): tell the collector's pacer how many env
+        steps wait for the learner, when that changed (after reading and after building)."""
+        if not self.paced:
+            return
+        lag = self.builder.buffered_steps + self.assembler.open_steps()
+        if lag != self.reported_lag and self.ctx.try_send("collector", m.ConnectorLag(self.policy.name, lag)):
+            self.reported_lag = lag  # (a full inbox: sent again next turn)
+
     def stats(self) -> m.ConnectorStats:
         b = self.builder
         return m.ConnectorStats(
@@ -131,6 +143,7 @@ class Connector:
         for policy in self.policies:
             policy.read()
             policy.maybe_build()
+            policy.report_lag()
         self._maybe_report()
 
     def _wait_readable(self, timeout_s: float) -> None:

@@ -58,6 +58,9 @@ class ReplayConnector:
     def maybe_build(self) -> None:
         """Nothing to build: the learner samples the buffer."""
 
+    def report_lag(self) -> None:
+        """Nothing to report: a replay learner reports its own lag (``LearnerState.lag_steps``)."""
+
     def stats(self) -> m.ConnectorStats:
         written = self.replay.written
         return m.ConnectorStats(0, 0, self.segments, self.assembler.open_steps(), written, (),

@@ -591,3 +591,11 @@ def test_sac_needs_bounded_box_actions_and_takes_its_section(tmp_path):
                          'action_space = { type = "Box", shape = [1] }\n')
     with pytest.raises(ConfigError, match=r"env/sac: .*finite"):
         policy_defs(load_config(unbounded, state))
+
+
+def test_appo_pacing_below_a_train_batch_is_refused():
+    """Clients held below a full batch would wait for a batch that cannot form."""
+    with pytest.raises(ConfigError, match=r"appo\.max_lead_steps \(100\) must be 0 \(off\) or at least "
+                                          r"sampling\.train_batch_size \(512\)"):
+        load_config(overrides=[("appo", "max_lead_steps", 100)], resolve_dirs=False)
+    assert load_config(overrides=[("appo", "max_lead_steps", 512)], resolve_dirs=False).appo.max_lead_steps == 512
