@@ -82,9 +82,10 @@ class PolicyLanes:
         lanes = self.region.lanes
         return (lanes["req_seq"] != lanes["resp_seq"]) & self.region.served
 
-    def arrivals(self, held: bool) -> int:
-        """Pending lanes not looked at yet (and, unless held, those left pending)."""
-        pend = self.pending()
+    def arrivals(self, held: bool, pend: np.ndarray | None = None) -> int:
+        """Pending lanes not looked at yet (and, unless held, those left pending); ``pend``:
+        this turn's ``pending()`` mask, when the caller has it already."""
+        pend = self.pending() if pend is None else pend
         return int(np.count_nonzero(pend if not held else pend & ~self.deferred))
 
     def wake(self, idx: np.ndarray) -> None:
@@ -206,32 +207,40 @@ class InferenceServer:
 
     def serve_once(self) -> int:
         """Answer what is pending (after batching up to ``max_wait_s``). Returns requests answered."""
-        if not self.arrivals():
+        pend = {name: pl.pending() for name, pl in self.lanes.items()}  # (one scan per turn)
+        if not any(pl.arrivals(self.policies[name].held, pend[name]) for name, pl in self.lanes.items()):
             return 0
-        self._gather_wait()
+        if self._gather_wait():
+            pend = {name: pl.pending() for name, pl in self.lanes.items()}
         answered = 0
         for name, pl in self.lanes.items():
-            idx = self._ready(name, pl)
+            idx = self._ready(name, pl, pend[name])
             if len(idx):
                 answered += self._serve_policy(name, pl, idx)
         return answered
 
-    def _gather_wait(self) -> None:
+    def _gather_wait(self) -> bool:
         """Sleep in short slices while fewer than ``max_batch`` requests arrived, some open
-        episode has none in, and the first one has waited less than ``max_wait_s``."""
+        episode has none in, and the first one has waited less than ``max_wait_s``. True if
+        it waited (more may have arrived)."""
         if self.max_wait_s <= 0:
-            return
+            return False
         deadline = time.perf_counter() + self.max_wait_s
         want = min(self.max_batch, max(1, self.open_lanes()))
+        waited = False
         while self.arrivals() < want and time.perf_counter() < deadline:
             time.sleep(WAIT_SLICE_S)
+            waited = True
+        return waited
 
-    def _ready(self, name: str, pl: PolicyLanes) -> np.ndarray:
-        """Lanes to answer now: pending, their group complete, and (while the policy is
-        held) only what may go on; the rest are left pending (``deferred``)."""
+    def _ready(self, name: str, pl: PolicyLanes, pend: np.ndarray) -> np.ndarray:
+        """Lanes to answer now (of this turn's ``pending()`` mask ``pend``): pending, their
+        group complete, and (while the policy is held) only what may go on; the rest are left
+        pending (``deferred``)."""
         lanes, owner = pl.region.lanes, pl.region.owner
-        pending = np.flatnonzero(pl.pending())
-        idx = complete_groups(lanes, pending, owner)
+        pending = np.flatnonzero(pend)
+        lone = len(pending) == 1 and not lanes["group"][pending[0]]  # (a lone client's request)
+        idx = pending if lone else complete_groups(lanes, pending, owner)
         if self.policies[name].held and len(idx):
             idx = serveable_while_held(lanes, owner, pl.book, idx)
         if len(idx) < len(pending):
