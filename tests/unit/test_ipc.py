@@ -23,7 +23,6 @@ SAMPLES = [
     m.WeightsPublished(seq_no=0, cutoff_ingest_id=-1, learner=STATE, update=None),
     m.ConnectorStats(dropped_episodes=1, dropped_steps=20, batches=3, buffered_steps=5,
                      trained_steps=4096, slot_states=(0, 2)),
-    m.ConnectorLag(policy="default", lag_steps=640),
     m.DaemonInfo(daemon_pid=1, state="running",
                  children={"learner": m.ChildInfo(pid=2, restarts=0, alive=True, last_exit=None)},
                  last_checkpoint=m.CheckpointInfo(path="/x/ckpt-000001", weights_seq_no=3,
@@ -48,6 +47,7 @@ SAMPLES = [
     m.InferenceStats(requests=10, actions=9, batches=3, errors=1, lanes_open=2, areas=3,
                      held=("default",), batch_sizes={"<=4": 2, "<=8": 1}, backends={"default": "numpy"},
                      cpu_s=0.5, weights_seq_nos={"default": 3}),
+    m.ConnectorLag(policy="default", lag_steps=640),
 ]
 
 
