@@ -10,6 +10,7 @@ collector's clients: backpressure end to end.
 """
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -34,6 +35,7 @@ from rlinkd.shm.slots import READY, TRAINING, BatchSlots
 log = structlog.get_logger("connector")
 READ_CHUNK = 1 << 15
 WAIT_S = 0.05
+BATCH_POLL_S = 0.002  # a paced policy's batch waits for a busy learner: look this often
 
 
 class PolicyConnector:
@@ -56,7 +58,7 @@ class PolicyConnector:
         lag = cfg.sampling.max_policy_lag if off_policy else None
         appo = policy.definition.algorithm == "appo"
         self.paced = appo and policy.definition.appo.max_lead_steps > 0  # (clients wait instead)
-        self.reported_lag = -1
+        self.lag_unsent = self.paced  # (a first report: a restarted collector starts from it)
         self.builder = BatchBuilder(cfg.sampling.train_batch_size, self.slots.capacity_rows, lag,
                                     freshest=appo and not self.paced)
         self.pipeline = LearnerPipeline(pipeline_for(cfg.connector.pipeline, policy.definition.algorithm))
@@ -71,6 +73,7 @@ class PolicyConnector:
         """Take what the ring holds (one chunk) into segments and the batch builder."""
         if self.wants_records() and self.ring.readable_records():
             self.builder.add(self.assembler.add(self.ring.read_batch(READ_CHUNK)))
+            self.lag_unsent = self.paced
 
     def _learner_idle(self) -> bool:
         busy = (READY, TRAINING)
@@ -95,6 +98,7 @@ class PolicyConnector:
                          behaviour_min=oldest, behaviour_sum=total, behaviour_steps=known)
         self.slots.mark_ready(slot, rows, meta.as_slot_meta())
         self.ctx.send("learner", m.BatchReady(slot, self.policy.name))
+        self.lag_unsent = self.paced
 
     def _fill(self, slot: int, segments, seq: int) -> int:
         p, ppo = self.policy, self.policy.definition.ppo
@@ -106,13 +110,21 @@ class PolicyConnector:
         return write_columns(self.slots.columns(slot), self.pipeline(segments, pctx), p.spec)
 
     def report_lag(self) -> None:
-        """A paced policy (``appo.max_lead_steps``): tell the collector's pacer how many env
-        steps wait for the learner, when that changed (after reading and after building)."""
-        if not self.paced:
-            return
-        lag = self.builder.buffered_steps + self.assembler.open_steps()
-        if lag != self.reported_lag and self.ctx.try_send("collector", m.ConnectorLag(self.policy.name, lag)):
-            self.reported_lag = lag  # (a full inbox: sent again next turn)
+        """A paced policy (``appo.max_lead_steps``): after every turn that read records or
+        built a batch, tell the collector's pacer how many env steps wait for the learner.
+        Every read is reported, even one that left the number as it was: the pacer counts
+        the steps ingested since the last report as waiting. A full inbox: sent next turn."""
+        if self.lag_unsent:
+            lag = self.builder.buffered_steps + self.assembler.open_steps()
+            self.lag_unsent = not self.ctx.try_send("collector", m.ConnectorLag(self.policy.name, lag))
+
+    def wait_s(self) -> float:
+        """How long this policy lets the loop sleep on the episode doorbell (the loop sleeps
+        at most WAIT_S anyway): paced, with a batch waiting for a busy learner, BATCH_POLL_S
+        (its clients are held, so no record wakes the loop when the learner frees its slot)."""
+        if self.paced and self.builder.buffered_steps >= self.builder.train_batch_size and not self._learner_idle():
+            return BATCH_POLL_S
+        return math.inf
 
     def stats(self) -> m.ConnectorStats:
         b = self.builder
@@ -137,7 +149,7 @@ class Connector:
     def step(self) -> None:
         """One loop iteration: wait (up to WAIT_S) for records, read, maybe build, maybe report."""
         if any(p.wants_records() for p in self.policies):
-            self._wait_readable(WAIT_S)
+            self._wait_readable(min(WAIT_S, *(p.wait_s() for p in self.policies)))
         else:  # backpressure: leave records in the rings until the learner frees a slot
             time.sleep(WAIT_S / 10)
         for policy in self.policies:

@@ -8,6 +8,7 @@ Same interface as ``PolicyConnector`` (the connector loop calls ``wants_records`
 """
 from __future__ import annotations
 
+import math
 import os
 
 import structlog
@@ -60,6 +61,10 @@ class ReplayConnector:
 
     def report_lag(self) -> None:
         """Nothing to report: a replay learner reports its own lag (``LearnerState.lag_steps``)."""
+
+    def wait_s(self) -> float:
+        """No reason to wake the loop early (the learner samples the buffer; nothing to build)."""
+        return math.inf
 
     def stats(self) -> m.ConnectorStats:
         written = self.replay.written

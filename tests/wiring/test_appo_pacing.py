@@ -4,6 +4,8 @@ while they exceed the limit, so the connector drops (almost) nothing; without pa
 same fast client outruns this in-process learner and most of its steps are dropped."""
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import pytest
 
@@ -60,3 +62,36 @@ def test_paced_appo_clients_wait_for_the_learner_instead_of_sampling_steps_it_dr
     assert paced["connector"]["dropped_steps"] <= 0.1 * STEPS, paced["connector"]
     assert free["connector"]["dropped_steps"] >= 0.3 * STEPS, free["connector"]
     assert paced["learner"]["updates"] > free["learner"]["updates"] >= 1
+
+
+@pytest.mark.timeout(120)
+def test_samples_of_a_whole_batch_are_not_held_when_the_learner_keeps_up(tmp_path):
+    """A TCP client whose every sample is one whole train batch: the connector reads it and
+    builds a batch in the same turn, so its lag is 0 before and after. It must still report
+    (the pacer counts steps ingested since the last report as waiting): otherwise every
+    sample after the first would wait sampling.max_wait_for_batch_s (here 3 s)."""
+    cfg = load_config(None, [("daemon", "state_dir", str(tmp_path / "state")), ("server", "port", 0),
+                             ("learner", "algorithm", "appo"), ("sampling", "force_on_policy", False),
+                             ("sampling", "env_steps_per_sample", 256), ("sampling", "train_batch_size", 256),
+                             ("sampling", "max_wait_for_batch_s", 3.0), ("ppo", "num_epochs", 1),
+                             ("ppo", "minibatch_size", 256), ("ppo", "hidden_sizes", [16]),
+                             ("appo", "max_lead_steps", 256)])
+    d = InProcessDaemon(cfg).start()
+    try:
+        agent = connect(f"tcp://127.0.0.1:{d.listening.port}")
+        env = gym.make("CartPole-v1")
+        obs, _ = env.reset(seed=0)
+        held_s = 0.0
+        for k in range(8):  # 8 samples, each after the learner trained on the one before
+            wait_for(lambda k=k: (status(d)["learner"].get("updates") or 0) >= k, 20,
+                     interval_s=0.05, what="the learner done with the last sample")
+            started = time.monotonic()
+            for _ in range(256):
+                obs2, reward, term, trunc, _ = env.step(agent.act(obs))
+                agent.step(reward, obs2, term, trunc)
+                obs = env.reset()[0] if term or trunc else obs2
+            held_s += time.monotonic() - started
+        agent.close()
+    finally:
+        assert d.stop() == {role: 0 for role in ROLES}
+    assert held_s < 8 * 3.0 / 2, f"8 samples took {held_s:.1f} s: held for max_wait_for_batch_s"
