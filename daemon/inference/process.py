@@ -11,6 +11,7 @@ restarts). Stats go to the collector every ``daemon.status_interval_s``.
 """
 from __future__ import annotations
 
+import math
 import os
 import select
 import socket
@@ -104,7 +105,15 @@ class Inference:
             due = self.server.flush_due_in_s()  # (queued step records: at most 2 ms, so a
             if due is not None:                 # lone client wakes the collector every 2 ms,
                 timeout = min(timeout, due)     # not after every step)
-            self._sleep(timeout)
+            self._sleep(min(timeout, self._reconnect_due_s()))
+
+    def _reconnect_due_s(self) -> float:
+        """Seconds until a lost link's next connection attempt (inf: every link is up): a
+        policy without its link holds its training requests, and nothing else would wake
+        the role for the attempt."""
+        due = [t for name, t in self.next_connect.items()
+               if (link := self.server.policies[name].link) is not None and not link.connected]
+        return max(0.0, min(due) - time.monotonic()) if due else math.inf
 
     def _spin(self) -> bool:
         """After answering, poll for new requests instead of sleeping for about twice the

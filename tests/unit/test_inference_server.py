@@ -317,3 +317,22 @@ def test_a_new_client_in_a_removed_clients_range_starts_with_clean_lanes(setup, 
     server.serve_once()
     rec = link.all[n:]
     assert len(rec) == 1 and rec["reward"][0] == 2.0 and np.allclose(rec["obs"]["obs"][0], OBS + 0.05)
+
+
+def test_the_idle_role_wakes_for_a_lost_links_next_connection_attempt():
+    """A policy whose link to the collector is down holds its training requests; the idle role
+    must not sleep past the link's next attempt (IDLE_S would delay the reconnect by up to 100 ms)."""
+    import math
+    import time
+    from types import SimpleNamespace
+
+    from rlinkd.daemon.inference.process import Inference
+    inf = object.__new__(Inference)
+    up, down = SimpleNamespace(connected=True), SimpleNamespace(connected=False)
+    inf.server = SimpleNamespace(policies={"a": SimpleNamespace(link=up), "b": SimpleNamespace(link=down),
+                                           "frozen": SimpleNamespace(link=None)})
+    now = time.monotonic()
+    inf.next_connect = {"a": now - 5.0, "b": now + 0.03, "frozen": 0.0}
+    assert 0.0 < inf._reconnect_due_s() <= 0.03
+    down.connected = True
+    assert inf._reconnect_due_s() == math.inf
