@@ -41,7 +41,8 @@ def configure(level: str = "info", role: str = "supervisor", json: bool | None =
                     structlog.processors.format_exc_info,
                     renderer],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS.get(level, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stdout),  # (one write per line:
+        # roles share the stream, and a line and its newline written apart could interleave)
         cache_logger_on_first_use=False,
     )
 
