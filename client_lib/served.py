@@ -29,7 +29,7 @@ from rlinkd.client_lib.reporting import MetricBuffer
 from rlinkd.client_lib.protocol import codec, serving
 from rlinkd.client_lib.protocol.columns import action_columns, native, to_columns
 from rlinkd.client_lib.protocol.spaces import Space, field_name, space_from_json
-from rlinkd.client_lib.transport import Address, RLlinkClient, RLlinkError, ServerError
+from rlinkd.client_lib.transport import DIRECT_REFUSED, Address, RLlinkClient, RLlinkError, ServerError
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_START, OP_STEP, STATUS_LOST, STATUS_MESSAGES,
                               STATUS_OK, TERMINATED, TRUNCATED, LaneArea, LaneLayout)
@@ -44,49 +44,99 @@ class EpisodeLost(ServerError):
 
 
 class ServedTcpLink(ReconnectingLink):
-    """Serving messages over a TCP or Unix-socket RLlink connection."""
+    """Serving messages over a TCP or Unix-socket RLlink connection.
+
+    Two connections unless the daemon refuses SERVE_DIRECT (or the link is TLS): ``client``
+    for PING, GET_CONFIG and METRICS, through the collector, and ``hot`` for the serving
+    messages, handed to the inference process (one hop per action instead of two). A
+    refused SERVE_DIRECT is remembered: serving then goes through ``client`` too."""
 
     def __init__(self, address: Address, token: str | None, reconnect_timeout_s: float,
                  ssl_context=None) -> None:
         self.address, self.token, self.ssl_context = address, token, ssl_context
         self.reconnect_timeout_s, self.reconnects = reconnect_timeout_s, 0
         self.client: RLlinkClient | None = None
+        self.hot: RLlinkClient | None = None
+        self.direct = ssl_context is None and address.kind != "tls"
         self.config: codec.SetConfig | None = None
 
     def describe(self) -> str:
         return str(self.address)
 
     def _connect(self) -> None:
-        client = RLlinkClient(self.address, ssl_context=self.ssl_context).connect()
+        client = self._open()
         try:
-            client.ping(self.token)
             self.config = client.get_config()
+            hot = self._direct(client) if self.direct else client
         except BaseException:
             client.close()
             raise
-        self.client = client
+        self.client, self.hot = client, hot
+
+    def _open(self) -> RLlinkClient:
+        client = RLlinkClient(self.address, ssl_context=self.ssl_context).connect()
+        try:
+            client.ping(self.token)
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def _direct(self, client: RLlinkClient) -> RLlinkClient:
+        """A second connection, handed to the inference process (SERVE_DIRECT); ``client``
+        when the daemon refuses it (then never asked again)."""
+        hot = self._open()
+        try:
+            hot.request(serving.ServeDirect(), serving.ServeDirectReady)
+            return hot
+        except ServerError as exc:
+            hot.close()
+            if exc.retry:
+                raise
+            self.direct = False
+            return client
+        except BaseException:
+            hot.close()
+            raise
 
     def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-            self.client = None
+        for c in {id(c): c for c in (self.hot, self.client) if c is not None}.values():
+            c.close()
+        self.client = self.hot = None
+
+    def serving_client(self) -> RLlinkClient:
+        """The connection serving messages go over (ConnectionError when there is none)."""
+        if self.hot is None:
+            raise ConnectionError(f"{self.describe()}: not connected")
+        return self.hot
 
     def start(self, episode_id: str, obs, evaluate: bool, policy: str | None) -> tuple[np.ndarray | object, int]:
         """START_EPISODE + GET_ACTION pipelined: one round trip."""
-        client = self._client()
+        client = self.serving_client()
         client.send(serving.StartEpisode(episode_id, False if evaluate else None, policy_id=policy))
         client.send(serving.GetAction(episode_id, obs))
-        client.recv()  # EPISODE_STARTED (an ERROR raises here)
-        return self._action(client.recv())
+        self.receive(client)  # EPISODE_STARTED (an ERROR raises here)
+        return self._action(self.receive(client))
 
     def step(self, episode_id: str, reward: float, obs) -> tuple[object, int]:
-        client = self._client()
+        client = self.serving_client()
         client.send(serving.Step(episode_id, reward, obs))
-        return self._action(client.recv())
+        return self._action(self.receive(client))
 
     def end(self, episode_id: str, reward: float, obs, terminated: bool, truncated: bool) -> None:
-        self._client().send(serving.Step(episode_id, reward, obs, terminated, truncated))
-        self._action(self._client().recv())
+        client = self.serving_client()
+        client.send(serving.Step(episode_id, reward, obs, terminated, truncated))
+        self._action(self.receive(client))
+
+    def receive(self, client: RLlinkClient) -> codec.Message:
+        """A reply on the serving connection; after DIRECT_REFUSED (the inference process
+        had no room) the link serves through the collector from its next connection on."""
+        try:
+            return client.recv()
+        except ServerError as exc:
+            if str(exc).startswith(DIRECT_REFUSED):
+                self.direct = False
+            raise
 
     @staticmethod
     def _action(msg: codec.Message) -> tuple[object, int]:

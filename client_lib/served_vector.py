@@ -219,14 +219,14 @@ class _TcpWire:
             rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One STEP_BATCH (pending ENDs first) and its ACTIONS: (action vectors, weights
         versions, statuses) for ``rows`` (default: every copy). An ERROR raises."""
-        client = self.link._client()
+        client = self.link.serving_client()
         idx = range(self.n) if rows is None else rows.tolist()
         entries, self.ends = self.ends, []
         first = len(entries)
         for i in idx:
             entries.append(self._entry(i, bool(open_[i]), float(rewards[i]), native(x, self.obs_space, i)))
         client.send(serving.StepBatch(tuple(entries)))
-        reply = client.recv()
+        reply = self.link.receive(client)
         if not isinstance(reply, serving.Actions) or len(reply.actions) != len(entries):
             raise RLlinkError(f"expected ACTIONS for {len(entries)} entries, got {reply.TYPE.value}")
         vectors = _action_vectors(reply.actions[first:], self.act_space)
@@ -247,10 +247,10 @@ class _TcpWire:
                 terminated=bool(flag & TERMINATED), truncated=bool(flag & TRUNCATED)))
 
     def close(self) -> None:
-        if self.ends and self.link.client is not None:
+        if self.ends and self.link.hot is not None:
             try:  # the last ENDs' steps still train
-                self.link.client.send(serving.StepBatch(tuple(self.ends)))
-                self.link.client.recv()
+                self.link.hot.send(serving.StepBatch(tuple(self.ends)))
+                self.link.hot.recv()
             except (ConnectionError, OSError, ServerError):
                 pass
         self.link.close()

@@ -27,9 +27,13 @@ class RLlinkError(Exception):
 EVICTED = "evicted:"
 """Start of the ERROR a daemon sends a connection it evicts during its handshake."""
 EPISODE_LOST = "episode lost:"
-RETRYABLE_ERRORS = ("daemon shutting down", EVICTED, EPISODE_LOST)
+DIRECT_REFUSED = "direct serving refused:"
+"""Start of the ERROR the inference process sends a handed-over connection it has no room
+for: the client reconnects and serves through the collector."""
+RETRYABLE_ERRORS = ("daemon shutting down", EVICTED, EPISODE_LOST, DIRECT_REFUSED)
 """Starts of ERROR messages worth a reconnect: the daemon is stopping (it may come back),
-or this connection was evicted in its handshake by a flood of newer ones."""
+this connection was evicted in its handshake by a flood of newer ones, or its episode or
+its direct serving is gone."""
 
 
 class ServerError(RLlinkError):

@@ -352,8 +352,13 @@ class InferenceConfig:
                                "at once when every open episode has one pending.",
                                minimum=0, maximum=100_000)
     tcp_lanes: int = setting(4096, "Episodes TCP serving clients may have open at once "
-                             "(daemon-wide; a START beyond it is refused with ERROR).",
+                             "(daemon-wide; a START beyond it is refused with ERROR); as many "
+                             "again on direct connections.",
                              minimum=1, maximum=65536)
+    direct: bool = setting(True, "Hand a TCP or Unix-socket serving connection that sends "
+                           "SERVE_DIRECT to the inference role, which answers it itself (one "
+                           "hop per action instead of two; not over TLS); false: SERVE_DIRECT "
+                           "is refused and every action goes through the collector.")
     env_steps_per_sample: int = setting(0, "Training steps the inference role records per "
                                         "policy before it hands them on and (on-policy) waits "
                                         "for weights trained on them; 0: "

@@ -89,6 +89,8 @@ class MessageType(str, enum.Enum):
     METRICS = "METRICS"
     SERVE_ATTACH = "SERVE_ATTACH"
     SERVE_ATTACHED = "SERVE_ATTACHED"
+    SERVE_DIRECT = "SERVE_DIRECT"
+    SERVE_DIRECT_READY = "SERVE_DIRECT_READY"
 
 
 # ---------------------------------------------------------------- messages

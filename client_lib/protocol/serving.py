@@ -18,6 +18,8 @@ rlinkd's own: one round trip per step, and one per step of many agents.
     EVAL_RESULTS   {episodes: [{episode_return, episode_length, weights_seq_no?, policy_id?, agent_id?}]}  (no reply)
     METRICS        {metrics: {name: number}}                               (no reply)
     SERVE_ATTACH   {pid, lanes, policy?, token?}                           -> SERVE_ATTACHED + 3 fds (shm lanes)
+    SERVE_DIRECT   {}                                                      -> SERVE_DIRECT_READY, then the
+                   connection's serving messages are answered by the inference process itself
 
 A ``STEP_BATCH`` entry with ``start: true`` starts episode ``episode_id`` with its first
 observation (no reward); one with ``terminated`` or ``truncated`` ends it (its action is
@@ -213,6 +215,24 @@ class ServeAttached(Message):
     action_space: dict
 
 
+@dataclass(frozen=True)
+class ServeDirect(Message):
+    """A TCP (not TLS) or Unix-socket client asks that the inference process answer this
+    connection itself: one hop per action instead of two (through the collector). The
+    client sends nothing more until SERVE_DIRECT_READY; from then on the connection carries
+    only START_EPISODE, GET_ACTION, LOG_RETURNS, END_EPISODE, STEP, STEP_BATCH and PING.
+    An ERROR instead (TLS, episodes already open, the role cannot take it) closes the
+    connection like any refused request: the client connects again and stays with the
+    collector."""
+
+    TYPE: ClassVar = MessageType.SERVE_DIRECT
+
+
+@dataclass(frozen=True)
+class ServeDirectReady(Message):
+    TYPE: ClassVar = MessageType.SERVE_DIRECT_READY
+
+
 # ---------------------------------------------------------------- decoding
 def _episode_id(obj: dict, where: str, required: bool = True) -> str | None:
     value = obj.get("episode_id")
@@ -366,6 +386,8 @@ DECODERS: dict[MessageType, Any] = {
     MessageType.EVAL_RESULTS: _decode_eval_results,
     MessageType.METRICS: _decode_metrics,
     MessageType.SERVE_ATTACH: _decode_serve_attach,
+    MessageType.SERVE_DIRECT: lambda _o: ServeDirect(),
+    MessageType.SERVE_DIRECT_READY: lambda _o: ServeDirectReady(),
     MessageType.EPISODE_STARTED: lambda o: EpisodeStarted(
         _get(o, "episode_id", (str,)), _get(o, "policy_id", (str,), required=False)),
     MessageType.ACTION: lambda o: Action(_get(o, "episode_id", (str,)), o.get("action"),

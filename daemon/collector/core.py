@@ -58,6 +58,12 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
+class HandedOver(Exception):
+    """Raised out of a connection's message loop after SERVE_DIRECT: the inference role owns
+    the connection now; the collector forgets it without a word, closing only its own
+    descriptor of the socket."""
+
+
 @dataclass
 class Session:
     """One client connection's state (TCP or Unix socket)."""
@@ -329,7 +335,8 @@ class CollectorCore:
         codec.Status: _status, codec.Episodes: _episodes, codec.EpisodesAndGetState: _episodes,
         codec.Attach: _attach, codec.SampleReady: _sample_ready,
         **dict.fromkeys((serving.StartEpisode, serving.GetAction, serving.LogReturns, serving.EndEpisode,
-                         serving.Step, serving.StepBatch, serving.ServeAttach), _serve),
+                         serving.Step, serving.StepBatch, serving.ServeAttach, serving.ServeDirect),
+                        _serve),
         serving.EvalResults: _eval_results, serving.Metrics: _metrics}
 
     # ------------------------------------------------------------ ingestion

@@ -25,7 +25,7 @@ from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.codec import ProtocolError
 from rlinkd.client_lib.transport import EVICTED
-from rlinkd.daemon.collector.core import CollectorCore, Plan, Session, error_kind
+from rlinkd.daemon.collector.core import CollectorCore, HandedOver, Plan, Session, error_kind
 from rlinkd.daemon.collector.status import StatusBuilder
 from rlinkd.daemon.collector.pacing import Pacer
 from rlinkd.daemon.collector.weights import WeightsCache, set_state_frame
@@ -195,6 +195,8 @@ class CollectorServer:
             await self._protocol_error(session, writer, exc)
         except HandshakeTimeout:
             await self._refuse(writer, "no complete message within server.handshake_timeout_s")
+        except HandedOver:
+            pass
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError, ssl.SSLError):
             pass
         finally:
@@ -211,7 +213,7 @@ class CollectorServer:
         if not self.core.admission.handshake_done(session.id):
             raise ConnectionAbortedError("evicted while its first message was read")
         while True:
-            await self._carry_out(session, plan, writer)
+            await self._carry_out(session, plan, reader, writer)
             self.status.message_latency.observe(msg.TYPE.value, time.perf_counter() - started)
             body = await self._read_frame(reader)
             started = time.perf_counter()
@@ -258,7 +260,8 @@ class CollectorServer:
         size = codec.parse_header(first + rest, srv.max_message_bytes)
         return await read_within(reader, size, max(0.0, deadline - loop.time()))
 
-    async def _carry_out(self, session: Session, plan: Plan, writer: asyncio.StreamWriter) -> None:
+    async def _carry_out(self, session: Session, plan: Plan, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
         last_ids = {}
         if plan.records is not None:
             for policy, records in plan.records.items():
@@ -275,7 +278,7 @@ class CollectorServer:
         if plan.serve is not None:
             if self.serving is None:
                 raise codec.BadMessage(f"{plan.serve.TYPE.value}: this server does not serve actions")
-            reply = await self.serving.handle(session, plan.serve, writer)
+            reply = await self.serving.handle(session, plan.serve, reader, writer)
             if reply is not None:
                 await self.send(writer, reply)
         held = plan.held

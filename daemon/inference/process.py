@@ -7,7 +7,10 @@ heartbeat). Lane areas of shared-memory clients arrive over the area channel (fd
 collector's TCP lane areas are files in the topology. On start the role says "hello" on the
 channel so a collector that outlived a previous inference process sends its areas again.
 Every trainable policy has a ``PolicyLink`` (reconnected with backoff when the collector
-restarts). Stats go to the collector every ``daemon.status_interval_s``.
+restarts). Connections handed over after SERVE_DIRECT come over the channel too; the role
+reads and answers them itself (``direct``: one private lane area per policy), polling them
+while it spins and sleeping on them with the rest. Stats go to the collector every
+``daemon.status_interval_s``.
 """
 from __future__ import annotations
 
@@ -25,12 +28,14 @@ from rlinkd.daemon import messages as m
 from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.inference import channel
 from rlinkd.daemon.inference.backend import PolicyRunner
+from rlinkd.daemon.inference.direct import DirectConnections
+from rlinkd.daemon.inference.front import Front, LanePool
 from rlinkd.daemon.inference.episodes import SlotPool
 from rlinkd.daemon.inference.link import PolicyLink
 from rlinkd.daemon.inference.server import HISTOGRAM_BOUNDS, InferenceServer, PolicyServing, ServedArea
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import RoleContext
-from rlinkd.daemon.wiring import PolicyTopology, Topology
+from rlinkd.daemon.wiring import PolicyTopology, Topology, tcp_lane_capacity
 from rlinkd.shm._sync import store_load_fence
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.doorbell import Doorbell
@@ -46,6 +51,8 @@ BUSY_RETRY_S = 0.002
 EVAL_FLUSH_S = 0.5
 RECONNECT_S = (0.05, 2.0)
 TCP_AREA_BASE = 1 << 30  # area ids of the collector's TCP areas (shm clients' ids are below)
+DIRECT_AREA_BASE = 1 << 29  # area ids of the role's own areas for direct connections
+EXPIRE_S = 1.0
 
 
 class Inference:
@@ -65,7 +72,9 @@ class Inference:
         self.next_stats = self.next_eval = 0.0
         self.last_answer = 0.0
         self.gap_s = SPIN_MAX_S  # EWMA of the idle time from an answer to the next answering turn
+        self.next_expire = 0.0
         self._add_tcp_areas()
+        self.direct = self._direct()
 
     def _policy(self, p: PolicyTopology) -> PolicyServing:
         cfg = self.topo.cfg
@@ -87,25 +96,52 @@ class Inference:
             finally:
                 os.close(fd)
 
+    def _direct(self) -> DirectConnections:
+        """One private lane area per policy for direct connections, served like the others."""
+        cfg, pools = self.topo.cfg, {}
+        for i, p in enumerate(self.topo.policies.values()):
+            layout = LaneLayout(p.layout)
+            area = LaneArea.create_sealed(f"{self.topo.shm_prefix}.direct-{i}-{os.getpid()}", layout,
+                                          tcp_lane_capacity(cfg.inference.tcp_lanes, layout))
+            area.set_pid("writer", os.getpid())
+            area.set_pid("reader", os.getpid())
+            assert area.segment.fd is not None
+            bell = Doorbell(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))  # (never rung: the
+            self.server.add(ServedArea(DIRECT_AREA_BASE + i, area, p.name, bell),  # role waits
+                            area.segment.fd)                                       # on itself)
+            pools[p.name] = LanePool(area, p.obs_space, p.act_space, p.name)
+        front = Front(pools, self.topo.mapping.policy_for, cfg.server.max_agents_per_connection,
+                      "inference.tcp_lanes")
+        return DirectConnections(front, cfg.server.max_connections, cfg.server.max_message_bytes,
+                                 cfg.server.idle_timeout_s, cfg.server.read_timeout_s)
+
     # ------------------------------------------------------------ the loop
     def step(self) -> None:
         self._connect_links()
         self._release_holds()
         self._read_channel()
+        self.direct.service(self.direct.poll())
         started = time.perf_counter()
         answered = self.server.serve_once()
+        if self.direct.waiting:
+            self.direct.answer()
         self._periodic()
         if answered:  # (the gap excludes serving: a big batch is no reason to stop spinning)
             self.gap_s += GAP_EWMA * (min(started - self.last_answer, 3 * SPIN_MAX_S) - self.gap_s)
             self.last_answer = time.perf_counter()
         self.server.flush_links(only_old=True)  # (queued step records go once COALESCE_S old)
-        if not answered and not self._spin() and not self.server.fresh_arrivals():
+        if not answered and not self._spin() and not self._fresh():
             busy = self.server.arrivals() > 0  # (requests it cannot answer yet: retry soon)
             timeout = BUSY_RETRY_S if busy else IDLE_S
             due = self.server.flush_due_in_s()  # (queued step records: at most 2 ms, so a
             if due is not None:                 # lone client wakes the collector every 2 ms,
                 timeout = min(timeout, due)     # not after every step)
             self._sleep(min(timeout, self._reconnect_due_s()))
+
+    def _fresh(self) -> bool:
+        """New requests in a lane, or something on a direct connection."""
+        return bool(self.server.fresh_arrivals() or self.direct.has_work
+                    or (self.direct.conns and self.direct.epoll.poll(0)))
 
     def _reconnect_due_s(self) -> float:
         """Seconds until a lost link's next connection attempt (inf: every link is up): a
@@ -124,7 +160,7 @@ class Inference:
             return False
         until = self.last_answer + min(max(2.0 * self.gap_s, SPIN_MIN_S), SPIN_MAX_S)
         while time.perf_counter() < until:
-            if self.server.fresh_arrivals():
+            if self._fresh():
                 return True
             os.sched_yield()  # (a client preempted on this core goes on meanwhile)
         return False
@@ -135,9 +171,10 @@ class Inference:
         for at most ``timeout_s``."""
         self.server.announce_sleep(True)
         store_load_fence()
-        if self.server.fresh_arrivals():
+        if self._fresh():
             timeout_s = 0.0
-        fds = [self.request_bell.fileno(), self.channel.fileno(), self.ctx.inbox.fileno()]
+        fds = [self.request_bell.fileno(), self.channel.fileno(), self.ctx.inbox.fileno(),
+               self.direct.fileno()]
         fds += [p.link.fileno() for p in self.server.policies.values() if p.link and p.link.connected
                 and p.link.held]
         select.select(fds, [], [], timeout_s)
@@ -179,10 +216,12 @@ class Inference:
         while (msg := channel.receive(self.channel)) is not None:
             if msg.op == "open":
                 self._open_area(msg)
+            elif msg.op == "direct" and len(msg.fds) == 1:
+                self.direct.add(msg.fds[0])
             elif msg.op == "close":
                 self.server.remove(msg.area_id)
             elif msg.op == "reset":
-                for area_id in [i for i in self.server.areas if i < TCP_AREA_BASE]:
+                for area_id in [i for i in self.server.areas if i < DIRECT_AREA_BASE]:
                     self.server.remove(area_id)
                 for served in self.server.areas.values():
                     self.server.forget(served)  # (a new collector: those episodes are gone)
@@ -221,6 +260,9 @@ class Inference:
 
     def _periodic(self) -> None:
         now = time.monotonic()
+        if now >= self.next_expire:
+            self.next_expire = now + EXPIRE_S
+            self.direct.expire(now)
         if now >= self.next_eval:
             self.next_eval = now + EVAL_FLUSH_S
             try:
@@ -241,7 +283,8 @@ class Inference:
             batch_sizes={f"<={b}": c for b, c in zip(HISTOGRAM_BOUNDS, s.histogram) if c},
             backends={n: p.runner.backend for n, p in pols.items() if p.runner.backend},
             cpu_s=times.user + times.system,
-            weights_seq_nos={n: p.runner.weights_seq_no for n, p in pols.items()})
+            weights_seq_nos={n: p.runner.weights_seq_no for n, p in pols.items()},
+            direct=dict(self.direct.counts))
 
     def hello(self) -> None:
         try:
@@ -250,6 +293,7 @@ class Inference:
             log.warning("inference_hello_not_sent")
 
     def close(self) -> None:
+        self.direct.close_all()  # (their episodes' releases are answered by the close below)
         self.server.close()  # (ends every area's fragments: their records are queued ...)
         self.server.flush_links()  # (... and written before the links close)
         for policy in self.server.policies.values():

@@ -40,13 +40,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def raw_client(port: int) -> socket.socket:
-    """A connection after PING. TCP_NODELAY as the README advises: without it a message
-    with no reply (LOG_RETURNS, END_EPISODE) delays the next request by a delayed ACK."""
+def raw_client(port: int, direct: bool = False) -> socket.socket:
+    """A connection after PING (and SERVE_DIRECT when ``direct``). TCP_NODELAY as the README
+    advises: without it a message with no reply (LOG_RETURNS, END_EPISODE) delays the next
+    request by a delayed ACK."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     raw_send(sock, {"type": "PING"})
     assert raw_recv(sock)["type"] == "PONG"
+    if direct:
+        raw_send(sock, {"type": "SERVE_DIRECT"})
+        assert raw_recv(sock)["type"] == "SERVE_DIRECT_READY"
     return sock
 
 
@@ -96,8 +100,9 @@ def play_raw_episode(sock: socket.socket, env, episode_no: int, seqs: list[int])
     return total
 
 
-def test_a_raw_client_learns_cartpole_with_the_episode_messages(daemon):
-    sock = raw_client(daemon.port)
+@pytest.mark.parametrize("direct", [False, True], ids=["collector", "direct"])
+def test_a_raw_client_learns_cartpole_with_the_episode_messages(daemon, direct):
+    sock = raw_client(daemon.port, direct)
     env = gym.make("CartPole-v1")
     returns: list[float] = []
     seqs: list[int] = []
@@ -112,6 +117,24 @@ def test_a_raw_client_learns_cartpole_with_the_episode_messages(daemon):
     status = wait_for(lambda: (s := daemon.status())["episodes"] == len(returns) and s, 20,
                       what="every episode counted")
     assert status["env_steps"] == sum(returns) and status["protocol_errors"] == 0, status
+    assert status["inference"]["direct_handed_over"] == int(direct)
+
+
+def test_client_lib_serves_through_the_collector_when_the_daemon_refuses_direct(daemon_factory):
+    """``inference.direct = false``: SERVE_DIRECT is refused, client_lib keeps its first
+    connection for serving, and its steps train as before."""
+    d = daemon_factory("--set", "inference.direct=false")
+    agent = connect(f"tcp://127.0.0.1:{d.port}", inference="server")
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    for _ in range(300):
+        obs2, r, term, trunc, _ = env.step(agent.act(obs))
+        agent.step(r, obs2, term, trunc)
+        obs = env.reset()[0] if term or trunc else obs2
+    assert agent.link.direct is False
+    agent.close()
+    status = wait_for(lambda: (s := d.status())["env_steps"] >= 250 and s, 20, what="the steps counted")
+    assert status["inference"]["direct_handed_over"] == 0 and status["inference"]["tcp_messages"] >= 300
 
 
 def test_a_raw_client_learns_cartpole_with_step_batch_without_mixed_versions(daemon):

@@ -51,6 +51,7 @@ class ScriptedLink(ServedTcpLink):
     def _connect(self) -> None:
         self.connects += 1
         self.config, self.client = CONFIG, self.server  # type: ignore[assignment]
+        self.hot = self.client
 
 
 def client_and_server(n: int = 3) -> tuple[ServedVectorClient, ScriptedServer, ScriptedLink]:

@@ -22,6 +22,8 @@ EXAMPLES = [
     s.ServeAttach(123, 8, "default", "tok"),
     s.ServeAttached("rlinkd.lanes.x", 8, {"lane_bytes": 64}, "default", {"type": "Box"},
                     {"type": "Discrete", "n": 2}),
+    s.ServeDirect(),
+    s.ServeDirectReady(),
 ]
 
 

@@ -43,8 +43,12 @@ def play_episodes(agent, episodes: int, seed: int) -> None:
         obs, _ = env.reset()
 
 
-def tcp(daemon) -> RLlinkClient:
-    return RLlinkClient(f"tcp://127.0.0.1:{daemon.listening.port}").connect()
+def tcp(daemon, direct: bool = False) -> RLlinkClient:
+    """A raw connection; ``direct``: handed to the inference role first (SERVE_DIRECT)."""
+    c = RLlinkClient(f"tcp://127.0.0.1:{daemon.listening.port}").connect()
+    if direct:
+        c.request(s.ServeDirect(), s.ServeDirectReady)
+    return c
 
 
 def status(daemon) -> dict:
@@ -52,9 +56,10 @@ def status(daemon) -> dict:
         return c.status()
 
 
-def test_raw_messages_get_actions_and_record_steps(daemon):
+@pytest.mark.parametrize("direct", [False, True], ids=["collector", "direct"])
+def test_raw_messages_get_actions_and_record_steps(daemon, direct):
     before = status(daemon)["env_steps"]
-    c = tcp(daemon)
+    c = tcp(daemon, direct)
     started = c.request(s.StartEpisode(), s.EpisodeStarted)
     eid = started.episode_id
     assert started.policy_id == "default"
@@ -84,10 +89,11 @@ def test_raw_messages_get_actions_and_record_steps(daemon):
     ([s.StartEpisode(f"e{i}") for i in range(5)], "max_agents_per_connection"),
     ([s.StepBatch((s.BatchEntry("q", OBS, reward=1.0),))], "unknown episode"),
 ])
-def test_errors_go_to_that_client_only(daemon, messages, words):
-    other = tcp(daemon)
+@pytest.mark.parametrize("direct", [False, True], ids=["collector", "direct"])
+def test_errors_go_to_that_client_only(daemon, messages, words, direct):
+    other = tcp(daemon, direct)
     oid = other.request(s.StartEpisode(), s.EpisodeStarted).episode_id
-    c = tcp(daemon)
+    c = tcp(daemon, direct)
     with pytest.raises(ServerError, match=words):
         for msg in messages:
             c.send(msg)
@@ -96,6 +102,43 @@ def test_errors_go_to_that_client_only(daemon, messages, words):
     c.close()
     assert other.request(s.GetAction(oid, OBS), s.Action).action in (0, 1)  # unaffected
     other.close()
+
+
+def test_a_direct_connection_refuses_what_is_not_serving_and_is_refused_when_not_fresh(daemon):
+    c = tcp(daemon, direct=True)
+    assert c.request(s.StartEpisode("p"), s.EpisodeStarted).episode_id == "p"
+    c.ping()  # PING is answered on a direct connection too
+    with pytest.raises(ServerError, match="not accepted on a direct serving connection"):
+        c.get_config()
+    c.close()
+    c = tcp(daemon)
+    c.request(s.StartEpisode("q"), s.EpisodeStarted)
+    with pytest.raises(ServerError, match="no episodes open"):
+        c.request(s.ServeDirect(), s.ServeDirectReady)
+    c.close()
+    c = tcp(daemon)
+    c.send(s.ServeDirect())
+    c.send(s.StartEpisode("r"))  # (before SERVE_DIRECT_READY: not allowed)
+    with pytest.raises(ServerError, match="send nothing after it"):
+        c.recv()
+    c.close()
+
+
+def test_a_closed_direct_connection_releases_its_lanes_and_its_steps_train(daemon):
+    before = status(daemon)
+    c = tcp(daemon, direct=True)
+    eid = c.request(s.StartEpisode(), s.EpisodeStarted).episode_id
+    c.request(s.GetAction(eid, OBS), s.Action)
+    for _ in range(20):
+        c.request(s.Step(eid, 1.0, OBS), s.Action)
+    wait_for(lambda: status(daemon)["inference"]["lanes_open"] >= 1, 10, what="the direct episode open")
+    c.close()  # mid-episode: the role ends it, truncated
+    wait_for(lambda: (st := status(daemon))["inference"]["lanes_open"] == 0
+             and st["inference"]["direct_connections"] == 0
+             and st["env_steps"] >= before["env_steps"] + 20
+             and st["episodes"] >= before["episodes"] + 1, 10,
+             what="the lane released, the connection gone, the truncated episode's steps counted")
+    assert status(daemon)["inference"]["direct_handed_over"] > before["inference"].get("direct_handed_over", 0)
 
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])

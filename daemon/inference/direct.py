@@ -1,0 +1,281 @@
+"""Serving connections the collector handed over (SERVE_DIRECT): the inference role answers them.
+
+Over the collector a TCP action crosses two processes each way (client -> collector ->
+role -> collector -> client); a direct connection crosses one (client -> role -> client).
+The collector still does the connection's admission (handshake, token, limits) and passes
+the socket over the area channel after SERVE_DIRECT; from then on this module reads its
+frames, carries out its serving messages with the same ``Front`` as the collector (same
+checks, same errors, same order: one message at a time per connection, the next frame
+parsed once the reply to the last is out) and writes the replies.
+
+Each policy has one private lane area for its direct episodes (a sealed memfd made here,
+served by the role like any client's area: batched with every other request, recorded and
+trained the same way). Who calls what, once per turn of the role's loop:
+``service(events)`` reads what the sockets have and publishes requests (at most
+MAX_FRAMES_PER_TURN messages per connection, so a flooding client delays no one);
+``answer()`` after the serving turn sends the replies whose lanes are answered. ``expire``
+(about once a second) closes connections past ``server.idle_timeout_s`` /
+``server.read_timeout_s``. A refused message: ERROR to that client, then its connection
+closes (its episodes end, truncated), as in the collector. Nothing here blocks.
+"""
+from __future__ import annotations
+
+import select
+import socket
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+from rlinkd.client_lib.protocol import codec, serving
+from rlinkd.client_lib.protocol.codec import BadMessage, ProtocolError
+from rlinkd.client_lib.transport import DIRECT_REFUSED
+from rlinkd.daemon.inference.front import Episodes, Front, Pending
+
+log = structlog.get_logger("inference")
+MAX_FRAMES_PER_TURN = 16
+READ_AHEAD_BYTES = 1 << 16  # read while busy (a pipelined frame, an EOF) up to this much
+RECV_BYTES = 1 << 18
+ACCEPTED = (serving.StartEpisode, serving.GetAction, serving.LogReturns, serving.EndEpisode,
+            serving.Step, serving.StepBatch)
+
+
+@dataclass
+class Conn:
+    """One handed-over connection."""
+
+    sock: socket.socket
+    inbuf: bytearray = field(default_factory=bytearray)
+    outbuf: bytearray = field(default_factory=bytearray)
+    episodes: Episodes = field(default_factory=Episodes)
+    pending: Pending | None = None
+    mask: int = 0
+    frame_since: float = 0.0     # when the first byte of an incomplete frame came (0: none)
+    last_seen: float = field(default_factory=time.monotonic)
+    out_since: float = 0.0       # when unsent reply bytes were first left over (0: none)
+
+    @property
+    def busy(self) -> bool:
+        return self.pending is not None or bool(self.outbuf)
+
+
+class DirectConnections:
+    """The role's direct connections (see the module docstring)."""
+
+    def __init__(self, front: Front, max_connections: int, max_message_bytes: int,
+                 idle_timeout_s: float, read_timeout_s: float) -> None:
+        self.front, self.pools = front, front.pools
+        self.max_connections, self.max_message_bytes = max_connections, max_message_bytes
+        self.idle_timeout_s, self.read_timeout_s = idle_timeout_s, read_timeout_s
+        self.epoll = select.epoll()
+        self.conns: dict[int, Conn] = {}
+        self.waiting: set[int] = set()   # connections with a published request
+        self.ready: set[int] = set()     # connections with frames left for the next turn
+        self.counts = {"direct_connections": 0, "direct_messages": 0, "direct_refused": 0}
+
+    def fileno(self) -> int:
+        """Readable when a connection has something (the role sleeps on it with its others)."""
+        return self.epoll.fileno()
+
+    # ------------------------------------------------------------ connections
+    def add(self, fd: int) -> None:
+        """A socket from the collector (SERVE_DIRECT_READY already sent)."""
+        sock = socket.socket(fileno=fd)
+        sock.setblocking(False)
+        if len(self.conns) >= self.max_connections:
+            self.counts["direct_refused"] += 1
+            _try_send(sock, codec.encode(codec.Error(
+                message=f"{DIRECT_REFUSED} {self.max_connections} direct serving connections are open "
+                        "(server.max_connections)")))
+            sock.close()
+            return
+        self.conns[fd] = Conn(sock, mask=select.EPOLLIN)
+        self.epoll.register(fd, select.EPOLLIN)
+        self.counts["direct_connections"] = len(self.conns)
+
+    def close(self, fd: int, reason: str = "") -> None:
+        """End a connection: its episodes' lanes go back (their fragments end, truncated)."""
+        conn = self.conns.pop(fd, None)
+        if conn is None:
+            return
+        if reason:
+            log.debug("direct_connection_closed", reason=reason[:200])
+        self.front.forget(conn.episodes)
+        self.waiting.discard(fd)
+        self.ready.discard(fd)
+        self.epoll.unregister(fd)
+        conn.sock.close()
+        self.counts["direct_connections"] = len(self.conns)
+
+    def close_all(self) -> None:
+        for fd in list(self.conns):
+            self.close(fd)
+        self.epoll.close()
+
+    # ------------------------------------------------------------ one turn
+    def poll(self) -> list[tuple[int, int]]:
+        """Events waiting now (no wait)."""
+        return self.epoll.poll(0) if self.conns else []
+
+    @property
+    def has_work(self) -> bool:
+        """Frames left from the last turn (the role must not sleep on them)."""
+        return bool(self.ready)
+
+    def service(self, events: list[tuple[int, int]]) -> None:
+        """Read and write what ``events`` allow, then carry out complete frames."""
+        for fd, ev in events:
+            conn = self.conns.get(fd)
+            if conn is None:
+                continue
+            if ev & select.EPOLLOUT:
+                self._flush(fd, conn)
+            if fd in self.conns and ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+                self._read(fd, conn)
+        for fd in list(self.ready):
+            self.ready.discard(fd)
+            if fd in self.conns:
+                self._advance(fd, self.conns[fd])
+
+    def answer(self) -> int:
+        """After a serving turn: replies for requests whose lanes are answered. Returns them."""
+        done = [fd for fd in self.waiting if self.conns[fd].pending.answered(self.pools)]  # type: ignore[union-attr]
+        for fd in done:
+            self.waiting.discard(fd)
+            conn = self.conns[fd]
+            pending, conn.pending = conn.pending, None
+            try:
+                reply = pending.finish()  # type: ignore[union-attr]
+            except BadMessage as exc:
+                self._refuse(fd, conn, exc)
+                continue
+            self._reply(fd, conn, reply)
+        for pool in self.pools.values():
+            if pool.busy:
+                pool.sweep()
+        return len(done)
+
+    def expire(self, now: float) -> None:
+        """Close connections silent past idle_timeout_s, or stalled in a frame or a reply
+        past read_timeout_s."""
+        for fd, conn in list(self.conns.items()):
+            if conn.frame_since and now - conn.frame_since > self.read_timeout_s:
+                self.close(fd, "a frame incomplete past server.read_timeout_s")
+            elif conn.out_since and now - conn.out_since > self.read_timeout_s:
+                self.close(fd, "a reply unread past server.read_timeout_s")
+            elif self.idle_timeout_s and not conn.busy and now - conn.last_seen > self.idle_timeout_s:
+                self.close(fd, "idle past server.idle_timeout_s")
+
+    # ------------------------------------------------------------ reading
+    def _read(self, fd: int, conn: Conn) -> None:
+        try:
+            data = conn.sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            return self.close(fd, str(exc))
+        if not data:
+            return self.close(fd, "closed by the client")
+        conn.inbuf += data
+        conn.last_seen = time.monotonic()
+        if not conn.busy:
+            self._advance(fd, conn)
+        else:
+            self._watch(fd, conn)
+
+    def _advance(self, fd: int, conn: Conn) -> None:
+        """Carry out complete frames until one waits for an answer (at most
+        MAX_FRAMES_PER_TURN; the rest next turn)."""
+        for _ in range(MAX_FRAMES_PER_TURN):
+            if conn.busy:
+                break
+            try:
+                body = self._frame(conn)
+                if body is None:
+                    break
+                self._carry_out(fd, conn, codec.decode_body(body))
+            except ProtocolError as exc:
+                return self._refuse(fd, conn, exc)
+            if fd not in self.conns:
+                return
+        else:
+            self.ready.add(fd)
+        self._watch(fd, conn)
+
+    def _frame(self, conn: Conn) -> bytes | None:
+        """The next complete frame's body, taken off the buffer (None: not complete yet)."""
+        buf = conn.inbuf
+        if len(buf) < codec.HEADER_BYTES:
+            conn.frame_since = (conn.frame_since or time.monotonic()) if buf else 0.0
+            return None
+        size = codec.parse_header(bytes(buf[:codec.HEADER_BYTES]), self.max_message_bytes)
+        end = codec.HEADER_BYTES + size
+        if len(buf) < end:
+            conn.frame_since = conn.frame_since or time.monotonic()
+            return None
+        body = bytes(buf[codec.HEADER_BYTES:end])
+        del buf[:end]
+        conn.frame_since = time.monotonic() if buf else 0.0
+        return body
+
+    def _carry_out(self, fd: int, conn: Conn, msg: codec.Message) -> None:
+        self.counts["direct_messages"] += 1
+        if isinstance(msg, codec.Ping):
+            return self._reply(fd, conn, codec.encode(codec.Pong()))
+        if not isinstance(msg, ACCEPTED):
+            raise BadMessage(f"{msg.TYPE.value} is not accepted on a direct serving connection "
+                             "(only serving messages and PING after SERVE_DIRECT)")
+        outcome = self.front.begin(conn.episodes, msg)
+        if isinstance(outcome, Pending):
+            conn.pending = outcome
+            self.waiting.add(fd)
+        else:
+            self._reply(fd, conn, outcome)
+
+    # ------------------------------------------------------------ writing
+    def _reply(self, fd: int, conn: Conn, frame: bytes | None) -> None:
+        if frame is not None:
+            conn.outbuf += frame
+            self._flush(fd, conn)
+        if fd in self.conns and not conn.busy:
+            self.ready.add(fd)  # (a frame read meanwhile may be complete)
+
+    def _flush(self, fd: int, conn: Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.outbuf)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            return self.close(fd, str(exc))
+        del conn.outbuf[:sent]
+        conn.out_since = (conn.out_since or time.monotonic()) if conn.outbuf else 0.0
+        if not conn.outbuf and conn.inbuf:
+            self.ready.add(fd)
+        self._watch(fd, conn)
+
+    def _refuse(self, fd: int, conn: Conn, exc: BaseException) -> None:
+        """ERROR to this client only, then close its connection."""
+        _try_send(conn.sock, bytes(conn.outbuf) + codec.encode(codec.Error(message=str(exc)[:1000])))
+        conn.outbuf.clear()
+        self.close(fd, str(exc))
+
+    def _watch(self, fd: int, conn: Conn) -> None:
+        """Poll for what the connection can use now: input unless it is busy with a full
+        read-ahead, output while a reply is left over."""
+        mask = 0
+        if not conn.busy or len(conn.inbuf) < READ_AHEAD_BYTES:
+            mask |= select.EPOLLIN
+        if conn.outbuf:
+            mask |= select.EPOLLOUT
+        if mask != conn.mask:
+            self.epoll.modify(fd, mask)
+            conn.mask = mask
+
+
+def _try_send(sock: socket.socket, data: bytes) -> None:
+    """Best effort (an ERROR before closing): what does not fit now is dropped."""
+    try:
+        sock.send(data)
+    except OSError:
+        pass
+
