@@ -137,8 +137,15 @@ class DirectConnections:
             if fd in self.conns:
                 self._advance(fd, self.conns[fd])
 
+    @property
+    def answering(self) -> bool:
+        """Requests in flight, or lanes of closed connections on their way back to free:
+        ``answer`` has work after a serving turn."""
+        return bool(self.waiting) or any(pool.busy for pool in self.pools.values())
+
     def answer(self) -> int:
-        """After a serving turn: replies for requests whose lanes are answered. Returns them."""
+        """After a serving turn: replies for requests whose lanes are answered (and closed
+        connections' lanes freed once released). Returns the replies."""
         done = [fd for fd in self.waiting if self.conns[fd].pending.answered(self.pools)]  # type: ignore[union-attr]
         for fd in done:
             self.waiting.discard(fd)

@@ -123,7 +123,7 @@ class Inference:
         self.direct.service(self.direct.poll())
         started = time.perf_counter()
         answered = self.server.serve_once()
-        if self.direct.waiting:
+        if self.direct.answering:
             self.direct.answer()
         self._periodic()
         if answered:  # (the gap excludes serving: a big batch is no reason to stop spinning)

@@ -1,0 +1,160 @@
+"""daemon.inference.direct: handed-over connections read, answered and closed by the role.
+
+The role's serving turn is played by ``answer_lanes`` (every pending lane answered with
+action 1, status OK); the client side is the other end of a socketpair.
+"""
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+
+from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.protocol import serving as s
+from rlinkd.client_lib.protocol.spaces import Box, Discrete
+from rlinkd.client_lib.transport import DIRECT_REFUSED
+from rlinkd.daemon.inference.direct import MAX_FRAMES_PER_TURN, DirectConnections
+from rlinkd.daemon.inference.front import Front, LanePool
+from rlinkd.shm.lanes import OP_RELEASE, OP_START, STATUS_OK, LaneArea, LaneLayout
+from rlinkd.shm.records import StepLayout
+
+OBS = [0.1, 0.2, 0.3, 0.4]
+
+
+@pytest.fixture
+def direct(tmp_path):
+    area = LaneArea.create(str(tmp_path / "lanes"), LaneLayout(StepLayout.flat(4, 1, 2)), 4)
+    pool = LanePool(area, Box((4,), low=-5.0, high=5.0), Discrete(2), "default")
+    d = DirectConnections(Front({"default": pool}, lambda _agent: "default", 2, "inference.tcp_lanes"),
+                          max_connections=2, max_message_bytes=1 << 20, idle_timeout_s=60.0,
+                          read_timeout_s=5.0)
+    yield d
+    d.close_all()
+    area.close()
+
+
+def connect(d: DirectConnections) -> socket.socket:
+    ours, theirs = socket.socketpair()
+    d.add(theirs.detach())
+    ours.settimeout(5.0)
+    return ours
+
+
+def turn(d: DirectConnections, answer: bool = True) -> list:
+    """One role turn: read, (answer every pending lane), reply. Returns the lanes answered."""
+    d.service(d.epoll.poll(0.2))
+    answered = answer_lanes(d) if answer else []
+    if d.answering:
+        d.answer()
+    return answered
+
+
+def answer_lanes(d: DirectConnections) -> list:
+    lanes = d.pools["default"].area.lanes
+    idx = np.flatnonzero(lanes["req_seq"] != lanes["resp_seq"])
+    lanes["action"][idx], lanes["status"][idx], lanes["weights_seq_no"][idx] = 1.0, STATUS_OK, 3
+    ops = lanes["op"][idx].tolist()
+    lanes["resp_seq"][idx] = lanes["req_seq"][idx]
+    return ops
+
+
+def recv(sock: socket.socket) -> codec.Message:
+    size = codec.parse_header(_exactly(sock, codec.HEADER_BYTES), 1 << 20)
+    return codec.decode_body(_exactly(sock, size))
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "closed"
+        data += chunk
+    return data
+
+
+def test_episode_messages_are_answered_one_at_a_time(direct):
+    c = connect(direct)
+    for msg in (s.StartEpisode("a"), s.GetAction("a", OBS), s.Step("a", 1.0, OBS)):
+        c.sendall(codec.encode(msg))  # (pipelined: the role reads them all at once)
+    turn(direct)
+    assert recv(c) == s.EpisodeStarted("a", "default")
+    assert recv(c) == s.Action("a", 1, 3)  # GET_ACTION answered in the first turn ...
+    assert direct.conns[next(iter(direct.conns))].pending is None and direct.ready
+    turn(direct)  # ... STEP read but published only once that reply was out
+    assert recv(c) == s.Action("a", 1, 3)
+    c.sendall(codec.encode(codec.Ping()))
+    turn(direct)
+    assert isinstance(recv(c), codec.Pong)
+
+
+def test_a_connection_closed_with_a_request_in_flight_gives_its_lane_back(direct):
+    pool = direct.pools["default"]
+    c = connect(direct)
+    c.sendall(codec.encode(s.StartEpisode("a")) + codec.encode(s.GetAction("a", OBS)))
+    turn(direct, answer=False)  # published, not answered
+    assert len(pool.free) == 3
+    c.close()
+    turn(direct, answer=False)  # the close is seen: the lane drains
+    assert not direct.conns and pool.draining
+    assert turn(direct) == [OP_START]  # the old request answered; the drained lane released
+    assert pool.releasing and not pool.draining
+    assert turn(direct) == [OP_RELEASE]  # the role ends the episode; the lane is free again
+    assert len(pool.free) == 4 and not pool.busy
+
+
+def test_a_message_that_is_not_serving_is_an_error_to_that_client_only(direct):
+    bad, good = connect(direct), connect(direct)
+    bad.sendall(codec.encode(codec.GetConfig()))
+    good.sendall(codec.encode(s.StartEpisode("g")))
+    turn(direct)
+    reply = recv(bad)
+    assert isinstance(reply, codec.Error) and "not accepted on a direct serving connection" in reply.message
+    assert bad.recv(1) == b""  # closed
+    assert recv(good) == s.EpisodeStarted("g", "default")
+    assert len(direct.conns) == 1
+
+
+def test_a_bad_frame_and_a_refused_episode_close_only_their_connection(direct):
+    c = connect(direct)
+    c.sendall(b"12x45678{}")
+    turn(direct)
+    assert "bad frame header" in recv(c).message
+    c = connect(direct)
+    c.sendall(b"".join(codec.encode(s.StartEpisode(f"e{i}")) for i in range(3)))
+    turn(direct)
+    assert recv(c) == s.EpisodeStarted("e0", "default") and recv(c) == s.EpisodeStarted("e1", "default")
+    assert "max_agents_per_connection" in recv(c).message
+
+
+def test_the_role_refuses_connections_beyond_its_limit(direct):
+    connect(direct), connect(direct)
+    third = connect(direct)
+    reply = recv(third)
+    assert isinstance(reply, codec.Error) and reply.message.startswith(DIRECT_REFUSED)
+    assert direct.counts["direct_refused"] == 1 and len(direct.conns) == 2
+
+
+def test_a_flood_of_replyless_frames_is_taken_a_few_per_turn(direct):
+    c = connect(direct)
+    c.sendall(codec.encode(s.StartEpisode("a")) + codec.encode(s.GetAction("a", OBS)))
+    turn(direct)
+    recv(c), recv(c)
+    c.sendall(b"".join(codec.encode(s.LogReturns("a", 1.0)) for _ in range(3 * MAX_FRAMES_PER_TURN)))
+    turn(direct)
+    assert direct.ready  # some left for the next turn
+    for _ in range(3):
+        turn(direct)
+    assert not direct.ready
+    assert direct.counts["direct_messages"] == 2 + 3 * MAX_FRAMES_PER_TURN
+
+
+def test_a_partial_frame_past_read_timeout_closes_the_connection(direct):
+    c = connect(direct)
+    c.sendall(b"00000100{")
+    turn(direct)
+    conn = next(iter(direct.conns.values()))
+    direct.expire(conn.frame_since + 4.0)
+    assert direct.conns
+    direct.expire(conn.frame_since + 6.0)
+    assert not direct.conns
