@@ -139,7 +139,7 @@ class Inference:
             self._sleep(min(timeout, self._reconnect_due_s()))
 
     def _fresh(self) -> bool:
-        """New requests in a lane, or something on a direct connection."""
+        """New requests in a lane (a full scan), or something on a direct connection."""
         return bool(self.server.fresh_arrivals() or self.direct.has_work
                     or (self.direct.conns and self.direct.epoll.poll(0)))
 
@@ -160,7 +160,8 @@ class Inference:
             return False
         until = self.last_answer + min(max(2.0 * self.gap_s, SPIN_MIN_S), SPIN_MAX_S)
         while time.perf_counter() < until:
-            if self._fresh():
+            if self.server.published_since() or self.direct.has_work or (
+                    self.direct.conns and self.direct.epoll.poll(0)):
                 return True
             os.sched_yield()  # (a client preempted on this core goes on meanwhile)
         return False

@@ -30,11 +30,12 @@ from rlinkd.shm._sync import store_load_fence
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.errors import ShmError
 from rlinkd.shm.lane_region import NOWHERE, LaneRegion, Placement
-from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_RELEASE, OP_START, SLEEPING_OFFSET, WAITING_OFFSET,
-                              LaneArea, LaneLayout, complete_groups)
+from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_RELEASE, OP_START, REQUESTS_OFFSET, SLEEPING_OFFSET,
+                              WAITING_OFFSET, LaneArea, LaneLayout, complete_groups)
 
 log = structlog.get_logger("inference")
 WAIT_SLICE_S = 50e-6
+REQUESTS_WORD = REQUESTS_OFFSET // 4  # (the low word of each area's u64 request counter)
 HISTOGRAM_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -65,6 +66,18 @@ class PolicyLanes:
         self.deferred = np.zeros(0, bool)
         self.any_deferred = False
         self.by_slot: dict[int, ServedArea] = {}
+        self.seen = np.zeros(0, np.uint32)  # every area's request counter at the last scan
+
+    def snapshot(self) -> None:
+        """Before a scan: the request counters it covers (a writer bumps its area's counter
+        after the request's seq word, so a request counted here is seen by the scan)."""
+        self.seen = self.region.headers[:, REQUESTS_WORD].copy()
+
+    def published_since(self) -> bool:
+        """Some area published a request since the last ``snapshot``: O(areas), not
+        O(lanes) like ``pending`` (a hint for spinning: a writer that did not count its
+        request is still found by the next scan)."""
+        return not np.array_equal(self.region.headers[:, REQUESTS_WORD], self.seen)
 
     def place(self, fd: int, served: ServedArea) -> None:
         """``ShmError`` if the region refuses it (the book still matches the region)."""
@@ -152,6 +165,7 @@ class InferenceServer:
         self.areas: dict[int, ServedArea] = {}
         self.lanes: dict[str, PolicyLanes] = {}
         self.stats = ServingStats()
+        self.scan_due = True
 
     # ------------------------------------------------------------ areas
     def add(self, served: ServedArea, fd: int) -> None:
@@ -162,6 +176,7 @@ class InferenceServer:
         self.remove(served.area_id)
         self.lanes[served.policy].place(fd, served)
         self.areas[served.area_id] = served
+        self.scan_due = True  # (its client may have published before it was mapped)
 
     def remove(self, area_id: int) -> None:
         """A client went away: end its open training fragments (truncated), unmap."""
@@ -202,15 +217,32 @@ class InferenceServer:
 
     def fresh_arrivals(self) -> int:
         """Requests that arrived since the last turn (pending, and not left pending by it:
-        an incomplete group, a policy held or without weights)."""
-        return sum(pl.arrivals(True) for pl in self.lanes.values())
+        an incomplete group, a policy held or without weights): a full scan, so the next
+        ``serve_once`` scans too when it finds some (even ones no request counter shows)."""
+        n = sum(pl.arrivals(True) for pl in self.lanes.values())
+        self.scan_due = self.scan_due or n > 0
+        return n
+
+    def published_since(self) -> bool:
+        """Cheap: some area published a request since the last turn's scan."""
+        return any(pl.published_since() for pl in self.lanes.values())
 
     def serve_once(self) -> int:
-        """Answer what is pending (after batching up to ``max_wait_s``). Returns requests answered."""
-        pend = {name: pl.pending() for name, pl in self.lanes.items()}  # (one scan per turn)
-        if not any(pl.arrivals(self.policies[name].held, pend[name]) for name, pl in self.lanes.items()):
+        """Answer what is pending (after batching up to ``max_wait_s``). Returns requests answered.
+        No scan when no area counted a request since the last one, nothing was left pending
+        then (a turn answers or defers every pending lane) and no ``fresh_arrivals`` scan
+        found one since."""
+        if not self.scan_due and not any(pl.any_deferred or pl.published_since()
+                                         for pl in self.lanes.values()):
             return 0
-        if self._gather_wait():
+        self.scan_due = False
+        for pl in self.lanes.values():
+            pl.snapshot()
+        pend = {name: pl.pending() for name, pl in self.lanes.items()}  # (one scan per turn)
+        arrived = sum(pl.arrivals(self.policies[name].held, pend[name]) for name, pl in self.lanes.items())
+        if not arrived:
+            return 0
+        if self._gather_wait(arrived):
             pend = {name: pl.pending() for name, pl in self.lanes.items()}
         answered = 0
         for name, pl in self.lanes.items():
@@ -219,14 +251,16 @@ class InferenceServer:
                 answered += self._serve_policy(name, pl, idx)
         return answered
 
-    def _gather_wait(self) -> bool:
-        """Sleep in short slices while fewer than ``max_batch`` requests arrived, some open
-        episode has none in, and the first one has waited less than ``max_wait_s``. True if
-        it waited (more may have arrived)."""
+    def _gather_wait(self, arrived: int) -> bool:
+        """Sleep in short slices while fewer than ``max_batch`` requests arrived (``arrived``
+        at this turn's scan), some open episode has none in, and the first one has waited
+        less than ``max_wait_s``. True if it waited (more may have arrived)."""
         if self.max_wait_s <= 0:
             return False
-        deadline = time.perf_counter() + self.max_wait_s
         want = min(self.max_batch, max(1, self.open_lanes()))
+        if arrived >= want:
+            return False
+        deadline = time.perf_counter() + self.max_wait_s
         waited = False
         while self.arrivals() < want and time.perf_counter() < deadline:
             time.sleep(WAIT_SLICE_S)

@@ -525,14 +525,18 @@ def _general_path(value, space):
     return out
 
 
-@settings(max_examples=300, deadline=None)
-@given(values=st.lists(_EDGE_FLOATS, min_size=4, max_size=4), dtype=st.sampled_from([np.float32, np.float64]),
-       bounded=st.booleans())
+@settings(max_examples=400, deadline=None)
+@given(values=st.lists(st.one_of(_EDGE_FLOATS, st.integers(-10**40, 10**40)), min_size=4, max_size=4),
+       dtype=st.sampled_from([np.float32, np.float64, list]), bounded=st.booleans())
 def test_one_small_box_fast_check_agrees_with_the_general_path(values, dtype, bounded):
+    """ndarrays (client-side agents) and lists of JSON numbers (serving requests) alike."""
     space = (Box((4,), low=[-4.8, -math.inf, -0.418, -math.inf], high=[4.8, math.inf, 0.418, math.inf])
              if bounded else Box((2, 2)))
-    with np.errstate(over="ignore"):
-        value = np.array(values, dtype).reshape(space.shape)
+    if dtype is list:
+        value = values if bounded else [values[:2], values[2:]]
+    else:
+        with np.errstate(over="ignore"):
+            value = np.array([float(v) for v in values], dtype).reshape(space.shape)
     try:
         expected = _general_path(value, space)
     except InvalidValue:
@@ -557,5 +561,8 @@ def test_one_small_box_fast_path_copies_and_leaves_other_forms_to_the_general_pa
     for bad in (np.array([0.1, 2.0, 0.3]), np.array([0.1, np.nan, 0.3]), np.zeros(4), np.zeros((1, 3))):
         with pytest.raises(InvalidValue):
             to_columns([bad], space, 1, "obs")
-    assert to_columns([[0.1, 0.2, 0.3]], space, 1, "obs")[""].shape == (1, 3)  # a list: general path
+    assert to_columns([[0.1, 0.2, 0.3]], space, 1, "obs")[""].shape == (1, 3)  # a list of numbers
+    for bad in ([0.1, 2.0, 0.3], [0.1, "0.2", 0.3], [0.1, 0.2], [[0.1], [0.2], [0.3]]):
+        with pytest.raises(InvalidValue):
+            to_columns([bad], space, 1, "obs")
     assert Box((17,)).small_float_bounds is None and Box((2,), "int32").small_float_bounds is None
