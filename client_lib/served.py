@@ -59,6 +59,7 @@ class ServedTcpLink(ReconnectingLink):
         self.hot: RLlinkClient | None = None
         self.direct = ssl_context is None and address.kind != "tls"
         self.config: codec.SetConfig | None = None
+        self.generation = 0  # serving connections made: an episode lives on one of them
 
     def describe(self) -> str:
         return str(self.address)
@@ -72,6 +73,7 @@ class ServedTcpLink(ReconnectingLink):
             client.close()
             raise
         self.client, self.hot = client, hot
+        self.generation += 1
 
     def _open(self) -> RLlinkClient:
         client = RLlinkClient(self.address, ssl_context=self.ssl_context).connect()
@@ -91,7 +93,7 @@ class ServedTcpLink(ReconnectingLink):
             return hot
         except ServerError as exc:
             hot.close()
-            if exc.retry:
+            if exc.retry and not str(exc).startswith(DIRECT_REFUSED):
                 raise
             self.direct = False
             return client
@@ -103,6 +105,26 @@ class ServedTcpLink(ReconnectingLink):
         for c in {id(c): c for c in (self.hot, self.client) if c is not None}.values():
             c.close()
         self.client = self.hot = None
+
+    def send_message(self, msg: codec.Message) -> None:
+        """METRICS and the like go over ``client``: alone it is reopened when the daemon
+        closed it (idle past ``server.idle_timeout_s`` while the serving connection carried
+        every step), so the serving connection and its episodes live on."""
+        if self.client is None or self.hot is self.client:
+            return super().send_message(msg)
+        try:
+            if _closed_by_peer(self.client):
+                raise ConnectionError("closed by the daemon")
+            self.client.send(msg)
+        except (ConnectionError, OSError):
+            self.client.close()
+            self.client = None
+            try:
+                self.client = self._open()
+                self.client.send(msg)
+            except (ConnectionError, OSError, ServerError):
+                self.close()  # (the daemon is gone: reconnect both, with backoff)
+                super().send_message(msg)
 
     def serving_client(self) -> RLlinkClient:
         """The connection serving messages go over (ConnectionError when there is none)."""
@@ -152,6 +174,7 @@ class ServedShmLink(ReconnectingLink):
                  policy: str | None = None, lanes: int = 1) -> None:
         self.socket_path, self.token, self.policy, self.lanes = socket_path, token, policy, lanes
         self.reconnect_timeout_s, self.reconnects = reconnect_timeout_s, 0
+        self.generation = 0  # lane areas attached: an episode lives in one of them
         self.client: RLlinkClient | None = None
         self.config: codec.SetConfig | None = None
         self.area: LaneArea | None = None
@@ -187,6 +210,7 @@ class ServedShmLink(ReconnectingLink):
             self.close()
             raise
         self.client, self.in_flight = client, False
+        self.generation += 1
 
     def close(self) -> None:
         if self.area is not None:
@@ -285,6 +309,12 @@ class ServedShmLink(ReconnectingLink):
         return action, int(row["weights_seq_no"])
 
 
+def _closed_by_peer(client: RLlinkClient) -> bool:
+    """The peer closed (or wrote to) a connection we only send on: readable means either."""
+    sock = client.sock
+    return sock is None or bool(select.select([sock], [], [], 0)[0])
+
+
 def receive_fds(client: RLlinkClient, count: int) -> list[int]:
     """The byte after SERVE_ATTACHED and the ``count`` descriptors it carries."""
     assert client.sock is not None
@@ -312,6 +342,7 @@ class ServedAgent:
         self.reward = 0.0
         self.weights_seq_no = -1
         self.lost_episodes = 0
+        self.generation = link.generation  # the link's connection the open episode lives on
         self.metrics = MetricBuffer(link.send_message)
 
     def log_metric(self, name: str, value: float) -> None:
@@ -333,8 +364,12 @@ class ServedAgent:
 
     def _request(self, obs) -> tuple[object, int]:
         link = self.link
+        if self.episode_id is not None and link.generation != self.generation:
+            self.lost_episodes += 1  # (its connection was replaced, e.g. after METRICS found it gone)
+            self.episode_id, self.reward = None, 0.0
         if self.episode_id is None:
             self.episode_id = secrets.token_hex(8)
+            self.generation = link.generation
             if isinstance(link, ServedShmLink):
                 return link.request(OP_START, 0.0, _wire(obs), EVALUATE if self.evaluate else 0)
             return link.start(self.episode_id, _wire(obs), self.evaluate, self.policy)
@@ -358,6 +393,9 @@ class ServedAgent:
         if not (terminated or truncated):
             return
         reward, self.reward, eid, self.episode_id = self.reward, 0.0, self.episode_id, None
+        if self.link.generation != self.generation:  # (its connection is gone: nothing to end)
+            self.lost_episodes += 1
+            return
         flags = (TERMINATED if terminated else 0) | (TRUNCATED if truncated else 0)
         try:
             if isinstance(self.link, ServedShmLink):

@@ -53,6 +53,7 @@ class Conn:
     frame_since: float = 0.0     # when the first byte of an incomplete frame came (0: none)
     last_seen: float = field(default_factory=time.monotonic)
     out_since: float = 0.0       # when unsent reply bytes were first left over (0: none)
+    eof: bool = False            # the client shut its side: finish what it sent, then close
 
     @property
     def busy(self) -> bool:
@@ -71,7 +72,8 @@ class DirectConnections:
         self.conns: dict[int, Conn] = {}
         self.waiting: set[int] = set()   # connections with a published request
         self.ready: set[int] = set()     # connections with frames left for the next turn
-        self.counts = {"direct_connections": 0, "direct_messages": 0, "direct_refused": 0}
+        self.counts = {"direct_connections": 0, "direct_messages": 0, "direct_refused": 0,
+                       "direct_errors": 0}
 
     def fileno(self) -> int:
         """Readable when a connection has something (the role sleeps on it with its others)."""
@@ -103,7 +105,8 @@ class DirectConnections:
         self.front.forget(conn.episodes)
         self.waiting.discard(fd)
         self.ready.discard(fd)
-        self.epoll.unregister(fd)
+        if conn.mask >= 0:
+            self.epoll.unregister(fd)
         conn.sock.close()
         self.counts["direct_connections"] = len(self.conns)
 
@@ -164,9 +167,10 @@ class DirectConnections:
 
     def expire(self, now: float) -> None:
         """Close connections silent past idle_timeout_s, or stalled in a frame or a reply
-        past read_timeout_s."""
+        past read_timeout_s (a frame's clock runs only while the connection is not busy: the
+        next frame is read once the last is answered, as in the collector)."""
         for fd, conn in list(self.conns.items()):
-            if conn.frame_since and now - conn.frame_since > self.read_timeout_s:
+            if conn.frame_since and not conn.busy and now - conn.frame_since > self.read_timeout_s:
                 self.close(fd, "a frame incomplete past server.read_timeout_s")
             elif conn.out_since and now - conn.out_since > self.read_timeout_s:
                 self.close(fd, "a reply unread past server.read_timeout_s")
@@ -181,13 +185,14 @@ class DirectConnections:
             return
         except OSError as exc:
             return self.close(fd, str(exc))
-        if not data:
-            return self.close(fd, "closed by the client")
+        if not data:  # (what it sent before still counts: an END's steps train)
+            conn.eof = True
+            self._unwatch(fd, conn)
         conn.inbuf += data
         conn.last_seen = time.monotonic()
         if not conn.busy:
             self._advance(fd, conn)
-        else:
+        elif not conn.eof:
             self._watch(fd, conn)
 
     def _advance(self, fd: int, conn: Conn) -> None:
@@ -207,23 +212,31 @@ class DirectConnections:
                 return
         else:
             self.ready.add(fd)
+        if conn.eof:
+            if not conn.busy and fd not in self.ready:
+                self.close(fd, "closed by the client")
+            return
         self._watch(fd, conn)
 
     def _frame(self, conn: Conn) -> bytes | None:
         """The next complete frame's body, taken off the buffer (None: not complete yet)."""
         buf = conn.inbuf
-        if len(buf) < codec.HEADER_BYTES:
+        end = self._frame_end(buf)
+        if end is None or len(buf) < end:
             conn.frame_since = (conn.frame_since or time.monotonic()) if buf else 0.0
-            return None
-        size = codec.parse_header(bytes(buf[:codec.HEADER_BYTES]), self.max_message_bytes)
-        end = codec.HEADER_BYTES + size
-        if len(buf) < end:
-            conn.frame_since = conn.frame_since or time.monotonic()
             return None
         body = bytes(buf[codec.HEADER_BYTES:end])
         del buf[:end]
-        conn.frame_since = time.monotonic() if buf else 0.0
+        conn.frame_since = 0.0  # (the next frame's clock starts when it is looked for)
         return body
+
+    def _frame_end(self, buf: bytearray) -> int | None:
+        """Where the buffer's first frame ends (None: its header is incomplete); a bad
+        header raises (ProtocolError)."""
+        if len(buf) < codec.HEADER_BYTES:
+            return None
+        return codec.HEADER_BYTES + codec.parse_header(bytes(buf[:codec.HEADER_BYTES]),
+                                                       self.max_message_bytes)
 
     def _carry_out(self, fd: int, conn: Conn, msg: codec.Message) -> None:
         self.counts["direct_messages"] += 1
@@ -241,6 +254,7 @@ class DirectConnections:
 
     # ------------------------------------------------------------ writing
     def _reply(self, fd: int, conn: Conn, frame: bytes | None) -> None:
+        conn.last_seen = time.monotonic()
         if frame is not None:
             conn.outbuf += frame
             self._flush(fd, conn)
@@ -256,27 +270,44 @@ class DirectConnections:
             return self.close(fd, str(exc))
         del conn.outbuf[:sent]
         conn.out_since = (conn.out_since or time.monotonic()) if conn.outbuf else 0.0
+        if conn.eof:  # (no more events for it: what does not go now never will)
+            return self.close(fd, "closed by the client") if conn.outbuf else self.ready.add(fd)
         if not conn.outbuf and conn.inbuf:
             self.ready.add(fd)
         self._watch(fd, conn)
 
     def _refuse(self, fd: int, conn: Conn, exc: BaseException) -> None:
         """ERROR to this client only, then close its connection."""
+        self.counts["direct_errors"] += 1
         _try_send(conn.sock, bytes(conn.outbuf) + codec.encode(codec.Error(message=str(exc)[:1000])))
         conn.outbuf.clear()
         self.close(fd, str(exc))
 
     def _watch(self, fd: int, conn: Conn) -> None:
-        """Poll for what the connection can use now: input unless it is busy with a full
-        read-ahead, output while a reply is left over."""
+        """Poll for what the connection can use now: input while less than READ_AHEAD_BYTES
+        are buffered or no whole frame is (so a flood of messages without replies waits in
+        the client's socket, not here), output while a reply is left over."""
         mask = 0
-        if not conn.busy or len(conn.inbuf) < READ_AHEAD_BYTES:
+        if len(conn.inbuf) < READ_AHEAD_BYTES or not self._has_frame(conn.inbuf):
             mask |= select.EPOLLIN
         if conn.outbuf:
             mask |= select.EPOLLOUT
         if mask != conn.mask:
             self.epoll.modify(fd, mask)
             conn.mask = mask
+
+    def _has_frame(self, buf: bytearray) -> bool:
+        try:
+            end = self._frame_end(buf)
+        except ProtocolError:
+            return True  # (refused when it is parsed)
+        return end is not None and len(buf) >= end
+
+    def _unwatch(self, fd: int, conn: Conn) -> None:
+        """After EOF: out of the epoll set (a shut socket would report itself forever)."""
+        if conn.mask >= 0:
+            self.epoll.unregister(fd)
+            conn.mask = -1
 
 
 def _try_send(sock: socket.socket, data: bytes) -> None:

@@ -75,6 +75,7 @@ class Inference:
         self.next_expire = 0.0
         self._add_tcp_areas()
         self.direct = self._direct()
+        self.server.while_gathering = self._read_direct  # (direct requests join a batch being gathered)
 
     def _policy(self, p: PolicyTopology) -> PolicyServing:
         cfg = self.topo.cfg
@@ -120,7 +121,7 @@ class Inference:
         self._connect_links()
         self._release_holds()
         self._read_channel()
-        self.direct.service(self.direct.poll())
+        self._read_direct()
         started = time.perf_counter()
         answered = self.server.serve_once()
         if self.direct.answering:
@@ -137,6 +138,9 @@ class Inference:
             if due is not None:                 # lone client wakes the collector every 2 ms,
                 timeout = min(timeout, due)     # not after every step)
             self._sleep(min(timeout, self._reconnect_due_s()))
+
+    def _read_direct(self) -> None:
+        self.direct.service(self.direct.poll())
 
     def _fresh(self) -> bool:
         """New requests in a lane (a full scan), or something on a direct connection."""
@@ -178,7 +182,10 @@ class Inference:
                self.direct.fileno()]
         fds += [p.link.fileno() for p in self.server.policies.values() if p.link and p.link.connected
                 and p.link.held]
-        select.select(fds, [], [], timeout_s)
+        poller = select.poll()  # (not select: descriptors may be numbered past 1023)
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        poller.poll(None if math.isinf(timeout_s) else math.ceil(timeout_s * 1000))
         self.request_bell.drain()
         self.server.announce_sleep(False)
 
@@ -225,7 +232,8 @@ class Inference:
                 for area_id in [i for i in self.server.areas if i < DIRECT_AREA_BASE]:
                     self.server.remove(area_id)
                 for served in self.server.areas.values():
-                    self.server.forget(served)  # (a new collector: those episodes are gone)
+                    if served.area_id >= TCP_AREA_BASE:  # (a new collector: its TCP episodes
+                        self.server.forget(served)        # are gone; direct ones live on)
 
     def _open_area(self, msg: channel.ChannelMessage) -> None:
         area_fd, bell_fd = msg.fds
@@ -285,7 +293,7 @@ class Inference:
             backends={n: p.runner.backend for n, p in pols.items() if p.runner.backend},
             cpu_s=times.user + times.system,
             weights_seq_nos={n: p.runner.weights_seq_no for n, p in pols.items()},
-            direct=dict(self.direct.counts))
+            direct={**self.direct.counts, "direct_episodes_started": self.direct.front.episodes_started})
 
     def hello(self) -> None:
         try:

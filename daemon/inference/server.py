@@ -16,6 +16,7 @@ Nothing here blocks except ``PolicyLink.write`` when the collector's ring is ful
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -166,6 +167,7 @@ class InferenceServer:
         self.lanes: dict[str, PolicyLanes] = {}
         self.stats = ServingStats()
         self.scan_due = True
+        self.while_gathering: Callable[[], None] = lambda: None  # (each slice of _gather_wait)
 
     # ------------------------------------------------------------ areas
     def add(self, served: ServedArea, fd: int) -> None:
@@ -264,6 +266,7 @@ class InferenceServer:
         waited = False
         while self.arrivals() < want and time.perf_counter() < deadline:
             time.sleep(WAIT_SLICE_S)
+            self.while_gathering()
             waited = True
         return waited
 

@@ -454,6 +454,52 @@ def test_server_inference_survives_a_learner_and_a_daemon_restart(daemon_factory
         lambda: d2.status()["inference"].get("actions", 0) > 0, 10, what="actions reported")
 
 
+def test_direct_episodes_survive_a_collector_restart(daemon):
+    """A direct connection belongs to the inference role: the collector's restart loses no
+    episode of it (its steps are held until the role's link to the new collector is up)."""
+    sock = raw_client(daemon.port, direct=True)
+    request(sock, {"type": "START_EPISODE", "episode_id": "d"}, "EPISODE_STARTED")
+    request(sock, {"type": "GET_ACTION", "episode_id": "d", "observation": OBS}, "ACTION")
+    collector = daemon.status()["children"]["collector"]["pid"]
+    os.kill(collector, signal.SIGKILL)
+
+    def restarted() -> bool:
+        try:  # (the status connection itself may hit the dying collector)
+            c = daemon.status()["children"]["collector"]
+        except (ConnectionError, OSError):
+            return False
+        return c["alive"] and c["pid"] != collector
+    wait_for(restarted, 60, what="collector restarted")
+    for _ in range(5):
+        reply = request(sock, {"type": "STEP", "episode_id": "d", "reward": 1.0, "observation": OBS}, "ACTION")
+        assert reply["action"] in (0, 1)
+    sock.close()
+
+
+def test_a_direct_client_outlives_its_idle_control_connection(daemon_factory):
+    """client_lib's first connection carries only METRICS once serving goes direct: when the
+    daemon closes it as idle, the next metric reopens it alone, and the episode goes on."""
+    d = daemon_factory("--set", "server.idle_timeout_s=1")
+    agent = connect(f"tcp://127.0.0.1:{d.port}", inference="server")
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    until = time.monotonic() + 3.0  # (the control connection idles past 1 s meanwhile)
+    while time.monotonic() < until:
+        obs2, r, term, trunc, _ = env.step(agent.act(obs))
+        agent.step(r, obs2, term, trunc)
+        obs = env.reset()[0] if term or trunc else obs2
+        time.sleep(0.002)
+    agent.log_metric("idle/probe", 1.0)
+    agent.metrics.flush()
+    for _ in range(50):
+        obs2, r, term, trunc, _ = env.step(agent.act(obs))
+        agent.step(r, obs2, term, trunc)
+        obs = env.reset()[0] if term or trunc else obs2
+    assert agent.lost_episodes == 0 and agent.link.generation == 1
+    agent.close()
+    wait_for(lambda: "idle/probe" in d.status()["client_metrics"], 10, what="the metric reported")
+
+
 # ---------------------------------------------------------------- flooding
 def flood(port: int, stop: threading.Event, sent: list[int]) -> None:
     """Send STEP_BATCHes of 16 episodes as fast as the socket takes them, never reading a

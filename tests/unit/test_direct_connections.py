@@ -16,7 +16,7 @@ from rlinkd.client_lib.protocol.spaces import Box, Discrete
 from rlinkd.client_lib.transport import DIRECT_REFUSED
 from rlinkd.daemon.inference.direct import MAX_FRAMES_PER_TURN, DirectConnections
 from rlinkd.daemon.inference.front import Front, LanePool
-from rlinkd.shm.lanes import OP_RELEASE, OP_START, STATUS_OK, LaneArea, LaneLayout
+from rlinkd.shm.lanes import OP_END, OP_RELEASE, OP_START, STATUS_OK, TERMINATED, LaneArea, LaneLayout
 from rlinkd.shm.records import StepLayout
 
 OBS = [0.1, 0.2, 0.3, 0.4]
@@ -43,7 +43,7 @@ def connect(d: DirectConnections) -> socket.socket:
 
 def turn(d: DirectConnections, answer: bool = True) -> list:
     """One role turn: read, (answer every pending lane), reply. Returns the lanes answered."""
-    d.service(d.epoll.poll(0.2))
+    d.service(d.epoll.poll(0.02))
     answered = answer_lanes(d) if answer else []
     if d.answering:
         d.answer()
@@ -158,3 +158,55 @@ def test_a_partial_frame_past_read_timeout_closes_the_connection(direct):
     assert direct.conns
     direct.expire(conn.frame_since + 6.0)
     assert not direct.conns
+
+
+def test_frames_sent_before_the_client_closed_are_still_carried_out(direct):
+    """Pipelined ENDs then close(): both episodes end as the client said (terminated), not
+    truncated by the close."""
+    lanes = direct.pools["default"].area.lanes
+    c = connect(direct)
+    c.sendall(b"".join(codec.encode(m) for m in (s.StartEpisode("a"), s.GetAction("a", OBS),
+                                                 s.StartEpisode("b"), s.GetAction("b", OBS))))
+    for _ in range(3):
+        turn(direct)
+    for _ in range(4):
+        recv(c)  # (unread replies would make close() a reset, which loses what was sent)
+    ends = [s.EndEpisode(e, OBS, terminated=True) for e in ("a", "b")]
+    c.sendall(b"".join(codec.encode(m) for m in ends))
+    c.close()
+    seen = []
+    for _ in range(6):
+        direct.service(direct.epoll.poll(0.02))
+        seen += [(int(lanes["op"][i]), int(lanes["flags"][i])) for i in
+                 np.flatnonzero(lanes["req_seq"] != lanes["resp_seq"])]
+        answer_lanes(direct)
+        direct.answer()
+    assert seen.count((OP_END, TERMINATED)) == 2 and not direct.conns
+    assert len(direct.pools["default"].free) == 4
+
+
+def test_a_flood_without_replies_waits_in_the_socket_not_in_the_role(direct):
+    c = connect(direct)
+    c.sendall(codec.encode(s.StartEpisode("a")) + codec.encode(s.GetAction("a", OBS)))
+    turn(direct)
+    c.setblocking(False)
+    frames = codec.encode(s.LogReturns("a", 1.0)) * 1000
+    conn = next(iter(direct.conns.values()))
+    for _ in range(40):
+        try:
+            while True:  # (the client keeps its socket full)
+                c.send(frames)
+        except BlockingIOError:
+            pass
+        turn(direct)
+        assert len(conn.inbuf) < 2 * (1 << 18)  # (at most one recv past the read-ahead)
+
+
+def test_the_frame_clock_stops_while_a_request_is_held(direct):
+    c = connect(direct)
+    c.sendall(codec.encode(s.StartEpisode("a")) + codec.encode(s.GetAction("a", OBS))
+              + codec.encode(s.Step("a", 1.0, OBS)))
+    turn(direct, answer=False)  # GET_ACTION held (say, on-policy); STEP waits in the buffer
+    conn = next(iter(direct.conns.values()))
+    direct.expire(conn.last_seen + 10.0)
+    assert direct.conns, "a held request is no stalled frame"

@@ -336,3 +336,24 @@ def test_the_idle_role_wakes_for_a_lost_links_next_connection_attempt():
     assert 0.0 < inf._reconnect_due_s() <= 0.03
     down.connected = True
     assert inf._reconnect_due_s() == math.inf
+
+
+def test_requests_published_while_a_batch_gathers_join_it(setup):
+    """The role's direct connections publish only in its own loop: the gather wait calls
+    ``while_gathering`` (their reads), so a request arriving then joins the batch."""
+    server, (a, b), _, _, _ = setup
+    request(a, 0, OP_START)
+    request(b, 0, OP_START)
+    assert server.serve_once() == 2  # two episodes open
+    server.max_wait_s = 0.5
+    calls = []
+
+    def arrive():
+        if not calls:
+            request(b, 0, OP_STEP)
+        calls.append(1)
+    server.while_gathering = arrive
+    request(a, 0, OP_STEP)
+    batches = server.stats.batches
+    assert server.serve_once() == 2 and calls
+    assert server.stats.batches == batches + 1  # one forward pass for both
