@@ -8,8 +8,8 @@ In one run, on this machine:
   round trip of an RLlink-framed orjson message, one onnxruntime and one numpy batch-1
   forward pass of the CartPole policy network;
 - one client, one action at a time: p50/p99 of ``act`` + ``step`` with
-  ``connect(..., inference="server")`` over shared memory and over TCP (a daemon that does
-  not train during the measurement);
+  ``connect(..., inference="server")`` over shared memory and over TCP (a direct connection,
+  and one through the collector) (a daemon that does not train during the measurement);
 - N client processes at once: actions/s over shared memory and TCP, the inference role's
   batch sizes and CPU per 1,000 actions (from ``rlinkd status``);
 - the same N agents as ``connect_vector(..., inference="server")`` copies, in 1 and in 4
@@ -140,9 +140,15 @@ def forward_costs(n: int) -> dict:
 
 # ---------------------------------------------------------------- rlinkd
 def one_client_latency(d: ServeProcess, transport: str, n: int) -> dict:
-    from rlinkd.client_lib import connect
-    addr = f"tcp://127.0.0.1:{d.port}" if transport == "tcp" else f"unix://{d.unix_socket}"
-    agent = connect(addr, inference="server")
+    """``transport``: "shm" (lanes), "tcp" (client_lib's default: a SERVE_DIRECT connection,
+    answered by the inference role) or "tcp-collector" (SERVE_DIRECT not asked: through the
+    collector, as a plain RLlink client that does not send it)."""
+    from rlinkd.client_lib.served import ServedAgent, served_link
+    addr = f"unix://{d.unix_socket}" if transport == "shm" else f"tcp://127.0.0.1:{d.port}"
+    link = served_link(addr, token=None, reconnect_timeout_s=10.0, ssl_context=None, policy=None)
+    if transport == "tcp-collector":
+        link.direct = False  # type: ignore[union-attr]
+    agent = ServedAgent(link)
     agent.act(OBS)
     lat = []
     for _ in range(n):
@@ -252,7 +258,8 @@ def table_markdown(r: dict) -> str:
     fwd = lim["forward_batch1"]
     lines = ["| one action, one client | p50 | p99 | target (p50) |", "| --- | --- | --- | --- |",
              _row("rlinkd, shared memory (`unix://`)", one["shm"], "≤ 50 µs"),
-             _row("rlinkd, TCP", one["tcp"], "≤ 200 µs"),
+             _row("rlinkd, TCP (SERVE_DIRECT: answered by the inference role)", one["tcp"], "≤ 200 µs"),
+             _row("rlinkd, TCP through the collector (no SERVE_DIRECT)", one["tcp-collector"]),
              _row("limit: blocking shm round trip (word + eventfd each way)", lim["shm_round_trip"]),
              _row("limit: TCP + orjson round trip (echo)", lim["tcp_orjson_round_trip"]),
              _row("limit: onnxruntime batch-1 forward", fwd["onnxruntime"], digits=1),
@@ -291,7 +298,7 @@ def main() -> int:
                                   "forward_batch1": forward_costs(n)}}
     with ServeProcess(Path(tempfile.mkdtemp(prefix="rlinkd-bench-serving-")) / "state", NO_TRAINING) as d:
         time.sleep(2.0)
-        result["one_client_us"] = {t: one_client_latency(d, t, n) for t in ("shm", "tcp")}
+        result["one_client_us"] = {t: one_client_latency(d, t, n) for t in ("shm", "tcp", "tcp-collector")}
         result["many_clients"] = {t: many_clients(d, t, args.clients, args.seconds) for t in ("shm", "tcp")}
         result["many_clients"]["clients"] = args.clients
         result["vector_clients"] = {f"{t} {procs}x{args.clients // procs}": vector_clients(

@@ -46,7 +46,7 @@ MIN_TOTAL_CASES = 10_000
 MAX_RSS_GROWTH_BYTES = 100 * 1024 * 1024
 FAMILIES = ("random_bytes", "mutated_frames", "truncated_frames", "hostile_episodes",
             "nesting_and_headers", "huge_arrays", "slow_clients", "composite_episodes",
-            "agent_episodes", "serving")
+            "agent_episodes", "serving", "direct_serving")
 
 
 def fuzz_settings(examples: int):
@@ -273,6 +273,8 @@ class FuzzTarget:
     expected_errors: int = 0          # ERROR replies the oracle predicted so far
     clients: list = field(default_factory=list)
     errors_before: int = 0
+    expected_direct_errors: int = 0   # ERRORs on connections handed to the inference role
+    direct_errors_before: int = 0
     rss_before: dict = field(default_factory=dict)
     pids_before: dict = field(default_factory=dict)
 
@@ -308,6 +310,7 @@ def target(shared_daemon):
     status = shared_daemon.status()
     yield FuzzTarget(shared_daemon, Oracle(), clients=clients,
                      errors_before=status["protocol_errors"],
+                     direct_errors_before=status["inference"].get("direct_errors", 0),
                      rss_before=process_rss(shared_daemon),
                      pids_before={r: c["pid"] for r, c in status["children"].items()})
     for client in clients:
@@ -1066,6 +1069,47 @@ def test_serving_messages(target, seed):
     count_cases("serving", len(payloads))
 
 
+def direct_case(daemon: DaemonProcess, transport: str, payload: bytes) -> tuple[bytes, bool]:
+    """PING + SERVE_DIRECT (answered by the collector), then ``payload`` to the inference
+    role, the write side shut, everything read to EOF: (bytes after READY, reset)."""
+    sock = open_socket(daemon, transport)
+    sock.setblocking(True)
+    sock.settimeout(30)
+    try:
+        sock.sendall(frame({"type": "PING"}) + frame({"type": "SERVE_DIRECT"}))
+        assert [raw_recv(sock)["type"] for _ in range(2)] == ["PONG", "SERVE_DIRECT_READY"]
+        data = bytearray()
+        try:
+            sock.sendall(payload)
+            sock.shutdown(socket.SHUT_WR)
+            while chunk := sock.recv(1 << 16):
+                data += chunk
+        except (ConnectionResetError, BrokenPipeError):
+            return bytes(data), True
+        return bytes(data), False
+    finally:
+        sock.close()
+
+
+@fuzz_settings(10)
+@given(seed=seeds)
+def test_direct_serving_messages(target, seed):
+    """The serving fuzz on connections handed to the inference role (SERVE_DIRECT): the
+    same reply rules, ERRORs counted by the role (``direct_errors``)."""
+    rng = random.Random(seed)
+    for i in range(CASES):
+        msgs = [serving_message(rng) for _ in range(rng.randrange(1, 7))]
+        payload = b"".join(frame(mutate_json(rng, m) if i % 5 == 4 else m) for m in msgs)
+        data, reset = direct_case(target.daemon, ("tcp", "unix")[i % 2], payload)
+        got, whole = parse_replies(data)
+        kinds = [kind for kind, _ in got]
+        assert set(kinds) <= SERVE_REPLIES, (kinds, payload[:300])
+        assert "ERROR" not in kinds[:-1], (kinds, payload[:300])
+        assert whole or reset, (data[-200:], payload[:300])
+        target.expected_direct_errors += kinds.count("ERROR")
+    count_cases("direct_serving", CASES)
+
+
 def test_zz_daemon_is_healthy_after_fuzzing(target):
     """Runs last: the checks over the whole module's fuzzing."""
     missing = set(FAMILIES) - set(TALLY.families)
@@ -1075,6 +1119,9 @@ def test_zz_daemon_is_healthy_after_fuzzing(target):
     status = daemon.status()
     grew = status["protocol_errors"] - target.errors_before
     assert grew == target.expected_errors > 1000, (grew, target.expected_errors)
+    direct = wait_for(lambda: (n := daemon.status()["inference"].get("direct_errors", 0) - target.direct_errors_before)
+                      >= target.expected_direct_errors and n, 10, what="the role's ERROR count reported")
+    assert direct == target.expected_direct_errors > 50, (direct, target.expected_direct_errors)
     children = status["children"]
     assert {r: c["pid"] for r, c in children.items()} == target.pids_before, children
     assert all(c["alive"] and c["restarts"] == 0 for c in children.values()), children

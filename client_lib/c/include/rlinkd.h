@@ -10,7 +10,9 @@
  * daemon runs the policy (server-side inference), records observation, action, log-prob
  * and weights version, and trains on the rewards and done flags this client reports. Every
  * env step of every agent is one round trip (STEP_BATCH -> ACTIONS, or one group of lane
- * requests); an episode's end travels with the next request.
+ * requests); an episode's end travels with the next request. Over TCP and "unix://" the
+ * client asks SERVE_DIRECT after the handshake, so the daemon's inference process answers
+ * the connection itself (one hop); if the daemon refuses, it reconnects without it.
  *
  * Usage (one agent):
  *

@@ -43,6 +43,7 @@ struct rlk_client {
     rlk_options o;
     char address[512], token[256], policy[80];
     int fd, reconnects, server_retry;
+    int no_direct;      /* the daemon refused SERVE_DIRECT: serve through the collector */
     long episodes_started;
     char err[RLK_ERROR_CHARS];
     rlk_spaces sp;
@@ -123,6 +124,19 @@ static rlk_status handshake(rlk_client *c, rlk_spaces *sp) {
     return st != RLK_OK ? st : rlk_parse_set_config(c->in, got, c->toks, c->max_toks, sp, &info);
 }
 
+/* SERVE_DIRECT -> SERVE_DIRECT_READY: the inference process answers this connection itself
+ * (one hop per action instead of two). An ERROR (TLS, inference.direct = false, an older
+ * daemon) closes the connection: the caller connects again without it. */
+static rlk_status serve_direct(rlk_client *c) {
+    rlk_jw w;
+    size_t got;
+    rlk_reply_info info = info_of(c);
+    rlk_jw_init(&w, c->out, c->frame_cap);
+    rlk_jw_raw(&w, "{\"type\": \"SERVE_DIRECT\"}");
+    rlk_status st = roundtrip(c, w.len, 1, &got);
+    return st != RLK_OK ? st : rlk_parse_typed(c->in, got, c->toks, c->max_toks, "SERVE_DIRECT_READY", &info);
+}
+
 static void sleep_s(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -193,6 +207,12 @@ static rlk_status open_connection(rlk_client *c) {
     if (fd < 0) return fd == -2 ? RLK_E_ARG : RLK_E_CONNECT;
     c->fd = fd;
     rlk_status st = handshake(c, &sp);
+    if (st == RLK_OK && !c->shm && !c->no_direct && serve_direct(c) != RLK_OK) {
+        c->no_direct = 1;  /* (refused, or the connection broke: a plain one either way) */
+        close(c->fd);
+        c->fd = -1;
+        return open_connection(c);
+    }
     if (st == RLK_OK && c->sp.obs_size && (sp.obs_size != c->sp.obs_size || sp.act_size != c->sp.act_size))
         st = set_err(c, RLK_E_UNSUPPORTED, "%s", "the daemon's spaces changed across a reconnect");
     if (st == RLK_OK && c->shm && c->o.client_inference) st = attach_ring(c, &sp);
@@ -320,6 +340,8 @@ static rlk_status apply_reply(rlk_client *c, const entry *sent, int n, size_t go
     rlk_status st = rlk_parse_actions(c->in, got, c->toks, c->max_toks, &c->sp, n, c->reply_actions,
                                       c->reply_seqs, c->reply_null, &info);
     c->server_retry = info.retry;
+    if (st == RLK_E_SERVER && strncmp(c->err, RLK_DIRECT_REFUSED, strlen(RLK_DIRECT_REFUSED)) == 0)
+        c->no_direct = 1;  /* (the inference process had no room: the next connection stays plain) */
     if (st != RLK_OK) return st;
     for (int k = 0; k < n; k++) {
         agent *a = &c->agents[sent[k].agent];

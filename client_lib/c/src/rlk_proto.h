@@ -6,6 +6,10 @@
 #ifndef RLK_PROTO_H
 #define RLK_PROTO_H
 
+/* Start of the ERROR the inference process sends a handed-over (SERVE_DIRECT) connection it
+ * has no room for: reconnect and serve through the collector. */
+#define RLK_DIRECT_REFUSED "direct serving refused:"
+
 #include <stddef.h>
 
 #include "rlinkd.h"
