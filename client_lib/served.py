@@ -65,6 +65,7 @@ class ServedTcpLink(ReconnectingLink):
         return str(self.address)
 
     def _connect(self) -> None:
+        self.close()  # (a serving connection left without its control one is replaced too)
         client = self._open()
         try:
             self.config = client.get_config()
@@ -107,24 +108,35 @@ class ServedTcpLink(ReconnectingLink):
         self.client = self.hot = None
 
     def send_message(self, msg: codec.Message) -> None:
-        """METRICS and the like go over ``client``: alone it is reopened when the daemon
-        closed it (idle past ``server.idle_timeout_s`` while the serving connection carried
-        every step), so the serving connection and its episodes live on."""
-        if self.client is None or self.hot is self.client:
+        """METRICS and the like go over ``client``, reopened alone when the daemon closed it
+        (idle past ``server.idle_timeout_s`` while the serving connection carried every
+        step), so the serving connection and its episodes live on. While the collector
+        cannot be reached (it restarts; the inference role and the direct connection live
+        on) the message is dropped and the next one tries again."""
+        if self.hot is None or self.hot is self.client:
             return super().send_message(msg)
         try:
-            if _closed_by_peer(self.client):
-                raise ConnectionError("closed by the daemon")
+            if self.client is None or _closed_by_peer(self.client):
+                self._reopen_control()
+            assert self.client is not None
             self.client.send(msg)
-        except (ConnectionError, OSError):
+        except (ConnectionError, OSError, ServerError):
+            if self.client is not None:
+                self.client.close()
+                self.client = None
+
+    def _reopen_control(self) -> None:
+        if self.client is not None:
             self.client.close()
             self.client = None
-            try:
-                self.client = self._open()
-                self.client.send(msg)
-            except (ConnectionError, OSError, ServerError):
-                self.close()  # (the daemon is gone: reconnect both, with backoff)
-                super().send_message(msg)
+        self.client = self._open()
+
+    def _client(self) -> RLlinkClient:
+        """``client``, or a connection error when either connection is missing (so that
+        ``_with_retry`` reconnects both)."""
+        if self.client is None or self.hot is None:
+            raise ConnectionError(f"{self.describe()}: not connected")
+        return self.client
 
     def serving_client(self) -> RLlinkClient:
         """The connection serving messages go over (ConnectionError when there is none)."""
@@ -311,8 +323,11 @@ class ServedShmLink(ReconnectingLink):
 
 def _closed_by_peer(client: RLlinkClient) -> bool:
     """The peer closed (or wrote to) a connection we only send on: readable means either."""
-    sock = client.sock
-    return sock is None or bool(select.select([sock], [], [], 0)[0])
+    if client.sock is None:
+        return True
+    poller = select.poll()  # (not select: descriptors may be numbered past 1023)
+    poller.register(client.sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def receive_fds(client: RLlinkClient, count: int) -> list[int]:
@@ -368,11 +383,13 @@ class ServedAgent:
             self.lost_episodes += 1  # (its connection was replaced, e.g. after METRICS found it gone)
             self.episode_id, self.reward = None, 0.0
         if self.episode_id is None:
-            self.episode_id = secrets.token_hex(8)
-            self.generation = link.generation
+            eid = secrets.token_hex(8)
             if isinstance(link, ServedShmLink):
-                return link.request(OP_START, 0.0, _wire(obs), EVALUATE if self.evaluate else 0)
-            return link.start(self.episode_id, _wire(obs), self.evaluate, self.policy)
+                answer = link.request(OP_START, 0.0, _wire(obs), EVALUATE if self.evaluate else 0)
+            else:
+                answer = link.start(eid, _wire(obs), self.evaluate, self.policy)
+            self.episode_id, self.generation = eid, link.generation  # (once it started)
+            return answer
         reward, self.reward = self.reward, 0.0
         if isinstance(link, ServedShmLink):
             return link.request(OP_STEP, reward, _wire(obs), 0)

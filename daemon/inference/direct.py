@@ -54,6 +54,8 @@ class Conn:
     last_seen: float = field(default_factory=time.monotonic)
     out_since: float = 0.0       # when unsent reply bytes were first left over (0: none)
     eof: bool = False            # the client shut its side: finish what it sent, then close
+    gone: bool = False           # a send failed (closed or reset): replies go nowhere, its
+                                 # frames still count
 
     @property
     def busy(self) -> bool:
@@ -131,6 +133,10 @@ class DirectConnections:
             conn = self.conns.get(fd)
             if conn is None:
                 continue
+            if conn.eof:  # (only EPOLLOUT is asked for now; HUP/ERR: nobody reads replies)
+                conn.gone = conn.gone or bool(ev & (select.EPOLLHUP | select.EPOLLERR))
+                self._flush(fd, conn)
+                continue
             if ev & select.EPOLLOUT:
                 self._flush(fd, conn)
             if fd in self.conns and ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
@@ -183,16 +189,17 @@ class DirectConnections:
             data = conn.sock.recv(RECV_BYTES)
         except (BlockingIOError, InterruptedError):
             return
+        except ConnectionResetError:  # (TCP drops what was unread: nothing more to take)
+            data, conn.gone = b"", True
         except OSError as exc:
             return self.close(fd, str(exc))
         if not data:  # (what it sent before still counts: an END's steps train)
             conn.eof = True
-            self._unwatch(fd, conn)
         conn.inbuf += data
         conn.last_seen = time.monotonic()
         if not conn.busy:
             self._advance(fd, conn)
-        elif not conn.eof:
+        else:
             self._watch(fd, conn)
 
     def _advance(self, fd: int, conn: Conn) -> None:
@@ -212,10 +219,8 @@ class DirectConnections:
                 return
         else:
             self.ready.add(fd)
-        if conn.eof:
-            if not conn.busy and fd not in self.ready:
-                self.close(fd, "closed by the client")
-            return
+        if conn.eof and not conn.busy and fd not in self.ready:
+            return self.close(fd, "closed by the client")
         self._watch(fd, conn)
 
     def _frame(self, conn: Conn) -> bytes | None:
@@ -262,17 +267,21 @@ class DirectConnections:
             self.ready.add(fd)  # (a frame read meanwhile may be complete)
 
     def _flush(self, fd: int, conn: Conn) -> None:
+        """Send what the socket takes; after the client's EOF a failed send means nobody
+        reads replies any more (they are dropped; its frames are still carried out)."""
+        sent = 0
         try:
-            sent = conn.sock.send(conn.outbuf)
+            if not conn.gone:
+                sent = conn.sock.send(conn.outbuf)
         except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError as exc:
-            return self.close(fd, str(exc))
+            pass
+        except OSError:  # (the client closed: what it sent before still counts)
+            conn.gone = True
+        if conn.gone:
+            conn.outbuf.clear()
         del conn.outbuf[:sent]
         conn.out_since = (conn.out_since or time.monotonic()) if conn.outbuf else 0.0
-        if conn.eof:  # (no more events for it: what does not go now never will)
-            return self.close(fd, "closed by the client") if conn.outbuf else self.ready.add(fd)
-        if not conn.outbuf and conn.inbuf:
+        if not conn.outbuf and (conn.inbuf or conn.eof):
             self.ready.add(fd)
         self._watch(fd, conn)
 
@@ -286,11 +295,18 @@ class DirectConnections:
     def _watch(self, fd: int, conn: Conn) -> None:
         """Poll for what the connection can use now: input while less than READ_AHEAD_BYTES
         are buffered or no whole frame is (so a flood of messages without replies waits in
-        the client's socket, not here), output while a reply is left over."""
+        the client's socket, not here; none after its EOF), output while a reply is left
+        over; nothing once it reset."""
+        if conn.mask < 0:
+            return
+        if conn.gone and conn.eof:  # (a closed socket would report itself forever)
+            self.epoll.unregister(fd)
+            conn.mask = -1
+            return
         mask = 0
-        if len(conn.inbuf) < READ_AHEAD_BYTES or not self._has_frame(conn.inbuf):
+        if not conn.eof and (len(conn.inbuf) < READ_AHEAD_BYTES or not self._has_frame(conn.inbuf)):
             mask |= select.EPOLLIN
-        if conn.outbuf:
+        if conn.outbuf and not conn.gone:
             mask |= select.EPOLLOUT
         if mask != conn.mask:
             self.epoll.modify(fd, mask)
@@ -302,12 +318,6 @@ class DirectConnections:
         except ProtocolError:
             return True  # (refused when it is parsed)
         return end is not None and len(buf) >= end
-
-    def _unwatch(self, fd: int, conn: Conn) -> None:
-        """After EOF: out of the epoll set (a shut socket would report itself forever)."""
-        if conn.mask >= 0:
-            self.epoll.unregister(fd)
-            conn.mask = -1
 
 
 def _try_send(sock: socket.socket, data: bytes) -> None:

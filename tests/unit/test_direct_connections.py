@@ -88,19 +88,33 @@ def test_episode_messages_are_answered_one_at_a_time(direct):
     assert isinstance(recv(c), codec.Pong)
 
 
-def test_a_connection_closed_with_a_request_in_flight_gives_its_lane_back(direct):
+def test_a_client_that_closes_with_a_request_in_flight_still_has_it_answered_then_its_lane_back(direct):
+    """As in the collector: the request in flight is carried out (its step trains; the reply
+    goes nowhere), then the connection closes and the role ends the episode."""
     pool = direct.pools["default"]
     c = connect(direct)
     c.sendall(codec.encode(s.StartEpisode("a")) + codec.encode(s.GetAction("a", OBS)))
     turn(direct, answer=False)  # published, not answered
-    assert len(pool.free) == 3
     c.close()
-    turn(direct, answer=False)  # the close is seen: the lane drains
-    assert not direct.conns and pool.draining
+    turn(direct, answer=False)  # the EOF is seen; the request is still in flight
+    assert direct.conns and len(pool.free) == 3
+    assert turn(direct) == [OP_START]
+    assert turn(direct) == [OP_RELEASE]  # the connection closed; the role ends the episode
+    assert not direct.conns and len(pool.free) == 4 and not pool.busy
+
+
+def test_a_connection_dropped_with_a_request_in_flight_drains_its_lane(direct):
+    pool = direct.pools["default"]
+    c = connect(direct)
+    c.sendall(codec.encode(s.StartEpisode("a")) + codec.encode(s.GetAction("a", OBS)))
+    turn(direct, answer=False)
+    direct.close(next(iter(direct.conns)), "dropped")  # (as expire or shutdown do)
+    assert pool.draining and len(pool.free) == 3
     assert turn(direct) == [OP_START]  # the old request answered; the drained lane released
     assert pool.releasing and not pool.draining
-    assert turn(direct) == [OP_RELEASE]  # the role ends the episode; the lane is free again
+    assert turn(direct) == [OP_RELEASE]
     assert len(pool.free) == 4 and not pool.busy
+    c.close()
 
 
 def test_a_message_that_is_not_serving_is_an_error_to_that_client_only(direct):
@@ -183,6 +197,26 @@ def test_frames_sent_before_the_client_closed_are_still_carried_out(direct):
         direct.answer()
     assert seen.count((OP_END, TERMINATED)) == 2 and not direct.conns
     assert len(direct.pools["default"].free) == 4
+
+
+def test_a_client_that_closes_without_reading_its_replies_still_ends_its_episode(direct):
+    """Replies to a closed client fail to send; the frames it sent before are carried out
+    all the same (its END trains as terminated)."""
+    lanes = direct.pools["default"].area.lanes
+    c = connect(direct)
+    msgs = (s.StartEpisode("a"), s.GetAction("a", OBS), s.Step("a", 1.0, OBS), s.Step("a", 1.0, OBS),
+            s.EndEpisode("a", OBS, terminated=True))
+    c.sendall(b"".join(codec.encode(m) for m in msgs))
+    c.close()  # (nothing read)
+    seen = []
+    for _ in range(8):
+        direct.service(direct.epoll.poll(0.02))
+        seen += [(int(lanes["op"][i]), int(lanes["flags"][i])) for i in
+                 np.flatnonzero(lanes["req_seq"] != lanes["resp_seq"])]
+        answer_lanes(direct)
+        direct.answer()
+    assert seen[-1] == (OP_END, TERMINATED) and len(seen) == 4, seen
+    assert not direct.conns and len(direct.pools["default"].free) == 4
 
 
 def test_a_flood_without_replies_waits_in_the_socket_not_in_the_role(direct):

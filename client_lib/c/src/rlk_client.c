@@ -44,6 +44,7 @@ struct rlk_client {
     char address[512], token[256], policy[80];
     int fd, reconnects, server_retry;
     int no_direct;      /* the daemon refused SERVE_DIRECT: serve through the collector */
+    int direct_fresh;   /* a direct connection with no reply yet (a failure then: refused) */
     long episodes_started;
     char err[RLK_ERROR_CHARS];
     rlk_spaces sp;
@@ -133,8 +134,12 @@ static rlk_status serve_direct(rlk_client *c) {
     rlk_reply_info info = info_of(c);
     rlk_jw_init(&w, c->out, c->frame_cap);
     rlk_jw_raw(&w, "{\"type\": \"SERVE_DIRECT\"}");
+    c->server_retry = 0;
     rlk_status st = roundtrip(c, w.len, 1, &got);
-    return st != RLK_OK ? st : rlk_parse_typed(c->in, got, c->toks, c->max_toks, "SERVE_DIRECT_READY", &info);
+    if (st != RLK_OK) return st;
+    st = rlk_parse_typed(c->in, got, c->toks, c->max_toks, "SERVE_DIRECT_READY", &info);
+    c->server_retry = info.retry && strncmp(c->err, RLK_DIRECT_REFUSED, strlen(RLK_DIRECT_REFUSED)) != 0;
+    return st;
 }
 
 static void sleep_s(double s) {
@@ -207,11 +212,16 @@ static rlk_status open_connection(rlk_client *c) {
     if (fd < 0) return fd == -2 ? RLK_E_ARG : RLK_E_CONNECT;
     c->fd = fd;
     rlk_status st = handshake(c, &sp);
-    if (st == RLK_OK && !c->shm && !c->no_direct && serve_direct(c) != RLK_OK) {
-        c->no_direct = 1;  /* (refused, or the connection broke: a plain one either way) */
-        close(c->fd);
-        c->fd = -1;
-        return open_connection(c);
+    c->direct_fresh = 0;
+    if (st == RLK_OK && !c->shm && !c->no_direct) {
+        st = serve_direct(c);
+        if (st == RLK_E_SERVER && !c->server_retry) {  /* refused: a plain connection from now on */
+            c->no_direct = 1;
+            close(c->fd);
+            c->fd = -1;
+            return open_connection(c);
+        }
+        c->direct_fresh = st == RLK_OK;  /* (other failures: reconnect()'s backoff decides) */
     }
     if (st == RLK_OK && c->sp.obs_size && (sp.obs_size != c->sp.obs_size || sp.act_size != c->sp.act_size))
         st = set_err(c, RLK_E_UNSUPPORTED, "%s", "the daemon's spaces changed across a reconnect");
@@ -474,6 +484,9 @@ static rlk_status flush(rlk_client *c) {
             if (st == RLK_OK) st = apply_reply(c, c->sent, n, got);
         }
         int retry = st == RLK_E_IO || st == RLK_E_TIMEOUT || (st == RLK_E_SERVER && c->server_retry);
+        if (st == RLK_E_IO && c->direct_fresh)
+            c->no_direct = 1;  /* (the role refused and closed before its ERROR could be read) */
+        c->direct_fresh = 0;
         if (st == RLK_OK) {
             c->n_entries = 0;
             return st;
