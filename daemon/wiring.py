@@ -19,6 +19,7 @@ Server-side actions (the ``inference`` role) add request/response lanes in share
     shm action client ──lane area (memfd)──▶ inference ──episode ring (as an internal client)──▶ collector
     TCP action client ──▶ collector ──TCP lane area (file, per policy)──▶ inference
                              └──area channel (socketpair: memfds + doorbells)──▶ inference
+    TCP action client after SERVE_DIRECT ──(its socket, over the area channel)──▶ inference
 
 ``daemon.inprocess.InProcessDaemon`` runs all four roles as threads of one process on the same
 topology, for debugging and for the in-process tests.
@@ -199,7 +200,8 @@ def build_topology(cfg: Config) -> Topology:
     request_doorbell = SharedFd(Doorbell.create().fileno())
     # inference → collector: "a TCP lane holds a response" (rung if the collector announced waiting)
     tcp_response_doorbell = SharedFd(Doorbell.create().fileno())
-    # collector ⇄ inference: shm action clients' lane areas and response doorbells (fds)
+    # collector ⇄ inference: shm action clients' lane areas and response doorbells, and the
+    # sockets of TCP action clients handed over after SERVE_DIRECT (fds)
     collector_end, inference_end = make_pair()
     return Topology(cfg=cfg, policies=made, inboxes=inboxes, heartbeats=heartbeats,
                     episode_doorbell=doorbell, episode_space_doorbell=space_doorbell,

@@ -1,6 +1,6 @@
 """The collector↔inference area channel: a SOCK_SEQPACKET socketpair made by the wiring.
 
-The collector owns client connections, so it makes each shared-memory action client's lane
+The collector accepts client connections, so it makes each shared-memory action client's lane
 area (a sealed memfd) and its response doorbell (an eventfd), hands both to the client, and
 announces them to the inference role over this channel with the descriptors attached
 (SCM_RIGHTS). One datagram per message, a small JSON object:
@@ -8,6 +8,7 @@ announces them to the inference role over this channel with the descriptors atta
     collector -> inference   {"op": "open", "area_id": N, "policy": P, "name": S}   + fds [area, response doorbell]
     collector -> inference   {"op": "close", "area_id": N}     the client went away
     collector -> inference   {"op": "reset"}                   a new collector: forget every client area
+    collector -> inference   {"op": "direct"}                  + fd [socket]: a connection after SERVE_DIRECT
     inference -> collector   {"op": "hello"}                   a new inference role: send every open area again
     inference -> collector   {"op": "refuse", "area_id": N}    an area it cannot serve: close that client
 
