@@ -2,7 +2,10 @@
 
 - Raw-socket clients written from the README alone (``socket`` + ``json`` through
   tests.helpers' raw functions, never client_lib) learn CartPole, one with the per-episode
-  messages (START_EPISODE / GET_ACTION / LOG_RETURNS / STEP / END_EPISODE), one with STEP_BATCH.
+  messages (START_EPISODE / GET_ACTION / LOG_RETURNS / STEP / END_EPISODE) on a direct
+  connection (SERVE_DIRECT), one with STEP_BATCH through the collector.
+- Direct connections: client_lib falls back when the daemon refuses them, their episodes
+  survive a collector restart, and a client outlives its idle control connection.
 - client_lib ``inference="server"`` learns CartPole over TCP and over shared-memory lanes,
   versions only go up per client, and status ``inference`` reports what the role did.
 - Every serving error reaches only the client that made it; another keeps getting actions.
@@ -100,8 +103,10 @@ def play_raw_episode(sock: socket.socket, env, episode_no: int, seqs: list[int])
     return total
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["collector", "direct"])
-def test_a_raw_client_learns_cartpole_with_the_episode_messages(daemon, direct):
+def test_a_raw_client_learns_cartpole_with_the_episode_messages(daemon):
+    """Over a direct connection (SERVE_DIRECT); the STEP_BATCH client below learns through
+    the collector, and the wiring tests run every message over both."""
+    direct = True
     sock = raw_client(daemon.port, direct)
     env = gym.make("CartPole-v1")
     returns: list[float] = []
