@@ -59,6 +59,18 @@ def answer_lanes(d: DirectConnections) -> list:
     return ops
 
 
+def requests_seen(d: DirectConnections, turns: int) -> list[tuple[int, int]]:
+    """``turns`` role turns; the (op, flags) of every request published, in order."""
+    lanes, seen = d.pools["default"].area.lanes, []
+    for _ in range(turns):
+        d.service(d.epoll.poll(0.02))
+        seen += [(int(lanes["op"][i]), int(lanes["flags"][i])) for i in
+                 np.flatnonzero(lanes["req_seq"] != lanes["resp_seq"])]
+        answer_lanes(d)
+        d.answer()
+    return seen
+
+
 def recv(sock: socket.socket) -> codec.Message:
     size = codec.parse_header(_exactly(sock, codec.HEADER_BYTES), 1 << 20)
     return codec.decode_body(_exactly(sock, size))
@@ -177,7 +189,6 @@ def test_a_partial_frame_past_read_timeout_closes_the_connection(direct):
 def test_frames_sent_before_the_client_closed_are_still_carried_out(direct):
     """Pipelined ENDs then close(): both episodes end as the client said (terminated), not
     truncated by the close."""
-    lanes = direct.pools["default"].area.lanes
     c = connect(direct)
     c.sendall(b"".join(codec.encode(m) for m in (s.StartEpisode("a"), s.GetAction("a", OBS),
                                                  s.StartEpisode("b"), s.GetAction("b", OBS))))
@@ -188,13 +199,7 @@ def test_frames_sent_before_the_client_closed_are_still_carried_out(direct):
     ends = [s.EndEpisode(e, OBS, terminated=True) for e in ("a", "b")]
     c.sendall(b"".join(codec.encode(m) for m in ends))
     c.close()
-    seen = []
-    for _ in range(6):
-        direct.service(direct.epoll.poll(0.02))
-        seen += [(int(lanes["op"][i]), int(lanes["flags"][i])) for i in
-                 np.flatnonzero(lanes["req_seq"] != lanes["resp_seq"])]
-        answer_lanes(direct)
-        direct.answer()
+    seen = requests_seen(direct, 6)
     assert seen.count((OP_END, TERMINATED)) == 2 and not direct.conns
     assert len(direct.pools["default"].free) == 4
 
@@ -202,19 +207,12 @@ def test_frames_sent_before_the_client_closed_are_still_carried_out(direct):
 def test_a_client_that_closes_without_reading_its_replies_still_ends_its_episode(direct):
     """Replies to a closed client fail to send; the frames it sent before are carried out
     all the same (its END trains as terminated)."""
-    lanes = direct.pools["default"].area.lanes
     c = connect(direct)
     msgs = (s.StartEpisode("a"), s.GetAction("a", OBS), s.Step("a", 1.0, OBS), s.Step("a", 1.0, OBS),
             s.EndEpisode("a", OBS, terminated=True))
     c.sendall(b"".join(codec.encode(m) for m in msgs))
     c.close()  # (nothing read)
-    seen = []
-    for _ in range(8):
-        direct.service(direct.epoll.poll(0.02))
-        seen += [(int(lanes["op"][i]), int(lanes["flags"][i])) for i in
-                 np.flatnonzero(lanes["req_seq"] != lanes["resp_seq"])]
-        answer_lanes(direct)
-        direct.answer()
+    seen = requests_seen(direct, 8)
     assert seen[-1] == (OP_END, TERMINATED) and len(seen) == 4, seen
     assert not direct.conns and len(direct.pools["default"].free) == 4
 
