@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 import structlog
 
@@ -52,3 +53,27 @@ def reload_level(changes: dict, role: str) -> None:
     if "daemon.log_level" in changes:
         configure(changes["daemon.log_level"], role)
         structlog.get_logger(role).warning("log_level_set", log_level=changes["daemon.log_level"])
+
+
+class RateLimit:
+    """At most ``per_s`` log lines a second (token bucket); the rest are counted, and the
+    count is reported with the next line that gets through. Hostile clients cannot flood
+    the log; every error is still counted (``protocol_errors``, ``direct_errors``)."""
+
+    def __init__(self, per_s: float) -> None:
+        self.per_s, self.tokens, self.last = per_s, per_s, time.monotonic()
+        self.suppressed = 0
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.per_s, self.tokens + (now - self.last) * self.per_s)
+        self.last = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        self.suppressed += 1
+        return False
+
+    def take_suppressed(self) -> int:
+        n, self.suppressed = self.suppressed, 0
+        return n

@@ -30,6 +30,7 @@ from rlinkd.daemon.collector.status import StatusBuilder
 from rlinkd.daemon.collector.pacing import Pacer
 from rlinkd.daemon.collector.weights import WeightsCache, set_state_frame
 from rlinkd.daemon.config import Config
+from rlinkd.daemon.log import RateLimit
 from rlinkd.daemon.errors import RlinkdError
 from rlinkd.shm.records import FLUSH, STREAM_END
 from rlinkd.shm.errors import ShmError
@@ -40,30 +41,6 @@ if TYPE_CHECKING:
     from rlinkd.daemon.collector.shm_server import ShmIngestor
 
 log = structlog.get_logger("collector")
-
-
-class RateLimit:
-    """At most ``per_s`` log lines a second (token bucket); the rest are counted, and the
-    count is reported with the next line that gets through. Hostile clients cannot flood
-    the log; every error is still counted in ``protocol_errors``."""
-
-    def __init__(self, per_s: float) -> None:
-        self.per_s, self.tokens, self.last = per_s, per_s, time.monotonic()
-        self.suppressed = 0
-
-    def allow(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.per_s, self.tokens + (now - self.last) * self.per_s)
-        self.last = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return True
-        self.suppressed += 1
-        return False
-
-    def take_suppressed(self) -> int:
-        n, self.suppressed = self.suppressed, 0
-        return n
 
 
 class Background:

@@ -31,6 +31,7 @@ from rlinkd.client_lib.protocol import codec, serving
 from rlinkd.client_lib.protocol.codec import BadMessage, ProtocolError
 from rlinkd.client_lib.transport import DIRECT_REFUSED
 from rlinkd.daemon.inference.front import Episodes, Front, Pending
+from rlinkd.daemon.log import RateLimit
 
 log = structlog.get_logger("inference")
 MAX_FRAMES_PER_TURN = 16
@@ -76,6 +77,7 @@ class DirectConnections:
         self.ready: set[int] = set()     # connections with frames left for the next turn
         self.counts = {"direct_connections": 0, "direct_messages": 0, "direct_refused": 0,
                        "direct_errors": 0}
+        self.error_log = RateLimit(per_s=10.0)
 
     def fileno(self) -> int:
         """Readable when a connection has something (the role sleeps on it with its others)."""
@@ -288,6 +290,9 @@ class DirectConnections:
     def _refuse(self, fd: int, conn: Conn, exc: BaseException) -> None:
         """ERROR to this client only, then close its connection."""
         self.counts["direct_errors"] += 1
+        if self.error_log.allow():  # (as the collector logs its protocol errors)
+            log.warning("direct_protocol_error", error=str(exc)[:300],
+                        suppressed_before=self.error_log.take_suppressed())
         _try_send(conn.sock, bytes(conn.outbuf) + codec.encode(codec.Error(message=str(exc)[:1000])))
         conn.outbuf.clear()
         self.close(fd, str(exc))

@@ -138,7 +138,7 @@ def test_a_message_that_is_not_serving_is_an_error_to_that_client_only(direct):
     assert isinstance(reply, codec.Error) and "not accepted on a direct serving connection" in reply.message
     assert bad.recv(1) == b""  # closed
     assert recv(good) == s.EpisodeStarted("g", "default")
-    assert len(direct.conns) == 1
+    assert len(direct.conns) == 1 and direct.counts["direct_errors"] == 1
 
 
 def test_a_bad_frame_and_a_refused_episode_close_only_their_connection(direct):
