@@ -8,6 +8,7 @@ import pytest
 from rlinkd.client_lib import connect
 from rlinkd.client_lib.multi import connect_vector
 from rlinkd.client_lib.runner import run_env
+from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol import serving as s
 from rlinkd.client_lib.transport import RLlinkClient, ServerError
 from rlinkd.daemon.config import load_config
@@ -117,11 +118,13 @@ def test_a_direct_connection_refuses_what_is_not_serving_and_is_refused_when_not
         c.request(s.ServeDirect(), s.ServeDirectReady)
     c.close()
     c = tcp(daemon)
-    c.send(s.ServeDirect())
-    c.send(s.StartEpisode("r"))  # (before SERVE_DIRECT_READY: not allowed)
-    with pytest.raises(ServerError, match="send nothing after it"):
-        c.recv()
-    c.close()
+    assert c.sock is not None  # (one write, so the collector reads both frames at once)
+    c.sock.sendall(codec.encode(s.ServeDirect()) + codec.encode(s.StartEpisode("r")))
+    try:  # (a START before SERVE_DIRECT_READY: not allowed)
+        with pytest.raises(ServerError, match="send nothing after it"):
+            c.recv()
+    finally:
+        c.close()
 
 
 def test_a_closed_direct_connection_releases_its_lanes_and_its_steps_train(daemon):
@@ -134,7 +137,7 @@ def test_a_closed_direct_connection_releases_its_lanes_and_its_steps_train(daemo
     wait_for(lambda: status(daemon)["inference"]["lanes_open"] >= 1, 10, what="the direct episode open")
     c.close()  # mid-episode: the role ends it, truncated
     wait_for(lambda: (st := status(daemon))["inference"]["lanes_open"] == 0
-             and st["inference"]["direct_connections"] == 0
+             and st["inference"]["direct_connections"] <= before["inference"].get("direct_connections", 0)
              and st["env_steps"] >= before["env_steps"] + 20
              and st["episodes"] >= before["episodes"] + 1, 10,
              what="the lane released, the connection gone, the truncated episode's steps counted")
