@@ -342,9 +342,12 @@ class ConnectorConfig:
 class InferenceConfig:
     """[inference]: server-side action serving (the `inference` role)."""
 
-    backend: str = setting("auto", "Forward-pass backend: `auto` times numpy and onnxruntime "
-                           "at start and keeps the faster (torch on CUDA when a GPU is present).",
-                           choices=("auto", "numpy", "onnxruntime", "torch"))
+    backend: str = setting("auto", "Forward-pass backend: `auto` times the native interpreter "
+                           "(a compiled extension; MLPs only), numpy and onnxruntime at start "
+                           "and keeps the fastest per batch size (torch on CUDA when a GPU is "
+                           "present). `native` where it cannot run (convolutions, extension not "
+                           "built) logs a warning and falls back to `auto`.",
+                           choices=("auto", "native", "numpy", "onnxruntime", "torch"))
     max_batch: int = setting(256, "Most action requests answered by one forward pass.",
                              minimum=1, maximum=4096)
     max_wait_us: int = setting(200, "Longest a request waits for others to batch with it "

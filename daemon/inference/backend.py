@@ -3,8 +3,9 @@
 Every backend runs the same network (``PolicySpec``, one description of its maths) from the
 same flat weights and returns dist inputs [N, D] float32; ``tests/unit/test_inference_backend``
 checks they agree. ``choose_backend`` times each available backend on batches of 1 and 64 at
-boot and keeps the fastest: numpy for small MLPs, onnxruntime for convolutions, torch on CUDA
-when a GPU is present (``inference.backend`` forces one).
+boot and keeps the fastest per batch size: the native interpreter (``netnative``, a compiled
+extension) for small MLP batches, numpy or onnxruntime for large ones and for convolutions,
+torch on CUDA when a GPU is present (``inference.backend`` forces one).
 
 ``PolicyRunner`` owns one policy's board: ``refresh`` loads a newer version between batches
 (never during one: a batch never mixes weight versions), ``act`` samples (or takes the mode)
@@ -28,10 +29,11 @@ from rlinkd.client_lib.protocol.netops import DIST
 from rlinkd.client_lib.protocol.policy_spec import ONNX_OUTPUT_NAME, PolicySpec
 from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.client_lib.protocol.spaces import Box, Space, field_name
+from rlinkd.daemon.inference import netnative
 from rlinkd.shm.board import WeightsBoard
 
 log = structlog.get_logger("inference")
-BACKENDS = ("auto", "numpy", "onnxruntime", "torch")
+BACKENDS = ("auto", "native", "numpy", "onnxruntime", "torch")
 Forward = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 
 
@@ -64,8 +66,14 @@ def torch_forward(spec: PolicySpec, flat: np.ndarray) -> Forward:
     return run
 
 
+def native_forward(spec: PolicySpec, flat: np.ndarray) -> Forward:
+    """``netnative.Unsupported`` for a network with convolutions, or without the extension."""
+    return netnative.NativeNet(spec, flat).run
+
+
 MAKERS: dict[str, Callable[[PolicySpec, np.ndarray], Forward]] = {
-    "numpy": numpy_forward, "onnxruntime": onnx_forward, "torch": torch_forward}
+    "native": native_forward, "numpy": numpy_forward, "onnxruntime": onnx_forward,
+    "torch": torch_forward}
 
 
 def cuda_present() -> bool:
@@ -78,7 +86,9 @@ def candidates(spec: PolicySpec) -> list[str]:
     """Backends worth timing for this network on this machine."""
     if cuda_present():
         return ["torch"]
-    return ["onnxruntime", "numpy"] if has_conv(spec) else ["numpy", "onnxruntime"]
+    if has_conv(spec):
+        return ["onnxruntime", "numpy"]
+    return (["native"] if netnative.available() else []) + ["numpy", "onnxruntime"]
 
 
 SMALL_BATCH = 16
@@ -109,6 +119,10 @@ def choose_backend(spec: PolicySpec, flat: np.ndarray, wanted: str,
                    ) -> tuple[tuple[str, str], dict[str, float]]:
     """((backend for small batches, for large ones), seconds measured per candidate and batch
     size). ``wanted`` other than "auto" is taken for both, without timing."""
+    if wanted == "native" and (has_conv(spec) or not netnative.available()):
+        log.warning("inference_backend_unavailable", wanted=wanted,
+                    reason="convolutions" if netnative.available() else "the _netc extension is not built")
+        wanted = "auto"
     if wanted != "auto":
         return (wanted, wanted), {}
     timings = {}

@@ -69,16 +69,22 @@ class PolicyLanes:
         self.by_slot: dict[int, ServedArea] = {}
         self.seen = np.zeros(0, np.uint32)  # every area's request counter at the last scan
 
-    def snapshot(self) -> None:
+    def snapshot(self) -> np.ndarray | None:
         """Before a scan: the request counters it covers (a writer bumps its area's counter
-        after the request's seq word, so a request counted here is seen by the scan)."""
-        self.seen = self.region.headers[:, REQUESTS_WORD].copy()
+        after the request's seq word, so a request counted here is seen by the scan).
+        Returns the header slots whose counter moved since the last snapshot (None when
+        areas came or went since: scan them all)."""
+        now = self.region.headers[:, REQUESTS_WORD].copy()
+        moved = np.flatnonzero(now != self.seen) if len(now) == len(self.seen) else None
+        self.seen = now
+        return moved
 
     def published_since(self) -> bool:
         """Some area published a request since the last ``snapshot``: O(areas), not
         O(lanes) like ``pending`` (a hint for spinning: a writer that did not count its
         request is still found by the next scan)."""
-        return not np.array_equal(self.region.headers[:, REQUESTS_WORD], self.seen)
+        now = self.region.headers[:, REQUESTS_WORD]
+        return len(now) != len(self.seen) or bool((now != self.seen).any())
 
     def place(self, fd: int, served: ServedArea) -> None:
         """``ShmError`` if the region refuses it (the book still matches the region)."""
@@ -91,16 +97,28 @@ class PolicyLanes:
             if len(self.deferred) < high:
                 self.deferred = np.concatenate([self.deferred, np.zeros(high - len(self.deferred), bool)])
 
-    def pending(self) -> np.ndarray:
-        """[high] lanes with a request not answered (only an area's own lanes count)."""
-        lanes = self.region.lanes
-        return (lanes["req_seq"] != lanes["resp_seq"]) & self.region.served
+    def pending(self, slots: np.ndarray | None = None) -> np.ndarray:
+        """[k] lanes with a request not answered (only an area's own lanes count), in lane
+        order: of every area, or (``slots``) only of the areas in those header slots."""
+        if slots is None:
+            lanes = self.region.lanes
+            return np.flatnonzero((lanes["req_seq"] != lanes["resp_seq"]) & self.region.served)
+        parts = []
+        for slot in sorted(slots.tolist()):
+            served = self.by_slot.get(slot)
+            if served is not None:
+                start = served.where.start
+                lanes = self.region.lanes[start:start + served.where.served]
+                parts.append(np.flatnonzero(lanes["req_seq"] != lanes["resp_seq"]) + start)
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def arrivals(self, held: bool, pend: np.ndarray | None = None) -> int:
         """Pending lanes not looked at yet (and, unless held, those left pending); ``pend``:
-        this turn's ``pending()`` mask, when the caller has it already."""
+        this turn's ``pending()`` lanes, when the caller has them already."""
         pend = self.pending() if pend is None else pend
-        return int(np.count_nonzero(pend if not held else pend & ~self.deferred))
+        return len(pend) if not held else int(np.count_nonzero(~self.deferred[pend]))
 
     def wake(self, idx: np.ndarray) -> None:
         """After answering lanes ``idx``: ring each of their areas whose client sleeps."""
@@ -237,10 +255,11 @@ class InferenceServer:
         if not self.scan_due and not any(pl.any_deferred or pl.published_since()
                                          for pl in self.lanes.values()):
             return 0
-        self.scan_due = False
-        for pl in self.lanes.values():
-            pl.snapshot()
-        pend = {name: pl.pending() for name, pl in self.lanes.items()}  # (one scan per turn)
+        full, self.scan_due = self.scan_due, False
+        pend = {}  # (one scan per turn: of the areas whose request counter moved, unless
+        for name, pl in self.lanes.items():  # a full scan is due or lanes were left pending)
+            moved = pl.snapshot()
+            pend[name] = pl.pending(None if full or pl.any_deferred else moved)
         arrived = sum(pl.arrivals(self.policies[name].held, pend[name]) for name, pl in self.lanes.items())
         if not arrived:
             return 0
@@ -270,12 +289,11 @@ class InferenceServer:
             waited = True
         return waited
 
-    def _ready(self, name: str, pl: PolicyLanes, pend: np.ndarray) -> np.ndarray:
-        """Lanes to answer now (of this turn's ``pending()`` mask ``pend``): pending, their
-        group complete, and (while the policy is held) only what may go on; the rest are left
-        pending (``deferred``)."""
+    def _ready(self, name: str, pl: PolicyLanes, pending: np.ndarray) -> np.ndarray:
+        """Lanes to answer now (of this turn's ``pending()`` lanes): their group complete,
+        and (while the policy is held) only what may go on; the rest are left pending
+        (``deferred``)."""
         lanes, owner = pl.region.lanes, pl.region.owner
-        pending = np.flatnonzero(pend)
         lone = len(pending) == 1 and not lanes["group"][pending[0]]  # (a lone client's request)
         idx = pending if lone else complete_groups(lanes, pending, owner)
         if self.policies[name].held and len(idx):

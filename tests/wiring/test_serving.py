@@ -213,9 +213,9 @@ def test_vector_client_server_inference_trains(daemon, transport):
     address = (f"tcp://127.0.0.1:{daemon.listening.port}" if transport == "tcp"
                else f"unix://{daemon.listening.unix_socket}")
     before = status(daemon)
-    env = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync",
-                       vector_kwargs={"autoreset_mode": "SameStep"})
-    client = connect_vector(address, 4, inference="server")
+    env = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync",  # (episodes end even
+                       vector_kwargs={"autoreset_mode": "SameStep"}, max_episode_steps=100)  # once it
+    client = connect_vector(address, 4, inference="server")  # balances: earlier tests train it)
     requests = before["inference"].get("requests", 0)
     stats = run_env(env, client, steps=1200, seed=0)
     client.close()

@@ -1,0 +1,410 @@
+/* _netc: a native interpreter of the network op list (client_lib/protocol/netops.py).
+ *
+ * The inference role's "native" backend (daemon/inference/netnative.py) lowers a spec's op
+ * list -- THE description of the maths, which numpy, ONNX and torch interpret too -- into a
+ * straight-line program over float32 registers, and this module runs it for a batch of N
+ * rows. It exists for one reason: a batch-1 forward pass of a small MLP costs ~13-20 us in
+ * numpy or onnxruntime, nearly all of it per-call overhead, and a few us here.
+ *
+ * Program layout (every instruction is INSN_WORDS int32 words):
+ *
+ *   word:   0      1     2     3     4     5     6     7
+ *         +------+-----+-----+-----+-----+-----+-----+-----+
+ *         | code | out |  x  | p0  | p1  | i0  | i1  | i2  |
+ *         +------+-----+-----+-----+-----+-----+-----+-----+
+ *
+ *   out, x      register numbers (a register is [N, width] float32, row-major)
+ *   p0, p1      offsets into the constants (float32: weights, biases, immediates)
+ *   i0..i2      op-specific integers (see the OP_* comments)
+ *
+ * Registers 0..n_inputs-1 are the inputs (copied in by run()); the caller checks widths and
+ * op arguments once when it builds the program (netnative.py), and the constructor here
+ * checks every register number and constant range again, so a bad program is a ValueError,
+ * never a stray read.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define INSN_WORDS 8
+
+enum {
+    OP_COPY = 1,      /* out[:, i1:i1+i2] = x[:, i0:i0+i2]        (Cast, Flatten, Concat, Slice) */
+    OP_SCALE = 2,     /* out = x * c[p0]                                                        */
+    OP_NORMALIZE = 3, /* out = (x - c[p0:]) / c[p1:]                                            */
+    OP_ONEHOT = 4,    /* out[:, j] = x[:, c[p0+j]] == c[p1+j]    (columns, values as floats)    */
+    OP_LINEAR = 5,    /* out = x @ c[p0:] ([in, out], transposed) + c[p1:]                      */
+    OP_TANH = 6,
+    OP_RELU = 7,
+    OP_TILE = 8,      /* out[n, :] = c[p0:]                                                     */
+    OP_CLIP = 9,      /* out = min(max(x, c[p0]), c[p0+1])                                      */
+    OP_MASK = 10,     /* out[:, j] = reg(i0)[:, i1+j] != 0 ? x[:, j] : c[p0]                    */
+};
+
+typedef struct {
+    PyObject_HEAD
+    int32_t *code;
+    Py_ssize_t n_insns;
+    float *consts;
+    Py_ssize_t n_consts;
+    int32_t *width;      /* per register */
+    Py_ssize_t n_regs;
+    Py_ssize_t n_inputs; /* registers 0..n_inputs-1 */
+    int32_t output;
+    Py_ssize_t *offset;  /* per register: its column offset in one arena row-block */
+    Py_ssize_t row_floats; /* sum of widths */
+    float *arena;
+    Py_ssize_t arena_rows;
+} Program;
+
+static int check_consts(const Program *p, int32_t at, Py_ssize_t count)
+{
+    return at >= 0 && count >= 0 && (Py_ssize_t)at + count <= p->n_consts;
+}
+
+static int check_reg(const Program *p, int32_t r)
+{
+    return r >= 0 && r < p->n_regs;
+}
+
+/* One instruction's arguments against the registers and constants (at construction). */
+static int valid_insn(const Program *p, const int32_t *w)
+{
+    int32_t code = w[0], out = w[1], x = w[2];
+    if (!check_reg(p, out) || out < p->n_inputs)
+        return 0;
+    Py_ssize_t wo = p->width[out];
+    if (code == OP_TILE)
+        return check_consts(p, w[3], wo);
+    if (!check_reg(p, x))
+        return 0;
+    Py_ssize_t wx = p->width[x];
+    switch (code) {
+    case OP_COPY:
+        return w[5] >= 0 && w[6] >= 0 && w[7] >= 0 && w[5] + w[7] <= wx && w[6] + w[7] <= wo;
+    case OP_SCALE:
+        return wx == wo && check_consts(p, w[3], 1);
+    case OP_NORMALIZE:
+        return wx == wo && check_consts(p, w[3], wo) && check_consts(p, w[4], wo);
+    case OP_ONEHOT:
+        if (!check_consts(p, w[3], wo) || !check_consts(p, w[4], wo))
+            return 0;
+        for (Py_ssize_t j = 0; j < wo; j++) {
+            float col = p->consts[w[3] + j];
+            if (!(col >= 0 && col < (float)wx))
+                return 0;
+        }
+        return 1;
+    case OP_LINEAR:
+        return check_consts(p, w[3], wx * wo) && check_consts(p, w[4], wo);
+    case OP_TANH:
+    case OP_RELU:
+        return wx == wo;
+    case OP_CLIP:
+        return wx == wo && check_consts(p, w[3], 2);
+    case OP_MASK:
+        return wx == wo && check_reg(p, w[5]) && w[6] >= 0 && w[6] + wo <= p->width[w[5]]
+               && check_consts(p, w[3], 1);
+    default:
+        return 0;
+    }
+}
+
+/* tanh in float32 without a libm call (glibc's tanhf and expm1f cost ~10-15 ns each and do
+ * not vectorise; a 64-wide hidden layer has 64 of them per row), branch-free so the loop
+ * over a layer vectorises: |x| < 0.25 an odd Taylor polynomial (next term < 3e-9), else
+ * 1 - 2 / (e^2x + 1) with e^2x = 2^k * p(r), |r| <= ln2/2, p the degree-6 Taylor polynomial
+ * (relative error < 2e-7). Clamped to +-9, beyond which tanh is +-1 in float32. Absolute
+ * error < 3e-7 (tests/unit/test_netnative.py); NaN stays NaN. Only unsigned integer
+ * arithmetic on bit patterns: no undefined behaviour for any input. */
+static inline float fast_tanh(float x)
+{
+    const float a = x < -9.0f ? -9.0f : x > 9.0f ? 9.0f : x;
+    const float y = 2.0f * a;
+    const float t = y * 1.44269504f + 12582912.0f; /* + 1.5 * 2^23: round(y / ln2) in the low bits */
+    const float kf = t - 12582912.0f;
+    const float r = (y - kf * 0.693359375f) + kf * 2.12194440e-4f; /* y - k ln2, ln2 split in two */
+    const float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120
+                    + r * (1.0f / 720))))));
+    uint32_t tb, sb;
+    float scale;
+    memcpy(&tb, &t, sizeof tb);
+    sb = ((tb - 0x4B400000u) + 127u) << 23; /* 2^k as a float's bits */
+    memcpy(&scale, &sb, sizeof scale);
+    const float big = 1.0f - 2.0f / (p * scale + 1.0f);
+    const float a2 = a * a;
+    const float small = a * (1.0f + a2 * (-1.0f / 3 + a2 * (2.0f / 15 + a2 * (-17.0f / 315
+                        + a2 * (62.0f / 2835)))));
+    return fabsf(a) < 0.25f ? small : big;
+}
+
+static void linear(const float *restrict x, float *restrict out, Py_ssize_t n, Py_ssize_t in, Py_ssize_t wo,
+                   const float *restrict wt, const float *restrict b)
+{
+    for (Py_ssize_t r = 0; r < n; r++) {
+        const float *xr = x + r * in;
+        float *o = out + r * wo;
+        memcpy(o, b, (size_t)wo * sizeof(float));
+        for (Py_ssize_t i = 0; i < in; i++) {
+            const float xi = xr[i];
+            const float *wi = wt + i * wo; /* row i of W^T: contiguous over the outputs */
+            for (Py_ssize_t j = 0; j < wo; j++)
+                o[j] += xi * wi[j];
+        }
+    }
+}
+
+/* Run every instruction over n rows; registers live in the arena (n * width each). */
+static void execute(Program *p, Py_ssize_t n)
+{
+    const float *c = p->consts;
+    for (Py_ssize_t k = 0; k < p->n_insns; k++) {
+        const int32_t *w = p->code + k * INSN_WORDS;
+        Py_ssize_t wo = p->width[w[1]];
+        float *out = p->arena + n * p->offset[w[1]];
+        Py_ssize_t wx = w[0] == OP_TILE ? 0 : p->width[w[2]];
+        const float *x = w[0] == OP_TILE ? NULL : p->arena + n * p->offset[w[2]];
+        Py_ssize_t total = n * wo;
+        switch (w[0]) {
+        case OP_COPY:
+            for (Py_ssize_t r = 0; r < n; r++)
+                memcpy(out + r * wo + w[6], x + r * wx + w[5], (size_t)w[7] * sizeof(float));
+            break;
+        case OP_SCALE:
+            for (Py_ssize_t i = 0; i < total; i++)
+                out[i] = x[i] * c[w[3]];
+            break;
+        case OP_NORMALIZE:
+            for (Py_ssize_t r = 0; r < n; r++)
+                for (Py_ssize_t j = 0; j < wo; j++)
+                    out[r * wo + j] = (x[r * wo + j] - c[w[3] + j]) / c[w[4] + j];
+            break;
+        case OP_ONEHOT:
+            for (Py_ssize_t r = 0; r < n; r++)
+                for (Py_ssize_t j = 0; j < wo; j++)
+                    out[r * wo + j] = x[r * wx + (Py_ssize_t)c[w[3] + j]] == c[w[4] + j] ? 1.0f : 0.0f;
+            break;
+        case OP_LINEAR:
+            linear(x, out, n, wx, wo, c + w[3], c + w[4]);
+            break;
+        case OP_TANH:
+            for (Py_ssize_t i = 0; i < total; i++)
+                out[i] = fast_tanh(x[i]);
+            break;
+        case OP_RELU:
+            for (Py_ssize_t i = 0; i < total; i++)
+                out[i] = x[i] < 0.0f ? 0.0f : x[i]; /* (NaN stays NaN, as in np.maximum) */
+            break;
+        case OP_TILE:
+            for (Py_ssize_t r = 0; r < n; r++)
+                memcpy(out + r * wo, c + w[3], (size_t)wo * sizeof(float));
+            break;
+        case OP_CLIP:
+            for (Py_ssize_t i = 0; i < total; i++) { /* (NaN stays NaN, as in np.clip) */
+                float v = x[i];
+                out[i] = v < c[w[3]] ? c[w[3]] : v > c[w[3] + 1] ? c[w[3] + 1] : v;
+            }
+            break;
+        case OP_MASK: {
+            const float *m = p->arena + n * p->offset[w[5]];
+            Py_ssize_t wm = p->width[w[5]];
+            for (Py_ssize_t r = 0; r < n; r++)
+                for (Py_ssize_t j = 0; j < wo; j++)
+                    out[r * wo + j] = m[r * wm + w[6] + j] != 0.0f ? x[r * wo + j] : c[w[3]];
+            break;
+        }
+        }
+    }
+}
+
+static int copy_array(PyObject *obj, const char *what, Py_ssize_t itemsize, void **dst, Py_ssize_t *count)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (view.len % itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of items", what, view.len);
+        PyBuffer_Release(&view);
+        return -1;
+    }
+    *dst = PyMem_Malloc(view.len ? (size_t)view.len : 1);
+    if (*dst == NULL) {
+        PyBuffer_Release(&view);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(*dst, view.buf, (size_t)view.len);
+    *count = view.len / itemsize;
+    PyBuffer_Release(&view);
+    return 0;
+}
+
+static void Program_dealloc(Program *self)
+{
+    PyMem_Free(self->code);
+    PyMem_Free(self->consts);
+    PyMem_Free(self->width);
+    PyMem_Free(self->offset);
+    PyMem_Free(self->arena);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Program_init(Program *self, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"code", "consts", "widths", "n_inputs", "output", NULL};
+    PyObject *code, *consts, *widths;
+    Py_ssize_t n_code;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOni", names, &code, &consts, &widths,
+                                     &self->n_inputs, &self->output))
+        return -1;
+    if (self->code != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Program is initialised once");
+        return -1;
+    }
+    if (copy_array(code, "code", 4, (void **)&self->code, &n_code) < 0
+        || copy_array(consts, "consts", 4, (void **)&self->consts, &self->n_consts) < 0
+        || copy_array(widths, "widths", 4, (void **)&self->width, &self->n_regs) < 0)
+        return -1;
+    if (n_code % INSN_WORDS || self->n_inputs < 0 || self->n_inputs > self->n_regs
+        || !check_reg(self, self->output)) {
+        PyErr_SetString(PyExc_ValueError, "malformed program (code length, inputs or output)");
+        return -1;
+    }
+    self->n_insns = n_code / INSN_WORDS;
+    self->offset = PyMem_Malloc((size_t)(self->n_regs ? self->n_regs : 1) * sizeof(Py_ssize_t));
+    if (self->offset == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->row_floats = 0;
+    for (Py_ssize_t r = 0; r < self->n_regs; r++) {
+        if (self->width[r] <= 0 || self->width[r] > (1 << 24)) {
+            PyErr_Format(PyExc_ValueError, "register %zd: width %d", r, self->width[r]);
+            return -1;
+        }
+        self->offset[r] = self->row_floats;
+        self->row_floats += self->width[r];
+    }
+    for (Py_ssize_t k = 0; k < self->n_insns; k++)
+        if (!valid_insn(self, self->code + k * INSN_WORDS)) {
+            PyErr_Format(PyExc_ValueError, "instruction %zd (op %d) does not fit the registers/constants",
+                         k, self->code[k * INSN_WORDS]);
+            return -1;
+        }
+    return 0;
+}
+
+static int ensure_arena(Program *self, Py_ssize_t rows)
+{
+    if (rows <= self->arena_rows)
+        return 0;
+    float *arena = PyMem_Realloc(self->arena, (size_t)(rows * self->row_floats) * sizeof(float));
+    if (arena == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->arena = arena;
+    self->arena_rows = rows;
+    return 0;
+}
+
+/* run(n, inputs, out): inputs a sequence of n_inputs C-contiguous float32 buffers of
+ * n * width floats each; out a writable one of n * width(output) floats. */
+static PyObject *Program_run(Program *self, PyObject *args)
+{
+    Py_ssize_t n;
+    PyObject *inputs, *out;
+    if (!PyArg_ParseTuple(args, "nOO", &n, &inputs, &out))
+        return NULL;
+    if (self->code == NULL || n < 0 || !PyTuple_Check(inputs) || PyTuple_GET_SIZE(inputs) != self->n_inputs) {
+        PyErr_SetString(PyExc_ValueError, "run(n, inputs: tuple of n_inputs buffers, out)");
+        return NULL;
+    }
+    if (ensure_arena(self, n) < 0)
+        return NULL;
+    for (Py_ssize_t r = 0; r < self->n_inputs; r++) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(inputs, r), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            return NULL;
+        int ok = view.len == n * self->width[r] * (Py_ssize_t)sizeof(float) && view.format && !strcmp(view.format, "f");
+        if (ok)
+            memcpy(self->arena + n * self->offset[r], view.buf, (size_t)view.len);
+        PyBuffer_Release(&view);
+        if (!ok) {
+            PyErr_Format(PyExc_ValueError, "input %zd: expected %zd float32 values", r, n * self->width[r]);
+            return NULL;
+        }
+    }
+    execute(self, n);
+    Py_buffer view;
+    if (PyObject_GetBuffer(out, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
+        return NULL;
+    Py_ssize_t want = n * self->width[self->output] * (Py_ssize_t)sizeof(float);
+    int ok = view.len == want && view.format && !strcmp(view.format, "f");
+    if (ok)
+        memcpy(view.buf, self->arena + n * self->offset[self->output], (size_t)want);
+    PyBuffer_Release(&view);
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "out: expected %zd float32 values", want / 4);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Program_methods[] = {
+    {"run", (PyCFunction)Program_run, METH_VARARGS,
+     "run(n, inputs, out): the program over n rows; inputs a tuple of float32 buffers "
+     "(one per input register, n * width values), out a writable float32 buffer."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ProgramType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rlinkd.daemon.inference._netc.Program",
+    .tp_basicsize = sizeof(Program),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Program(code, consts, widths, n_inputs, output): a lowered op list (netnative.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Program_init,
+    .tp_dealloc = (destructor)Program_dealloc,
+    .tp_methods = Program_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_netc", "Native interpreter of the network op list (see netnative.py).", -1,
+    NULL, NULL, NULL, NULL, NULL,
+};
+
+/* The opcodes, exported: netnative.py reads them from here (one declaration). */
+static int add_opcodes(PyObject *m)
+{
+    static const struct { const char *name; int code; } ops[] = {
+        {"OP_COPY", OP_COPY}, {"OP_SCALE", OP_SCALE}, {"OP_NORMALIZE", OP_NORMALIZE},
+        {"OP_ONEHOT", OP_ONEHOT}, {"OP_LINEAR", OP_LINEAR}, {"OP_TANH", OP_TANH},
+        {"OP_RELU", OP_RELU}, {"OP_TILE", OP_TILE}, {"OP_CLIP", OP_CLIP}, {"OP_MASK", OP_MASK},
+    };
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (PyModule_AddIntConstant(m, ops[i].name, ops[i].code) < 0)
+            return -1;
+    return 0;
+}
+
+PyMODINIT_FUNC PyInit__netc(void)
+{
+    if (PyType_Ready(&ProgramType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&ProgramType);
+    if (PyModule_AddObject(m, "Program", (PyObject *)&ProgramType) < 0
+        || PyModule_AddIntConstant(m, "INSN_WORDS", INSN_WORDS) < 0 || add_opcodes(m) < 0) {
+        Py_DECREF(&ProgramType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,139 @@
+"""The "native" backend: a spec's op list lowered onto the ``_netc`` interpreter (netc.c).
+
+Like ``netnumpy`` it interprets ``netops`` (the one description of the maths), so it agrees
+with numpy, ONNX and torch by construction of the same op list, and tests/unit/test_networks
+checks it does. Every value becomes a float32 register [N, width]; observation leaves are
+converted to float32 on the way in (what ``Cast`` does; an integer leaf's values are exact in
+float32 up to 2**24, far beyond any Discrete or MultiDiscrete size). Images (``Conv``) are
+not supported: ``NativeNet`` raises ``Unsupported`` and the role times the other backends.
+
+Built once per weights version (weights transposed into the constants, ~tens of us);
+``run`` costs a few microseconds for a batch-1 MLP (numpy and onnxruntime: ~13-20 us, nearly
+all of it per-call overhead).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rlinkd.client_lib.protocol import netops as N
+
+try:
+    from rlinkd.daemon.inference import _netc  # type: ignore[attr-defined]
+except ImportError:  # (the optional extension was not compiled: see pyproject.toml)
+    _netc = None
+
+
+class Unsupported(ValueError):
+    """The network has an op the native interpreter lacks (a convolution), or no extension."""
+
+
+def available() -> bool:
+    return _netc is not None
+
+
+class _Lowering:
+    """Registers, constants and instructions, built op by op."""
+
+    def __init__(self, params: Mapping[str, np.ndarray]) -> None:
+        self.params = params
+        self.reg: dict[str, int] = {}
+        self.widths: list[int] = []
+        self.consts: list[np.ndarray] = []
+        self.n_consts = 0
+        self.code: list[tuple[int, ...]] = []
+
+    def register(self, name: str, width: int) -> int:
+        self.reg[name] = len(self.widths)
+        self.widths.append(width)
+        return self.reg[name]
+
+    def const(self, values: Any) -> int:
+        arr = np.ascontiguousarray(values, np.float32).ravel()
+        self.consts.append(arr)
+        self.n_consts += arr.size
+        return self.n_consts - arr.size
+
+    def emit(self, op: int, out: int, x: int = 0, p0: int = 0, p1: int = 0, i0: int = 0, i1: int = 0,
+             i2: int = 0) -> None:
+        self.code.append((op, out, x, p0, p1, i0, i1, i2))
+
+    def width(self, name: str) -> int:
+        return self.widths[self.reg[name]]
+
+
+def _lower(low: _Lowering, op: N.Op) -> None:
+    """One op as instructions into a new register named ``op.out``."""
+    c = _netc
+    if isinstance(op, (N.Cast, N.Flatten)):  # (inputs are float32 rows already)
+        w = low.width(op.x)
+        low.emit(c.OP_COPY, low.register(op.out, w), low.reg[op.x], i2=w)
+    elif isinstance(op, N.Scale):
+        w = low.width(op.x)
+        low.emit(c.OP_SCALE, low.register(op.out, w), low.reg[op.x], low.const([op.factor]))
+    elif isinstance(op, N.Normalize):
+        w = low.width(op.x)
+        low.emit(c.OP_NORMALIZE, low.register(op.out, w), low.reg[op.x], low.const(low.params[op.mean]),
+                 low.const(low.params[op.std]))
+    elif isinstance(op, N.OneHot):
+        out = low.register(op.out, len(op.columns))
+        low.emit(c.OP_ONEHOT, out, low.reg[op.x], low.const(op.columns), low.const(op.values))
+    elif isinstance(op, N.Linear):
+        weight = low.params[op.weight]  # [out, in]: stored transposed, [in, out]
+        out = low.register(op.out, weight.shape[0])
+        low.emit(c.OP_LINEAR, out, low.reg[op.x], low.const(weight.T), low.const(low.params[op.bias]))
+    elif isinstance(op, N.Act):
+        w = low.width(op.x)
+        low.emit(c.OP_TANH if op.kind == "tanh" else c.OP_RELU, low.register(op.out, w), low.reg[op.x])
+    elif isinstance(op, N.Concat):
+        out, at = low.register(op.out, sum(low.width(x) for x in op.xs)), 0
+        for x in op.xs:
+            low.emit(c.OP_COPY, out, low.reg[x], i1=at, i2=low.width(x))
+            at += low.width(x)
+    elif isinstance(op, N.Slice):
+        low.emit(c.OP_COPY, low.register(op.out, op.stop - op.start), low.reg[op.x], i0=op.start,
+                 i2=op.stop - op.start)
+    elif isinstance(op, N.Tile):
+        row = low.params[op.param]
+        low.emit(c.OP_TILE, low.register(op.out, row.shape[0]), p0=low.const(row))
+    elif isinstance(op, N.Clip):
+        w = low.width(op.x)
+        low.emit(c.OP_CLIP, low.register(op.out, w), low.reg[op.x], low.const([op.low, op.high]))
+    elif isinstance(op, N.Mask):
+        w = low.width(op.x)
+        low.emit(c.OP_MASK, low.register(op.out, w), low.reg[op.x], low.const([N.MASKED_LOGIT]),
+                 i0=low.reg[op.mask], i1=op.start)
+    else:
+        raise Unsupported(f"the native backend has no {type(op).__name__}")
+
+
+class NativeNet:
+    """One weights version of a spec's network for ``outputs`` (one output), on ``_netc``.
+    ``Unsupported`` when the extension is missing or the network has an op it lacks."""
+
+    def __init__(self, spec: Any, flat: np.ndarray, output: str = N.DIST) -> None:
+        if _netc is None:
+            raise Unsupported("the _netc extension is not built")
+        ops = spec.net.needed((output,))
+        low = _Lowering(spec.split_flat(np.asarray(flat, np.float32)))
+        self.inputs = tuple(op for op in ops if isinstance(op, N.Input))
+        for inp in self.inputs:
+            low.register(inp.out, math.prod(inp.shape))
+        for op in ops:
+            if not isinstance(op, N.Input):
+                _lower(low, op)
+        self.out_width = low.width(output)
+        consts = np.concatenate(low.consts) if low.consts else np.zeros(1, np.float32)
+        self.program = _netc.Program(np.asarray(low.code, np.int32).reshape(-1), consts,
+                                     np.asarray(low.widths, np.int32), len(self.inputs), low.reg[output])
+
+    def run(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """float32 [N, out_width] for ``obs`` (leaf key -> [N, *shape], any numeric dtype)."""
+        xs = tuple(np.ascontiguousarray(obs[inp.key], np.float32) for inp in self.inputs)
+        n = len(xs[0]) if xs else 0
+        out = np.empty((n, self.out_width), np.float32)
+        self.program.run(n, xs, out)
+        return out
