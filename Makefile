@@ -1,7 +1,7 @@
 # Every target creates .venv when missing and installs what it needs.
 # torch is pinned to 2.13.0: that CPU build lies on this machine's disk;
 # other versions may download a multi-GB CUDA build. The editable install compiles
-# daemon/inference/netc.c in place: an edit to it reinstalls.
+# daemon/inference/native/ in place: an edit there reinstalls.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -12,7 +12,7 @@ TORCH  ?= torch==2.13.0
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml daemon/inference/netc.c
+$(STAMP): pyproject.toml $(wildcard daemon/inference/native/*)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)

@@ -121,7 +121,7 @@ def choose_backend(spec: PolicySpec, flat: np.ndarray, wanted: str,
     size). ``wanted`` other than "auto" is taken for both, without timing."""
     if wanted == "native" and (has_conv(spec) or not netnative.available()):
         log.warning("inference_backend_unavailable", wanted=wanted,
-                    reason="convolutions" if netnative.available() else "the _netc extension is not built")
+                    reason="convolutions" if netnative.available() else "the _native extension is not built")
         wanted = "auto"
     if wanted != "auto":
         return (wanted, wanted), {}
@@ -151,6 +151,7 @@ class PolicyRunner:
     def __init__(self, name: str, spec: PolicySpec, obs_space: Space, act_space: Space,
                  board: WeightsBoard, backend: str, seed: int | None = None) -> None:
         self.name, self.spec, self.obs_space, self.board = name, spec, obs_space, board
+        self.act_space = act_space
         self.wanted = backend
         self.backends: tuple[str, str] = ("", "")
         self.chooser = ActionChooser(act_space, seed, box_dist=spec.box_dist)
@@ -160,6 +161,7 @@ class PolicyRunner:
         self.weights_seq_no = -1
         self.flat = np.empty(spec.n_params(), np.float32)
         self.forwards: tuple[Forward, Forward] | None = None
+        self.native_small: netnative.NativeNet | None = None
         self.timings: dict[str, float] = {}
         self.leaves = [(leaf.key, field_name(leaf.key), leaf.space) for leaf in obs_space.leaves()]
         self.float_bounds = float_bounds(self.leaves)
@@ -221,6 +223,8 @@ class PolicyRunner:
         small = MAKERS[self.backends[0]](self.spec, self.flat)
         large = small if self.backends[1] == self.backends[0] else MAKERS[self.backends[1]](self.spec, self.flat)
         self.forwards = (small, large)
+        # (the native net behind a batch-1 forward: a lone request's native step runs it)
+        self.native_small = getattr(small, "__self__", None) if self.backends[0] == "native" else None
         self.weights_seq_no = seq
         return True
 

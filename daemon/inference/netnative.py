@@ -1,4 +1,4 @@
-"""The "native" backend: a spec's op list lowered onto the ``_netc`` interpreter (netc.c).
+"""The "native" backend: a spec's op list lowered onto the ``_native`` interpreter (native/net.c).
 
 Like ``netnumpy`` it interprets ``netops`` (the one description of the maths), so it agrees
 with numpy, ONNX and torch by construction of the same op list, and tests/unit/test_networks
@@ -22,9 +22,9 @@ import numpy as np
 from rlinkd.client_lib.protocol import netops as N
 
 try:
-    from rlinkd.daemon.inference import _netc  # type: ignore[attr-defined]
+    from rlinkd.daemon.inference import _native  # type: ignore[attr-defined]
 except ImportError:  # (the optional extension was not compiled: see pyproject.toml)
-    _netc = None
+    _native = None
 
 
 class Unsupported(ValueError):
@@ -32,7 +32,12 @@ class Unsupported(ValueError):
 
 
 def available() -> bool:
-    return _netc is not None
+    return _native is not None
+
+
+def native_module():  # type: ignore[no-untyped-def]
+    """The compiled extension, or None where it was not built."""
+    return _native
 
 
 class _Lowering:
@@ -67,7 +72,7 @@ class _Lowering:
 
 def _lower(low: _Lowering, op: N.Op) -> None:
     """One op as instructions into a new register named ``op.out``."""
-    c = _netc
+    c = _native
     if isinstance(op, (N.Cast, N.Flatten)):  # (inputs are float32 rows already)
         w = low.width(op.x)
         low.emit(c.OP_COPY, low.register(op.out, w), low.reg[op.x], i2=w)
@@ -111,12 +116,12 @@ def _lower(low: _Lowering, op: N.Op) -> None:
 
 
 class NativeNet:
-    """One weights version of a spec's network for ``outputs`` (one output), on ``_netc``.
+    """One weights version of a spec's network for ``outputs`` (one output), on ``_native``.
     ``Unsupported`` when the extension is missing or the network has an op it lacks."""
 
     def __init__(self, spec: Any, flat: np.ndarray, output: str = N.DIST) -> None:
-        if _netc is None:
-            raise Unsupported("the _netc extension is not built")
+        if _native is None:
+            raise Unsupported("the _native extension is not built")
         ops = spec.net.needed((output,))
         low = _Lowering(spec.split_flat(np.asarray(flat, np.float32)))
         self.inputs = tuple(op for op in ops if isinstance(op, N.Input))
@@ -127,7 +132,7 @@ class NativeNet:
                 _lower(low, op)
         self.out_width = low.width(output)
         consts = np.concatenate(low.consts) if low.consts else np.zeros(1, np.float32)
-        self.program = _netc.Program(np.asarray(low.code, np.int32).reshape(-1), consts,
+        self.program = _native.Program(np.asarray(low.code, np.int32).reshape(-1), consts,
                                      np.asarray(low.widths, np.int32), len(self.inputs), low.reg[output])
 
     def run(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:

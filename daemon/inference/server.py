@@ -27,6 +27,7 @@ from rlinkd.client_lib.protocol.spaces import Space
 from rlinkd.daemon.inference.backend import PolicyRunner
 from rlinkd.daemon.inference.episodes import LaneBook, Requests, SlotPool, concat
 from rlinkd.daemon.inference.link import PolicyLink
+from rlinkd.daemon.inference.lonestep import LoneStepper
 from rlinkd.shm._sync import store_load_fence
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.errors import ShmError
@@ -166,6 +167,7 @@ class PolicyServing:
     sample_steps: int
     eval_ends: list[EvalEpisode] = field(default_factory=list)
     off_policy: bool = False  # DQN: never held for training; WEIGHTS_READY still asked for (epsilon)
+    lone: LoneStepper | None = None  # (made with the policy's lanes: its spaces allow the native step)
 
     @property
     def held(self) -> bool:
@@ -192,7 +194,9 @@ class InferenceServer:
         """Serve an area whose ``LaneArea`` was checked; ``fd`` (kept by the caller) is mapped
         into the policy's region. ``ShmError`` when the region is full."""
         if served.policy not in self.lanes:
-            self.lanes[served.policy] = PolicyLanes(served.area.layout, self.policies[served.policy].slots)
+            policy = self.policies[served.policy]
+            self.lanes[served.policy] = PolicyLanes(served.area.layout, policy.slots)
+            policy.lone = LoneStepper.maybe(policy.runner, served.area.layout)
         self.remove(served.area_id)
         self.lanes[served.policy].place(fd, served)
         self.areas[served.area_id] = served
@@ -321,6 +325,11 @@ class InferenceServer:
             pl.deferred[idx] = True
             pl.any_deferred = True
             return 0
+        if len(idx) == 1 and policy.lone is not None:
+            completed = policy.lone.step(pl.region.lanes, int(idx[0]), pl.book, runner)
+            if completed >= 0:
+                self._served_natively(name, policy, pl, idx, completed)
+                return 1
         req = Requests.read(pl.region.lanes, idx)
         bad = runner.bad_rows(req.obs)
         if len(req) == 1:
@@ -329,6 +338,18 @@ class InferenceServer:
             self._serve_many(name, policy, pl, req, bad)
         pl.wake(idx)
         return len(req)
+
+    def _served_natively(self, name: str, policy: PolicyServing, pl: PolicyLanes, idx: np.ndarray,
+                         completed: int) -> None:
+        """After ``LoneStepper.step`` answered lane ``idx[0]``: counts, the step record it
+        completed (if any) to the link, the client rung."""
+        self.stats.batch(1)
+        self.stats.actions += 1
+        self.stats.requests += 1
+        if completed:
+            assert policy.lone is not None
+            self._send(name, policy.lone.record, 1)
+        pl.wake(idx)
 
     def _serve_many(self, name: str, policy: PolicyServing, pl: PolicyLanes, req: Requests,
                     bad: np.ndarray) -> None:

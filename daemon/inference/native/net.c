@@ -1,4 +1,4 @@
-/* _netc: a native interpreter of the network op list (client_lib/protocol/netops.py).
+/* _native, part 1: an interpreter of the network op list (client_lib/protocol/netops.py).
  *
  * The inference role's "native" backend (daemon/inference/netnative.py) lowers a spec's op
  * list -- THE description of the maths, which numpy, ONNX and torch interpret too -- into a
@@ -22,10 +22,9 @@
  * checks every register number and constant range again, so a bad program is a ValueError,
  * never a stray read.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "native.h"
+
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,21 +43,6 @@ enum {
     OP_MASK = 10,     /* out[:, j] = reg(i0)[:, i1+j] != 0 ? x[:, j] : c[p0]                    */
 };
 
-typedef struct {
-    PyObject_HEAD
-    int32_t *code;
-    Py_ssize_t n_insns;
-    float *consts;
-    Py_ssize_t n_consts;
-    int32_t *width;      /* per register */
-    Py_ssize_t n_regs;
-    Py_ssize_t n_inputs; /* registers 0..n_inputs-1 */
-    int32_t output;
-    Py_ssize_t *offset;  /* per register: its column offset in one arena row-block */
-    Py_ssize_t row_floats; /* sum of widths */
-    float *arena;
-    Py_ssize_t arena_rows;
-} Program;
 
 static int check_consts(const Program *p, int32_t at, Py_ssize_t count)
 {
@@ -158,7 +142,7 @@ static void linear(const float *restrict x, float *restrict out, Py_ssize_t n, P
 }
 
 /* Run every instruction over n rows; registers live in the arena (n * width each). */
-static void execute(Program *p, Py_ssize_t n)
+void native_execute(Program *p, Py_ssize_t n)
 {
     const float *c = p->consts;
     for (Py_ssize_t k = 0; k < p->n_insns; k++) {
@@ -297,7 +281,7 @@ static int Program_init(Program *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
-static int ensure_arena(Program *self, Py_ssize_t rows)
+int native_ensure_arena(Program *self, Py_ssize_t rows)
 {
     if (rows <= self->arena_rows)
         return 0;
@@ -323,7 +307,7 @@ static PyObject *Program_run(Program *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "run(n, inputs: tuple of n_inputs buffers, out)");
         return NULL;
     }
-    if (ensure_arena(self, n) < 0)
+    if (native_ensure_arena(self, n) < 0)
         return NULL;
     for (Py_ssize_t r = 0; r < self->n_inputs; r++) {
         Py_buffer view;
@@ -338,7 +322,7 @@ static PyObject *Program_run(Program *self, PyObject *args)
             return NULL;
         }
     }
-    execute(self, n);
+    native_execute(self, n);
     Py_buffer view;
     if (PyObject_GetBuffer(out, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
         return NULL;
@@ -361,9 +345,9 @@ static PyMethodDef Program_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyTypeObject ProgramType = {
+PyTypeObject NativeProgramType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "rlinkd.daemon.inference._netc.Program",
+    .tp_name = "rlinkd.daemon.inference._native.Program",
     .tp_basicsize = sizeof(Program),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Program(code, consts, widths, n_inputs, output): a lowered op list (netnative.py).",
@@ -374,7 +358,8 @@ static PyTypeObject ProgramType = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_netc", "Native interpreter of the network op list (see netnative.py).", -1,
+    PyModuleDef_HEAD_INIT, "_native",
+    "The inference role's native code: the op-list interpreter (netnative.py) and the lone step (lonestep.py).", -1,
     NULL, NULL, NULL, NULL, NULL,
 };
 
@@ -392,17 +377,18 @@ static int add_opcodes(PyObject *m)
     return 0;
 }
 
-PyMODINIT_FUNC PyInit__netc(void)
+PyMODINIT_FUNC PyInit__native(void)
 {
-    if (PyType_Ready(&ProgramType) < 0)
+    if (PyType_Ready(&NativeProgramType) < 0 || PyType_Ready(&NativeLoneStepType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&ProgramType);
-    if (PyModule_AddObject(m, "Program", (PyObject *)&ProgramType) < 0
+    Py_INCREF(&NativeProgramType);
+    Py_INCREF(&NativeLoneStepType);
+    if (PyModule_AddObject(m, "Program", (PyObject *)&NativeProgramType) < 0
+        || PyModule_AddObject(m, "LoneStep", (PyObject *)&NativeLoneStepType) < 0
         || PyModule_AddIntConstant(m, "INSN_WORDS", INSN_WORDS) < 0 || add_opcodes(m) < 0) {
-        Py_DECREF(&ProgramType);
         Py_DECREF(m);
         return NULL;
     }

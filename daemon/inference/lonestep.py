@@ -1,0 +1,71 @@
+"""A lone request served in native code (``_native.LoneStep``, native/step.c).
+
+A lone client (one shared-memory agent, one TCP or direct connection) sends one request per
+turn, and the inference role's Python per request (~40 us: copy, obs check, ``LaneBook``,
+forward, draw, answer) was most of its round trip. ``LoneStepper.step`` hands the common
+case -- a STEP of an open episode, its observation a flat float32 Box strictly inside its
+bounds, a Discrete action, the native backend for batch 1, no epsilon -- to native code that
+does exactly what ``LaneBook.apply_one`` + the draw + ``remember_one`` do (a property test
+compares the two paths), and declines anything else, changing nothing, for the Python path.
+
+``InferenceServer`` makes one per policy when its first area arrives (``maybe``: None when
+the spaces or the extension do not allow it) and calls ``step`` for a turn of one request.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from rlinkd.client_lib.protocol.spaces import Discrete
+from rlinkd.daemon.inference.backend import PolicyRunner
+from rlinkd.daemon.inference.episodes import STEP_FLAGS, LaneBook
+from rlinkd.daemon.inference.netnative import native_module
+from rlinkd.shm.lanes import OP_STEP, LaneLayout
+
+LANE_FIELDS = ("req_seq", "resp_seq", "op", "reward", "status", "weights_seq_no", "logp", "action", "obs")
+RECORD_FIELDS = ("flags", "stream_id", "weights_seq_no", "reward", "logp", "obs", "action", "dist")
+
+
+def _offsets(dtype: np.dtype, names: tuple[str, ...]) -> list[int]:
+    return [dtype.fields[name][1] for name in names]
+
+
+class LoneStepper:
+    """One policy's native lone step (see the module docstring)."""
+
+    def __init__(self, lane_layout: LaneLayout, low: np.ndarray, high: np.ndarray) -> None:
+        step = lane_layout.step
+        layout = (*_offsets(lane_layout.dtype, LANE_FIELDS), lane_layout.lane_bytes,
+                  *_offsets(step.dtype, RECORD_FIELDS), step.record_bytes,
+                  len(low), step.dist_size, OP_STEP, int(STEP_FLAGS))
+        self.native = native_module().LoneStep(layout, np.ascontiguousarray(low, np.float32),
+                                               np.ascontiguousarray(high, np.float32))
+        self.record = step.empty(1)  # (the completed step record, when there is one)
+        self.bound: np.ndarray | None = None
+
+    @classmethod
+    def maybe(cls, runner: PolicyRunner, lane_layout: LaneLayout) -> LoneStepper | None:
+        """A stepper when the policy's spaces are the common case and the extension is built."""
+        step, bounds = lane_layout.step, runner.float_bounds
+        if (native_module() is None or not step.is_flat or bounds is None or len(bounds) != 1
+                or not isinstance(runner.act_space, Discrete) or step.action_size != 1
+                or step.dist_size != runner.act_space.n):
+            return None
+        _, low, high = bounds[0]
+        if low.size * 4 != step.dtype["obs"].itemsize:
+            return None
+        return cls(lane_layout, low.ravel(), high.ravel())
+
+    def step(self, lanes: np.ndarray, lane: int, book: LaneBook, runner: PolicyRunner) -> int:
+        """Serve lane ``lane`` of ``lanes`` natively: -1 declined (nothing changed: serve it
+        in Python), 0 served, 1 served and ``self.record`` is the step record it completed.
+        Called once per turn of one request; the runner's weights are current."""
+        net = runner.native_small
+        if net is None or runner.epsilon is not None:
+            return -1
+        if book.open is not self.bound:  # (LaneBook.grow replaces its arrays)
+            self.native.bind(book.open, book.evaluate, book.slot, book.pending, book.has_pending,
+                             book.fragment_steps, book.ret, book.length)
+            self.bound = book.open
+        return int(self.native.step(net.program, lanes, lane, runner.rng.random, runner.weights_seq_no,
+                                    self.record))
+

@@ -1,0 +1,304 @@
+/* _native, part 2: a lone serving request's whole turn in native code (lonestep.py).
+ *
+ * The common request of a lone client -- a STEP of an open episode, a flat float32
+ * observation inside its Box, one Discrete action -- costs the Python path of the inference
+ * role (Requests.read, the obs check, LaneBook.apply_one, the forward pass, the draw,
+ * LaneBook.remember_one, the answer) ~40 us; here it is a few. Anything else is *declined*
+ * (step() returns -1 having changed nothing) and the Python path serves it, so this file
+ * implements one case of LaneBook.apply_one + remember_one and must agree with them exactly
+ * (tests/unit/test_lonestep.py compares both on random request sequences).
+ *
+ * Every byte offset comes from the numpy dtypes (shm/lanes.py LaneLayout, shm/records.py
+ * StepLayout: the one declaration of each layout) through the `layout` tuple, in the order
+ * of the L_ / R_ / K_ names below; the constructor checks each field fits its record.
+ *
+ * Shared memory: the lane belongs to a client that may scribble on it at any time. The
+ * request (op, reward, seq, observation) is read once, the observation into the forward
+ * pass's input row, and only that copy is checked and used; resp_seq is stored last, with
+ * release order, as LaneArea.answer does.
+ */
+#include "native.h"
+
+#include <math.h>
+#include <string.h>
+
+enum {
+    L_REQ_SEQ, L_RESP_SEQ, L_OP, L_REWARD, L_STATUS, L_SEQ_NO, L_LOGP, L_ACTION, L_OBS, L_BYTES,
+    R_FLAGS, R_STREAM, R_SEQ_NO, R_REWARD, R_LOGP, R_OBS, R_ACTION, R_DIST, R_BYTES,
+    K_OBS_FLOATS, K_DIST, K_OP_STEP, K_STEP_FLAGS, N_LAYOUT
+};
+
+enum { B_OPEN, B_EVALUATE, B_SLOT, B_PENDING, B_HAS_PENDING, B_FRAGMENT_STEPS, B_RET, B_LENGTH, N_BOOK };
+static const Py_ssize_t BOOK_ITEM[N_BOOK] = {1, 1, 8, 0, 1, 8, 8, 8}; /* (0: R_BYTES) */
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t at[N_LAYOUT];
+    float *low, *high;        /* [K_OBS_FLOATS]: served here only strictly inside */
+    Py_buffer book[N_BOOK];   /* LaneBook's arrays (bind) */
+    Py_ssize_t capacity;      /* lanes the book covers; 0: not bound */
+} LoneStep;
+
+static void release_book(LoneStep *self)
+{
+    if (self->capacity > 0)
+        for (int i = 0; i < N_BOOK; i++)
+            PyBuffer_Release(&self->book[i]);
+    self->capacity = 0;
+}
+
+static void LoneStep_dealloc(LoneStep *self)
+{
+    release_book(self);
+    PyMem_Free(self->low);
+    PyMem_Free(self->high);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int read_floats(PyObject *obj, Py_ssize_t count, float **dst)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    int ok = view.len == count * (Py_ssize_t)sizeof(float) && view.format && !strcmp(view.format, "f");
+    if (ok && (*dst = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(float))) != NULL)
+        memcpy(*dst, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    if (!ok)
+        PyErr_Format(PyExc_ValueError, "bounds: expected %zd float32 values", count);
+    else if (*dst == NULL)
+        PyErr_NoMemory();
+    return ok && *dst ? 0 : -1;
+}
+
+/* Every field inside its record: [at, at + size) within [0, bytes). */
+static int layout_fits(const Py_ssize_t *at)
+{
+    const Py_ssize_t obs = at[K_OBS_FLOATS] * 4, dist = at[K_DIST] * 4;
+    const Py_ssize_t lane[][2] = {{L_REQ_SEQ, 4}, {L_RESP_SEQ, 4}, {L_OP, 1}, {L_REWARD, 4}, {L_STATUS, 4},
+                                  {L_SEQ_NO, 8}, {L_LOGP, 4}, {L_ACTION, 4}, {L_OBS, obs}};
+    const Py_ssize_t rec[][2] = {{R_FLAGS, 1}, {R_STREAM, 4}, {R_SEQ_NO, 8}, {R_REWARD, 4}, {R_LOGP, 4},
+                                 {R_OBS, obs}, {R_ACTION, 4}, {R_DIST, dist}};
+    if (at[K_OBS_FLOATS] < 1 || at[K_DIST] < 1 || at[L_BYTES] < 1 || at[R_BYTES] < 1 || at[L_REQ_SEQ] % 4
+        || at[L_RESP_SEQ] % 4)
+        return 0;
+    for (size_t i = 0; i < sizeof lane / sizeof lane[0]; i++)
+        if (at[lane[i][0]] < 0 || at[lane[i][0]] + lane[i][1] > at[L_BYTES])
+            return 0;
+    for (size_t i = 0; i < sizeof rec / sizeof rec[0]; i++)
+        if (at[rec[i][0]] < 0 || at[rec[i][0]] + rec[i][1] > at[R_BYTES])
+            return 0;
+    return 1;
+}
+
+static int LoneStep_init(LoneStep *self, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"layout", "low", "high", NULL};
+    PyObject *layout, *low, *high;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO", names, &PyTuple_Type, &layout, &low, &high))
+        return -1;
+    if (self->low != NULL || PyTuple_GET_SIZE(layout) != N_LAYOUT) {
+        PyErr_Format(PyExc_ValueError, "layout: a tuple of %d offsets and sizes (initialised once)", N_LAYOUT);
+        return -1;
+    }
+    for (int i = 0; i < N_LAYOUT; i++) {
+        self->at[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(layout, i));
+        if (self->at[i] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    if (!layout_fits(self->at)) {
+        PyErr_SetString(PyExc_ValueError, "layout: a field lies outside its lane or record");
+        return -1;
+    }
+    return read_floats(low, self->at[K_OBS_FLOATS], &self->low) < 0
+        || read_floats(high, self->at[K_OBS_FLOATS], &self->high) < 0 ? -1 : 0;
+}
+
+/* bind(open, evaluate, slot, pending, has_pending, fragment_steps, ret, length): LaneBook's
+ * arrays (again after every LaneBook.grow, which replaces them). */
+static PyObject *LoneStep_bind(LoneStep *self, PyObject *args)
+{
+    if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != N_BOOK)
+        return PyErr_Format(PyExc_TypeError, "bind takes the book's %d arrays", N_BOOK);
+    release_book(self);
+    Py_buffer views[N_BOOK];
+    Py_ssize_t capacity = -1;
+    for (int i = 0; i < N_BOOK; i++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(args, i), &views[i], PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+            while (i-- > 0)
+                PyBuffer_Release(&views[i]);
+            return NULL;
+        }
+        Py_ssize_t item = BOOK_ITEM[i] ? BOOK_ITEM[i] : self->at[R_BYTES];
+        if (i == 0)
+            capacity = views[0].len;
+        if (views[i].len != capacity * item) {
+            for (int j = 0; j <= i; j++)
+                PyBuffer_Release(&views[j]);
+            return PyErr_Format(PyExc_ValueError, "book array %d: %zd bytes for %zd lanes", i, views[i].len, capacity);
+        }
+    }
+    memcpy(self->book, views, sizeof views);
+    self->capacity = capacity > 0 ? capacity : 0;
+    if (self->capacity == 0)
+        for (int i = 0; i < N_BOOK; i++)
+            PyBuffer_Release(&self->book[i]);
+    Py_RETURN_NONE;
+}
+
+#define AT(base, off, type) (*(type *)((char *)(base) + (off)))
+
+/* The categorical draw of distributions.categorical_one, in the same double arithmetic:
+ * the index the inverse CDF gives at u (u < 0: the mode), and its log-probability. */
+static Py_ssize_t categorical(const float *logits, Py_ssize_t n, double u, double *logp)
+{
+    double top = logits[0], total = 0.0;
+    for (Py_ssize_t i = 1; i < n; i++)
+        if (logits[i] > top)
+            top = logits[i];
+    for (Py_ssize_t i = 0; i < n; i++)
+        total += exp((double)logits[i] - top);
+    Py_ssize_t a = 0;
+    if (u < 0) {
+        while ((double)logits[a] != top)
+            a++;
+    } else {
+        double target = u * total, acc = exp((double)logits[0] - top);
+        while (acc <= target && a < n - 1) {
+            a++;
+            acc += exp((double)logits[a] - top);
+        }
+        while (a > 0 && exp((double)logits[a] - top) == 0.0) /* (rounding past the last positive weight) */
+            a--;
+    }
+    *logp = (double)logits[a] - top - log(total);
+    return a;
+}
+
+/* step(program, lanes, lane, random, seq_no, out): serve lane `lane` of `lanes` (a region's
+ * lanes, as bytes) if it is the common case; `random()` gives the draw (called only to
+ * explore); `out` a one-record buffer. -1: declined, nothing changed; 0: served; 1: served
+ * and `out` holds the step record the request completed. */
+static PyObject *LoneStep_step(LoneStep *self, PyObject *args)
+{
+    PyObject *prog_obj, *lanes_obj, *random, *out_obj;
+    Py_ssize_t lane;
+    long long seq_no;
+    if (!PyArg_ParseTuple(args, "O!OnOLO", &NativeProgramType, &prog_obj, &lanes_obj, &lane, &random, &seq_no,
+                          &out_obj))
+        return NULL;
+    Program *p = (Program *)prog_obj;
+    const Py_ssize_t *at = self->at;
+    if (p->n_inputs != 1 || p->width[0] != at[K_OBS_FLOATS] || p->width[p->output] != at[K_DIST])
+        return PyErr_Format(PyExc_ValueError, "the program's input/output widths are not this layout's");
+    if (lane < 0 || lane >= self->capacity)
+        return PyErr_Format(PyExc_IndexError, "lane %zd: the book covers %zd", lane, self->capacity);
+    if (native_ensure_arena(p, 1) < 0)
+        return NULL;
+    Py_buffer lanes, out;
+    if (PyObject_GetBuffer(lanes_obj, &lanes, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&lanes);
+        return NULL;
+    }
+    long result = -1;
+    char *row = (char *)lanes.buf + lane * at[L_BYTES];
+    float *x = p->arena + p->offset[0]; /* (n = 1: a register starts at its offset) */
+    if ((lane + 1) * at[L_BYTES] > lanes.len || out.len != at[R_BYTES]) {
+        PyErr_Format(PyExc_ValueError, "lane %zd past the lanes, or out is not one record", lane);
+        goto fail;
+    }
+    const uint32_t req_seq = __atomic_load_n(&AT(row, at[L_REQ_SEQ], uint32_t), __ATOMIC_ACQUIRE);
+    const int op = AT(row, at[L_OP], uint8_t);
+    float reward;
+    memcpy(&reward, row + at[L_REWARD], sizeof reward);
+    memcpy(x, row + at[L_OBS], (size_t)at[K_OBS_FLOATS] * sizeof(float));
+    char *const pending = (char *)self->book[B_PENDING].buf + lane * at[R_BYTES];
+    if (op != at[K_OP_STEP] || !AT(self->book[B_OPEN].buf, lane, uint8_t))
+        goto done;
+    for (Py_ssize_t i = 0; i < at[K_OBS_FLOATS]; i++)
+        if (!(self->low[i] < x[i] && x[i] < self->high[i])) /* (NaN fails too) */
+            goto done;
+    native_execute(p, 1);
+    const float *logits = p->arena + p->offset[p->output];
+    int finite_top = 0;
+    for (Py_ssize_t i = 0; i < at[K_DIST]; i++) {
+        if (isnan(logits[i]) || logits[i] == INFINITY)
+            goto done; /* (diverged weights: the Python path decides) */
+        finite_top |= isfinite(logits[i]);
+    }
+    if (!finite_top)
+        goto done;
+    const int evaluate = AT(self->book[B_EVALUATE].buf, lane, uint8_t) != 0;
+    double u = -1.0, logp;
+    if (!evaluate) {
+        PyObject *drawn = PyObject_CallNoArgs(random);
+        u = drawn ? PyFloat_AsDouble(drawn) : -1.0;
+        Py_XDECREF(drawn);
+        if (PyErr_Occurred() || !(u >= 0.0 && u < 1.0)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "random() must return a float in [0, 1)");
+            goto fail;
+        }
+    }
+    const Py_ssize_t a = categorical(logits, at[K_DIST], u, &logp);
+    /* LaneBook.apply_one for a STEP: the reward completes the pending step */
+    AT(self->book[B_RET].buf, lane * 8, double) += reward;
+    AT(self->book[B_LENGTH].buf, lane * 8, int64_t) += 1;
+    result = 0;
+    if (!evaluate && AT(self->book[B_HAS_PENDING].buf, lane, uint8_t)) {
+        memcpy(out.buf, pending, (size_t)at[R_BYTES]);
+        memcpy((char *)out.buf + at[R_REWARD], &reward, sizeof reward);
+        AT(self->book[B_FRAGMENT_STEPS].buf, lane * 8, int64_t) += 1;
+        result = 1;
+    }
+    /* LaneBook.remember_one: the answered request is the lane's pending step */
+    const float action = (float)a, logp32 = (float)logp;
+    memcpy(pending + at[R_OBS], x, (size_t)at[K_OBS_FLOATS] * sizeof(float));
+    memcpy(pending + at[R_ACTION], &action, sizeof action);
+    memcpy(pending + at[R_LOGP], &logp32, sizeof logp32);
+    memcpy(pending + at[R_DIST], logits, (size_t)at[K_DIST] * sizeof(float));
+    const int64_t seq64 = seq_no;
+    const uint32_t stream = (uint32_t)AT(self->book[B_SLOT].buf, lane * 8, int64_t);
+    memcpy(pending + at[R_SEQ_NO], &seq64, sizeof seq64);
+    memcpy(pending + at[R_STREAM], &stream, sizeof stream);
+    AT(pending, at[R_FLAGS], uint8_t) = (uint8_t)at[K_STEP_FLAGS];
+    AT(self->book[B_HAS_PENDING].buf, lane, uint8_t) = 1;
+    /* the answer; resp_seq last */
+    const int32_t status = 0;
+    memcpy(row + at[L_ACTION], &action, sizeof action);
+    memcpy(row + at[L_LOGP], &logp32, sizeof logp32);
+    memcpy(row + at[L_STATUS], &status, sizeof status);
+    memcpy(row + at[L_SEQ_NO], &seq64, sizeof seq64);
+    __atomic_store_n(&AT(row, at[L_RESP_SEQ], uint32_t), req_seq, __ATOMIC_RELEASE);
+done:
+    PyBuffer_Release(&lanes);
+    PyBuffer_Release(&out);
+    return PyLong_FromLong(result);
+fail:
+    PyBuffer_Release(&lanes);
+    PyBuffer_Release(&out);
+    return NULL;
+}
+
+static PyMethodDef LoneStep_methods[] = {
+    {"bind", (PyCFunction)LoneStep_bind, METH_VARARGS,
+     "bind(open, evaluate, slot, pending, has_pending, fragment_steps, ret, length): LaneBook's arrays."},
+    {"step", (PyCFunction)LoneStep_step, METH_VARARGS,
+     "step(program, lanes, lane, random, seq_no, out) -> -1 declined (nothing changed), 0 served, "
+     "1 served with a completed step record in out."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject NativeLoneStepType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rlinkd.daemon.inference._native.LoneStep",
+    .tp_basicsize = sizeof(LoneStep),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "LoneStep(layout, low, high): a lone STEP request served natively (lonestep.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)LoneStep_init,
+    .tp_dealloc = (destructor)LoneStep_dealloc,
+    .tp_methods = LoneStep_methods,
+};

@@ -1,0 +1,159 @@
+"""The native lone step (daemon/inference/lonestep.py, native/step.c) does exactly what the
+Python path does: two inference servers with the same seeds, one serving lone requests
+natively and one in Python, get the same random request sequences and must give the same
+answers, the same step records and the same episode state."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlinkd.daemon import policies as P
+from rlinkd.daemon.config import load_config
+from rlinkd.daemon.inference import netnative
+from rlinkd.daemon.inference.backend import PolicyRunner
+from rlinkd.daemon.inference.episodes import SlotPool, concat
+from rlinkd.daemon.inference.lonestep import LoneStepper
+from rlinkd.daemon.inference.server import InferenceServer, PolicyServing, ServedArea
+from rlinkd.daemon.wiring import step_layout
+from rlinkd.shm.board import WeightsBoard
+from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.lanes import EVALUATE, OP_END, OP_RELEASE, OP_START, OP_STEP, TERMINATED, LaneArea, LaneLayout
+from tests.unit.test_inference_server import FakeLink
+
+pytestmark = pytest.mark.skipif(not netnative.available(), reason="the _native extension is not built")
+LANES = 3
+ANSWER = ("status", "action", "logp", "weights_seq_no", "resp_seq")
+BOOK = ("open", "evaluate", "slot", "has_pending", "fragment_steps", "ret", "length")
+
+
+class Twin:
+    """One inference server over one lane area, natively or not."""
+
+    def __init__(self, tmp, name: str, d, board, native: bool) -> None:
+        runner = PolicyRunner("default", d.spec, d.obs_space, d.act_space, board, "native", seed=7)
+        self.link = FakeLink(step_layout(d))
+        self.policy = PolicyServing(runner, d.obs_space, SlotPool(), self.link, sample_steps=5)
+        self.server = InferenceServer({"default": self.policy}, max_batch=64, max_wait_s=0.0, on_policy=False)
+        path = str(tmp / name)
+        self.area = LaneArea.create(path, LaneLayout(step_layout(d)), LANES)
+        fd = os.open(path, os.O_RDWR)
+        self.server.add(ServedArea(0, self.area, "default", Doorbell.create()), fd)
+        os.close(fd)
+        self.natively = 0
+        if not native:
+            self.policy.lone = None
+        else:
+            assert isinstance(self.policy.lone, LoneStepper)
+            step = self.policy.lone.step
+
+            def counted(*args):
+                got = step(*args)
+                self.natively += got >= 0
+                return got
+            self.policy.lone.step = counted  # type: ignore[method-assign]
+
+    def request(self, lane: int, op: int, obs: np.ndarray, reward: float, flags: int) -> None:
+        lanes = self.area.lanes
+        lanes["obs"]["obs"][lane] = obs
+        lanes["op"][lane], lanes["flags"][lane], lanes["reward"][lane] = op, flags, reward
+        self.area.publish(lane)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+@pytest.fixture
+def twins(tmp_path):
+    d = P.policy_defs(load_config(None, []))["default"]
+    board = WeightsBoard.create(str(tmp_path / "board"), d.spec.n_params(), orjson.dumps(d.spec.to_json()))
+    board.publish(3, np.random.default_rng(0).normal(size=d.spec.n_params()).astype(np.float32) * 0.3)
+    pair = Twin(tmp_path, "a", d, board, True), Twin(tmp_path, "b", d, board, False)
+    yield pair
+    for t in pair:
+        t.close()
+
+
+def same_records(a: np.ndarray, b: np.ndarray) -> None:
+    """Field by field (padding bytes are nobody's business)."""
+    assert a.dtype == b.dtype and len(a) == len(b)
+    for name in a.dtype.names:
+        if a.dtype[name].names:
+            same_records(a[name], b[name])
+        else:
+            assert np.array_equal(a[name], b[name]), name
+
+
+OBS = st.sampled_from(["ok", "ok", "ok", "ok", "nan", "outside"])
+REQUEST = st.tuples(st.integers(0, LANES - 1), st.sampled_from([OP_STEP] * 6 + [OP_START, OP_START, OP_END,
+                                                                               OP_RELEASE, 9]),
+                    st.booleans(), OBS, st.floats(-2, 2, width=32), st.integers(1, 2))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(script=st.lists(REQUEST, min_size=20, max_size=80), seed=st.integers(0, 2**16))
+def test_native_and_python_lone_steps_agree(twins, script, seed):
+    native, python = twins
+    rng = np.random.default_rng(seed)
+    seen = len(python.link.records)
+    for lane, op, flag, obs_kind, reward, together in script:
+        obs = rng.normal(size=4).astype(np.float32) * 0.5
+        if obs_kind == "nan":
+            obs[1] = np.nan
+        elif obs_kind == "outside":
+            obs[0] = 9.0
+        flags = (EVALUATE if flag else 0) if op == OP_START else (TERMINATED if flag else 0)
+        lanes = [lane, (lane + 1) % LANES][:together]  # (two at once: the batch path, both sides)
+        for t in (native, python):
+            for i in lanes:
+                t.request(i, op, obs, reward, flags)
+            assert t.server.serve_once() == len(lanes)
+        for name in ANSWER:
+            assert np.array_equal(native.area.lanes[name], python.area.lanes[name]), name
+        for name in BOOK:
+            assert np.array_equal(getattr(native.server.lanes["default"].book, name),
+                                  getattr(python.server.lanes["default"].book, name)), name
+        books = native.server.lanes["default"].book, python.server.lanes["default"].book
+        same_records(books[0].pending, books[1].pending)
+        same_records(*(concat(t.link.records[seen:], t.link.layout) for t in (native, python)))
+        seen = len(python.link.records)
+        assert len(native.link.records) == seen and native.link.steps == python.link.steps
+    assert native.server.stats.actions == python.server.stats.actions
+    assert python.natively == 0
+
+
+def test_the_native_path_takes_the_common_case(twins):
+    native, python = twins
+    for t in (native, python):
+        t.request(0, OP_START, np.zeros(4, np.float32), 0.0, 0)
+        t.server.serve_once()
+        for k in range(20):
+            t.request(0, OP_STEP, np.full(4, 0.01 * k, np.float32), 1.0, 0)
+            t.server.serve_once()
+    assert native.natively == 20
+    same_records(native.link.all, python.link.all)
+    assert len(native.link.all) >= 20 and native.server.stats.requests == python.server.stats.requests == 21
+
+
+def test_no_stepper_for_other_spaces(tmp_path):
+    from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+    from rlinkd.client_lib.protocol.spaces import Box, Discrete
+    cfg = load_config(None, [])
+    d = P.policy_defs(cfg)["default"]
+    board = WeightsBoard.create(str(tmp_path / "board"), d.spec.n_params(), orjson.dumps(d.spec.to_json()))
+    runner = PolicyRunner("default", d.spec, d.obs_space, d.act_space, board, "native", seed=0)
+    assert LoneStepper.maybe(runner, LaneLayout(step_layout(d))) is not None
+    box = PolicySpec(Box((4,)), Box((2,)), hidden_sizes=(8,))
+    boxed = PolicyRunner("b", box, box.obs_space, box.act_space, board, "native", seed=0)
+    from rlinkd.client_lib.protocol.spaces import record_fields
+    from rlinkd.shm.records import StepLayout
+    layout = LaneLayout(StepLayout(record_fields(box.obs_space), box.act_space.action_size, box.dist_size))
+    assert LoneStepper.maybe(boxed, layout) is None
+    ints = PolicySpec(Box((4,), "int16", -5, 5), Discrete(3), hidden_sizes=(8,))
+    inted = PolicyRunner("i", ints, ints.obs_space, ints.act_space, board, "native", seed=0)
+    layout = LaneLayout(StepLayout(record_fields(ints.obs_space), 1, ints.dist_size))
+    assert LoneStepper.maybe(inted, layout) is None
