@@ -1,4 +1,4 @@
-"""The native interpreter of the op list (daemon/inference/netc.c via netnative): it agrees with
+"""The native interpreter of the op list (daemon/inference/native/net.c via netnative): it agrees with
 numpy (hence with ONNX and torch, tests/unit/test_networks.py) on every space family it supports,
 its tanh is accurate, and a malformed program is a ValueError, never a stray read."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from rlinkd.daemon.inference import netnative
 from rlinkd.daemon.inference.backend import choose_backend
 from tests.unit.test_networks import ACT_FAMILIES, MASKED, OBS_FAMILIES, random_flat, random_obs, spec_for
 
-pytestmark = pytest.mark.skipif(not netnative.available(), reason="the _netc extension is not built")
+pytestmark = pytest.mark.skipif(not netnative.available(), reason="the _native extension is not built")
 CONV = {"image_small", "image_nature", "float_image", "dict_image_vector"}
 
 
@@ -50,9 +50,9 @@ def test_convolutions_are_unsupported_and_native_falls_back(obs_name):
 
 
 def tanh_program(width: int):
-    c = netnative._netc
+    c = netnative._native
     code = np.array([c.OP_TANH, 1, 0, 0, 0, 0, 0, 0], np.int32)
-    return netnative._netc.Program(code, np.zeros(1, np.float32), np.array([width, width], np.int32), 1, 1)
+    return netnative._native.Program(code, np.zeros(1, np.float32), np.array([width, width], np.int32), 1, 1)
 
 
 def test_tanh_is_accurate_everywhere_and_keeps_nan():
@@ -84,7 +84,7 @@ def test_tanh_is_accurate_everywhere_and_keeps_nan():
 ])
 def test_a_malformed_program_is_refused(code, widths, consts, inputs, output):
     with pytest.raises(ValueError):
-        netnative._netc.Program(np.array(code, np.int32), np.zeros(consts, np.float32),
+        netnative._native.Program(np.array(code, np.int32), np.zeros(consts, np.float32),
                                 np.array(widths, np.int32), inputs, output)
 
 
