@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlinkd-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo lint test bench clean c-client c-check
+.PHONY: install demo lint test bench clean c-client c-check native-check
 
 install: $(STAMP)
 
@@ -36,8 +36,20 @@ lint: $(STAMP)
 c-client:
 	$(MAKE) -C client_lib/c
 
-c-check:
+c-check: native-check
 	$(MAKE) -C client_lib/c check
+
+# The inference role's extension (daemon/inference/native/) built with AddressSanitizer and
+# UndefinedBehaviorSanitizer into build/native-asan/, and its tests run against that build.
+NATIVE_SRC := daemon/inference/native/net.c daemon/inference/native/step.c
+native-check: $(STAMP)
+	mkdir -p build/native-asan
+	$(CC) -O1 -g -std=c11 -Wall -Wextra -Werror -fPIC -shared -fsanitize=address,undefined \
+	  -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
+	  -I"$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+	  $(NATIVE_SRC) -o build/native-asan/_native.so -lm
+	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
+	  ASAN_OPTIONS=detect_leaks=0 PYTHONMALLOC=malloc $(PY) tests/native/run_sanitized.py build/native-asan/_native.so
 
 test: lint c-check
 	$(PY) -m pytest -q

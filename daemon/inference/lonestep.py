@@ -26,7 +26,9 @@ RECORD_FIELDS = ("flags", "stream_id", "weights_seq_no", "reward", "logp", "obs"
 
 
 def _offsets(dtype: np.dtype, names: tuple[str, ...]) -> list[int]:
-    return [dtype.fields[name][1] for name in names]
+    fields = dtype.fields
+    assert fields is not None
+    return [fields[name][1] for name in names]
 
 
 class LoneStepper:

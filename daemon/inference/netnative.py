@@ -35,7 +35,7 @@ def available() -> bool:
     return _native is not None
 
 
-def native_module():  # type: ignore[no-untyped-def]
+def native_module() -> Any:
     """The compiled extension, or None where it was not built."""
     return _native
 
