@@ -351,8 +351,10 @@ class InferenceConfig:
     max_batch: int = setting(256, "Most action requests answered by one forward pass.",
                              minimum=1, maximum=4096)
     max_wait_us: int = setting(200, "Longest a request waits for others to batch with it "
-                               "(0: answer whatever is pending at once). Requests are answered "
-                               "at once when every open episode has one pending.",
+                               "(0: answer whatever is pending at once), and never longer than "
+                               "two batch-1 forward passes of the policy (timed at start: what "
+                               "batching saves). Requests are answered at once when every "
+                               "open episode has one pending.",
                                minimum=0, maximum=100_000)
     tcp_lanes: int = setting(4096, "Episodes TCP serving clients may have open at once "
                              "(daemon-wide; a START beyond it is refused with ERROR); as many "

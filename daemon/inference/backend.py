@@ -163,6 +163,7 @@ class PolicyRunner:
         self.forwards: tuple[Forward, Forward] | None = None
         self.native_small: netnative.NativeNet | None = None
         self.timings: dict[str, float] = {}
+        self.batch1_s = 0.0  # one batch-1 forward pass of the small-batch backend (measured once)
         self.leaves = [(leaf.key, field_name(leaf.key), leaf.space) for leaf in obs_space.leaves()]
         self.float_bounds = float_bounds(self.leaves)
         self.small_bounds = ([(name, low.ravel().tolist(), high.ravel().tolist())
@@ -221,6 +222,8 @@ class PolicyRunner:
             log.info("inference_backend", policy=self.name, backend=self.backend,
                      timings_us={k: round(v * 1e6, 1) for k, v in self.timings.items()})
         small = MAKERS[self.backends[0]](self.spec, self.flat)
+        if not self.batch1_s:  # (timed by choose_backend, unless the backend was forced)
+            self.batch1_s = self.timings.get(f"{self.backends[0]}@1") or time_backend(small, self._sample_obs(1))
         large = small if self.backends[1] == self.backends[0] else MAKERS[self.backends[1]](self.spec, self.flat)
         self.forwards = (small, large)
         # (the native net behind a batch-1 forward: a lone request's native step runs it)

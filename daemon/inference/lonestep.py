@@ -57,12 +57,18 @@ class LoneStepper:
             return None
         return cls(lane_layout, low.ravel(), high.ravel())
 
+    @staticmethod
+    def ready(runner: PolicyRunner) -> bool:
+        """The runner's weights run natively at batch 1 and it draws no epsilon: ``step``
+        may take requests (else every one would be declined)."""
+        return runner.native_small is not None and runner.epsilon is None
+
     def step(self, lanes: np.ndarray, lane: int, book: LaneBook, runner: PolicyRunner) -> int:
         """Serve lane ``lane`` of ``lanes`` natively: -1 declined (nothing changed: serve it
         in Python), 0 served, 1 served and ``self.record`` is the step record it completed.
         Called once per turn of one request; the runner's weights are current."""
         net = runner.native_small
-        if net is None or runner.epsilon is not None:
+        if net is None or runner.epsilon is not None:  # (see ready)
             return -1
         if book.open is not self.bound:  # (LaneBook.grow replaces its arrays)
             self.native.bind(book.open, book.evaluate, book.slot, book.pending, book.has_pending,

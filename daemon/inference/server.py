@@ -15,6 +15,7 @@ Nothing here blocks except ``PolicyLink.write`` when the collector's ring is ful
 """
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,9 @@ from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_RELEASE, OP_START, REQUESTS_O
 
 log = structlog.get_logger("inference")
 WAIT_SLICE_S = 50e-6
+NATIVE_MAX_REQUESTS = 16  # a turn's lone requests up to this many go through the native step
+GATHER_FORWARDS = 2.0  # a turn's first request waits for others at most this many batch-1 passes
+MIN_GATHER_S = 50e-6  # ... and not at all when that is less than this
 REQUESTS_WORD = REQUESTS_OFFSET // 4  # (the low word of each area's u64 request counter)
 HISTOGRAM_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -277,21 +281,36 @@ class InferenceServer:
         return answered
 
     def _gather_wait(self, arrived: int) -> bool:
-        """Sleep in short slices while fewer than ``max_batch`` requests arrived (``arrived``
+        """Wait in short slices while fewer than ``max_batch`` requests arrived (``arrived``
         at this turn's scan), some open episode has none in, and the first one has waited
-        less than ``max_wait_s``. True if it waited (more may have arrived)."""
-        if self.max_wait_s <= 0:
+        less than the wait allowed (``gather_limit_s``). True if it waited (more may have
+        arrived)."""
+        limit = self.gather_limit_s()
+        if limit < MIN_GATHER_S:
             return False
         want = min(self.max_batch, max(1, self.open_lanes()))
         if arrived >= want:
             return False
-        deadline = time.perf_counter() + self.max_wait_s
+        deadline = time.perf_counter() + limit
         waited = False
-        while self.arrivals() < want and time.perf_counter() < deadline:
-            time.sleep(WAIT_SLICE_S)
+        while self.arrivals() < want and (left := deadline - time.perf_counter()) > 0:
+            if left > 2 * WAIT_SLICE_S:
+                time.sleep(WAIT_SLICE_S)
+            else:  # (a sleep this short overshoots by tens of us)
+                os.sched_yield()
             self.while_gathering()
             waited = True
         return waited
+
+    def gather_limit_s(self) -> float:
+        """How long the first request of a turn may wait for others: ``max_wait_s``, but at
+        most GATHER_FORWARDS batch-1 forward passes of the slowest policy (what batching two
+        requests saves is about one pass: a CartPole MLP's few microseconds are not worth a
+        200 us wait, which halved the rate of two lockstep clients; an image network's or a
+        GPU's hundreds are). Below MIN_GATHER_S there is no wait at all (one look at the
+        lanes costs about that much)."""
+        forward = max((p.runner.batch1_s for p in self.policies.values()), default=0.0)
+        return min(self.max_wait_s, GATHER_FORWARDS * forward)
 
     def _ready(self, name: str, pl: PolicyLanes, pending: np.ndarray) -> np.ndarray:
         """Lanes to answer now (of this turn's ``pending()`` lanes): their group complete,
@@ -325,11 +344,11 @@ class InferenceServer:
             pl.deferred[idx] = True
             pl.any_deferred = True
             return 0
-        if len(idx) == 1 and policy.lone is not None:
-            completed = policy.lone.step(pl.region.lanes, int(idx[0]), pl.book, runner)
-            if completed >= 0:
-                self._served_natively(name, policy, pl, idx, completed)
-                return 1
+        served = 0
+        if policy.lone is not None and len(idx) <= NATIVE_MAX_REQUESTS and policy.lone.ready(runner):
+            idx, served = self._serve_natively(name, policy, pl, idx)
+            if not len(idx):
+                return served
         req = Requests.read(pl.region.lanes, idx)
         bad = runner.bad_rows(req.obs)
         if len(req) == 1:
@@ -337,19 +356,38 @@ class InferenceServer:
         else:
             self._serve_many(name, policy, pl, req, bad)
         pl.wake(idx)
-        return len(req)
+        return served + len(req)
 
-    def _served_natively(self, name: str, policy: PolicyServing, pl: PolicyLanes, idx: np.ndarray,
-                         completed: int) -> None:
-        """After ``LoneStepper.step`` answered lane ``idx[0]``: counts, the step record it
-        completed (if any) to the link, the client rung."""
-        self.stats.batch(1)
-        self.stats.actions += 1
-        self.stats.requests += 1
-        if completed:
-            assert policy.lone is not None
-            self._send(name, policy.lone.record, 1)
-        pl.wake(idx)
+    def _serve_natively(self, name: str, policy: PolicyServing, pl: PolicyLanes,
+                        idx: np.ndarray) -> tuple[np.ndarray, int]:
+        """The requests of lone clients (not in a group), one by one in lane order, as that
+        many turns of one request would: the native step where it takes them (a forward
+        pass of batch 1 each: cheaper than the Python batch path for a few), ``_serve_one``
+        where it declines. Returns (the grouped lanes, left to the batch path; requests
+        served here). A group is never split: it is answered in one pass, as documented
+        for vector clients."""
+        lone, runner, lanes = policy.lone, policy.runner, pl.region.lanes
+        assert lone is not None
+        grouped = (lanes["group"][idx] != 0).tolist() if len(idx) > 1 else [False]
+        left, served = [], []
+        for lane, in_group in zip(idx.tolist(), grouped):
+            if in_group:
+                left.append(lane)
+                continue
+            served.append(lane)
+            completed = lone.step(lanes, lane, pl.book, runner)
+            if completed < 0:  # (declined: the Python path, for this one request)
+                req = Requests.read(lanes, np.array([lane]))
+                self._serve_one(name, policy, pl, req, bool(runner.bad_rows(req.obs)[0]))
+                continue
+            self.stats.batch(1)
+            self.stats.actions += 1
+            self.stats.requests += 1
+            if completed:
+                self._send(name, lone.record, 1)
+        if served:
+            pl.wake(idx if not left else np.array(served, np.int64))
+        return (np.array(left, np.int64) if left else idx[:0]), len(served)
 
     def _serve_many(self, name: str, policy: PolicyServing, pl: PolicyLanes, req: Requests,
                     bad: np.ndarray) -> None:

@@ -346,6 +346,7 @@ def test_requests_published_while_a_batch_gathers_join_it(setup):
     request(b, 0, OP_START)
     assert server.serve_once() == 2  # two episodes open
     server.max_wait_s = 0.5
+    server.policies["default"].runner.batch1_s = 0.01  # (a network worth waiting for)
     calls = []
 
     def arrive():
@@ -357,6 +358,32 @@ def test_requests_published_while_a_batch_gathers_join_it(setup):
     batches = server.stats.batches
     assert server.serve_once() == 2 and calls
     assert server.stats.batches == batches + 1  # one forward pass for both
+
+
+def test_a_request_waits_for_others_no_longer_than_batching_saves(setup):
+    """Two episodes open, one request in: it waits for the other at most GATHER_FORWARDS
+    batch-1 forward passes (measured), not the whole max_wait (a cheap MLP is answered
+    at once; two lockstep clients lost half their rate to a 200 us wait)."""
+    import time
+    server, (a, b), _, _, _ = setup
+    request(a, 0, OP_START)
+    request(b, 0, OP_START)
+    assert server.serve_once() == 2
+    runner = server.policies["default"].runner
+    assert 0 < runner.batch1_s < 0.01  # (measured when the weights were loaded)
+    server.max_wait_s, runner.batch1_s = 0.5, 0.002
+    assert server.gather_limit_s() == 0.004
+    request(a, 0, OP_STEP)
+    t0 = time.perf_counter()
+    assert server.serve_once() == 1
+    assert 0.004 <= time.perf_counter() - t0 < 0.2  # (waited for b, then gave up)
+    server.max_wait_s = 0.001
+    assert server.gather_limit_s() == 0.001
+    runner.batch1_s = 5e-6  # (a native MLP pass: no wait at all)
+    request(a, 0, OP_STEP)
+    calls = []
+    server.while_gathering = lambda: calls.append(1)
+    assert server.serve_once() == 1 and not calls
 
 
 def test_the_extension_is_built_where_there_is_a_compiler():
