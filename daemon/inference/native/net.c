@@ -29,6 +29,7 @@
 #include <string.h>
 
 #define INSN_WORDS 8
+#define MAX_ROWS (1 << 20) /* rows of one run (the role's batches are at most 4,096) */
 
 enum {
     OP_COPY = 1,      /* out[:, i1:i1+i2] = x[:, i0:i0+i2]        (Cast, Flatten, Concat, Slice) */
@@ -285,6 +286,10 @@ int native_ensure_arena(Program *self, Py_ssize_t rows)
 {
     if (rows <= self->arena_rows)
         return 0;
+    if (rows > MAX_ROWS || self->row_floats > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(float) / rows) {
+        PyErr_Format(PyExc_ValueError, "%zd rows: more than this program runs at once", rows);
+        return -1;
+    }
     float *arena = PyMem_Realloc(self->arena, (size_t)(rows * self->row_floats) * sizeof(float));
     if (arena == NULL) {
         PyErr_NoMemory();
