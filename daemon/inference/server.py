@@ -363,9 +363,9 @@ class InferenceServer:
         """The requests of lone clients (not in a group), one by one in lane order, as that
         many turns of one request would: the native step where it takes them (a forward
         pass of batch 1 each; in-process 5 us a request at 64 requests against 8 in the
-        Python batch path, 10 against 26 at 16), ``_serve_one`` where it declines. Returns (the grouped lanes, left to the batch path; requests
-        served here). A group is never split: it is answered in one pass, as documented
-        for vector clients."""
+        Python batch path, 10 against 26 at 16), ``_serve_one`` where it declines. Returns
+        (the grouped lanes, left to the batch path; requests served here). A group is
+        never split: it is answered in one pass, as documented for vector clients."""
         lone, runner, lanes = policy.lone, policy.runner, pl.region.lanes
         assert lone is not None
         grouped = (lanes["group"][idx] != 0).tolist() if len(idx) > 1 else [False]
