@@ -93,7 +93,8 @@ def test_run_checks_its_buffers():
     x, out = np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32)
     prog.run(2, (x,), out)
     for bad in [(2, (x[:1],), out), (1 << 40, (x,), out), (2**62, (x,), out),
-                (2, (x.astype(np.float64),), out), (2, (x,), out[:1]), (2, (x,), out.astype(np.float64)), (2, (x, x), out), (2, [x], out), (-1, (x,), out)]:
+                (2, (x.astype(np.float64),), out), (2, (x,), out[:1]), (2, (x,), out.astype(np.float64)),
+                (2, (x, x), out), (2, [x], out), (-1, (x,), out)]:
         with pytest.raises((ValueError, TypeError, BufferError)):
             prog.run(*bad)
     with pytest.raises((ValueError, TypeError, BufferError)):
