@@ -209,7 +209,9 @@ def categorical_one(logits: list[float], u: float | None) -> tuple[int, float]:
     softmax(logits). A zero-probability (masked) index is never returned."""
     top = max(logits)
     weights = [math.exp(x - top) for x in logits]
-    total = sum(weights)
+    total = 0.0
+    for w in weights:  # (left to right, as the inference role's native step adds them: sum()
+        total += w     # compensates its rounding from Python 3.12 on)
     if u is None:
         a = logits.index(top)
     else:

@@ -103,8 +103,9 @@ class PolicyLanes:
                 self.deferred = np.concatenate([self.deferred, np.zeros(high - len(self.deferred), bool)])
 
     def pending(self, slots: np.ndarray | None = None) -> np.ndarray:
-        """[k] lanes with a request not answered (only an area's own lanes count), in lane
-        order: of every area, or (``slots``) only of the areas in those header slots."""
+        """[k] lanes with a request not answered (only an area's own lanes count): of every
+        area (in lane order), or (``slots``) only of the areas in those header slots (area
+        by area)."""
         if slots is None:
             lanes = self.region.lanes
             return np.flatnonzero((lanes["req_seq"] != lanes["resp_seq"]) & self.region.served)
@@ -364,13 +365,20 @@ class InferenceServer:
         many turns of one request would: the native step where it takes them (a forward
         pass of batch 1 each; in-process 5 us a request at 64 requests against 8 in the
         Python batch path, 10 against 26 at 16), ``_serve_one`` where it declines. Returns
-        (the grouped lanes, left to the batch path; requests served here). A group is
-        never split: it is answered in one pass, as documented for vector clients."""
+        (the grouped lanes, left to the batch path; requests served here). A group of more
+        than one is never split: it is answered in one pass, as documented for vector
+        clients."""
         lone, runner, lanes = policy.lone, policy.runner, pl.region.lanes
         assert lone is not None
-        grouped = (lanes["group"][idx] != 0).tolist() if len(idx) > 1 else [False]
+        grouped = (((lanes["group"][idx] != 0) & (lanes["group_size"][idx] > 1)).tolist()
+                   if len(idx) > 1 else [False])  # (a group of one, e.g. the C client's STEP_BATCH: lone)
+        held, order = policy.held, idx.tolist()
         left, served = [], []
-        for lane, in_group in zip(idx.tolist(), grouped):
+        for k, (lane, in_group) in enumerate(zip(order, grouped)):
+            if policy.held and not held:  # (a sample boundary held the policy: the rest wait
+                self._defer(pl, order[k:] + left)  # for the next turns, as separate turns would)
+                left = []
+                break
             if in_group:
                 left.append(lane)
                 continue
@@ -386,8 +394,15 @@ class InferenceServer:
             if completed:
                 self._send(name, lone.record, 1)
         if served:
-            pl.wake(idx if not left else np.array(served, np.int64))
-        return (np.array(left, np.int64) if left else idx[:0]), len(served)
+            pl.wake(np.array(served, np.int64))
+        return np.array(left, np.int64), len(served)
+
+    @staticmethod
+    def _defer(pl: PolicyLanes, lanes: list[int]) -> None:
+        """Leave these pending lanes for a later turn (``_ready`` looks at them again)."""
+        if lanes:
+            pl.deferred[lanes] = True
+            pl.any_deferred = True
 
     def _serve_many(self, name: str, policy: PolicyServing, pl: PolicyLanes, req: Requests,
                     bad: np.ndarray) -> None:

@@ -34,11 +34,13 @@ BOOK = ("open", "evaluate", "slot", "has_pending", "fragment_steps", "ret", "len
 class Twin:
     """One inference server over one lane area, natively or not."""
 
-    def __init__(self, tmp, name: str, d, board, native: bool) -> None:
+    def __init__(self, tmp, name: str, d, board, native: bool, on_policy: bool = False,
+                 sample_steps: int = 5) -> None:
         runner = PolicyRunner("default", d.spec, d.obs_space, d.act_space, board, "native", seed=7)
         self.link = FakeLink(step_layout(d))
-        self.policy = PolicyServing(runner, d.obs_space, SlotPool(), self.link, sample_steps=5)
-        self.server = InferenceServer({"default": self.policy}, max_batch=64, max_wait_s=0.0, on_policy=False)
+        self.policy = PolicyServing(runner, d.obs_space, SlotPool(), self.link, sample_steps=sample_steps)
+        self.server = InferenceServer({"default": self.policy}, max_batch=64, max_wait_s=0.0,
+                                      on_policy=on_policy)
         path = str(tmp / name)
         self.area = LaneArea.create(path, LaneLayout(step_layout(d)), LANES)
         fd = os.open(path, os.O_RDWR)
@@ -67,11 +69,16 @@ class Twin:
         self.server.close()
 
 
-@pytest.fixture
-def twins(tmp_path):
+def make_board(tmp_path):
     d = P.policy_defs(load_config(None, []))["default"]
     board = WeightsBoard.create(str(tmp_path / "board"), d.spec.n_params(), orjson.dumps(d.spec.to_json()))
     board.publish(3, np.random.default_rng(0).normal(size=d.spec.n_params()).astype(np.float32) * 0.3)
+    return d, board
+
+
+@pytest.fixture
+def twins(tmp_path):
+    d, board = make_board(tmp_path)
     pair = Twin(tmp_path, "a", d, board, True), Twin(tmp_path, "b", d, board, False)
     yield pair
     for t in pair:
@@ -159,3 +166,43 @@ def test_no_stepper_for_other_spaces(tmp_path):
     inted = PolicyRunner("i", ints, ints.obs_space, ints.act_space, board, "native", seed=0)
     layout = LaneLayout(StepLayout(record_fields(ints.obs_space), 1, ints.dist_size))
     assert LoneStepper.maybe(inted, layout) is None
+
+
+def test_a_hold_in_the_middle_of_a_turn_defers_the_rest(tmp_path):
+    """On-policy: the request that completes the sample holds the policy; the turn's later
+    requests wait for the next weights, as they would in later turns (none is answered with
+    the old weights after the cut)."""
+    d, board = make_board(tmp_path)
+    t = Twin(tmp_path, "a", d, board, True, on_policy=True, sample_steps=2)
+    for lane in range(LANES):
+        t.request(lane, OP_START, np.zeros(4, np.float32), 0.0, 0)
+    assert t.server.serve_once() == LANES
+    for lane in range(LANES):  # three STEPs in one turn: the second completes the sample
+        t.request(lane, OP_STEP, np.full(4, 0.1, np.float32), 1.0, 0)
+    assert t.server.serve_once() == 2
+    assert t.link.held and t.link.samples == 1 and t.natively == 2
+    assert t.area.answered(0) and t.area.answered(1) and not t.area.answered(2)
+    assert t.server.serve_once() == 0 and not t.area.answered(2)  # (still held)
+    board.publish(4, board.read()[1] * 0.5)
+    t.link.held = False
+    assert t.server.serve_once() == 1 and t.area.answered(2)
+    assert t.area.lanes["weights_seq_no"][2] == 4 and t.area.lanes["weights_seq_no"][1] == 3
+    t.close()
+
+
+def test_random_cannot_rebind_or_rerun_during_a_step(twins):
+    native, _ = twins
+    runner, lone = native.policy.runner, native.policy.lone
+    native.request(0, OP_START, np.zeros(4, np.float32), 0.0, 0)
+    native.server.serve_once()
+    native.request(0, OP_STEP, np.zeros(4, np.float32), 1.0, 0)
+    program = runner.native_small.program
+
+    def meddling():
+        program.run(64, (np.zeros((64, 4), np.float32),), np.zeros((64, 2), np.float32))
+        return 0.5
+    lanes = native.server.lanes["default"].region.lanes
+    with pytest.raises(RuntimeError, match="in use"):
+        lone.native.step(program, lanes, 0, meddling, 3, lone.record)
+    assert not native.area.answered(0)  # (nothing answered: the step raised before the answer)
+    assert lone.native.step(program, lanes, 0, lambda: 0.5, 3, lone.record) >= 0

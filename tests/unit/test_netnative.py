@@ -81,6 +81,8 @@ def test_tanh_is_accurate_everywhere_and_keeps_nan():
     ([6, 1, 0, 0, 0, 0, 0, 0], [2, 2], 1, 3, 1),       # more inputs than registers
     ([6, 1, 0, 0, 0, 0, 0, 0], [2, 2], 1, 1, 2),       # output past the end
     ([10, 1, 0, 0, 0, 0, 1, 0], [2, 2], 1, 1, 1),      # mask columns past its register
+    ([1, 1, 0, 0, 0, 0x7FFFFFFF, 0, 1], [2, 2], 1, 1, 1),  # an offset that overflows int32
+    ([6, 1, 1, 0, 0, 0, 0, 0], [2, 2], 1, 1, 1),       # reads the register it writes
 ])
 def test_a_malformed_program_is_refused(code, widths, consts, inputs, output):
     with pytest.raises(ValueError):
@@ -100,3 +102,17 @@ def test_run_checks_its_buffers():
     with pytest.raises((ValueError, TypeError, BufferError)):
         prog.run(2, (x,), np.zeros((2, 3), np.float32)[:, ::-1])  # (not contiguous)
 
+
+
+def test_a_program_is_initialised_once_and_runs_only_then():
+    prog = tanh_program(3)
+    code = np.array([netnative._native.OP_TANH, 1, 0, 0, 0, 0, 0, 0], np.int32)
+    with pytest.raises(RuntimeError, match="once"):
+        prog.__init__(code, np.zeros(1, np.float32), np.array([9, 9], np.int32), 0, 0)
+    x, out = np.ones((2, 3), np.float32), np.zeros((2, 3), np.float32)
+    prog.run(2, (x,), out)  # (the failed second __init__ changed nothing)
+    assert np.allclose(out, np.tanh(1.0))
+    bare = netnative._native.Program.__new__(netnative._native.Program)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        bare.run(0, (), np.zeros(0, np.float32))
+    prog.run(0, (np.zeros((0, 3), np.float32),), np.zeros((0, 3), np.float32))  # (n = 0: nothing to do)

@@ -21,6 +21,8 @@ typedef struct {
     Py_ssize_t row_floats; /* sum of widths */
     float *arena;
     Py_ssize_t arena_rows;
+    int ready;           /* __init__ succeeded (nothing runs before) */
+    int busy;            /* a LoneStep is using the arena: run() refuses (re-entrancy) */
 } Program;
 
 extern PyTypeObject NativeProgramType;

@@ -64,12 +64,13 @@ static int valid_insn(const Program *p, const int32_t *w)
     Py_ssize_t wo = p->width[out];
     if (code == OP_TILE)
         return check_consts(p, w[3], wo);
-    if (!check_reg(p, x))
+    if (!check_reg(p, x) || x == out) /* (no op reads the register it writes: memcpy, restrict) */
         return 0;
     Py_ssize_t wx = p->width[x];
     switch (code) {
     case OP_COPY:
-        return w[5] >= 0 && w[6] >= 0 && w[7] >= 0 && w[5] + w[7] <= wx && w[6] + w[7] <= wo;
+        return w[5] >= 0 && w[6] >= 0 && w[7] >= 0 && (Py_ssize_t)w[5] + w[7] <= wx
+               && (Py_ssize_t)w[6] + w[7] <= wo;
     case OP_SCALE:
         return wx == wo && check_consts(p, w[3], 1);
     case OP_NORMALIZE:
@@ -91,8 +92,8 @@ static int valid_insn(const Program *p, const int32_t *w)
     case OP_CLIP:
         return wx == wo && check_consts(p, w[3], 2);
     case OP_MASK:
-        return wx == wo && check_reg(p, w[5]) && w[6] >= 0 && w[6] + wo <= p->width[w[5]]
-               && check_consts(p, w[3], 1);
+        return wx == wo && check_reg(p, w[5]) && w[5] != out && w[6] >= 0
+               && (Py_ssize_t)w[6] + wo <= p->width[w[5]] && check_consts(p, w[3], 1);
     default:
         return 0;
     }
@@ -241,14 +242,16 @@ static int Program_init(Program *self, PyObject *args, PyObject *kwds)
 {
     static char *names[] = {"code", "consts", "widths", "n_inputs", "output", NULL};
     PyObject *code, *consts, *widths;
-    Py_ssize_t n_code;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOni", names, &code, &consts, &widths,
-                                     &self->n_inputs, &self->output))
+    Py_ssize_t n_code, n_inputs;
+    int output;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOni", names, &code, &consts, &widths, &n_inputs, &output))
         return -1;
-    if (self->code != NULL) {
+    if (self->code != NULL || self->consts != NULL || self->width != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Program is initialised once");
         return -1;
     }
+    self->n_inputs = n_inputs;
+    self->output = output;
     if (copy_array(code, "code", 4, (void **)&self->code, &n_code) < 0
         || copy_array(consts, "consts", 4, (void **)&self->consts, &self->n_consts) < 0
         || copy_array(widths, "widths", 4, (void **)&self->width, &self->n_regs) < 0)
@@ -279,6 +282,7 @@ static int Program_init(Program *self, PyObject *args, PyObject *kwds)
                          k, self->code[k * INSN_WORDS]);
             return -1;
         }
+    self->ready = 1;
     return 0;
 }
 
@@ -308,11 +312,15 @@ static PyObject *Program_run(Program *self, PyObject *args)
     PyObject *inputs, *out;
     if (!PyArg_ParseTuple(args, "nOO", &n, &inputs, &out))
         return NULL;
-    if (self->code == NULL || n < 0 || !PyTuple_Check(inputs) || PyTuple_GET_SIZE(inputs) != self->n_inputs) {
+    if (!self->ready || self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, self->ready ? "Program is in use by a LoneStep" : "Program not initialised");
+        return NULL;
+    }
+    if (n < 0 || !PyTuple_Check(inputs) || PyTuple_GET_SIZE(inputs) != self->n_inputs) {
         PyErr_SetString(PyExc_ValueError, "run(n, inputs: tuple of n_inputs buffers, out)");
         return NULL;
     }
-    if (native_ensure_arena(self, n) < 0)
+    if (native_ensure_arena(self, n > 0 ? n : 1) < 0) /* (never a NULL arena, even for n = 0) */
         return NULL;
     for (Py_ssize_t r = 0; r < self->n_inputs; r++) {
         Py_buffer view;

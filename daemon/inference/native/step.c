@@ -37,6 +37,8 @@ typedef struct {
     float *low, *high;        /* [K_OBS_FLOATS]: served here only strictly inside */
     Py_buffer book[N_BOOK];   /* LaneBook's arrays (bind) */
     Py_ssize_t capacity;      /* lanes the book covers; 0: not bound */
+    int ready;                /* __init__ succeeded */
+    int busy;                 /* inside step(): bind() and step() refuse (re-entrancy) */
 } LoneStep;
 
 static void release_book(LoneStep *self)
@@ -110,14 +112,19 @@ static int LoneStep_init(LoneStep *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "layout: a field lies outside its lane or record");
         return -1;
     }
-    return read_floats(low, self->at[K_OBS_FLOATS], &self->low) < 0
-        || read_floats(high, self->at[K_OBS_FLOATS], &self->high) < 0 ? -1 : 0;
+    if (read_floats(low, self->at[K_OBS_FLOATS], &self->low) < 0
+        || read_floats(high, self->at[K_OBS_FLOATS], &self->high) < 0)
+        return -1;
+    self->ready = 1;
+    return 0;
 }
 
 /* bind(open, evaluate, slot, pending, has_pending, fragment_steps, ret, length): LaneBook's
  * arrays (again after every LaneBook.grow, which replaces them). */
 static PyObject *LoneStep_bind(LoneStep *self, PyObject *args)
 {
+    if (!self->ready || self->busy)
+        return PyErr_Format(PyExc_RuntimeError, "LoneStep %s", self->ready ? "in use" : "not initialised");
     if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != N_BOOK)
         return PyErr_Format(PyExc_TypeError, "bind takes the book's %d arrays", N_BOOK);
     release_book(self);
@@ -189,6 +196,8 @@ static PyObject *LoneStep_step(LoneStep *self, PyObject *args)
         return NULL;
     Program *p = (Program *)prog_obj;
     const Py_ssize_t *at = self->at;
+    if (!self->ready || self->busy || !p->ready || p->busy)
+        return PyErr_Format(PyExc_RuntimeError, "LoneStep or Program not initialised, or in use");
     if (p->n_inputs != 1 || p->width[0] != at[K_OBS_FLOATS] || p->width[p->output] != at[K_DIST])
         return PyErr_Format(PyExc_ValueError, "the program's input/output widths are not this layout's");
     if (lane < 0 || lane >= self->capacity)
@@ -233,7 +242,9 @@ static PyObject *LoneStep_step(LoneStep *self, PyObject *args)
     const int evaluate = AT(self->book[B_EVALUATE].buf, lane, uint8_t) != 0;
     double u = -1.0, logp;
     if (!evaluate) {
+        self->busy = p->busy = 1; /* (random() is any Python: it must not rebind or rerun) */
         PyObject *drawn = PyObject_CallNoArgs(random);
+        self->busy = p->busy = 0;
         u = drawn ? PyFloat_AsDouble(drawn) : -1.0;
         Py_XDECREF(drawn);
         if (PyErr_Occurred() || !(u >= 0.0 && u < 1.0)) {
