@@ -373,7 +373,8 @@ class InferenceServer:
         grouped = (((lanes["group"][idx] != 0) & (lanes["group_size"][idx] > 1)).tolist()
                    if len(idx) > 1 else [False])  # (a group of one, e.g. the C client's STEP_BATCH: lone)
         held, order = policy.held, idx.tolist()
-        left, served = [], []
+        left: list[int] = []
+        served: list[int] = []
         for k, (lane, in_group) in enumerate(zip(order, grouped)):
             if policy.held and not held:  # (a sample boundary held the policy: the rest wait
                 self._defer(pl, order[k:] + left)  # for the next turns, as separate turns would)
