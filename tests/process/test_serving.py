@@ -208,7 +208,7 @@ def test_client_lib_server_inference_learns_cartpole(daemon, transport):
                          20, what="the role's report")
     assert inference["requests"] >= inference["actions"] >= len(seqs), inference
     assert inference["batches"] >= 1 and sum(inference["batch_sizes"].values()) == inference["batches"]
-    assert set(inference["backends"]["default"].split("/")) <= {"numpy", "onnxruntime", "torch"}, inference
+    assert set(inference["backends"]["default"].split("/")) <= {"native", "numpy", "onnxruntime", "torch"}, inference
     assert inference["errors"] == 0 and inference["weights_seq_nos"]["default"] >= seqs[-1], inference
     status = wait_for(lambda: (s := daemon.status())["episodes"] >= len(returns) and s, 20,
                       what="every episode counted")
