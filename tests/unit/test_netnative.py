@@ -45,8 +45,9 @@ def test_convolutions_are_unsupported_and_native_falls_back(obs_name):
     spec = spec_for(obs_name)
     with pytest.raises(netnative.Unsupported, match="ToNCHW"):
         netnative.NativeNet(spec, random_flat(spec))
-    (small, large), _ = choose_backend(spec, random_flat(spec), "native", lambda rows: random_obs(spec, rows))
-    assert "native" not in (small, large)
+    if obs_name == "image_small":  # (choose_backend times every candidate: one image is enough)
+        (small, large), _ = choose_backend(spec, random_flat(spec), "native", lambda rows: random_obs(spec, rows))
+        assert "native" not in (small, large)
 
 
 def tanh_program(width: int):
