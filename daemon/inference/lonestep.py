@@ -21,6 +21,8 @@ from rlinkd.daemon.inference.episodes import STEP_FLAGS, LaneBook
 from rlinkd.daemon.inference.netnative import native_module
 from rlinkd.shm.lanes import OP_STEP, LaneLayout
 
+MAX_RECORDS = 64  # step records one ``serve`` call completes at most (then it returns)
+
 LANE_FIELDS = ("req_seq", "resp_seq", "op", "reward", "status", "weights_seq_no", "logp", "action", "obs")
 RECORD_FIELDS = ("flags", "stream_id", "weights_seq_no", "reward", "logp", "obs", "action", "dist")
 
@@ -42,6 +44,7 @@ class LoneStepper:
         self.native = native_module().LoneStep(layout, np.ascontiguousarray(low, np.float32),
                                                np.ascontiguousarray(high, np.float32))
         self.record = step.empty(1)  # (the completed step record, when there is one)
+        self.records = step.empty(MAX_RECORDS)  # (serve's completed step records)
         self.bound: np.ndarray | None = None
 
     @classmethod
@@ -67,13 +70,32 @@ class LoneStepper:
         """Serve lane ``lane`` of ``lanes`` natively: -1 declined (nothing changed: serve it
         in Python), 0 served, 1 served and ``self.record`` is the step record it completed.
         Called once per turn of one request; the runner's weights are current."""
-        net = runner.native_small
-        if net is None or runner.epsilon is not None:  # (see ready)
+        if not self._bind(book, runner):
             return -1
+        return int(self.native.step(runner.native_small.program, lanes, lane,  # type: ignore[union-attr]
+                                    runner.rng.random, runner.weights_seq_no, self.record))
+
+    def serve(self, lanes: np.ndarray, order: np.ndarray, start: int, book: LaneBook, runner: PolicyRunner,
+              max_records: int) -> tuple[int, int, bool]:
+        """``step`` for the lanes ``order[start:]`` (int64) in order, in one native call,
+        until one is declined, ``max_records`` step records were completed (the caller's
+        sample boundary) or MAX_RECORDS were. Returns (next, records, declined):
+        ``order[start:next]`` were served, ``self.records[:records]`` are the step records
+        they completed, and if ``declined`` ``order[next]`` was declined, nothing changed
+        (serve it in Python, then call again from ``next + 1``). The runner's weights are
+        current; called by the role's serving turn."""
+        if not self._bind(book, runner):
+            return start, 0, True
+        return self.native.serve(runner.native_small.program, lanes, order, start,  # type: ignore[union-attr]
+                                 runner.rng.random, runner.weights_seq_no, self.records, max(1, max_records))
+
+    def _bind(self, book: LaneBook, runner: PolicyRunner) -> bool:
+        """The book's current arrays bound; False when the runner cannot run natively now
+        (see ``ready``: every request would be declined)."""
+        if runner.native_small is None or runner.epsilon is not None:
+            return False
         if book.open is not self.bound:  # (LaneBook.grow replaces its arrays)
             self.native.bind(book.open, book.evaluate, book.slot, book.pending, book.has_pending,
                              book.fragment_steps, book.ret, book.length)
             self.bound = book.open
-        return int(self.native.step(net.program, lanes, lane, runner.rng.random, runner.weights_seq_no,
-                                    self.record))
-
+        return True

@@ -28,7 +28,7 @@ from rlinkd.client_lib.protocol.spaces import Space
 from rlinkd.daemon.inference.backend import PolicyRunner
 from rlinkd.daemon.inference.episodes import LaneBook, Requests, SlotPool, concat
 from rlinkd.daemon.inference.link import PolicyLink
-from rlinkd.daemon.inference.lonestep import LoneStepper
+from rlinkd.daemon.inference.lonestep import MAX_RECORDS, LoneStepper
 from rlinkd.shm._sync import store_load_fence
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.errors import ShmError
@@ -159,6 +159,13 @@ class ServingStats:
     def batch(self, size: int) -> None:
         self.batches += 1  # the bounds are the powers of two: bucket = ceil(log2(size))
         self.histogram[min((size - 1).bit_length(), len(HISTOGRAM_BOUNDS) - 1)] += 1
+
+    def lone(self, count: int) -> None:
+        """``count`` lone requests answered natively: a batch of one action each."""
+        self.batches += count
+        self.histogram[0] += count
+        self.actions += count
+        self.requests += count
 
 
 @dataclass
@@ -362,41 +369,46 @@ class InferenceServer:
     def _serve_natively(self, name: str, policy: PolicyServing, pl: PolicyLanes,
                         idx: np.ndarray) -> tuple[np.ndarray, int]:
         """The requests of lone clients (not in a group), one by one in lane order, as that
-        many turns of one request would: the native step where it takes them (a forward
-        pass of batch 1 each; in-process 5 us a request at 64 requests against 8 in the
-        Python batch path, 10 against 26 at 16), ``_serve_one`` where it declines. Returns
-        (the grouped lanes, left to the batch path; requests served here). A group of more
-        than one is never split: it is answered in one pass, as documented for vector
-        clients."""
+        many turns of one request would: runs of them in one native call (``LoneStepper.serve``:
+        a forward pass of batch 1 each, the step records they complete handed on after the
+        run, which ends at the policy's sample boundary), ``_serve_one`` for a request the
+        native step declines. Returns (the grouped lanes, left to the batch path; requests
+        served here). A group of more than one is never split: it is answered in one pass,
+        as documented for vector clients."""
         lone, runner, lanes = policy.lone, policy.runner, pl.region.lanes
         assert lone is not None
-        grouped = (((lanes["group"][idx] != 0) & (lanes["group_size"][idx] > 1)).tolist()
-                   if len(idx) > 1 else [False])  # (a group of one, e.g. the C client's STEP_BATCH: lone)
-        held, order = policy.held, idx.tolist()
-        left: list[int] = []
-        served: list[int] = []
-        for k, (lane, in_group) in enumerate(zip(order, grouped)):
+        if len(idx) > 1:  # (a group of one, e.g. the C client's STEP_BATCH: lone)
+            grouped = (lanes["group"][idx] != 0) & (lanes["group_size"][idx] > 1)
+            order, left = idx[~grouped].astype(np.int64), idx[grouped]
+        else:
+            order, left = idx.astype(np.int64), idx[:0]
+        held, pos, n = policy.held, 0, len(order)
+        while pos < n:
             if policy.held and not held:  # (a sample boundary held the policy: the rest wait
-                self._defer(pl, order[k:] + left)  # for the next turns, as separate turns would)
-                left = []
+                self._defer(pl, order[pos:].tolist() + left.tolist())  # for the next turns,
+                left, n = left[:0], pos                                 # as separate turns would)
                 break
-            if in_group:
-                left.append(lane)
-                continue
-            served.append(lane)
-            completed = lone.step(lanes, lane, pl.book, runner)
-            if completed < 0:  # (declined: the Python path, for this one request)
-                req = Requests.read(lanes, np.array([lane]))
+            nxt, records, declined = lone.serve(lanes, order, pos, pl.book, runner, self._records_to_boundary(policy))
+            self.stats.lone(nxt - pos)
+            if records:
+                self._send(name, lone.records[:records], records)
+            if declined:  # (the Python path, for this one request)
+                req = Requests.read(lanes, order[nxt:nxt + 1])
                 self._serve_one(name, policy, pl, req, bool(runner.bad_rows(req.obs)[0]))
-                continue
-            self.stats.batch(1)
-            self.stats.actions += 1
-            self.stats.requests += 1
-            if completed:
-                self._send(name, lone.record, 1)
-        if served:
-            pl.wake(np.array(served, np.int64))
-        return np.array(left, np.int64), len(served)
+                nxt += 1
+            pos = nxt
+        if n:
+            pl.wake(order[:n])
+        return left, n
+
+    @staticmethod
+    def _records_to_boundary(policy: PolicyServing) -> int:
+        """Step records the policy takes before its next sample boundary (``_send`` cuts
+        there): a native run stops at it, as a turn per request would."""
+        link = policy.link
+        if link is None or not link.connected or link.held:
+            return MAX_RECORDS
+        return max(1, policy.sample_steps - link.steps)
 
     @staticmethod
     def _defer(pl: PolicyLanes, lanes: list[int]) -> None:

@@ -16,7 +16,7 @@ from rlinkd.daemon import policies as P
 from rlinkd.daemon.config import load_config
 from rlinkd.daemon.inference import netnative
 from rlinkd.daemon.inference.backend import PolicyRunner
-from rlinkd.daemon.inference.episodes import SlotPool, concat
+from rlinkd.daemon.inference.episodes import SlotPool
 from rlinkd.daemon.inference.lonestep import LoneStepper
 from rlinkd.daemon.inference.server import InferenceServer, PolicyServing, ServedArea
 from rlinkd.daemon.wiring import step_layout
@@ -26,7 +26,7 @@ from rlinkd.shm.lanes import EVALUATE, OP_END, OP_RELEASE, OP_START, OP_STEP, TE
 from tests.unit.test_inference_server import FakeLink
 
 pytestmark = pytest.mark.skipif(not netnative.available(), reason="the _native extension is not built")
-LANES = 3
+LANES = 5
 ANSWER = ("status", "action", "logp", "weights_seq_no", "resp_seq")
 BOOK = ("open", "evaluate", "slot", "has_pending", "fragment_steps", "ret", "length")
 
@@ -51,13 +51,13 @@ class Twin:
             self.policy.lone = None
         else:
             assert isinstance(self.policy.lone, LoneStepper)
-            step = self.policy.lone.step
+            serve = self.policy.lone.serve
 
-            def counted(*args):
-                got = step(*args)
-                self.natively += got >= 0
+            def counted(lanes, order, start, *rest):
+                got = serve(lanes, order, start, *rest)
+                self.natively += got[0] - start
                 return got
-            self.policy.lone.step = counted  # type: ignore[method-assign]
+            self.policy.lone.serve = counted  # type: ignore[method-assign]
 
     def request(self, lane: int, op: int, obs: np.ndarray, reward: float, flags: int) -> None:
         lanes = self.area.lanes
@@ -98,7 +98,7 @@ def same_records(a: np.ndarray, b: np.ndarray) -> None:
 OBS = st.sampled_from(["ok", "ok", "ok", "ok", "nan", "outside"])
 REQUEST = st.tuples(st.integers(0, LANES - 1), st.sampled_from([OP_STEP] * 6 + [OP_START, OP_START, OP_END,
                                                                                OP_RELEASE, 9]),
-                    st.booleans(), OBS, st.floats(-2, 2, width=32), st.integers(1, 2))
+                    st.booleans(), OBS, st.floats(-2, 2, width=32), st.integers(1, 4))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -106,7 +106,6 @@ REQUEST = st.tuples(st.integers(0, LANES - 1), st.sampled_from([OP_STEP] * 6 + [
 def test_native_and_python_lone_steps_agree(twins, script, seed):
     native, python = twins
     rng = np.random.default_rng(seed)
-    seen = len(python.link.records)
     for lane, op, flag, obs_kind, reward, together in script:
         obs = rng.normal(size=4).astype(np.float32) * 0.5
         if obs_kind == "nan":
@@ -114,8 +113,8 @@ def test_native_and_python_lone_steps_agree(twins, script, seed):
         elif obs_kind == "outside":
             obs[0] = 9.0
         flags = (EVALUATE if flag else 0) if op == OP_START else (TERMINATED if flag else 0)
-        lanes = sorted([lane, (lane + 1) % LANES][:together])
-        for i in lanes:  # (two at once: natively one after the other, as two turns in Python)
+        lanes = sorted((lane + k) % LANES for k in range(together))
+        for i in lanes:  # (several at once: natively one after the other, as that many turns in Python)
             native.request(i, op, obs, reward, flags)
         assert native.server.serve_once() == len(lanes)
         for i in lanes:
@@ -128,9 +127,8 @@ def test_native_and_python_lone_steps_agree(twins, script, seed):
                                   getattr(python.server.lanes["default"].book, name)), name
         books = native.server.lanes["default"].book, python.server.lanes["default"].book
         same_records(books[0].pending, books[1].pending)
-        same_records(*(concat(t.link.records[seen:], t.link.layout) for t in (native, python)))
-        seen = len(python.link.records)
-        assert len(native.link.records) == seen and native.link.steps == python.link.steps
+        same_records(native.link.all, python.link.all)  # (in one write or several: the same records)
+        assert native.link.steps == python.link.steps and native.link.samples == python.link.samples
     assert native.server.stats.actions == python.server.stats.actions
     assert python.natively == 0
 
@@ -174,10 +172,10 @@ def test_a_hold_in_the_middle_of_a_turn_defers_the_rest(tmp_path):
     the old weights after the cut)."""
     d, board = make_board(tmp_path)
     t = Twin(tmp_path, "a", d, board, True, on_policy=True, sample_steps=2)
-    for lane in range(LANES):
+    for lane in range(3):
         t.request(lane, OP_START, np.zeros(4, np.float32), 0.0, 0)
-    assert t.server.serve_once() == LANES
-    for lane in range(LANES):  # three STEPs in one turn: the second completes the sample
+    assert t.server.serve_once() == 3
+    for lane in range(3):  # three STEPs in one turn: the second completes the sample
         t.request(lane, OP_STEP, np.full(4, 0.1, np.float32), 1.0, 0)
     assert t.server.serve_once() == 2
     assert t.link.held and t.link.samples == 1 and t.natively == 2
@@ -206,3 +204,28 @@ def test_random_cannot_rebind_or_rerun_during_a_step(twins):
         lone.native.step(program, lanes, 0, meddling, 3, lone.record)
     assert not native.area.answered(0)  # (nothing answered: the step raised before the answer)
     assert lone.native.step(program, lanes, 0, lambda: 0.5, 3, lone.record) >= 0
+
+
+def test_serve_stops_at_a_declined_lane_and_at_max_records(twins):
+    native, _ = twins
+    runner, lone, book = native.policy.runner, native.policy.lone, native.server.lanes["default"].book
+    for lane in range(4):
+        native.request(lane, OP_START, np.zeros(4, np.float32), 0.0, 0)
+    assert native.server.serve_once() == 4
+    lanes, program = native.server.lanes["default"].region.lanes, runner.native_small.program
+    for lane in range(4):  # (lane 2 outside its bounds: declined)
+        native.request(lane, OP_STEP, np.array([9.0 if lane == 2 else 0.1, 0, 0, 0], np.float32), 1.0, 0)
+    order = np.arange(4, dtype=np.int64)
+    assert lone.serve(lanes, order, 0, book, runner, 64) == (2, 2, True)  # (each STEP completes a record)
+    assert native.area.answered(1) and not native.area.answered(2)
+    assert lone.serve(lanes, order, 3, book, runner, 1) == (4, 1, False)
+    assert lone.serve(lanes, order, 4, book, runner, 1) == (4, 0, False)  # (nothing left)
+    assert np.array_equal(lone.records["stream_id"][:1], book.slot[3:4].astype(np.uint32))
+    with pytest.raises(ValueError, match="int64"):
+        lone.native.serve(program, lanes, order.astype(np.int32), 0, lambda: 0.5, 3, lone.records, 1)
+    with pytest.raises(ValueError, match="start"):
+        lone.native.serve(program, lanes, order, 5, lambda: 0.5, 3, lone.records, 1)
+    with pytest.raises(ValueError, match="max_records"):
+        lone.native.serve(program, lanes, order, 0, lambda: 0.5, 3, lone.records, 0)
+    with pytest.raises(IndexError, match="lane 99"):
+        lone.native.serve(program, lanes, np.array([99], np.int64), 0, lambda: 0.5, 3, lone.records, 1)

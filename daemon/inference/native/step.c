@@ -182,42 +182,15 @@ static Py_ssize_t categorical(const float *logits, Py_ssize_t n, double u, doubl
     return a;
 }
 
-/* step(program, lanes, lane, random, seq_no, out): serve lane `lane` of `lanes` (a region's
- * lanes, as bytes) if it is the common case; `random()` gives the draw (called only to
- * explore); `out` a one-record buffer. -1: declined, nothing changed; 0: served; 1: served
- * and `out` holds the step record the request completed. */
-static PyObject *LoneStep_step(LoneStep *self, PyObject *args)
+/* One lane's request, if it is the common case: -1 declined (nothing changed), 0 served,
+ * 1 served and `out` (one record) holds the step record it completed, -2 an exception is
+ * set. The caller checked the program against the layout, the lane against the book and
+ * the lanes' buffer, and made room for one arena row. */
+static int serve_lane(LoneStep *self, Program *p, char *row, Py_ssize_t lane, PyObject *random,
+                      long long seq_no, char *out)
 {
-    PyObject *prog_obj, *lanes_obj, *random, *out_obj;
-    Py_ssize_t lane;
-    long long seq_no;
-    if (!PyArg_ParseTuple(args, "O!OnOLO", &NativeProgramType, &prog_obj, &lanes_obj, &lane, &random, &seq_no,
-                          &out_obj))
-        return NULL;
-    Program *p = (Program *)prog_obj;
     const Py_ssize_t *at = self->at;
-    if (!self->ready || self->busy || !p->ready || p->busy)
-        return PyErr_Format(PyExc_RuntimeError, "LoneStep or Program not initialised, or in use");
-    if (p->n_inputs != 1 || p->width[0] != at[K_OBS_FLOATS] || p->width[p->output] != at[K_DIST])
-        return PyErr_Format(PyExc_ValueError, "the program's input/output widths are not this layout's");
-    if (lane < 0 || lane >= self->capacity)
-        return PyErr_Format(PyExc_IndexError, "lane %zd: the book covers %zd", lane, self->capacity);
-    if (native_ensure_arena(p, 1) < 0)
-        return NULL;
-    Py_buffer lanes, out;
-    if (PyObject_GetBuffer(lanes_obj, &lanes, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
-        return NULL;
-    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&lanes);
-        return NULL;
-    }
-    long result = -1;
-    char *row = (char *)lanes.buf + lane * at[L_BYTES];
     float *x = p->arena + p->offset[0]; /* (n = 1: a register starts at its offset) */
-    if ((lane + 1) * at[L_BYTES] > lanes.len || out.len != at[R_BYTES]) {
-        PyErr_Format(PyExc_ValueError, "lane %zd past the lanes, or out is not one record", lane);
-        goto fail;
-    }
     const uint32_t req_seq = __atomic_load_n(&AT(row, at[L_REQ_SEQ], uint32_t), __ATOMIC_ACQUIRE);
     const int op = AT(row, at[L_OP], uint8_t);
     float reward;
@@ -225,20 +198,20 @@ static PyObject *LoneStep_step(LoneStep *self, PyObject *args)
     memcpy(x, row + at[L_OBS], (size_t)at[K_OBS_FLOATS] * sizeof(float));
     char *const pending = (char *)self->book[B_PENDING].buf + lane * at[R_BYTES];
     if (op != at[K_OP_STEP] || !AT(self->book[B_OPEN].buf, lane, uint8_t))
-        goto done;
+        return -1;
     for (Py_ssize_t i = 0; i < at[K_OBS_FLOATS]; i++)
         if (!(self->low[i] < x[i] && x[i] < self->high[i])) /* (NaN fails too) */
-            goto done;
+            return -1;
     native_execute(p, 1);
     const float *logits = p->arena + p->offset[p->output];
     int finite_top = 0;
     for (Py_ssize_t i = 0; i < at[K_DIST]; i++) {
         if (isnan(logits[i]) || logits[i] == INFINITY)
-            goto done; /* (diverged weights: the Python path decides) */
+            return -1; /* (diverged weights: the Python path decides) */
         finite_top |= isfinite(logits[i]);
     }
     if (!finite_top)
-        goto done;
+        return -1;
     const int evaluate = AT(self->book[B_EVALUATE].buf, lane, uint8_t) != 0;
     double u = -1.0, logp;
     if (!evaluate) {
@@ -250,17 +223,17 @@ static PyObject *LoneStep_step(LoneStep *self, PyObject *args)
         if (PyErr_Occurred() || !(u >= 0.0 && u < 1.0)) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_ValueError, "random() must return a float in [0, 1)");
-            goto fail;
+            return -2;
         }
     }
     const Py_ssize_t a = categorical(logits, at[K_DIST], u, &logp);
     /* LaneBook.apply_one for a STEP: the reward completes the pending step */
     AT(self->book[B_RET].buf, lane * 8, double) += reward;
     AT(self->book[B_LENGTH].buf, lane * 8, int64_t) += 1;
-    result = 0;
+    int result = 0;
     if (!evaluate && AT(self->book[B_HAS_PENDING].buf, lane, uint8_t)) {
-        memcpy(out.buf, pending, (size_t)at[R_BYTES]);
-        memcpy((char *)out.buf + at[R_REWARD], &reward, sizeof reward);
+        memcpy(out, pending, (size_t)at[R_BYTES]);
+        memcpy(out + at[R_REWARD], &reward, sizeof reward);
         AT(self->book[B_FRAGMENT_STEPS].buf, lane * 8, int64_t) += 1;
         result = 1;
     }
@@ -283,14 +256,123 @@ static PyObject *LoneStep_step(LoneStep *self, PyObject *args)
     memcpy(row + at[L_STATUS], &status, sizeof status);
     memcpy(row + at[L_SEQ_NO], &seq64, sizeof seq64);
     __atomic_store_n(&AT(row, at[L_RESP_SEQ], uint32_t), req_seq, __ATOMIC_RELEASE);
-done:
+    return result;
+}
+
+/* The checks step() and serve() share: initialised, not in use, the program's widths this
+ * layout's, one arena row. 0, or -1 with an exception set. */
+static int usable(LoneStep *self, Program *p)
+{
+    const Py_ssize_t *at = self->at;
+    if (!self->ready || self->busy || !p->ready || p->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "LoneStep or Program not initialised, or in use");
+        return -1;
+    }
+    if (p->n_inputs != 1 || p->width[0] != at[K_OBS_FLOATS] || p->width[p->output] != at[K_DIST]) {
+        PyErr_SetString(PyExc_ValueError, "the program's input/output widths are not this layout's");
+        return -1;
+    }
+    return native_ensure_arena(p, 1);
+}
+
+/* Writable C-contiguous views of lanes and out (0), or -1 with an exception set. */
+static int two_views(PyObject *lanes_obj, Py_buffer *lanes, PyObject *out_obj, Py_buffer *out)
+{
+    if (PyObject_GetBuffer(lanes_obj, lanes, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(out_obj, out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(lanes);
+        return -1;
+    }
+    return 0;
+}
+
+/* step(program, lanes, lane, random, seq_no, out): serve lane `lane` of `lanes` (a region's
+ * lanes, as bytes) if it is the common case; `random()` gives the draw (called only to
+ * explore); `out` a one-record buffer. -1: declined, nothing changed; 0: served; 1: served
+ * and `out` holds the step record the request completed. */
+static PyObject *LoneStep_step(LoneStep *self, PyObject *args)
+{
+    PyObject *prog_obj, *lanes_obj, *random, *out_obj;
+    Py_ssize_t lane;
+    long long seq_no;
+    if (!PyArg_ParseTuple(args, "O!OnOLO", &NativeProgramType, &prog_obj, &lanes_obj, &lane, &random, &seq_no,
+                          &out_obj))
+        return NULL;
+    Program *p = (Program *)prog_obj;
+    if (usable(self, p) < 0)
+        return NULL;
+    if (lane < 0 || lane >= self->capacity)
+        return PyErr_Format(PyExc_IndexError, "lane %zd: the book covers %zd", lane, self->capacity);
+    Py_buffer lanes, out;
+    if (two_views(lanes_obj, &lanes, out_obj, &out) < 0)
+        return NULL;
+    int result = -2;
+    if ((lane + 1) * self->at[L_BYTES] > lanes.len || out.len != self->at[R_BYTES])
+        PyErr_Format(PyExc_ValueError, "lane %zd past the lanes, or out is not one record", lane);
+    else
+        result = serve_lane(self, p, (char *)lanes.buf + lane * self->at[L_BYTES], lane, random, seq_no,
+                            out.buf);
     PyBuffer_Release(&lanes);
     PyBuffer_Release(&out);
-    return PyLong_FromLong(result);
-fail:
+    return result == -2 ? NULL : PyLong_FromLong(result);
+}
+
+/* serve(program, lanes, order, start, random, seq_no, out, max_records): step() for the
+ * lanes order[start:], in order, until one is declined, or `max_records` step records were
+ * completed (a sample boundary: the caller hands them on before going further), or `out`
+ * (records, one per row) is full. Returns (next, records, declined): order[start:next]
+ * were served, out[:records] holds the records they completed, and if `declined`,
+ * order[next] is a lane declined with nothing changed. */
+static PyObject *LoneStep_serve(LoneStep *self, PyObject *args)
+{
+    PyObject *prog_obj, *lanes_obj, *order_obj, *random, *out_obj;
+    Py_ssize_t start, max_records;
+    long long seq_no;
+    if (!PyArg_ParseTuple(args, "O!OOnOLOn", &NativeProgramType, &prog_obj, &lanes_obj, &order_obj, &start,
+                          &random, &seq_no, &out_obj, &max_records))
+        return NULL;
+    Program *p = (Program *)prog_obj;
+    if (usable(self, p) < 0)
+        return NULL;
+    Py_buffer order;
+    if (PyObject_GetBuffer(order_obj, &order, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    Py_buffer lanes, out;
+    if (two_views(lanes_obj, &lanes, out_obj, &out) < 0) {
+        PyBuffer_Release(&order);
+        return NULL;
+    }
+    const Py_ssize_t *at = self->at, n = order.len / 8, room = out.len / at[R_BYTES];
+    const int64_t *lane_at = order.buf;
+    Py_ssize_t next = start, records = 0;
+    int declined = 0, failed = 0;
+    if (order.itemsize != 8 || !order.format || (strcmp(order.format, "q") && strcmp(order.format, "l"))
+        || out.len % at[R_BYTES] || start < 0 || start > n || max_records < 1) {
+        PyErr_SetString(PyExc_ValueError, "serve: order is int64 lanes, out whole records, start in order, "
+                                          "max_records >= 1");
+        failed = 1;
+    }
+    for (; !failed && next < n && records < max_records && records < room; next++) {
+        const int64_t lane = lane_at[next];
+        if (lane < 0 || lane >= self->capacity || (lane + 1) * at[L_BYTES] > lanes.len) {
+            PyErr_Format(PyExc_IndexError, "lane %lld: past the book or the lanes", (long long)lane);
+            failed = 1;
+            break;
+        }
+        const int r = serve_lane(self, p, (char *)lanes.buf + lane * at[L_BYTES], lane, random, seq_no,
+                                 (char *)out.buf + records * at[R_BYTES]);
+        if (r < 0) {
+            failed = r == -2;
+            declined = r == -1;
+            break;
+        }
+        records += r;
+    }
+    PyBuffer_Release(&order);
     PyBuffer_Release(&lanes);
     PyBuffer_Release(&out);
-    return NULL;
+    return failed ? NULL : Py_BuildValue("nnO", next, records, declined ? Py_True : Py_False);
 }
 
 static PyMethodDef LoneStep_methods[] = {
@@ -299,6 +381,9 @@ static PyMethodDef LoneStep_methods[] = {
     {"step", (PyCFunction)LoneStep_step, METH_VARARGS,
      "step(program, lanes, lane, random, seq_no, out) -> -1 declined (nothing changed), 0 served, "
      "1 served with a completed step record in out."},
+    {"serve", (PyCFunction)LoneStep_serve, METH_VARARGS,
+     "serve(program, lanes, order, start, random, seq_no, out, max_records) -> (next, records, declined): "
+     "step() for order[start:] until a lane is declined, max_records records completed or out is full."},
     {NULL, NULL, 0, NULL},
 };
 
