@@ -274,6 +274,8 @@ class Front:
         is valid: a group the role waits to see whole must never be left half published.)"""
         if len(msg.steps) > MAX_GROUP:
             raise ServingError(f"STEP_BATCH: more than {MAX_GROUP} entries")
+        if len(msg.steps) == 1 and not (msg.steps[0].start or msg.steps[0].ends):
+            return self._batch_of_one(eps, msg.steps[0])
         checked, by_policy, columns = self._check_batch(eps, msg)
         group = next(self.groups)
         for name, rows in by_policy.items():
@@ -287,6 +289,21 @@ class Front:
             return codec.encode(serving.Actions(actions, seqs))
         return Pending({name: np.array([checked[i][0].lane for i in rows]) for name, rows in by_policy.items()},
                        finish)
+
+    def _batch_of_one(self, eps: Episodes, e: serving.BatchEntry) -> Pending:
+        """A STEP_BATCH of one step (a C client's every step): ``_batch``'s checks and
+        reply, through the lone STEP's scalar path (a group of one is served as a lone
+        request anyway)."""
+        ep = self._open(eps, e.episode_id)
+        if not ep.started:
+            raise ServingError(f"steps[{e.episode_id!r}]: a step before the episode's first action")
+        self._publish(ep, OP_STEP, ep.reward + (e.reward or 0.0), self._columns(ep.policy, [e.observation]), 0)
+        ep.reward = 0.0
+
+        def finish() -> bytes:
+            seq = self._check(eps, e.episode_id, ep)
+            return codec.encode(serving.Actions([self._action(ep)], [seq]))
+        return Pending({ep.policy: np.array([ep.lane])}, finish, (ep.policy, ep.lane))
 
     def _check_batch(self, eps: Episodes, msg: serving.StepBatch) -> tuple[list, dict, dict]:
         """(checked entries, entry indices per policy, observation columns per policy). A

@@ -242,3 +242,23 @@ def test_the_frame_clock_stops_while_a_request_is_held(direct):
     conn = next(iter(direct.conns.values()))
     direct.expire(conn.last_seen + 10.0)
     assert direct.conns, "a held request is no stalled frame"
+
+
+def test_a_step_batch_of_one_step_is_published_as_a_lone_request(direct):
+    """(The C client's every step: its lane carries no group, the reply is ACTIONS, the
+    rewards logged before it add up, and its refusals are STEP_BATCH's.)"""
+    c = connect(direct)
+    lanes = direct.pools["default"].area.lanes
+    c.sendall(codec.encode(s.StepBatch((s.BatchEntry("a", OBS, start=True),))))
+    turn(direct)
+    assert recv(c) == s.Actions([1], [3])
+    c.sendall(codec.encode(s.LogReturns("a", 0.5)) + codec.encode(s.StepBatch((s.BatchEntry("a", OBS, 2.0),))))
+    direct.service(direct.epoll.poll(0.02))
+    lane = int(np.flatnonzero(lanes["req_seq"] != lanes["resp_seq"])[0])
+    assert (lanes["group"][lane], lanes["group_size"][lane], lanes["reward"][lane]) == (0, 0, 2.5)
+    answer_lanes(direct)
+    direct.answer()
+    assert recv(c) == s.Actions([1], [3])
+    c.sendall(codec.encode(s.StepBatch((s.BatchEntry("nobody", OBS, 1.0),))))
+    turn(direct)
+    assert isinstance(reply := recv(c), codec.Error) and "unknown episode 'nobody'" in reply.message
