@@ -14,13 +14,17 @@ Reports env steps/s (medians over runs), and the round-trip
 limits measured in the same run (bench.scenarios.serving: a blocking shared-memory round trip,
 a TCP + orjson round trip; their p50 in steps/s is what one agent could at most reach).
 ``--many N`` instead: N single-agent C clients at once against a daemon that does not train
-(the serving benchmark's settings), over shared-memory lanes and over TCP: the inference
-role's actions/s with clients whose own CPU per action is negligible (issue 12's 64-client
-targets), with the role's mean batch and CPU per 1,000 actions, beside the physical limit of
-that pattern measured in the same run (bench/limits/fanin.c: N C processes sleeping on their
-own eventfd, one C server answering all pending words per pass and ringing each sleeper; no
-policy, no Python), and what one Python ``os.write`` to the eventfd of a sleeping process
-costs the writer (the role rings every answered client that sleeps).
+(the serving benchmark's settings), over shared-memory lanes and over TCP, training clients
+(their steps recorded and ingested as for training) and evaluation clients (``--evaluate 1``:
+nothing recorded, the serving path alone): the inference role's actions/s with clients whose
+own CPU per action is small (issue 12's 64-client targets), with the role's mean batch and
+CPU per 1,000 actions and where the 2 cores went (role, other roles, clients), beside the
+physical limits of that pattern measured in the same run: bench/limits/fanin.c (N C
+processes sleeping on their own eventfd, one C server answering all pending words per pass
+and ringing each sleeper; no policy, no Python), what one Python ``os.write`` to the eventfd
+of a sleeping process costs the writer (the role rings every answered client that sleeps),
+bench/limits/tcp_fanin.c (N C processes in lockstep over loopback TCP, one C epoll server),
+and a Python epoll server doing only the recv and send per message against those clients.
 Writes bench/results/c_client.json (``--many``: c_client_many.json).
 """
 from __future__ import annotations
@@ -28,8 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -113,6 +120,51 @@ def fanin_limit(out_dir: Path, clients: int, seconds: float) -> float:
     return float(json.loads(done.stdout)["round_trips_per_s"])
 
 
+def tcp_fanin_limit(out_dir: Path, clients: int, seconds: float) -> float:
+    """Round trips/s of bench/limits/tcp_fanin.c: ``clients`` C processes in lockstep over
+    loopback TCP against one single-threaded C epoll server (no policy, no JSON)."""
+    exe = out_dir / "tcp_fanin"
+    subprocess.run(["cc", "-O2", "-std=c11", "-o", str(exe), str(REPO / "bench" / "limits" / "tcp_fanin.c")],
+                   check=True, timeout=120)
+    done = subprocess.run([str(exe), str(clients), str(seconds)], capture_output=True, text=True,
+                          check=True, timeout=seconds + 60)
+    return float(json.loads(done.stdout)["round_trips_per_s"])
+
+
+def python_tcp_echo(out_dir: Path, clients: int, seconds: float) -> float:
+    """Round trips/s of a Python epoll server that only reads each frame and sends a canned
+    reply (one recv and one send per message, as the role), against tcp_fanin's C clients:
+    the floor of any single-process Python TCP server on this machine."""
+    request, reply = 8 + 150, b"r" * (8 + 70)  # (tcp_fanin.c's REQUEST_BYTES, REPLY_BYTES)
+    listener = socket.create_server(("127.0.0.1", 0))
+    clients_proc = subprocess.Popen([str(out_dir / "tcp_fanin"), str(clients), str(seconds + 2.0),
+                                     str(listener.getsockname()[1])])
+    ep, conns = select.epoll(), {}
+    try:
+        for _ in range(clients):
+            sock, _ = listener.accept()
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
+            conns[sock.fileno()] = [sock, 0]
+            ep.register(sock.fileno(), select.EPOLLIN)
+        answered, start, end = 0, time.perf_counter() + 0.5, time.perf_counter() + 0.5 + seconds
+        while (now := time.perf_counter()) < end:
+            for fd, _ev in ep.poll(0.1):
+                conn = conns[fd]
+                conn[1] += len(conn[0].recv(1 << 16))
+                while conn[1] >= request:
+                    conn[1] -= request
+                    conn[0].send(reply)
+                    answered += now >= start
+        return answered / seconds
+    finally:
+        clients_proc.wait(timeout=seconds + 60)
+        for sock, _ in conns.values():
+            sock.close()
+        listener.close()
+        ep.close()
+
+
 def wake_cost_us(processes: int, rounds: int = 200) -> float:
     """Microseconds one Python ``os.write`` to an eventfd costs the writer when a process
     sleeps on it (the inference role's ring of a sleeping client), ``processes`` at a time."""
@@ -146,29 +198,68 @@ def many_c(binary: Path, clients: int, seconds: float) -> dict[str, dict]:
     """``clients`` C processes (one agent each) per transport at once; the role's counters;
     the fan-in limit of as many sleeping processes."""
     from bench.scenarios.serving import NO_TRAINING
-    out: dict[str, dict] = {"limit": {"round_trips_per_s": round(fanin_limit(binary.parent, clients,
-                                                                             min(seconds, 5.0))),
-                                      "python_wake_us": round(wake_cost_us(clients), 1)}}
+    limit_s = min(seconds, 5.0)
+    out: dict[str, dict] = {"limit": {"round_trips_per_s": round(fanin_limit(binary.parent, clients, limit_s)),
+                                      "python_wake_us": round(wake_cost_us(clients), 1),
+                                      "tcp_round_trips_per_s": round(tcp_fanin_limit(binary.parent, clients,
+                                                                                     limit_s)),
+                                      "python_tcp_echo_per_s": round(python_tcp_echo(binary.parent, clients,
+                                                                                     limit_s))}}
     state = Path(tempfile.mkdtemp(prefix="rlinkd-cmany-"))
     with ServeProcess(state / "state", NO_TRAINING) as daemon:
         time.sleep(2.0)
-        for transport in ("shm", "tcp"):
+        for transport, evaluate in (("shm", False), ("tcp", False), ("shm", True), ("tcp", True)):
             address = f"shm://{daemon.unix_socket}" if transport == "shm" else f"tcp://127.0.0.1:{daemon.port}"
-            before = daemon.status()["inference"]
-            procs = [subprocess.Popen([str(binary), address, "--agents", "1", "--target", "1e9", "--max-seconds",
-                                       str(seconds)], stdout=subprocess.PIPE, text=True) for _ in range(clients)]
-            rates = [json.loads(p.communicate(timeout=seconds + 60)[0].strip().splitlines()[-1])["steps_per_s"]
-                     for p in procs]
-            time.sleep(1.2)  # (one more status report from the role)
-            after = daemon.status()["inference"]
-            actions = after["actions"] - before.get("actions", 0)
-            batches = after["batches"] - before.get("batches", 0)
-            out[transport] = {"actions_per_s": round(sum(rates)),
-                              "mean_batch_size": round(actions / max(batches, 1), 1),
-                              "inference_cpu_ms_per_1000_actions": round(
-                                  1e6 * (after["cpu_s"] - before.get("cpu_s", 0)) / max(actions, 1), 1)}
+            key = f"{transport} evaluate" if evaluate else transport
+            out[key] = many_c_once(daemon, binary, address, clients, seconds, evaluate)
     shutil.rmtree(state, ignore_errors=True)
     return out
+
+
+def many_c_once(daemon: ServeProcess, binary: Path, address: str, clients: int, seconds: float,
+                evaluate: bool) -> dict:
+    """One measurement of ``many_c``: actions/s, the role's mean batch and CPU per 1,000
+    actions, and where the 2 cores went (the role, the daemon's other roles: recording
+    and ingesting the steps for training, the clients)."""
+    before, daemon_cpu0 = daemon.status()["inference"], _tree_cpu_s(daemon.proc.pid)
+    clients_cpu0 = _children_cpu_s()
+    procs = [subprocess.Popen([str(binary), address, "--agents", "1", "--target", "1e9", "--max-seconds",
+                               str(seconds), "--evaluate", str(int(evaluate))], stdout=subprocess.PIPE, text=True)
+             for _ in range(clients)]
+    rates = [json.loads(p.communicate(timeout=seconds + 60)[0].strip().splitlines()[-1])["steps_per_s"]
+             for p in procs]
+    clients_cpu = _children_cpu_s() - clients_cpu0
+    time.sleep(1.2)  # (one more status report from the role)
+    after, daemon_cpu = daemon.status()["inference"], _tree_cpu_s(daemon.proc.pid) - daemon_cpu0
+    actions = after["actions"] - before.get("actions", 0)
+    batches = after["batches"] - before.get("batches", 0)
+    role_cpu = after["cpu_s"] - before.get("cpu_s", 0)
+    return {"actions_per_s": round(sum(rates)),
+            "mean_batch_size": round(actions / max(batches, 1), 1),
+            "inference_cpu_ms_per_1000_actions": round(1e6 * role_cpu / max(actions, 1), 1),
+            "cpu_cores": {"inference": round(role_cpu / seconds, 2),
+                          "other_roles": round((daemon_cpu - role_cpu) / seconds, 2),
+                          "clients": round(clients_cpu / seconds, 2)}}
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its descendants so far."""
+    import psutil
+    total = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:  # (gone meanwhile)
+            continue
+        total += times.user + times.system
+    return total
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's waited-for children (the client processes)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main_many(args, binary: Path) -> int:
@@ -182,9 +273,11 @@ def main_many(args, binary: Path) -> int:
     for t, m in result["actions_per_s"].items():
         print(f"{args.many} C clients, {t}: {m['median']:,.0f} actions/s ({m['min']:,.0f} – {m['max']:,.0f}); "
               f"last run {runs[-1][t]}")
-    lim = result["limit_round_trips_per_s"]
+    lim, last = result["limit_round_trips_per_s"], runs[-1]["limit"]
     print(f"limit ({args.many} sleeping C processes, C server, no policy): {lim['median']:,.0f} round trips/s; "
-          f"waking a sleeping process from Python: {result['python_wake_us']['median']:.1f} us")
+          f"waking a sleeping process from Python: {result['python_wake_us']['median']:.1f} us; over TCP "
+          f"(last run): C server {last['tcp_round_trips_per_s']:,} round trips/s, Python echo server "
+          f"{last['python_tcp_echo_per_s']:,}")
     print(f"wrote {path}")
     return 0
 

@@ -41,6 +41,7 @@ WAIT_SLICE_S = 50e-6
 NATIVE_MAX_REQUESTS = 64  # a turn's lone requests up to this many go through the native step
 GATHER_FORWARDS = 2.0  # a turn's first request waits for others at most this many batch-1 passes
 MIN_GATHER_S = 50e-6  # ... and not at all when that is less than this
+FULL_SCAN_LANES = 512  # a lane scan looks at every lane when areas moved > 1 + lanes / this
 REQUESTS_WORD = REQUESTS_OFFSET // 4  # (the low word of each area's u64 request counter)
 HISTOGRAM_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -105,9 +106,10 @@ class PolicyLanes:
     def pending(self, slots: np.ndarray | None = None) -> np.ndarray:
         """[k] lanes with a request not answered (only an area's own lanes count): of every
         area (in lane order), or (``slots``) only of the areas in those header slots (area
-        by area)."""
-        if slots is None:
-            lanes = self.region.lanes
+        by area; when they are many against the region's lanes -- a Python step per area
+        costs about what a vectorised look at ~FULL_SCAN_LANES lanes does -- every area)."""
+        if slots is None or len(slots) * FULL_SCAN_LANES > self.region.high + FULL_SCAN_LANES:
+            lanes = self.region.lanes  # (one vectorised pass beats a Python loop over many areas)
             return np.flatnonzero((lanes["req_seq"] != lanes["resp_seq"]) & self.region.served)
         parts = []
         for slot in sorted(slots.tolist()):

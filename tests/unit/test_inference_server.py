@@ -394,3 +394,24 @@ def test_the_extension_is_built_where_there_is_a_compiler():
         pytest.skip("no C compiler")
     from rlinkd.daemon.inference import netnative
     assert netnative.available()
+
+
+@pytest.mark.parametrize("full_scan_lanes", [1, 1 << 30])
+def test_a_scan_of_the_moved_areas_finds_what_a_full_scan_does(setup, monkeypatch, full_scan_lanes):
+    """(``pending(slots)``: area by area when few areas moved against the region's lanes,
+    every lane otherwise (here: 1 << 30 with two areas); the moved areas' lanes either way.)"""
+    import rlinkd.daemon.inference.server as server_mod
+    monkeypatch.setattr(server_mod, "FULL_SCAN_LANES", full_scan_lanes)
+    server, (a, b), _, _, _ = setup
+    pl = server.lanes["default"]
+    pl.snapshot()
+    request(b, 3, OP_START)
+    request(a, 1, OP_START)
+    moved = pl.snapshot()
+    assert moved is not None and len(moved) == 2
+    assert sorted(pl.pending(moved).tolist()) == sorted(pl.pending().tolist()) and len(pl.pending()) == 2
+    request(a, 0, OP_START)  # (one area moved: only its lanes are looked at, whatever the rule)
+    moved = pl.snapshot()
+    assert moved is not None and len(moved) == 1
+    assert len(pl.pending()) == 3 and sorted(pl.pending(moved).tolist()) == [0, 1]
+    assert len(pl.pending(np.zeros(0, np.int64))) == 0
