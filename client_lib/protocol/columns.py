@@ -46,12 +46,16 @@ def to_columns(value: Any, space: Space, rows: int, prefix: str) -> Columns:
     return out
 
 
+INT_LOW, INT_END = -2**63, 2**64  # JSON integers numpy takes as numbers (int64 or uint64)
+
+
 def _one_small_box(value: Any, space: Space) -> Columns | None:
     """One step of a small float Box, given as a float ndarray of the Box's shape (a
     client-side agent's obs) or, for a 1-D Box, a list of JSON numbers (a serving request),
     with every value strictly inside the bounds: checked in plain Python floats (~2 us; the
     general path ~11-19 us, for every step). None: anything else, left to the general path
-    (which also words the error). NaN fails every comparison, so it is never accepted here."""
+    (which also words the error). NaN fails every comparison, so it is never accepted here;
+    nor is an integer numpy would not take as a number (the general path refuses it)."""
     if type(space) is not Box:
         return None
     bounds = space.small_float_bounds
@@ -60,7 +64,8 @@ def _one_small_box(value: Any, space: Space) -> Columns | None:
     lows, highs = bounds
     if type(value) is list:
         if len(space.shape) != 1 or len(value) != space.shape[0] or not all(
-                (type(x) is float or type(x) is int) and lo < x < hi for x, lo, hi in zip(value, lows, highs)):
+                (type(x) is float or (type(x) is int and INT_LOW <= x < INT_END)) and lo < x < hi
+                for x, lo, hi in zip(value, lows, highs)):
             return None
         return {"": np.array(value, np.float32).reshape(1, len(value))}
     if type(value) is not np.ndarray or value.dtype.kind != "f" or value.shape != space.shape:

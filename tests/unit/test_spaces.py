@@ -566,3 +566,11 @@ def test_one_small_box_fast_path_copies_and_leaves_other_forms_to_the_general_pa
         with pytest.raises(InvalidValue):
             to_columns([bad], space, 1, "obs")
     assert Box((17,)).small_float_bounds is None and Box((2,), "int32").small_float_bounds is None
+
+
+@pytest.mark.parametrize("big", [-2**63 - 1, 2**64, 10**30])
+def test_integers_numpy_cannot_hold_are_refused_on_the_fast_path_too(big):
+    space = Box((4,), low=[-4.8, -math.inf, -0.418, -math.inf], high=[4.8, math.inf, 0.418, math.inf])
+    with pytest.raises(InvalidValue, match="numbers"):
+        to_columns([[0.0, 0.0, 0.0, big]], space, 1, "obs")
+    assert to_columns([[0.0, 0.0, 0.0, 2**64 - 1]], space, 1, "obs")[""].shape == (1, 4)
