@@ -83,7 +83,9 @@ class LoneStepper:
         ``order[start:next]`` were served, ``self.records[:records]`` are the step records
         they completed, and if ``declined`` ``order[next]`` was declined, nothing changed
         (serve it in Python, then call again from ``next + 1``). The runner's weights are
-        current; called by the role's serving turn."""
+        current; called by the role's serving turn. An exception (``random()`` failing)
+        leaves the lanes before it answered and their records unsent: the role then ends,
+        and restarts, like any exception in its loop."""
         if not self._bind(book, runner):
             return start, 0, True
         return self.native.serve(runner.native_small.program, lanes, order, start,  # type: ignore[union-attr]

@@ -387,8 +387,8 @@ class InferenceServer:
         held, pos, n = policy.held, 0, len(order)
         while pos < n:
             if policy.held and not held:  # (a sample boundary held the policy: the rest wait
-                self._defer(pl, order[pos:].tolist() + left.tolist())  # for the next turns,
-                left, n = left[:0], pos                                 # as separate turns would)
+                self._defer(pl, order[pos:].tolist())  # for the next turns, as separate turns would)
+                n = pos
                 break
             nxt, records, declined = lone.serve(lanes, order, pos, pl.book, runner, self._records_to_boundary(policy))
             self.stats.lone(nxt - pos)
@@ -399,6 +399,9 @@ class InferenceServer:
                 self._serve_one(name, policy, pl, req, bool(runner.bad_rows(req.obs)[0]))
                 nxt += 1
             pos = nxt
+        if policy.held and not held and len(left):  # (the groups too: none is served after the cut)
+            self._defer(pl, left.tolist())
+            left = left[:0]
         if n:
             pl.wake(order[:n])
         return left, n

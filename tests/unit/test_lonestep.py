@@ -188,6 +188,29 @@ def test_a_hold_in_the_middle_of_a_turn_defers_the_rest(tmp_path):
     t.close()
 
 
+def test_a_hold_in_the_middle_of_a_turn_defers_its_groups_too(tmp_path):
+    """(A lone request completes the sample: a group published in the same turn waits for
+    the next weights as well; it is not served after the cut with the old ones.)"""
+    d, board = make_board(tmp_path)
+    t = Twin(tmp_path, "a", d, board, True, on_policy=True, sample_steps=2)
+    for lane in range(4):
+        t.request(lane, OP_START, np.zeros(4, np.float32), 0.0, 0)
+    assert t.server.serve_once() == 4
+    for lane in range(4):
+        lanes = t.area.lanes
+        lanes["obs"]["obs"][lane], lanes["op"][lane], lanes["reward"][lane] = 0.1, OP_STEP, 1.0
+    t.area.publish(0)
+    t.area.publish(1)  # (the second lone STEP completes the sample)
+    t.area.publish_group(np.array([2, 3]), 7)
+    assert t.server.serve_once() == 2 and t.link.held
+    assert not t.area.answered(2) and not t.area.answered(3)
+    board.publish(4, board.read()[1] * 0.5)
+    t.link.held = False
+    assert t.server.serve_once() == 2 and t.area.answered_all(np.array([2, 3]))
+    assert list(t.area.lanes["weights_seq_no"][[2, 3]]) == [4, 4]
+    t.close()
+
+
 def test_random_cannot_rebind_or_rerun_during_a_step(twins):
     native, _ = twins
     runner, lone = native.policy.runner, native.policy.lone
@@ -218,7 +241,8 @@ def test_serve_stops_at_a_declined_lane_and_at_max_records(twins):
     order = np.arange(4, dtype=np.int64)
     assert lone.serve(lanes, order, 0, book, runner, 64) == (2, 2, True)  # (each STEP completes a record)
     assert native.area.answered(1) and not native.area.answered(2)
-    assert lone.serve(lanes, order, 3, book, runner, 1) == (4, 1, False)
+    assert lone.serve(lanes, np.array([3, 0], np.int64), 0, book, runner, 1) == (1, 1, False)  # (max_records)
+    assert native.area.answered(3) and native.area.answered(0) and not native.area.answered(2)
     assert lone.serve(lanes, order, 4, book, runner, 1) == (4, 0, False)  # (nothing left)
     assert np.array_equal(lone.records["stream_id"][:1], book.slot[3:4].astype(np.uint32))
     with pytest.raises(ValueError, match="int64"):
