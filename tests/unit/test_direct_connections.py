@@ -16,7 +16,8 @@ from rlinkd.client_lib.protocol.spaces import Box, Discrete
 from rlinkd.client_lib.transport import DIRECT_REFUSED
 from rlinkd.daemon.inference.direct import MAX_FRAMES_PER_TURN, DirectConnections
 from rlinkd.daemon.inference.front import Front, LanePool
-from rlinkd.shm.lanes import OP_END, OP_RELEASE, OP_START, STATUS_OK, TERMINATED, LaneArea, LaneLayout
+from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_RELEASE, OP_START, STATUS_OK, TERMINATED, LaneArea,
+                              LaneLayout)
 from rlinkd.shm.records import StepLayout
 
 OBS = [0.1, 0.2, 0.3, 0.4]
@@ -262,3 +263,23 @@ def test_a_step_batch_of_one_step_is_published_as_a_lone_request(direct):
     c.sendall(codec.encode(s.StepBatch((s.BatchEntry("nobody", OBS, 1.0),))))
     turn(direct)
     assert isinstance(reply := recv(c), codec.Error) and "unknown episode 'nobody'" in reply.message
+
+
+def test_a_step_batch_of_one_step_keeps_the_batch_checks_and_flags(direct):
+    c = connect(direct)
+    lanes = direct.pools["default"].area.lanes
+    c.sendall(codec.encode(s.StepBatch((s.BatchEntry("e", OBS, start=True, training_enabled=False),))))
+    turn(direct)
+    assert recv(c) == s.Actions([1], [3])
+    c.sendall(codec.encode(s.StepBatch((s.BatchEntry("e", OBS, 1.0),))))
+    direct.service(direct.epoll.poll(0.02))
+    lane = int(np.flatnonzero(lanes["req_seq"] != lanes["resp_seq"])[0])
+    assert lanes["flags"][lane] & EVALUATE  # (an evaluation episode's steps stay evaluation)
+    answer_lanes(direct)
+    direct.answer()
+    assert recv(c) == s.Actions([1], [3])
+    c.sendall(codec.encode(s.StartEpisode("f")) + codec.encode(s.StepBatch((s.BatchEntry("f", OBS, 1.0),))))
+    turn(direct)
+    assert recv(c) == s.EpisodeStarted("f", "default")
+    turn(direct)
+    assert isinstance(reply := recv(c), codec.Error) and "before the episode's first action" in reply.message
