@@ -1,15 +1,17 @@
-"""A lone request served in native code (``_native.LoneStep``, native/step.c).
+"""Lone requests served in native code (``_native.LoneStep``, native/step.c).
 
 A lone client (one shared-memory agent, one TCP or direct connection) sends one request per
 turn, and the inference role's Python per request (~40 us: copy, obs check, ``LaneBook``,
-forward, draw, answer) was most of its round trip. ``LoneStepper.step`` hands the common
-case -- a STEP of an open episode, its observation a flat float32 Box strictly inside its
-bounds, a Discrete action, the native backend for batch 1, no epsilon -- to native code that
-does exactly what ``LaneBook.apply_one`` + the draw + ``remember_one`` do (a property test
+forward, draw, answer) was most of its round trip. ``LoneStepper.serve`` hands a turn's lone
+requests to native code, which serves the common cases -- a STEP of an open episode, the
+START and the END of an evaluation episode; the observation a flat float32 Box strictly
+inside its bounds, a Discrete action, the native backend for batch 1, no epsilon -- doing
+exactly what ``LaneBook.apply_one`` + the draw + ``remember_one`` do (a property test
 compares the two paths), and declines anything else, changing nothing, for the Python path.
 
 ``InferenceServer`` makes one per policy when its first area arrives (``maybe``: None when
-the spaces or the extension do not allow it) and calls ``step`` for a turn of one request.
+the spaces or the extension do not allow it) and calls ``serve`` in each turn with lone
+requests.
 """
 from __future__ import annotations
 
@@ -19,11 +21,11 @@ from rlinkd.client_lib.protocol.spaces import Discrete
 from rlinkd.daemon.inference.backend import PolicyRunner
 from rlinkd.daemon.inference.episodes import STEP_FLAGS, LaneBook
 from rlinkd.daemon.inference.netnative import native_module
-from rlinkd.shm.lanes import OP_STEP, LaneLayout
+from rlinkd.shm.lanes import EVALUATE, OP_END, OP_START, OP_STEP, LaneLayout
 
 MAX_RECORDS = 64  # step records one ``serve`` call completes at most (then it returns)
 
-LANE_FIELDS = ("req_seq", "resp_seq", "op", "reward", "status", "weights_seq_no", "logp", "action", "obs")
+LANE_FIELDS = ("req_seq", "resp_seq", "op", "flags", "reward", "status", "weights_seq_no", "logp", "action", "obs")
 RECORD_FIELDS = ("flags", "stream_id", "weights_seq_no", "reward", "logp", "obs", "action", "dist")
 
 
@@ -40,10 +42,9 @@ class LoneStepper:
         step = lane_layout.step
         layout = (*_offsets(lane_layout.dtype, LANE_FIELDS), lane_layout.lane_bytes,
                   *_offsets(step.dtype, RECORD_FIELDS), step.record_bytes,
-                  len(low), step.dist_size, OP_STEP, int(STEP_FLAGS))
+                  len(low), step.dist_size, OP_STEP, OP_START, OP_END, EVALUATE, int(STEP_FLAGS))
         self.native = native_module().LoneStep(layout, np.ascontiguousarray(low, np.float32),
                                                np.ascontiguousarray(high, np.float32))
-        self.record = step.empty(1)  # (the completed step record, when there is one)
         self.records = step.empty(MAX_RECORDS)  # (serve's completed step records)
         self.bound: np.ndarray | None = None
 
@@ -66,28 +67,21 @@ class LoneStepper:
         may take requests (else every one would be declined)."""
         return runner.native_small is not None and runner.epsilon is None
 
-    def step(self, lanes: np.ndarray, lane: int, book: LaneBook, runner: PolicyRunner) -> int:
-        """Serve lane ``lane`` of ``lanes`` natively: -1 declined (nothing changed: serve it
-        in Python), 0 served, 1 served and ``self.record`` is the step record it completed.
-        Called once per turn of one request; the runner's weights are current."""
-        if not self._bind(book, runner):
-            return -1
-        return int(self.native.step(runner.native_small.program, lanes, lane,  # type: ignore[union-attr]
-                                    runner.rng.random, runner.weights_seq_no, self.record))
-
     def serve(self, lanes: np.ndarray, order: np.ndarray, start: int, book: LaneBook, runner: PolicyRunner,
-              max_records: int) -> tuple[int, int, bool]:
-        """``step`` for the lanes ``order[start:]`` (int64) in order, in one native call,
-        until one is declined, ``max_records`` step records were completed (the caller's
-        sample boundary) or MAX_RECORDS were. Returns (next, records, declined):
-        ``order[start:next]`` were served, ``self.records[:records]`` are the step records
-        they completed, and if ``declined`` ``order[next]`` was declined, nothing changed
-        (serve it in Python, then call again from ``next + 1``). The runner's weights are
+              max_records: int) -> tuple[int, int, bool, tuple[float, int, int] | None]:
+        """Serve the lanes ``order[start:]`` (int64) in order, in one native call, until
+        one is declined, ``max_records`` step records were completed (the caller's sample
+        boundary), MAX_RECORDS were, or an evaluation episode ended. Returns (next, records,
+        declined, ended): ``order[start:next]`` were served, ``self.records[:records]`` are
+        the step records they completed; if ``declined``, ``order[next]`` was declined,
+        nothing changed (serve it in Python, then call again from ``next + 1``); ``ended``:
+        None, or (return, length, version) of the evaluation episode ``order[next - 1]``
+        ended (its END answered; no action). The runner's weights are
         current; called by the role's serving turn. An exception (``random()`` failing)
         leaves the lanes before it answered and their records unsent: the role then ends,
         and restarts, like any exception in its loop."""
         if not self._bind(book, runner):
-            return start, 0, True
+            return start, 0, True, None
         return self.native.serve(runner.native_small.program, lanes, order, start,  # type: ignore[union-attr]
                                  runner.rng.random, runner.weights_seq_no, self.records, max(1, max_records))
 

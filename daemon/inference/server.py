@@ -390,8 +390,12 @@ class InferenceServer:
                 self._defer(pl, order[pos:].tolist())  # for the next turns, as separate turns would)
                 n = pos
                 break
-            nxt, records, declined = lone.serve(lanes, order, pos, pl.book, runner, self._records_to_boundary(policy))
-            self.stats.lone(nxt - pos)
+            nxt, records, declined, ended = lone.serve(lanes, order, pos, pl.book, runner,
+                                                       self._records_to_boundary(policy))
+            if ended is not None:  # (an evaluation episode's END: answered, no action)
+                self.stats.requests += 1
+                policy.eval_ends.append(EvalEpisode(*ended, policy_id=name))
+            self.stats.lone(nxt - pos - (ended is not None))
             if records:
                 self._send(name, lone.records[:records], records)
             if declined:  # (the Python path, for this one request)

@@ -129,7 +129,8 @@ def test_native_and_python_lone_steps_agree(twins, script, seed):
         same_records(books[0].pending, books[1].pending)
         same_records(native.link.all, python.link.all)  # (in one write or several: the same records)
         assert native.link.steps == python.link.steps and native.link.samples == python.link.samples
-    assert native.server.stats.actions == python.server.stats.actions
+        assert native.policy.eval_ends == python.policy.eval_ends
+    assert native.server.stats == python.server.stats  # (requests, actions, batches, errors, histogram)
     assert python.natively == 0
 
 
@@ -144,6 +145,23 @@ def test_the_native_path_takes_the_common_case(twins):
     assert native.natively == 20
     same_records(native.link.all, python.link.all)
     assert len(native.link.all) >= 20 and native.server.stats.requests == python.server.stats.requests == 21
+
+
+def test_evaluation_episodes_are_served_natively_start_to_end(twins):
+    for t in twins:
+        t.request(0, OP_START, np.zeros(4, np.float32), 0.0, EVALUATE)
+        t.server.serve_once()
+        for k in range(5):
+            t.request(0, OP_STEP, np.full(4, 0.01 * k, np.float32), 1.0, 0)
+            t.server.serve_once()
+        t.request(0, OP_END, np.zeros(4, np.float32), 2.0, TERMINATED)
+        t.server.serve_once()
+    native, python = twins
+    assert native.natively == 7 and native.policy.eval_ends == python.policy.eval_ends
+    assert [(e.episode_return, e.episode_length) for e in native.policy.eval_ends] == [(7.0, 6)]
+    assert native.server.stats.actions == python.server.stats.actions == 6
+    assert native.server.stats.requests == python.server.stats.requests == 7
+    assert len(native.link.all) == len(python.link.all) == 0 and not native.server.lanes["default"].book.open[0]
 
 
 def test_no_stepper_for_other_spaces(tmp_path):
@@ -223,10 +241,11 @@ def test_random_cannot_rebind_or_rerun_during_a_step(twins):
         program.run(64, (np.zeros((64, 4), np.float32),), np.zeros((64, 2), np.float32))
         return 0.5
     lanes = native.server.lanes["default"].region.lanes
+    order = np.zeros(1, np.int64)
     with pytest.raises(RuntimeError, match="in use"):
-        lone.native.step(program, lanes, 0, meddling, 3, lone.record)
+        lone.native.serve(program, lanes, order, 0, meddling, 3, lone.records, 64)
     assert not native.area.answered(0)  # (nothing answered: the step raised before the answer)
-    assert lone.native.step(program, lanes, 0, lambda: 0.5, 3, lone.record) >= 0
+    assert lone.native.serve(program, lanes, order, 0, lambda: 0.5, 3, lone.records, 64)[:3] == (1, 1, False)
 
 
 def test_serve_stops_at_a_declined_lane_and_at_max_records(twins):
@@ -239,11 +258,11 @@ def test_serve_stops_at_a_declined_lane_and_at_max_records(twins):
     for lane in range(4):  # (lane 2 outside its bounds: declined)
         native.request(lane, OP_STEP, np.array([9.0 if lane == 2 else 0.1, 0, 0, 0], np.float32), 1.0, 0)
     order = np.arange(4, dtype=np.int64)
-    assert lone.serve(lanes, order, 0, book, runner, 64) == (2, 2, True)  # (each STEP completes a record)
+    assert lone.serve(lanes, order, 0, book, runner, 64) == (2, 2, True, None)  # (each STEP completes a record)
     assert native.area.answered(1) and not native.area.answered(2)
-    assert lone.serve(lanes, np.array([3, 0], np.int64), 0, book, runner, 1) == (1, 1, False)  # (max_records)
+    assert lone.serve(lanes, np.array([3, 0], np.int64), 0, book, runner, 1) == (1, 1, False, None)  # (max_records)
     assert native.area.answered(3) and native.area.answered(0) and not native.area.answered(2)
-    assert lone.serve(lanes, order, 4, book, runner, 1) == (4, 0, False)  # (nothing left)
+    assert lone.serve(lanes, order, 4, book, runner, 1) == (4, 0, False, None)  # (nothing left)
     assert np.array_equal(lone.records["stream_id"][:1], book.slot[3:4].astype(np.uint32))
     with pytest.raises(ValueError, match="int64"):
         lone.native.serve(program, lanes, order.astype(np.int32), 0, lambda: 0.5, 3, lone.records, 1)

@@ -1,12 +1,13 @@
 /* _native, part 2: a lone serving request's whole turn in native code (lonestep.py).
  *
- * The common request of a lone client -- a STEP of an open episode, a flat float32
- * observation inside its Box, one Discrete action -- costs the Python path of the inference
- * role (Requests.read, the obs check, LaneBook.apply_one, the forward pass, the draw,
- * LaneBook.remember_one, the answer) ~40 us; here it is a few. Anything else is *declined*
- * (step() returns -1 having changed nothing) and the Python path serves it, so this file
- * implements one case of LaneBook.apply_one + remember_one and must agree with them exactly
- * (tests/unit/test_lonestep.py compares both on random request sequences).
+ * The common requests of lone clients -- a STEP of an open episode, the START and END of an
+ * evaluation episode, a flat float32 observation inside its Box, one Discrete action --
+ * cost the Python path of the inference role (Requests.read, the obs check,
+ * LaneBook.apply_one, the forward pass, the draw, LaneBook.remember_one, the answer) ~40 us
+ * each; here a few. Anything else is *declined* (nothing changed) and the Python path serves
+ * it, so this file implements those cases of LaneBook.apply_one + remember_one and must
+ * agree with them exactly (tests/unit/test_lonestep.py compares both on random request
+ * sequences).
  *
  * Every byte offset comes from the numpy dtypes (shm/lanes.py LaneLayout, shm/records.py
  * StepLayout: the one declaration of each layout) through the `layout` tuple, in the order
@@ -23,9 +24,9 @@
 #include <string.h>
 
 enum {
-    L_REQ_SEQ, L_RESP_SEQ, L_OP, L_REWARD, L_STATUS, L_SEQ_NO, L_LOGP, L_ACTION, L_OBS, L_BYTES,
+    L_REQ_SEQ, L_RESP_SEQ, L_OP, L_FLAGS, L_REWARD, L_STATUS, L_SEQ_NO, L_LOGP, L_ACTION, L_OBS, L_BYTES,
     R_FLAGS, R_STREAM, R_SEQ_NO, R_REWARD, R_LOGP, R_OBS, R_ACTION, R_DIST, R_BYTES,
-    K_OBS_FLOATS, K_DIST, K_OP_STEP, K_STEP_FLAGS, N_LAYOUT
+    K_OBS_FLOATS, K_DIST, K_OP_STEP, K_OP_START, K_OP_END, K_EVALUATE, K_STEP_FLAGS, N_LAYOUT
 };
 
 enum { B_OPEN, B_EVALUATE, B_SLOT, B_PENDING, B_HAS_PENDING, B_FRAGMENT_STEPS, B_RET, B_LENGTH, N_BOOK };
@@ -77,7 +78,7 @@ static int read_floats(PyObject *obj, Py_ssize_t count, float **dst)
 static int layout_fits(const Py_ssize_t *at)
 {
     const Py_ssize_t obs = at[K_OBS_FLOATS] * 4, dist = at[K_DIST] * 4;
-    const Py_ssize_t lane[][2] = {{L_REQ_SEQ, 4}, {L_RESP_SEQ, 4}, {L_OP, 1}, {L_REWARD, 4}, {L_STATUS, 4},
+    const Py_ssize_t lane[][2] = {{L_REQ_SEQ, 4}, {L_RESP_SEQ, 4}, {L_OP, 1}, {L_FLAGS, 1}, {L_REWARD, 4}, {L_STATUS, 4},
                                   {L_SEQ_NO, 8}, {L_LOGP, 4}, {L_ACTION, 4}, {L_OBS, obs}};
     const Py_ssize_t rec[][2] = {{R_FLAGS, 1}, {R_STREAM, 4}, {R_SEQ_NO, 8}, {R_REWARD, 4}, {R_LOGP, 4},
                                  {R_OBS, obs}, {R_ACTION, 4}, {R_DIST, dist}};
@@ -182,26 +183,64 @@ static Py_ssize_t categorical(const float *logits, Py_ssize_t n, double u, doubl
     return a;
 }
 
-/* One lane's request, if it is the common case: -1 declined (nothing changed), 0 served,
- * 1 served and `out` (one record) holds the step record it completed, -2 an exception is
- * set. The caller checked the program against the layout, the lane against the book and
- * the lanes' buffer, and made room for one arena row. */
+/* The answer's common part: status OK, the version; resp_seq last (release). */
+static void answer(const Py_ssize_t *at, char *row, uint32_t req_seq, long long seq_no)
+{
+    const int32_t status = 0;
+    const int64_t seq64 = seq_no;
+    memcpy(row + at[L_STATUS], &status, sizeof status);
+    memcpy(row + at[L_SEQ_NO], &seq64, sizeof seq64);
+    __atomic_store_n(&AT(row, at[L_RESP_SEQ], uint32_t), req_seq, __ATOMIC_RELEASE);
+}
+
+/* LaneBook.apply_one + _close for the END of an evaluation episode (no records, no slot):
+ * 2 with ended = (return, length, weights_seq_no of its last action), or -1 declined. */
+static int end_evaluation(LoneStep *self, char *row, Py_ssize_t lane, uint32_t req_seq, float reward,
+                          long long seq_no, double *ended)
+{
+    const Py_ssize_t *at = self->at;
+    char *const pending = (char *)self->book[B_PENDING].buf + lane * at[R_BYTES];
+    if (!AT(self->book[B_EVALUATE].buf, lane, uint8_t) || AT(self->book[B_SLOT].buf, lane * 8, int64_t) >= 0)
+        return -1;
+    const double ret = AT(self->book[B_RET].buf, lane * 8, double) += reward;
+    const int64_t length = AT(self->book[B_LENGTH].buf, lane * 8, int64_t) += 1;
+    int64_t last_seq;
+    memcpy(&last_seq, pending + at[R_SEQ_NO], sizeof last_seq);
+    ended[0] = ret, ended[1] = (double)length, ended[2] = (double)last_seq;
+    AT(self->book[B_OPEN].buf, lane, uint8_t) = 0;
+    AT(self->book[B_HAS_PENDING].buf, lane, uint8_t) = 0;
+    AT(self->book[B_FRAGMENT_STEPS].buf, lane * 8, int64_t) = 0;
+    answer(at, row, req_seq, seq_no);
+    return 2;
+}
+
+/* One lane's request, if it is the common case: a STEP of an open episode, the START of an
+ * evaluation episode on a closed lane, or the END of an open evaluation episode, its
+ * observation strictly inside the Box. -1 declined (nothing changed), 0 served, 1 served
+ * and `out` (one record) holds the step record it completed, 2 an evaluation episode ended
+ * (`ended`: its return, length and last version), -2 an exception is set. The caller
+ * checked the program against the layout, the lane against the book and the lanes'
+ * buffer, and made room for one arena row. */
 static int serve_lane(LoneStep *self, Program *p, char *row, Py_ssize_t lane, PyObject *random,
-                      long long seq_no, char *out)
+                      long long seq_no, char *out, double *ended)
 {
     const Py_ssize_t *at = self->at;
     float *x = p->arena + p->offset[0]; /* (n = 1: a register starts at its offset) */
     const uint32_t req_seq = __atomic_load_n(&AT(row, at[L_REQ_SEQ], uint32_t), __ATOMIC_ACQUIRE);
-    const int op = AT(row, at[L_OP], uint8_t);
+    const int op = AT(row, at[L_OP], uint8_t), flags = AT(row, at[L_FLAGS], uint8_t);
     float reward;
     memcpy(&reward, row + at[L_REWARD], sizeof reward);
     memcpy(x, row + at[L_OBS], (size_t)at[K_OBS_FLOATS] * sizeof(float));
     char *const pending = (char *)self->book[B_PENDING].buf + lane * at[R_BYTES];
-    if (op != at[K_OP_STEP] || !AT(self->book[B_OPEN].buf, lane, uint8_t))
+    const int is_open = AT(self->book[B_OPEN].buf, lane, uint8_t) != 0;
+    const int starting = op == at[K_OP_START];
+    if (starting ? is_open || !(flags & at[K_EVALUATE]) : !is_open || (op != at[K_OP_STEP] && op != at[K_OP_END]))
         return -1;
     for (Py_ssize_t i = 0; i < at[K_OBS_FLOATS]; i++)
         if (!(self->low[i] < x[i] && x[i] < self->high[i])) /* (NaN fails too) */
             return -1;
+    if (op == at[K_OP_END])
+        return end_evaluation(self, row, lane, req_seq, reward, seq_no, ended);
     native_execute(p, 1);
     const float *logits = p->arena + p->offset[p->output];
     int finite_top = 0;
@@ -212,7 +251,7 @@ static int serve_lane(LoneStep *self, Program *p, char *row, Py_ssize_t lane, Py
     }
     if (!finite_top)
         return -1;
-    const int evaluate = AT(self->book[B_EVALUATE].buf, lane, uint8_t) != 0;
+    const int evaluate = starting || AT(self->book[B_EVALUATE].buf, lane, uint8_t) != 0;
     double u = -1.0, logp;
     if (!evaluate) {
         self->busy = p->busy = 1; /* (random() is any Python: it must not rebind or rerun) */
@@ -227,11 +266,18 @@ static int serve_lane(LoneStep *self, Program *p, char *row, Py_ssize_t lane, Py
         }
     }
     const Py_ssize_t a = categorical(logits, at[K_DIST], u, &logp);
-    /* LaneBook.apply_one for a STEP: the reward completes the pending step */
-    AT(self->book[B_RET].buf, lane * 8, double) += reward;
-    AT(self->book[B_LENGTH].buf, lane * 8, int64_t) += 1;
     int result = 0;
-    if (!evaluate && AT(self->book[B_HAS_PENDING].buf, lane, uint8_t)) {
+    if (starting) { /* LaneBook._start_one of an evaluation episode (no slot) */
+        AT(self->book[B_OPEN].buf, lane, uint8_t) = 1;
+        AT(self->book[B_EVALUATE].buf, lane, uint8_t) = 1;
+        AT(self->book[B_RET].buf, lane * 8, double) = 0.0;
+        AT(self->book[B_LENGTH].buf, lane * 8, int64_t) = 0;
+        AT(self->book[B_FRAGMENT_STEPS].buf, lane * 8, int64_t) = 0;
+    } else { /* LaneBook.apply_one for a STEP: the reward completes the pending step */
+        AT(self->book[B_RET].buf, lane * 8, double) += reward;
+        AT(self->book[B_LENGTH].buf, lane * 8, int64_t) += 1;
+    }
+    if (!starting && !evaluate && AT(self->book[B_HAS_PENDING].buf, lane, uint8_t)) {
         memcpy(out, pending, (size_t)at[R_BYTES]);
         memcpy(out + at[R_REWARD], &reward, sizeof reward);
         AT(self->book[B_FRAGMENT_STEPS].buf, lane * 8, int64_t) += 1;
@@ -249,13 +295,9 @@ static int serve_lane(LoneStep *self, Program *p, char *row, Py_ssize_t lane, Py
     memcpy(pending + at[R_STREAM], &stream, sizeof stream);
     AT(pending, at[R_FLAGS], uint8_t) = (uint8_t)at[K_STEP_FLAGS];
     AT(self->book[B_HAS_PENDING].buf, lane, uint8_t) = 1;
-    /* the answer; resp_seq last */
-    const int32_t status = 0;
     memcpy(row + at[L_ACTION], &action, sizeof action);
     memcpy(row + at[L_LOGP], &logp32, sizeof logp32);
-    memcpy(row + at[L_STATUS], &status, sizeof status);
-    memcpy(row + at[L_SEQ_NO], &seq64, sizeof seq64);
-    __atomic_store_n(&AT(row, at[L_RESP_SEQ], uint32_t), req_seq, __ATOMIC_RELEASE);
+    answer(at, row, req_seq, seq_no);
     return result;
 }
 
@@ -287,43 +329,15 @@ static int two_views(PyObject *lanes_obj, Py_buffer *lanes, PyObject *out_obj, P
     return 0;
 }
 
-/* step(program, lanes, lane, random, seq_no, out): serve lane `lane` of `lanes` (a region's
- * lanes, as bytes) if it is the common case; `random()` gives the draw (called only to
- * explore); `out` a one-record buffer. -1: declined, nothing changed; 0: served; 1: served
- * and `out` holds the step record the request completed. */
-static PyObject *LoneStep_step(LoneStep *self, PyObject *args)
-{
-    PyObject *prog_obj, *lanes_obj, *random, *out_obj;
-    Py_ssize_t lane;
-    long long seq_no;
-    if (!PyArg_ParseTuple(args, "O!OnOLO", &NativeProgramType, &prog_obj, &lanes_obj, &lane, &random, &seq_no,
-                          &out_obj))
-        return NULL;
-    Program *p = (Program *)prog_obj;
-    if (usable(self, p) < 0)
-        return NULL;
-    if (lane < 0 || lane >= self->capacity)
-        return PyErr_Format(PyExc_IndexError, "lane %zd: the book covers %zd", lane, self->capacity);
-    Py_buffer lanes, out;
-    if (two_views(lanes_obj, &lanes, out_obj, &out) < 0)
-        return NULL;
-    int result = -2;
-    if ((lane + 1) * self->at[L_BYTES] > lanes.len || out.len != self->at[R_BYTES])
-        PyErr_Format(PyExc_ValueError, "lane %zd past the lanes, or out is not one record", lane);
-    else
-        result = serve_lane(self, p, (char *)lanes.buf + lane * self->at[L_BYTES], lane, random, seq_no,
-                            out.buf);
-    PyBuffer_Release(&lanes);
-    PyBuffer_Release(&out);
-    return result == -2 ? NULL : PyLong_FromLong(result);
-}
-
-/* serve(program, lanes, order, start, random, seq_no, out, max_records): step() for the
- * lanes order[start:], in order, until one is declined, or `max_records` step records were
- * completed (a sample boundary: the caller hands them on before going further), or `out`
- * (records, one per row) is full. Returns (next, records, declined): order[start:next]
- * were served, out[:records] holds the records they completed, and if `declined`,
- * order[next] is a lane declined with nothing changed. */
+/* serve(program, lanes, order, start, random, seq_no, out, max_records): serve the lanes
+ * order[start:] (of `lanes`, a region's lanes, as bytes), in order, where they are the common
+ * case (serve_lane), until one is declined, `max_records` step records were completed (a
+ * sample boundary: the caller hands them on before going further), `out` (records, one per
+ * row) is full, or an evaluation episode ended; `random()` gives each draw (called only to
+ * explore). Returns (next, records, declined, ended): order[start:next] were served,
+ * out[:records] holds the records they completed; if `declined`, order[next] is a lane
+ * declined with nothing changed; `ended` is None or (return, length, version) of the
+ * evaluation episode order[next - 1] ended. */
 static PyObject *LoneStep_serve(LoneStep *self, PyObject *args)
 {
     PyObject *prog_obj, *lanes_obj, *order_obj, *random, *out_obj;
@@ -346,7 +360,8 @@ static PyObject *LoneStep_serve(LoneStep *self, PyObject *args)
     const Py_ssize_t *at = self->at, n = order.len / 8, room = out.len / at[R_BYTES];
     const int64_t *lane_at = order.buf;
     Py_ssize_t next = start, records = 0;
-    int declined = 0, failed = 0;
+    int declined = 0, failed = 0, ending = 0;
+    double ended[3] = {0.0, 0.0, 0.0};
     if (order.itemsize != 8 || !order.format || (strcmp(order.format, "q") && strcmp(order.format, "l"))
         || out.len % at[R_BYTES] || start < 0 || start > n || max_records < 1) {
         PyErr_SetString(PyExc_ValueError, "serve: order is int64 lanes, out whole records, start in order, "
@@ -361,10 +376,15 @@ static PyObject *LoneStep_serve(LoneStep *self, PyObject *args)
             break;
         }
         const int r = serve_lane(self, p, (char *)lanes.buf + lane * at[L_BYTES], lane, random, seq_no,
-                                 (char *)out.buf + records * at[R_BYTES]);
+                                 (char *)out.buf + records * at[R_BYTES], ended);
         if (r < 0) {
             failed = r == -2;
             declined = r == -1;
+            break;
+        }
+        if (r == 2) { /* (the caller records the evaluation episode before going on) */
+            ending = 1;
+            next++;
             break;
         }
         records += r;
@@ -372,18 +392,21 @@ static PyObject *LoneStep_serve(LoneStep *self, PyObject *args)
     PyBuffer_Release(&order);
     PyBuffer_Release(&lanes);
     PyBuffer_Release(&out);
-    return failed ? NULL : Py_BuildValue("nnO", next, records, declined ? Py_True : Py_False);
+    if (failed)
+        return NULL;
+    if (ending)
+        return Py_BuildValue("nnO(dLL)", next, records, Py_False, ended[0], (long long)ended[1],
+                             (long long)ended[2]);
+    return Py_BuildValue("nnOO", next, records, declined ? Py_True : Py_False, Py_None);
 }
 
 static PyMethodDef LoneStep_methods[] = {
     {"bind", (PyCFunction)LoneStep_bind, METH_VARARGS,
      "bind(open, evaluate, slot, pending, has_pending, fragment_steps, ret, length): LaneBook's arrays."},
-    {"step", (PyCFunction)LoneStep_step, METH_VARARGS,
-     "step(program, lanes, lane, random, seq_no, out) -> -1 declined (nothing changed), 0 served, "
-     "1 served with a completed step record in out."},
     {"serve", (PyCFunction)LoneStep_serve, METH_VARARGS,
-     "serve(program, lanes, order, start, random, seq_no, out, max_records) -> (next, records, declined): "
-     "step() for order[start:] until a lane is declined, max_records records completed or out is full."},
+     "serve(program, lanes, order, start, random, seq_no, out, max_records) -> (next, records, declined, "
+     "ended): the lanes order[start:] served natively until one is declined, max_records records are "
+     "completed, out is full or an evaluation episode ended."},
     {NULL, NULL, 0, NULL},
 };
 
