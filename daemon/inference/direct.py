@@ -36,7 +36,8 @@ from rlinkd.daemon.log import RateLimit
 log = structlog.get_logger("inference")
 MAX_FRAMES_PER_TURN = 16
 READ_AHEAD_BYTES = 1 << 16  # read while busy (a pipelined frame, an EOF) up to this much
-RECV_BYTES = 1 << 18
+RECV_BYTES = 1 << 18  # one read at most (into one buffer reused by every read: a fresh
+                     # buffer this large is an mmap and munmap per read, ~12 us of the ~14)
 ACCEPTED = (serving.StartEpisode, serving.GetAction, serving.LogReturns, serving.EndEpisode,
             serving.Step, serving.StepBatch)
 
@@ -78,6 +79,8 @@ class DirectConnections:
         self.counts = {"direct_connections": 0, "direct_messages": 0, "direct_refused": 0,
                        "direct_errors": 0}
         self.error_log = RateLimit(per_s=10.0)
+        self.rbuf = bytearray(RECV_BYTES)
+        self.rview = memoryview(self.rbuf)
 
     def fileno(self) -> int:
         """Readable when a connection has something (the role sleeps on it with its others)."""
@@ -188,16 +191,16 @@ class DirectConnections:
     # ------------------------------------------------------------ reading
     def _read(self, fd: int, conn: Conn) -> None:
         try:
-            data = conn.sock.recv(RECV_BYTES)
+            got = conn.sock.recv_into(self.rbuf)
         except (BlockingIOError, InterruptedError):
             return
         except ConnectionResetError:  # (TCP drops what was unread: nothing more to take)
-            data, conn.gone = b"", True
+            got, conn.gone = 0, True
         except OSError as exc:
             return self.close(fd, str(exc))
-        if not data:  # (what it sent before still counts: an END's steps train)
+        if not got:  # (what it sent before still counts: an END's steps train)
             conn.eof = True
-        conn.inbuf += data
+        conn.inbuf += self.rview[:got]
         conn.last_seen = time.monotonic()
         if not conn.busy:
             self._advance(fd, conn)
