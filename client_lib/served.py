@@ -27,7 +27,7 @@ import numpy as np
 from rlinkd.client_lib.links import ReconnectingLink
 from rlinkd.client_lib.reporting import MetricBuffer
 from rlinkd.client_lib.protocol import codec, serving
-from rlinkd.client_lib.protocol.columns import action_columns, native, to_columns
+from rlinkd.client_lib.protocol.columns import one_action, to_columns
 from rlinkd.client_lib.protocol.spaces import Space, field_name, space_from_json
 from rlinkd.client_lib.transport import DIRECT_REFUSED, Address, RLlinkClient, RLlinkError, ServerError
 from rlinkd.shm.doorbell import Doorbell
@@ -316,9 +316,7 @@ class ServedShmLink(ReconnectingLink):
         if status != STATUS_OK:
             raise ServerError(STATUS_MESSAGES.get(status, f"serving status {status}"))
         assert self.act_space is not None
-        action = native(action_columns(np.array(row["action"], np.float32)[None], self.act_space),
-                        self.act_space, 0)
-        return action, int(row["weights_seq_no"])
+        return one_action(row["action"], self.act_space), int(row["weights_seq_no"])
 
 
 def _closed_by_peer(client: RLlinkClient) -> bool:

@@ -26,7 +26,7 @@ import numpy as np
 
 from rlinkd.client_lib.protocol.compact import (COMPACT_MIN_BYTES, CompactError, decode_compact,
                                                 encode_compact, is_compact)
-from rlinkd.client_lib.protocol.spaces import (Box, Dict, InvalidValue, LeafSpace, Space, Tuple,
+from rlinkd.client_lib.protocol.spaces import (Box, Dict, Discrete, InvalidValue, LeafSpace, Space, Tuple,
                                                path_display, path_key)
 
 Columns = dict[str, np.ndarray]
@@ -229,6 +229,16 @@ def action_columns(vec: np.ndarray, space: Space) -> Columns:
 
 
 # ---------------------------------------------------------------- native values
+def one_action(vec: np.ndarray, space: Space) -> Any:
+    """One answered action vector (float32 [action_size], e.g. a serving lane's) as its
+    native value: ``native(action_columns(vec[None], space), space, 0)``, a Discrete one in
+    plain Python (as ``Discrete.from_action_vector``: rint, then start; a served step's
+    every answer, on both ends)."""
+    if type(space) is Discrete:
+        return round(float(vec[0])) + space.start
+    return native(action_columns(np.array(vec, np.float32)[None], space), space, 0)
+
+
 def native(columns: Columns, space: Space, row: int) -> Any:
     """One step as a gymnasium env gives/takes it: dict for Dict, tuple for Tuple, int for
     Discrete, ndarray for other leaves."""

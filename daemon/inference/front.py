@@ -26,8 +26,8 @@ import numpy as np
 
 from rlinkd.client_lib.protocol import codec, serving
 from rlinkd.client_lib.protocol.codec import BadMessage
-from rlinkd.client_lib.protocol.columns import action_columns, native, to_columns
-from rlinkd.client_lib.protocol.spaces import Discrete, InvalidValue, Space, field_name
+from rlinkd.client_lib.protocol.columns import action_columns, native, one_action, to_columns
+from rlinkd.client_lib.protocol.spaces import InvalidValue, Space, field_name
 from rlinkd.client_lib.transport import EPISODE_LOST
 from rlinkd.shm.lanes import (EVALUATE, MAX_GROUP, OP_END, OP_RELEASE, OP_START, OP_STEP, STATUS_LOST,
                               STATUS_MESSAGES, STATUS_OK, TERMINATED, TRUNCATED, LaneArea)
@@ -261,11 +261,8 @@ class Front:
 
     def _action(self, ep: EpisodeLane):
         """The lane's action in its JSON form (a Discrete one in plain Python: every step)."""
-        pool, space = self.pools[ep.policy], self.pools[ep.policy].act_space
-        if type(space) is Discrete:  # (as Discrete.from_action_vector: rint, then start)
-            return round(float(pool.area.lanes["action"][ep.lane, 0])) + space.start
-        vec = np.array(pool.area.lanes["action"][ep.lane], np.float32)[None]
-        return native(action_columns(vec, space), space, 0)
+        pool = self.pools[ep.policy]
+        return one_action(pool.area.lanes["action"][ep.lane], pool.act_space)
 
     # ------------------------------------------------------------ STEP_BATCH
     def _batch(self, eps: Episodes, msg: serving.StepBatch) -> Pending:

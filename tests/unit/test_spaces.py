@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rlinkd.client_lib.protocol.columns import (action_columns, action_vector, check_action_vector,
-                                                native, to_columns, to_wire)
+                                                native, one_action, to_columns, to_wire)
 from rlinkd.client_lib.protocol.compact import encode_compact
 from rlinkd.client_lib.protocol.masking import MASKED_LOGIT, check_actions, check_masks, mask_spec
 from rlinkd.client_lib.protocol.spaces import (MAX_DEPTH, MAX_LEAVES, Box, Dict, Discrete, InvalidValue,
@@ -574,3 +574,18 @@ def test_integers_numpy_cannot_hold_are_refused_on_the_fast_path_too(big):
     with pytest.raises(InvalidValue, match="numbers"):
         to_columns([[0.0, 0.0, 0.0, big]], space, 1, "obs")
     assert to_columns([[0.0, 0.0, 0.0, 2**64 - 1]], space, 1, "obs")[""].shape == (1, 4)
+
+
+@pytest.mark.parametrize("space", [
+    Discrete(3, start=-1), Discrete(5), Box([2], low=-1.0, high=1.0), MultiDiscrete([3, 4], start=[1, -2]),
+    Dict({"move": Box([2], low=-1.0, high=1.0), "fire": Discrete(3), "gear": MultiDiscrete([2, 4])})])
+def test_one_answered_action_decodes_as_the_general_path_does(space):
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        vec = rng.integers(-2, 5, size=space.action_size).astype(np.float32) + rng.choice([0.0, 0.5, 0.49])
+        want = native(action_columns(vec[None], space), space, 0)
+        got = one_action(vec, space)
+        if isinstance(want, dict):
+            assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want)
+        else:
+            assert np.array_equal(want, got) and type(got) is type(want)
