@@ -3,8 +3,8 @@
 A lone client (one shared-memory agent, one TCP or direct connection) sends one request per
 turn, and the inference role's Python per request (~40 us: copy, obs check, ``LaneBook``,
 forward, draw, answer) was most of its round trip. ``LoneStepper.serve`` hands a turn's lone
-requests to native code, which serves the common cases -- a STEP of an open episode, the
-START and the END of an evaluation episode; the observation a flat float32 Box strictly
+requests to native code, which serves the common cases -- the START of an episode on a
+closed lane, a STEP or the END of an open one; the observation a flat float32 Box strictly
 inside its bounds, a Discrete action, the native backend for batch 1, no epsilon -- doing
 exactly what ``LaneBook.apply_one`` + the draw + ``remember_one`` do (a property test
 compares the two paths), and declines anything else, changing nothing, for the Python path.
@@ -21,9 +21,13 @@ from rlinkd.client_lib.protocol.spaces import Discrete
 from rlinkd.daemon.inference.backend import PolicyRunner
 from rlinkd.daemon.inference.episodes import STEP_FLAGS, LaneBook
 from rlinkd.daemon.inference.netnative import native_module
-from rlinkd.shm.lanes import EVALUATE, OP_END, OP_START, OP_STEP, LaneLayout
+from rlinkd.shm.lanes import EVALUATE, OP_END, OP_START, OP_STEP, TERMINATED, TRUNCATED, LaneLayout
+from rlinkd.shm.records import FINAL_OBS
+from rlinkd.shm.records import TERMINATED as REC_TERMINATED, TRUNCATED as REC_TRUNCATED
 
-MAX_RECORDS = 64  # step records one ``serve`` call completes at most (then it returns)
+MAX_RECORDS = 64  # step records one ``serve`` call writes at most (then it returns)
+EVAL_END, START, END = 1, 2, 3  # serve's events: an evaluation episode ended, a training one
+                                # started (it needs a slot), a training one ended (its slot back)
 
 LANE_FIELDS = ("req_seq", "resp_seq", "op", "flags", "reward", "status", "weights_seq_no", "logp", "action", "obs")
 RECORD_FIELDS = ("flags", "stream_id", "weights_seq_no", "reward", "logp", "obs", "action", "dist")
@@ -42,7 +46,8 @@ class LoneStepper:
         step = lane_layout.step
         layout = (*_offsets(lane_layout.dtype, LANE_FIELDS), lane_layout.lane_bytes,
                   *_offsets(step.dtype, RECORD_FIELDS), step.record_bytes,
-                  len(low), step.dist_size, OP_STEP, OP_START, OP_END, EVALUATE, int(STEP_FLAGS))
+                  len(low), step.dist_size, OP_STEP, OP_START, OP_END, EVALUATE, TERMINATED, TRUNCATED,
+                  int(STEP_FLAGS), FINAL_OBS, REC_TERMINATED, REC_TRUNCATED)
         self.native = native_module().LoneStep(layout, np.ascontiguousarray(low, np.float32),
                                                np.ascontiguousarray(high, np.float32))
         self.records = step.empty(MAX_RECORDS)  # (serve's completed step records)
@@ -68,22 +73,31 @@ class LoneStepper:
         return runner.native_small is not None and runner.epsilon is None
 
     def serve(self, lanes: np.ndarray, order: np.ndarray, start: int, book: LaneBook, runner: PolicyRunner,
-              max_records: int) -> tuple[int, int, bool, tuple[float, int, int] | None]:
+              max_steps: int) -> tuple[int, int, int, bool, tuple | None]:
         """Serve the lanes ``order[start:]`` (int64) in order, in one native call, until
-        one is declined, ``max_records`` step records were completed (the caller's sample
-        boundary), MAX_RECORDS were, or an evaluation episode ended. Returns (next, records,
-        declined, ended): ``order[start:next]`` were served, ``self.records[:records]`` are
-        the step records they completed; if ``declined``, ``order[next]`` was declined,
-        nothing changed (serve it in Python, then call again from ``next + 1``); ``ended``:
-        None, or (return, length, version) of the evaluation episode ``order[next - 1]``
-        ended (its END answered; no action). The runner's weights are
-        current; called by the role's serving turn. An exception (``random()`` failing)
-        leaves the lanes before it answered and their records unsent: the role then ends,
-        and restarts, like any exception in its loop."""
+        one is declined, ``max_steps`` train steps were completed (the caller's sample
+        boundary), MAX_RECORDS records were nearly written, or an episode started or ended.
+        Returns (next, records, steps, declined, event): ``order[start:next]`` were served,
+        ``self.records[:records]`` are the records they wrote (``steps`` of them train
+        steps); if ``declined``, ``order[next]`` was declined, nothing changed (serve it in
+        Python, then call again from ``next + 1``); ``event`` (of ``order[next - 1]``):
+        None, (EVAL_END, return, length, version), (START, ...): a training episode
+        started, its lane needs a slot (``take_slot``), or (END, slot, ...): a training
+        episode ended, its slot goes back to the pool. The runner's weights are current;
+        called by the role's serving turn. An exception (``random()`` failing) leaves the
+        lanes before it answered and their records unsent: the role then ends, and
+        restarts, like any exception in its loop."""
         if not self._bind(book, runner):
-            return start, 0, True, None
+            return start, 0, 0, True, None
         return self.native.serve(runner.native_small.program, lanes, order, start,  # type: ignore[union-attr]
-                                 runner.rng.random, runner.weights_seq_no, self.records, max(1, max_records))
+                                 runner.rng.random, runner.weights_seq_no, self.records, max(1, max_steps))
+
+    @staticmethod
+    def take_slot(book: LaneBook, lane: int) -> None:
+        """A training episode the native code started: its agent slot, as ``_start_one``
+        takes it, also in its pending step (what ``remember_one`` would have written)."""
+        slot = book.slot[lane] = book.slots.take()
+        book.pending["stream_id"][lane] = slot
 
     def _bind(self, book: LaneBook, runner: PolicyRunner) -> bool:
         """The book's current arrays bound; False when the runner cannot run natively now

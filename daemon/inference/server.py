@@ -28,7 +28,7 @@ from rlinkd.client_lib.protocol.spaces import Space
 from rlinkd.daemon.inference.backend import PolicyRunner
 from rlinkd.daemon.inference.episodes import LaneBook, Requests, SlotPool, concat
 from rlinkd.daemon.inference.link import PolicyLink
-from rlinkd.daemon.inference.lonestep import MAX_RECORDS, LoneStepper
+from rlinkd.daemon.inference.lonestep import EVAL_END, MAX_RECORDS, START, LoneStepper
 from rlinkd.shm._sync import store_load_fence
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.errors import ShmError
@@ -390,14 +390,14 @@ class InferenceServer:
                 self._defer(pl, order[pos:].tolist())  # for the next turns, as separate turns would)
                 n = pos
                 break
-            nxt, records, declined, ended = lone.serve(lanes, order, pos, pl.book, runner,
-                                                       self._records_to_boundary(policy))
-            if ended is not None:  # (an evaluation episode's END: answered, no action)
-                self.stats.requests += 1
-                policy.eval_ends.append(EvalEpisode(*ended, policy_id=name))
-            self.stats.lone(nxt - pos - (ended is not None))
-            if records:
-                self._send(name, lone.records[:records], records)
+            nxt, records, steps, declined, event = lone.serve(lanes, order, pos, pl.book, runner,
+                                                              self._steps_to_boundary(policy))
+            answered = nxt - pos
+            if event is not None:
+                answered -= self._native_event(name, policy, pl, int(order[nxt - 1]), event)
+            self.stats.lone(answered)
+            if records or steps:
+                self._send(name, lone.records[:records], steps)
             if declined:  # (the Python path, for this one request)
                 req = Requests.read(lanes, order[nxt:nxt + 1])
                 self._serve_one(name, policy, pl, req, bool(runner.bad_rows(req.obs)[0]))
@@ -410,9 +410,24 @@ class InferenceServer:
             pl.wake(order[:n])
         return left, n
 
+    def _native_event(self, name: str, policy: PolicyServing, pl: PolicyLanes, lane: int, event: tuple) -> int:
+        """What ``LoneStepper.serve`` left to Python about ``lane``'s episode (see there).
+        Returns 1 for an END (a request answered without an action), else 0."""
+        kind = event[0]
+        if kind == START:
+            LoneStepper.take_slot(pl.book, lane)
+            return 0
+        self.stats.requests += 1
+        if kind == EVAL_END:
+            _, episode_return, length, seq = event
+            policy.eval_ends.append(EvalEpisode(episode_return, length, seq, policy_id=name))
+        elif event[1] >= 0:  # (END: the training episode's slot goes back)
+            pl.book.slots.give(int(event[1]))
+        return 1
+
     @staticmethod
-    def _records_to_boundary(policy: PolicyServing) -> int:
-        """Step records the policy takes before its next sample boundary (``_send`` cuts
+    def _steps_to_boundary(policy: PolicyServing) -> int:
+        """Train steps the policy takes before its next sample boundary (``_send`` cuts
         there): a native run stops at it, as a turn per request would."""
         link = policy.link
         if link is None or not link.connected or link.held:

@@ -22,7 +22,10 @@ from rlinkd.daemon.inference.server import InferenceServer, PolicyServing, Serve
 from rlinkd.daemon.wiring import step_layout
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.doorbell import Doorbell
-from rlinkd.shm.lanes import EVALUATE, OP_END, OP_RELEASE, OP_START, OP_STEP, TERMINATED, LaneArea, LaneLayout
+from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_RELEASE, OP_START, OP_STEP, TERMINATED, TRUNCATED, LaneArea,
+                              LaneLayout)
+from rlinkd.shm.records import FINAL_OBS
+from rlinkd.shm.records import TERMINATED as REC_TERMINATED
 from tests.unit.test_inference_server import FakeLink
 
 pytestmark = pytest.mark.skipif(not netnative.available(), reason="the _native extension is not built")
@@ -130,6 +133,8 @@ def test_native_and_python_lone_steps_agree(twins, script, seed):
         same_records(native.link.all, python.link.all)  # (in one write or several: the same records)
         assert native.link.steps == python.link.steps and native.link.samples == python.link.samples
         assert native.policy.eval_ends == python.policy.eval_ends
+        slots = native.server.lanes["default"].book.slots, python.server.lanes["default"].book.slots
+        assert (slots[0].free, slots[0].next) == (slots[1].free, slots[1].next)
     assert native.server.stats == python.server.stats  # (requests, actions, batches, errors, histogram)
     assert python.natively == 0
 
@@ -142,7 +147,7 @@ def test_the_native_path_takes_the_common_case(twins):
         for k in range(20):
             t.request(0, OP_STEP, np.full(4, 0.01 * k, np.float32), 1.0, 0)
             t.server.serve_once()
-    assert native.natively == 20
+    assert native.natively == 21  # (the START too)
     same_records(native.link.all, python.link.all)
     assert len(native.link.all) >= 20 and native.server.stats.requests == python.server.stats.requests == 21
 
@@ -162,6 +167,26 @@ def test_evaluation_episodes_are_served_natively_start_to_end(twins):
     assert native.server.stats.actions == python.server.stats.actions == 6
     assert native.server.stats.requests == python.server.stats.requests == 7
     assert len(native.link.all) == len(python.link.all) == 0 and not native.server.lanes["default"].book.open[0]
+
+
+def test_training_episodes_are_served_natively_start_to_end(twins):
+    for t in twins:
+        for episode in range(2):
+            t.request(0, OP_START, np.zeros(4, np.float32), 0.0, 0)
+            t.server.serve_once()
+            for k in range(3):
+                t.request(0, OP_STEP, np.full(4, 0.01 * k, np.float32), 1.0, 0)
+                t.server.serve_once()
+            t.request(0, OP_END, np.full(4, 0.2, np.float32), 2.0, TERMINATED if episode else TRUNCATED)
+            t.server.serve_once()
+    native, python = twins
+    assert native.natively == 10 and python.natively == 0
+    same_records(native.link.all, python.link.all)
+    last = native.link.all[-1]  # (the second episode's END: its final record)
+    assert last["flags"] == FINAL_OBS | REC_TERMINATED and last["weights_seq_no"] == -1
+    assert native.server.stats == python.server.stats and native.link.steps == python.link.steps
+    book = native.server.lanes["default"].book
+    assert not book.open[0] and book.slot[0] == -1 and book.slots.free == [0]
 
 
 def test_no_stepper_for_other_spaces(tmp_path):
@@ -196,7 +221,7 @@ def test_a_hold_in_the_middle_of_a_turn_defers_the_rest(tmp_path):
     for lane in range(3):  # three STEPs in one turn: the second completes the sample
         t.request(lane, OP_STEP, np.full(4, 0.1, np.float32), 1.0, 0)
     assert t.server.serve_once() == 2
-    assert t.link.held and t.link.samples == 1 and t.natively == 2
+    assert t.link.held and t.link.samples == 1 and t.natively == 3 + 2
     assert t.area.answered(0) and t.area.answered(1) and not t.area.answered(2)
     assert t.server.serve_once() == 0 and not t.area.answered(2)  # (still held)
     board.publish(4, board.read()[1] * 0.5)
@@ -245,7 +270,7 @@ def test_random_cannot_rebind_or_rerun_during_a_step(twins):
     with pytest.raises(RuntimeError, match="in use"):
         lone.native.serve(program, lanes, order, 0, meddling, 3, lone.records, 64)
     assert not native.area.answered(0)  # (nothing answered: the step raised before the answer)
-    assert lone.native.serve(program, lanes, order, 0, lambda: 0.5, 3, lone.records, 64)[:3] == (1, 1, False)
+    assert lone.native.serve(program, lanes, order, 0, lambda: 0.5, 3, lone.records, 64)[:4] == (1, 1, 1, False)
 
 
 def test_serve_stops_at_a_declined_lane_and_at_max_records(twins):
@@ -258,17 +283,17 @@ def test_serve_stops_at_a_declined_lane_and_at_max_records(twins):
     for lane in range(4):  # (lane 2 outside its bounds: declined)
         native.request(lane, OP_STEP, np.array([9.0 if lane == 2 else 0.1, 0, 0, 0], np.float32), 1.0, 0)
     order = np.arange(4, dtype=np.int64)
-    assert lone.serve(lanes, order, 0, book, runner, 64) == (2, 2, True, None)  # (each STEP completes a record)
+    assert lone.serve(lanes, order, 0, book, runner, 64) == (2, 2, 2, True, None)  # (each STEP completes a record)
     assert native.area.answered(1) and not native.area.answered(2)
-    assert lone.serve(lanes, np.array([3, 0], np.int64), 0, book, runner, 1) == (1, 1, False, None)  # (max_records)
+    assert lone.serve(lanes, np.array([3, 0], np.int64), 0, book, runner, 1) == (1, 1, 1, False, None)  # (max_steps)
     assert native.area.answered(3) and native.area.answered(0) and not native.area.answered(2)
-    assert lone.serve(lanes, order, 4, book, runner, 1) == (4, 0, False, None)  # (nothing left)
+    assert lone.serve(lanes, order, 4, book, runner, 1) == (4, 0, 0, False, None)  # (nothing left)
     assert np.array_equal(lone.records["stream_id"][:1], book.slot[3:4].astype(np.uint32))
     with pytest.raises(ValueError, match="int64"):
         lone.native.serve(program, lanes, order.astype(np.int32), 0, lambda: 0.5, 3, lone.records, 1)
     with pytest.raises(ValueError, match="start"):
         lone.native.serve(program, lanes, order, 5, lambda: 0.5, 3, lone.records, 1)
-    with pytest.raises(ValueError, match="max_records"):
+    with pytest.raises(ValueError, match="max_steps"):
         lone.native.serve(program, lanes, order, 0, lambda: 0.5, 3, lone.records, 0)
     with pytest.raises(IndexError, match="lane 99"):
         lone.native.serve(program, lanes, np.array([99], np.int64), 0, lambda: 0.5, 3, lone.records, 1)

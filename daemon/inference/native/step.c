@@ -1,7 +1,7 @@
 /* _native, part 2: a lone serving request's whole turn in native code (lonestep.py).
  *
- * The common requests of lone clients -- a STEP of an open episode, the START and END of an
- * evaluation episode, a flat float32 observation inside its Box, one Discrete action --
+ * The common requests of lone clients -- the START of an episode on a closed lane, a STEP or
+ * the END of an open one, a flat float32 observation inside its Box, one Discrete action --
  * cost the Python path of the inference role (Requests.read, the obs check,
  * LaneBook.apply_one, the forward pass, the draw, LaneBook.remember_one, the answer) ~40 us
  * each; here a few. Anything else is *declined* (nothing changed) and the Python path serves
@@ -26,7 +26,8 @@
 enum {
     L_REQ_SEQ, L_RESP_SEQ, L_OP, L_FLAGS, L_REWARD, L_STATUS, L_SEQ_NO, L_LOGP, L_ACTION, L_OBS, L_BYTES,
     R_FLAGS, R_STREAM, R_SEQ_NO, R_REWARD, R_LOGP, R_OBS, R_ACTION, R_DIST, R_BYTES,
-    K_OBS_FLOATS, K_DIST, K_OP_STEP, K_OP_START, K_OP_END, K_EVALUATE, K_STEP_FLAGS, N_LAYOUT
+    K_OBS_FLOATS, K_DIST, K_OP_STEP, K_OP_START, K_OP_END, K_EVALUATE, K_TERMINATED, K_TRUNCATED,
+    K_STEP_FLAGS, K_FINAL_OBS, K_REC_TERMINATED, K_REC_TRUNCATED, N_LAYOUT
 };
 
 enum { B_OPEN, B_EVALUATE, B_SLOT, B_PENDING, B_HAS_PENDING, B_FRAGMENT_STEPS, B_RET, B_LENGTH, N_BOOK };
@@ -183,6 +184,16 @@ static Py_ssize_t categorical(const float *logits, Py_ssize_t n, double u, doubl
     return a;
 }
 
+/* What serving one lane did, beyond its answer: step records written to `out` (at most 2),
+ * train steps among them, and an event the caller must act on before going further. */
+enum { EV_NONE, EV_EVAL_END, EV_START, EV_END };
+typedef struct {
+    int records, steps, event;
+    double ret;               /* EV_EVAL_END: the episode's return, length, last version */
+    int64_t length, last_seq;
+    int64_t slot;             /* EV_END: the agent slot to give back */
+} Served;
+
 /* The answer's common part: status OK, the version; resp_seq last (release). */
 static void answer(const Py_ssize_t *at, char *row, uint32_t req_seq, long long seq_no)
 {
@@ -193,66 +204,82 @@ static void answer(const Py_ssize_t *at, char *row, uint32_t req_seq, long long 
     __atomic_store_n(&AT(row, at[L_RESP_SEQ], uint32_t), req_seq, __ATOMIC_RELEASE);
 }
 
-/* LaneBook.apply_one + _close for the END of an evaluation episode (no records, no slot):
- * 2 with ended = (return, length, weights_seq_no of its last action), or -1 declined. */
-static int end_evaluation(LoneStep *self, char *row, Py_ssize_t lane, uint32_t req_seq, float reward,
-                          long long seq_no, double *ended)
+/* LaneBook.apply_one for a STEP or END: the reward completes the pending step (a training
+ * lane's step record into `out`). */
+static void complete_pending(LoneStep *self, Py_ssize_t lane, float reward, char *out, Served *s)
 {
     const Py_ssize_t *at = self->at;
-    char *const pending = (char *)self->book[B_PENDING].buf + lane * at[R_BYTES];
-    if (!AT(self->book[B_EVALUATE].buf, lane, uint8_t) || AT(self->book[B_SLOT].buf, lane * 8, int64_t) >= 0)
-        return -1;
-    const double ret = AT(self->book[B_RET].buf, lane * 8, double) += reward;
-    const int64_t length = AT(self->book[B_LENGTH].buf, lane * 8, int64_t) += 1;
-    int64_t last_seq;
-    memcpy(&last_seq, pending + at[R_SEQ_NO], sizeof last_seq);
-    ended[0] = ret, ended[1] = (double)length, ended[2] = (double)last_seq;
-    AT(self->book[B_OPEN].buf, lane, uint8_t) = 0;
+    AT(self->book[B_RET].buf, lane * 8, double) += reward;
+    AT(self->book[B_LENGTH].buf, lane * 8, int64_t) += 1;
+    if (!AT(self->book[B_EVALUATE].buf, lane, uint8_t) && AT(self->book[B_HAS_PENDING].buf, lane, uint8_t)) {
+        memcpy(out, (char *)self->book[B_PENDING].buf + lane * at[R_BYTES], (size_t)at[R_BYTES]);
+        memcpy(out + at[R_REWARD], &reward, sizeof reward);
+        AT(self->book[B_FRAGMENT_STEPS].buf, lane * 8, int64_t) += 1;
+        s->records = s->steps = 1;
+    }
     AT(self->book[B_HAS_PENDING].buf, lane, uint8_t) = 0;
-    AT(self->book[B_FRAGMENT_STEPS].buf, lane * 8, int64_t) = 0;
-    answer(at, row, req_seq, seq_no);
-    return 2;
 }
 
-/* One lane's request, if it is the common case: a STEP of an open episode, the START of an
- * evaluation episode on a closed lane, or the END of an open evaluation episode, its
- * observation strictly inside the Box. -1 declined (nothing changed), 0 served, 1 served
- * and `out` (one record) holds the step record it completed, 2 an evaluation episode ended
- * (`ended`: its return, length and last version), -2 an exception is set. The caller
- * checked the program against the layout, the lane against the book and the lanes'
- * buffer, and made room for one arena row. */
-static int serve_lane(LoneStep *self, Program *p, char *row, Py_ssize_t lane, PyObject *random,
-                      long long seq_no, char *out, double *ended)
+/* LaneBook.apply_one + _close for an END: the final record of a training episode (its
+ * slot to give back: EV_END), the return of an evaluation one (EV_EVAL_END). */
+static void end_episode(LoneStep *self, Py_ssize_t lane, const float *x, int flags, float reward, char *out,
+                        Served *s)
 {
     const Py_ssize_t *at = self->at;
-    float *x = p->arena + p->offset[0]; /* (n = 1: a register starts at its offset) */
-    const uint32_t req_seq = __atomic_load_n(&AT(row, at[L_REQ_SEQ], uint32_t), __ATOMIC_ACQUIRE);
-    const int op = AT(row, at[L_OP], uint8_t), flags = AT(row, at[L_FLAGS], uint8_t);
-    float reward;
-    memcpy(&reward, row + at[L_REWARD], sizeof reward);
-    memcpy(x, row + at[L_OBS], (size_t)at[K_OBS_FLOATS] * sizeof(float));
-    char *const pending = (char *)self->book[B_PENDING].buf + lane * at[R_BYTES];
-    const int is_open = AT(self->book[B_OPEN].buf, lane, uint8_t) != 0;
-    const int starting = op == at[K_OP_START];
-    if (starting ? is_open || !(flags & at[K_EVALUATE]) : !is_open || (op != at[K_OP_STEP] && op != at[K_OP_END]))
-        return -1;
-    for (Py_ssize_t i = 0; i < at[K_OBS_FLOATS]; i++)
-        if (!(self->low[i] < x[i] && x[i] < self->high[i])) /* (NaN fails too) */
-            return -1;
-    if (op == at[K_OP_END])
-        return end_evaluation(self, row, lane, req_seq, reward, seq_no, ended);
+    complete_pending(self, lane, reward, out, s);
+    const int64_t slot = AT(self->book[B_SLOT].buf, lane * 8, int64_t);
+    if (AT(self->book[B_EVALUATE].buf, lane, uint8_t)) {
+        s->event = EV_EVAL_END;
+        s->ret = AT(self->book[B_RET].buf, lane * 8, double);
+        s->length = AT(self->book[B_LENGTH].buf, lane * 8, int64_t);
+        memcpy(&s->last_seq, (char *)self->book[B_PENDING].buf + lane * at[R_BYTES] + at[R_SEQ_NO],
+               sizeof s->last_seq);
+    } else {
+        char *final = out + s->records * at[R_BYTES];
+        const int64_t none = -1;
+        const uint32_t stream = (uint32_t)slot;
+        memset(final, 0, (size_t)at[R_BYTES]);
+        memcpy(final + at[R_OBS], x, (size_t)at[K_OBS_FLOATS] * sizeof(float));
+        AT(final, at[R_FLAGS], uint8_t) = (uint8_t)(at[K_FINAL_OBS] | (flags & at[K_TERMINATED] ? at[K_REC_TERMINATED] : 0)
+                                                   | (flags & at[K_TRUNCATED] ? at[K_REC_TRUNCATED] : 0));
+        memcpy(final + at[R_STREAM], &stream, sizeof stream);
+        memcpy(final + at[R_SEQ_NO], &none, sizeof none);
+        s->records += 1;
+        s->event = EV_END;
+        s->slot = slot;
+    }
+    AT(self->book[B_OPEN].buf, lane, uint8_t) = 0;
+    AT(self->book[B_SLOT].buf, lane * 8, int64_t) = -1;
+    AT(self->book[B_FRAGMENT_STEPS].buf, lane * 8, int64_t) = 0;
+}
+
+/* LaneBook._start_one without the slot (a training episode's: the caller takes it, EV_START). */
+static void start_episode(LoneStep *self, Py_ssize_t lane, int evaluate, Served *s)
+{
+    AT(self->book[B_OPEN].buf, lane, uint8_t) = 1;
+    AT(self->book[B_EVALUATE].buf, lane, uint8_t) = (uint8_t)evaluate;
+    AT(self->book[B_RET].buf, lane * 8, double) = 0.0;
+    AT(self->book[B_LENGTH].buf, lane * 8, int64_t) = 0;
+    AT(self->book[B_FRAGMENT_STEPS].buf, lane * 8, int64_t) = 0;
+    s->event = evaluate ? EV_NONE : EV_START;
+}
+
+/* The action for the observation in the program's input row, if the logits allow it: 0
+ * with *a, *logp (drawn through random() unless `evaluate`: the mode), -1 declined (nothing
+ * changed), -2 an exception is set. */
+static int choose(LoneStep *self, Program *p, int evaluate, PyObject *random, Py_ssize_t *a, double *logp)
+{
     native_execute(p, 1);
     const float *logits = p->arena + p->offset[p->output];
     int finite_top = 0;
-    for (Py_ssize_t i = 0; i < at[K_DIST]; i++) {
+    for (Py_ssize_t i = 0; i < self->at[K_DIST]; i++) {
         if (isnan(logits[i]) || logits[i] == INFINITY)
             return -1; /* (diverged weights: the Python path decides) */
         finite_top |= isfinite(logits[i]);
     }
     if (!finite_top)
         return -1;
-    const int evaluate = starting || AT(self->book[B_EVALUATE].buf, lane, uint8_t) != 0;
-    double u = -1.0, logp;
+    double u = -1.0;
     if (!evaluate) {
         self->busy = p->busy = 1; /* (random() is any Python: it must not rebind or rerun) */
         PyObject *drawn = PyObject_CallNoArgs(random);
@@ -265,32 +292,23 @@ static int serve_lane(LoneStep *self, Program *p, char *row, Py_ssize_t lane, Py
             return -2;
         }
     }
-    const Py_ssize_t a = categorical(logits, at[K_DIST], u, &logp);
-    int result = 0;
-    if (starting) { /* LaneBook._start_one of an evaluation episode (no slot) */
-        AT(self->book[B_OPEN].buf, lane, uint8_t) = 1;
-        AT(self->book[B_EVALUATE].buf, lane, uint8_t) = 1;
-        AT(self->book[B_RET].buf, lane * 8, double) = 0.0;
-        AT(self->book[B_LENGTH].buf, lane * 8, int64_t) = 0;
-        AT(self->book[B_FRAGMENT_STEPS].buf, lane * 8, int64_t) = 0;
-    } else { /* LaneBook.apply_one for a STEP: the reward completes the pending step */
-        AT(self->book[B_RET].buf, lane * 8, double) += reward;
-        AT(self->book[B_LENGTH].buf, lane * 8, int64_t) += 1;
-    }
-    if (!starting && !evaluate && AT(self->book[B_HAS_PENDING].buf, lane, uint8_t)) {
-        memcpy(out, pending, (size_t)at[R_BYTES]);
-        memcpy(out + at[R_REWARD], &reward, sizeof reward);
-        AT(self->book[B_FRAGMENT_STEPS].buf, lane * 8, int64_t) += 1;
-        result = 1;
-    }
-    /* LaneBook.remember_one: the answered request is the lane's pending step */
+    *a = categorical(logits, self->at[K_DIST], u, logp);
+    return 0;
+}
+
+/* LaneBook.remember_one: the answered request is the lane's pending step; then the answer. */
+static void remember_and_answer(LoneStep *self, Program *p, char *row, Py_ssize_t lane, uint32_t req_seq,
+                                long long seq_no, Py_ssize_t a, double logp)
+{
+    const Py_ssize_t *at = self->at;
+    char *const pending = (char *)self->book[B_PENDING].buf + lane * at[R_BYTES];
     const float action = (float)a, logp32 = (float)logp;
-    memcpy(pending + at[R_OBS], x, (size_t)at[K_OBS_FLOATS] * sizeof(float));
-    memcpy(pending + at[R_ACTION], &action, sizeof action);
-    memcpy(pending + at[R_LOGP], &logp32, sizeof logp32);
-    memcpy(pending + at[R_DIST], logits, (size_t)at[K_DIST] * sizeof(float));
     const int64_t seq64 = seq_no;
     const uint32_t stream = (uint32_t)AT(self->book[B_SLOT].buf, lane * 8, int64_t);
+    memcpy(pending + at[R_OBS], p->arena + p->offset[0], (size_t)at[K_OBS_FLOATS] * sizeof(float));
+    memcpy(pending + at[R_ACTION], &action, sizeof action);
+    memcpy(pending + at[R_LOGP], &logp32, sizeof logp32);
+    memcpy(pending + at[R_DIST], p->arena + p->offset[p->output], (size_t)at[K_DIST] * sizeof(float));
     memcpy(pending + at[R_SEQ_NO], &seq64, sizeof seq64);
     memcpy(pending + at[R_STREAM], &stream, sizeof stream);
     AT(pending, at[R_FLAGS], uint8_t) = (uint8_t)at[K_STEP_FLAGS];
@@ -298,7 +316,51 @@ static int serve_lane(LoneStep *self, Program *p, char *row, Py_ssize_t lane, Py
     memcpy(row + at[L_ACTION], &action, sizeof action);
     memcpy(row + at[L_LOGP], &logp32, sizeof logp32);
     answer(at, row, req_seq, seq_no);
-    return result;
+}
+
+/* One lane's request, if it is the common case: a START on a closed lane, a STEP or an END
+ * of an open episode, the observation strictly inside the Box. -1 declined (nothing
+ * changed), 0 served (`s`: what it wrote to `out`, room for 2 records, and its event), -2
+ * an exception is set (nothing changed but the forward pass's arena). The caller checked
+ * the program against the layout, the lane against the book and the lanes' buffer, and made
+ * room for one arena row. */
+static int serve_lane(LoneStep *self, Program *p, char *row, Py_ssize_t lane, PyObject *random,
+                      long long seq_no, char *out, Served *s)
+{
+    const Py_ssize_t *at = self->at;
+    float *x = p->arena + p->offset[0]; /* (n = 1: a register starts at its offset) */
+    const uint32_t req_seq = __atomic_load_n(&AT(row, at[L_REQ_SEQ], uint32_t), __ATOMIC_ACQUIRE);
+    const int op = AT(row, at[L_OP], uint8_t), flags = AT(row, at[L_FLAGS], uint8_t);
+    float reward;
+    memcpy(&reward, row + at[L_REWARD], sizeof reward);
+    memcpy(x, row + at[L_OBS], (size_t)at[K_OBS_FLOATS] * sizeof(float));
+    const int is_open = AT(self->book[B_OPEN].buf, lane, uint8_t) != 0, starting = op == at[K_OP_START];
+    if (starting ? is_open : !is_open || (op != at[K_OP_STEP] && op != at[K_OP_END]))
+        return -1; /* (a restart or a lost episode: the Python path) */
+    for (Py_ssize_t i = 0; i < at[K_OBS_FLOATS]; i++)
+        if (!(self->low[i] < x[i] && x[i] < self->high[i])) /* (NaN fails too) */
+            return -1;
+    *s = (Served){0};
+    if (op == at[K_OP_END] && AT(self->book[B_EVALUATE].buf, lane, uint8_t)
+        && AT(self->book[B_SLOT].buf, lane * 8, int64_t) >= 0)
+        return -1; /* (an evaluation lane holding a slot: never made here; Python gives it back) */
+    if (op == at[K_OP_END]) {
+        end_episode(self, lane, x, flags, reward, out, s);
+        answer(at, row, req_seq, seq_no);
+        return 0;
+    }
+    const int evaluate = starting ? (flags & at[K_EVALUATE]) != 0 : AT(self->book[B_EVALUATE].buf, lane, uint8_t);
+    Py_ssize_t a;
+    double logp;
+    const int chosen = choose(self, p, evaluate, random, &a, &logp);
+    if (chosen < 0)
+        return chosen;
+    if (starting)
+        start_episode(self, lane, evaluate, s);
+    else
+        complete_pending(self, lane, reward, out, s);
+    remember_and_answer(self, p, row, lane, req_seq, seq_no, a, logp);
+    return 0;
 }
 
 /* The checks step() and serve() share: initialised, not in use, the program's widths this
@@ -329,22 +391,24 @@ static int two_views(PyObject *lanes_obj, Py_buffer *lanes, PyObject *out_obj, P
     return 0;
 }
 
-/* serve(program, lanes, order, start, random, seq_no, out, max_records): serve the lanes
+/* serve(program, lanes, order, start, random, seq_no, out, max_steps): serve the lanes
  * order[start:] (of `lanes`, a region's lanes, as bytes), in order, where they are the common
- * case (serve_lane), until one is declined, `max_records` step records were completed (a
- * sample boundary: the caller hands them on before going further), `out` (records, one per
- * row) is full, or an evaluation episode ended; `random()` gives each draw (called only to
- * explore). Returns (next, records, declined, ended): order[start:next] were served,
- * out[:records] holds the records they completed; if `declined`, order[next] is a lane
- * declined with nothing changed; `ended` is None or (return, length, version) of the
- * evaluation episode order[next - 1] ended. */
+ * case (serve_lane), until one is declined, `max_steps` train steps were completed (a sample
+ * boundary: the caller hands them on before going further), `out` (records, one per row)
+ * has no room for two more, or an episode started or ended (its event); `random()` gives
+ * each draw (called only to explore). Returns (next, records, steps, declined, event):
+ * order[start:next] were served, out[:records] holds the records they wrote, `steps` of
+ * them train steps; if `declined`, order[next] is a lane declined with nothing changed;
+ * `event` is None, (1, return, length, version): the evaluation episode of order[next - 1]
+ * ended, (2, 0, 0, 0): a training episode started on it (the caller gives it a slot), or
+ * (3, slot, 0, 0): a training episode ended on it (the caller gives its slot back). */
 static PyObject *LoneStep_serve(LoneStep *self, PyObject *args)
 {
     PyObject *prog_obj, *lanes_obj, *order_obj, *random, *out_obj;
-    Py_ssize_t start, max_records;
+    Py_ssize_t start, max_steps;
     long long seq_no;
     if (!PyArg_ParseTuple(args, "O!OOnOLOn", &NativeProgramType, &prog_obj, &lanes_obj, &order_obj, &start,
-                          &random, &seq_no, &out_obj, &max_records))
+                          &random, &seq_no, &out_obj, &max_steps))
         return NULL;
     Program *p = (Program *)prog_obj;
     if (usable(self, p) < 0)
@@ -357,18 +421,19 @@ static PyObject *LoneStep_serve(LoneStep *self, PyObject *args)
         PyBuffer_Release(&order);
         return NULL;
     }
-    const Py_ssize_t *at = self->at, n = order.len / 8, room = out.len / at[R_BYTES];
+    const Py_ssize_t *at = self->at, room = out.len / at[R_BYTES];
+    const int ok = order.itemsize == 8 && order.format && !(strcmp(order.format, "q") && strcmp(order.format, "l"))
+                   && out.len % at[R_BYTES] == 0 && room >= 2 && start >= 0 && start <= order.len / 8
+                   && max_steps >= 1;
+    const Py_ssize_t n = ok ? order.len / 8 : 0;
     const int64_t *lane_at = order.buf;
-    Py_ssize_t next = start, records = 0;
-    int declined = 0, failed = 0, ending = 0;
-    double ended[3] = {0.0, 0.0, 0.0};
-    if (order.itemsize != 8 || !order.format || (strcmp(order.format, "q") && strcmp(order.format, "l"))
-        || out.len % at[R_BYTES] || start < 0 || start > n || max_records < 1) {
-        PyErr_SetString(PyExc_ValueError, "serve: order is int64 lanes, out whole records, start in order, "
-                                          "max_records >= 1");
-        failed = 1;
-    }
-    for (; !failed && next < n && records < max_records && records < room; next++) {
+    Py_ssize_t next = start, records = 0, steps = 0;
+    int declined = 0, failed = !ok;
+    Served s = {0};
+    if (!ok)
+        PyErr_SetString(PyExc_ValueError, "serve: order is int64 lanes, out whole records (at least 2), "
+                                          "start in order, max_steps >= 1");
+    for (; !failed && next < n && steps < max_steps && records + 2 <= room; next++) {
         const int64_t lane = lane_at[next];
         if (lane < 0 || lane >= self->capacity || (lane + 1) * at[L_BYTES] > lanes.len) {
             PyErr_Format(PyExc_IndexError, "lane %lld: past the book or the lanes", (long long)lane);
@@ -376,37 +441,39 @@ static PyObject *LoneStep_serve(LoneStep *self, PyObject *args)
             break;
         }
         const int r = serve_lane(self, p, (char *)lanes.buf + lane * at[L_BYTES], lane, random, seq_no,
-                                 (char *)out.buf + records * at[R_BYTES], ended);
+                                 (char *)out.buf + records * at[R_BYTES], &s);
         if (r < 0) {
             failed = r == -2;
             declined = r == -1;
             break;
         }
-        if (r == 2) { /* (the caller records the evaluation episode before going on) */
-            ending = 1;
+        records += s.records;
+        steps += s.steps;
+        if (s.event != EV_NONE) { /* (the caller acts on it before going on) */
             next++;
             break;
         }
-        records += r;
     }
     PyBuffer_Release(&order);
     PyBuffer_Release(&lanes);
     PyBuffer_Release(&out);
     if (failed)
         return NULL;
-    if (ending)
-        return Py_BuildValue("nnO(dLL)", next, records, Py_False, ended[0], (long long)ended[1],
-                             (long long)ended[2]);
-    return Py_BuildValue("nnOO", next, records, declined ? Py_True : Py_False, Py_None);
+    if (s.event == EV_EVAL_END)
+        return Py_BuildValue("nnnO(idLL)", next, records, steps, Py_False, EV_EVAL_END, s.ret, (long long)s.length,
+                             (long long)s.last_seq);
+    if (s.event != EV_NONE)
+        return Py_BuildValue("nnnO(iLii)", next, records, steps, Py_False, s.event, (long long)s.slot, 0, 0);
+    return Py_BuildValue("nnnOO", next, records, steps, declined ? Py_True : Py_False, Py_None);
 }
 
 static PyMethodDef LoneStep_methods[] = {
     {"bind", (PyCFunction)LoneStep_bind, METH_VARARGS,
      "bind(open, evaluate, slot, pending, has_pending, fragment_steps, ret, length): LaneBook's arrays."},
     {"serve", (PyCFunction)LoneStep_serve, METH_VARARGS,
-     "serve(program, lanes, order, start, random, seq_no, out, max_records) -> (next, records, declined, "
-     "ended): the lanes order[start:] served natively until one is declined, max_records records are "
-     "completed, out is full or an evaluation episode ended."},
+     "serve(program, lanes, order, start, random, seq_no, out, max_steps) -> (next, records, steps, declined, "
+     "event): the lanes order[start:] served natively until one is declined, max_steps train steps are "
+     "completed, out is full or an episode started or ended."},
     {NULL, NULL, 0, NULL},
 };
 
