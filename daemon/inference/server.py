@@ -28,7 +28,7 @@ from rlinkd.client_lib.protocol.spaces import Space
 from rlinkd.daemon.inference.backend import PolicyRunner
 from rlinkd.daemon.inference.episodes import LaneBook, Requests, SlotPool, concat
 from rlinkd.daemon.inference.link import PolicyLink
-from rlinkd.daemon.inference.lonestep import EVAL_END, MAX_RECORDS, START, LoneStepper
+from rlinkd.daemon.inference.lonestep import END, EVAL_END, MAX_RECORDS, START, LoneStepper
 from rlinkd.shm._sync import store_load_fence
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.errors import ShmError
@@ -421,8 +421,10 @@ class InferenceServer:
         if kind == EVAL_END:
             _, episode_return, length, seq = event
             policy.eval_ends.append(EvalEpisode(episode_return, length, seq, policy_id=name))
-        elif event[1] >= 0:  # (END: the training episode's slot goes back)
-            pl.book.slots.give(int(event[1]))
+        else:
+            assert kind == END, event
+            if event[1] >= 0:  # (the training episode's slot goes back)
+                pl.book.slots.give(int(event[1]))
         return 1
 
     @staticmethod

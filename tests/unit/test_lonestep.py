@@ -269,6 +269,12 @@ def test_random_cannot_rebind_or_rerun_during_a_step(twins):
     order = np.zeros(1, np.int64)
     with pytest.raises(RuntimeError, match="in use"):
         lone.native.serve(program, lanes, order, 0, meddling, 3, lone.records, 64)
+
+    class Sneaky:  # (what random() returns runs Python too: its float(), its release)
+        def __float__(self):
+            return meddling()
+    with pytest.raises(RuntimeError, match="in use"):
+        lone.native.serve(program, lanes, order, 0, Sneaky, 3, lone.records, 64)
     assert not native.area.answered(0)  # (nothing answered: the step raised before the answer)
     assert lone.native.serve(program, lanes, order, 0, lambda: 0.5, 3, lone.records, 64)[:4] == (1, 1, 1, False)
 

@@ -281,11 +281,11 @@ static int choose(LoneStep *self, Program *p, int evaluate, PyObject *random, Py
         return -1;
     double u = -1.0;
     if (!evaluate) {
-        self->busy = p->busy = 1; /* (random() is any Python: it must not rebind or rerun) */
-        PyObject *drawn = PyObject_CallNoArgs(random);
-        self->busy = p->busy = 0;
-        u = drawn ? PyFloat_AsDouble(drawn) : -1.0;
+        self->busy = p->busy = 1; /* (random(), the float() of what it returns and that */
+        PyObject *drawn = PyObject_CallNoArgs(random); /* object's release are any Python: */
+        u = drawn ? PyFloat_AsDouble(drawn) : -1.0;    /* none may rebind or rerun) */
         Py_XDECREF(drawn);
+        self->busy = p->busy = 0;
         if (PyErr_Occurred() || !(u >= 0.0 && u < 1.0)) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_ValueError, "random() must return a float in [0, 1)");
