@@ -110,21 +110,13 @@ def one_run(binary: Path, seconds: float) -> dict[str, float]:
         shutil.rmtree(state, ignore_errors=True)
 
 
-def fanin_limit(out_dir: Path, clients: int, seconds: float) -> float:
-    """Round trips/s of bench/limits/fanin.c with ``clients`` sleeping client processes."""
-    exe = out_dir / "fanin"
-    subprocess.run(["cc", "-O2", "-std=c11", "-o", str(exe), str(REPO / "bench" / "limits" / "fanin.c")],
-                   check=True, timeout=120)
-    done = subprocess.run([str(exe), str(clients), str(seconds)], capture_output=True, text=True,
-                          check=True, timeout=seconds + 60)
-    return float(json.loads(done.stdout)["round_trips_per_s"])
-
-
-def tcp_fanin_limit(out_dir: Path, clients: int, seconds: float) -> float:
-    """Round trips/s of bench/limits/tcp_fanin.c: ``clients`` C processes in lockstep over
-    loopback TCP against one single-threaded C epoll server (no policy, no JSON)."""
-    exe = out_dir / "tcp_fanin"
-    subprocess.run(["cc", "-O2", "-std=c11", "-o", str(exe), str(REPO / "bench" / "limits" / "tcp_fanin.c")],
+def limit_rate(name: str, out_dir: Path, clients: int, seconds: float) -> float:
+    """Round trips/s of the limit program bench/limits/``name``.c (built into ``out_dir``)
+    with ``clients`` client processes for ``seconds``: ``fanin`` (sleeping processes, shared
+    memory + eventfd, one C server) or ``tcp_fanin`` (lockstep over loopback TCP, one
+    single-threaded C epoll server); no policy, no JSON, no Python."""
+    exe = out_dir / name
+    subprocess.run(["cc", "-O2", "-std=c11", "-o", str(exe), str(REPO / "bench" / "limits" / f"{name}.c")],
                    check=True, timeout=120)
     done = subprocess.run([str(exe), str(clients), str(seconds)], capture_output=True, text=True,
                           check=True, timeout=seconds + 60)
@@ -199,10 +191,11 @@ def many_c(binary: Path, clients: int, seconds: float) -> dict[str, dict]:
     the fan-in limit of as many sleeping processes."""
     from bench.scenarios.serving import NO_TRAINING
     limit_s = min(seconds, 5.0)
-    out: dict[str, dict] = {"limit": {"round_trips_per_s": round(fanin_limit(binary.parent, clients, limit_s)),
+    out: dict[str, dict] = {"limit": {"round_trips_per_s": round(limit_rate("fanin", binary.parent, clients,
+                                                                            limit_s)),
                                       "python_wake_us": round(wake_cost_us(clients), 1),
-                                      "tcp_round_trips_per_s": round(tcp_fanin_limit(binary.parent, clients,
-                                                                                     limit_s)),
+                                      "tcp_round_trips_per_s": round(limit_rate("tcp_fanin", binary.parent, clients,
+                                                                                limit_s)),
                                       "python_tcp_echo_per_s": round(python_tcp_echo(binary.parent, clients,
                                                                                      limit_s))}}
     state = Path(tempfile.mkdtemp(prefix="rlinkd-cmany-"))
