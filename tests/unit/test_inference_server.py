@@ -251,8 +251,9 @@ def test_a_dqn_policy_is_served_epsilon_greedy_once_epsilon_is_known(setup):
 def test_the_link_coalesces_step_records_into_few_ring_writes(setup):
     """Small batches wait in the link's queue: one ring write per COALESCE_RECORDS records,
     or once the first queued is COALESCE_S old (the idle role sleeps no longer than
-    ``due_in_s``), or at flush (SAMPLE_READY, close)."""
-    from rlinkd.daemon.inference.link import COALESCE_RECORDS, COALESCE_S, PolicyLink
+    ``due_in_s``), or at flush (SAMPLE_READY, close); a batch of AT_ONCE_RECORDS goes at
+    once, after what was queued."""
+    from rlinkd.daemon.inference.link import AT_ONCE_RECORDS, COALESCE_RECORDS, COALESCE_S, PolicyLink
     _, _, _, _, d = setup
     layout = step_layout(d)
     writes = []
@@ -281,6 +282,11 @@ def test_the_link_coalesces_step_records_into_few_ring_writes(setup):
     link.flush()
     assert sum(len(w) for w in writes) == 13 + (COALESCE_RECORDS // 10 + 1) * 10 and link.queued == 0
     assert list(writes[-1]) == list(range(10)) * (len(writes[-1]) // 10)  # order kept
+    big = layout.empty(AT_ONCE_RECORDS)
+    big["reward"] = 100
+    link.write(batch[:3], 3)
+    link.write(big, AT_ONCE_RECORDS)  # (a vector client's group: at once, after the queued three)
+    assert [len(w) for w in writes[-2:]] == [3, AT_ONCE_RECORDS] and link.queued == 0
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
