@@ -68,7 +68,7 @@ class LoneStepper:
 
     @staticmethod
     def ready(runner: PolicyRunner) -> bool:
-        """The runner's weights run natively at batch 1 and it draws no epsilon: ``step``
+        """The runner's weights run natively at batch 1 and it draws no epsilon: ``serve``
         may take requests (else every one would be declined)."""
         return runner.native_small is not None and runner.epsilon is None
 

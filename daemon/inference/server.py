@@ -372,10 +372,10 @@ class InferenceServer:
                         idx: np.ndarray) -> tuple[np.ndarray, int]:
         """The requests of lone clients (not in a group), one by one in lane order, as that
         many turns of one request would: runs of them in one native call (``LoneStepper.serve``:
-        a forward pass of batch 1 each, the step records they complete handed on after the
-        run, which ends at the policy's sample boundary), ``_serve_one`` for a request the
-        native step declines. Returns (the grouped lanes, left to the batch path; requests
-        served here). A group of more than one is never split: it is answered in one pass,
+        a forward pass of batch 1 each, the records they write handed on after the run,
+        which ends at the policy's sample boundary and where an episode starts or ends:
+        ``_native_event``), ``_serve_one`` for a request the native step declines. Returns
+        (the grouped lanes, left to the batch path; requests served here). A group of more than one is never split: it is answered in one pass,
         as documented for vector clients."""
         lone, runner, lanes = policy.lone, policy.runner, pl.region.lanes
         assert lone is not None

@@ -279,7 +279,7 @@ def test_random_cannot_rebind_or_rerun_during_a_step(twins):
     assert lone.native.serve(program, lanes, order, 0, lambda: 0.5, 3, lone.records, 64)[:4] == (1, 1, 1, False)
 
 
-def test_serve_stops_at_a_declined_lane_and_at_max_records(twins):
+def test_serve_stops_at_a_declined_lane_and_at_max_steps(twins):
     native, _ = twins
     runner, lone, book = native.policy.runner, native.policy.lone, native.server.lanes["default"].book
     for lane in range(4):
