@@ -375,8 +375,9 @@ class InferenceServer:
         a forward pass of batch 1 each, the records they write handed on after the run,
         which ends at the policy's sample boundary and where an episode starts or ends:
         ``_native_event``), ``_serve_one`` for a request the native step declines. Returns
-        (the grouped lanes, left to the batch path; requests served here). A group of more than one is never split: it is answered in one pass,
-        as documented for vector clients."""
+        (the grouped lanes, left to the batch path; requests served here). A group of more
+        than one is never split: it is answered in one pass, as documented for vector
+        clients."""
         lone, runner, lanes = policy.lone, policy.runner, pl.region.lanes
         assert lone is not None
         if len(idx) > 1:  # (a group of one, e.g. the C client's STEP_BATCH: lone)
