@@ -245,10 +245,11 @@ class LaneArea:
         self._counter[0] = self._counter[0] + 1
 
     def publish_group(self, rows: np.ndarray, group: int) -> None:
-        """Publish the requests written into lanes ``rows`` (distinct) as one group ``group``
-        (never 0): the inference role answers them in one pass. Data first, then the seq words."""
+        """Publish the requests written into lanes ``rows`` (distinct) as one group ``group``:
+        the inference role answers them in one pass (group 0: as that many lone requests, in
+        no particular order). Data first, then the seq words."""
         lanes = self.lanes
-        lanes["group"][rows], lanes["group_size"][rows] = group, len(rows)
+        lanes["group"][rows], lanes["group_size"][rows] = group, len(rows) if group else 0
         seqs = lanes["req_seq"]
         seqs[rows] += np.uint32(1)  # (wraps mod 2**32)
         self._counter[0] = self._counter[0] + len(rows)

@@ -328,7 +328,9 @@ class Front:
 
     def _publish_group(self, policy: str, checked: list[tuple], cols: dict, group: int) -> None:
         """One policy's entries into their lanes, published as group ``group`` (the role
-        answers it in one pass, with one weights version)."""
+        answers it in one pass, with one weights version) -- or as lone requests when at most
+        one of them wants an action (a C client's deferred END with its next START: one
+        version is trivially kept, and lone requests take the role's native path)."""
         pool = self.pools[policy]
         idx = np.array([ep.lane for ep, *_ in checked])
         lanes = pool.area.lanes
@@ -339,7 +341,8 @@ class Front:
         lanes["reward"][idx] = [reward for _, _, reward, _ in checked]
         for ep, *_ in checked:
             ep.reward, ep.started = 0.0, True
-        pool.area.publish_group(idx, group)
+        acting = sum(op != OP_END for _, op, _, _ in checked)
+        pool.area.publish_group(idx, group if acting > 1 else 0)
         pool.published = True
 
     def _collect(self, eps: Episodes, policy: str, entries: list[tuple], actions: list,

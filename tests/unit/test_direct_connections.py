@@ -283,3 +283,28 @@ def test_a_step_batch_of_one_step_keeps_the_batch_checks_and_flags(direct):
     assert recv(c) == s.EpisodeStarted("f", "default")
     turn(direct)
     assert isinstance(reply := recv(c), codec.Error) and "before the episode's first action" in reply.message
+
+
+def test_a_batch_with_one_action_to_answer_is_published_as_lone_requests(direct):
+    """(A C client's deferred END goes with its next START: only one entry wants an action,
+    so no weights version must be shared and the role may serve both as lone requests; two
+    entries wanting actions stay one group.)"""
+    c = connect(direct)
+    lanes = direct.pools["default"].area.lanes
+    c.sendall(codec.encode(s.StepBatch((s.BatchEntry("a", OBS, start=True),))))
+    turn(direct)
+    assert recv(c) == s.Actions([1], [3])
+    c.sendall(codec.encode(s.StepBatch((s.BatchEntry("a", OBS, 1.0, terminated=True),
+                                        s.BatchEntry("b", OBS, start=True)))))
+    direct.service(direct.epoll.poll(0.02))
+    pending = np.flatnonzero(lanes["req_seq"] != lanes["resp_seq"])
+    assert sorted(lanes["op"][pending].tolist()) == sorted([OP_END, OP_START])
+    assert lanes["group"][pending].tolist() == [0, 0] and lanes["group_size"][pending].tolist() == [0, 0]
+    answer_lanes(direct)
+    direct.answer()
+    assert recv(c) == s.Actions([None, 1], [-1, 3])
+    c.sendall(codec.encode(s.StepBatch((s.BatchEntry("b", OBS, 1.0), s.BatchEntry("c", OBS, start=True)))))
+    direct.service(direct.epoll.poll(0.02))
+    pending = np.flatnonzero(lanes["req_seq"] != lanes["resp_seq"])
+    assert len(set(lanes["group"][pending].tolist())) == 1 and lanes["group"][pending[0]] != 0
+    assert lanes["group_size"][pending].tolist() == [2, 2]

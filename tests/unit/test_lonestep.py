@@ -18,7 +18,8 @@ from rlinkd.daemon.inference import netnative
 from rlinkd.daemon.inference.backend import PolicyRunner
 from rlinkd.daemon.inference.episodes import SlotPool
 from rlinkd.daemon.inference.lonestep import LoneStepper
-from rlinkd.daemon.inference.server import InferenceServer, PolicyServing, ServedArea
+from rlinkd.daemon.inference.server import (NATIVE_BUDGET_S, NATIVE_MAX_REQUESTS, NATIVE_MIN_REQUESTS,
+                                            InferenceServer, PolicyServing, ServedArea, native_limit)
 from rlinkd.daemon.wiring import step_layout
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.doorbell import Doorbell
@@ -38,14 +39,14 @@ class Twin:
     """One inference server over one lane area, natively or not."""
 
     def __init__(self, tmp, name: str, d, board, native: bool, on_policy: bool = False,
-                 sample_steps: int = 5) -> None:
+                 sample_steps: int = 5, lanes: int = LANES) -> None:
         runner = PolicyRunner("default", d.spec, d.obs_space, d.act_space, board, "native", seed=7)
         self.link = FakeLink(step_layout(d))
         self.policy = PolicyServing(runner, d.obs_space, SlotPool(), self.link, sample_steps=sample_steps)
         self.server = InferenceServer({"default": self.policy}, max_batch=64, max_wait_s=0.0,
                                       on_policy=on_policy)
         path = str(tmp / name)
-        self.area = LaneArea.create(path, LaneLayout(step_layout(d)), LANES)
+        self.area = LaneArea.create(path, LaneLayout(step_layout(d)), lanes)
         fd = os.open(path, os.O_RDWR)
         self.server.add(ServedArea(0, self.area, "default", Doorbell.create()), fd)
         os.close(fd)
@@ -150,6 +151,26 @@ def test_the_native_path_takes_the_common_case(twins):
     assert native.natively == 21  # (the START too)
     same_records(native.link.all, python.link.all)
     assert len(native.link.all) >= 20 and native.server.stats.requests == python.server.stats.requests == 21
+
+
+def test_a_turn_of_many_lone_requests_is_served_natively_when_the_net_is_small(tmp_path):
+    """(64 clients' steps plus the START of those whose episode ended: more than 64 lanes
+    in one turn; a small net's batch-1 passes are cheaper one by one than the batch path.)"""
+    d, board = make_board(tmp_path)
+    t = Twin(tmp_path, "many", d, board, native=True, sample_steps=10**6, lanes=200)
+    t.policy.runner.refresh()
+    assert native_limit(t.policy.runner.batch1_s) >= 200 > native_limit(1e-3)
+    for lane in range(200):
+        t.request(lane, OP_START, np.zeros(4, np.float32), 0.0, 0)
+    t.server.serve_once()
+    assert t.natively == 200 and t.server.stats.requests == 200
+    t.close()
+
+
+def test_native_limit_follows_the_batch1_cost():
+    assert native_limit(0.0) == native_limit(1e-9) == NATIVE_MAX_REQUESTS
+    assert native_limit(1.0) == NATIVE_MIN_REQUESTS
+    assert native_limit(NATIVE_BUDGET_S / 100) == 100
 
 
 def test_evaluation_episodes_are_served_natively_start_to_end(twins):
