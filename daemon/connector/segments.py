@@ -14,6 +14,8 @@ import numpy as np
 
 from rlinkd.shm.records import FINAL_OBS, FLUSH, HAS_LOGP, STREAM_END, TERMINATED, TRUNCATED
 
+NO_SEQ = np.iinfo(np.int64).max  # (no known behaviour version among a run's steps)
+
 
 @dataclass
 class Segment:
@@ -41,16 +43,27 @@ class Segment:
 
 def segment_from_records(rec: np.ndarray) -> Segment:
     """Build a Segment from one stream's records, the last being its FINAL_OBS record."""
-    steps, final = rec[:-1], rec[-1]
-    seqs = steps["weights_seq_no"]
-    known = seqs[seqs >= 0]
-    return Segment(
-        stream_id=int(final["stream_id"]), obs=rec["obs"].copy(),
-        actions=steps["action"].copy(), rewards=steps["reward"].astype(np.float32),
-        logp=steps["logp"].copy(), has_logp=(steps["flags"] & HAS_LOGP) != 0,
-        terminated=bool(final["flags"] & TERMINATED), truncated=bool(final["flags"] & TRUNCATED),
-        behaviour_seq_no=int(known.min()) if known.size else -1,
-        ingest_ids=rec["ingest_id"].copy())
+    return segments_from_runs(rec.copy(), np.array([len(rec)]))[0]
+
+
+def segments_from_runs(rec: np.ndarray, stops: np.ndarray) -> list[Segment]:
+    """The Segments of consecutive runs of ``rec`` (a copy the caller gives away), run k
+    being rows [stops[k-1], stops[k]) of one stream, its last row a FINAL_OBS record. Each
+    field is made contiguous once for all runs; a segment's arrays are slices of those."""
+    starts = np.concatenate(([0], stops[:-1]))
+    flags, ids = rec["flags"], rec["ingest_id"].copy()
+    obs, actions, logp = rec["obs"].copy(), rec["action"].copy(), rec["logp"].copy()
+    rewards, has_logp = rec["reward"].astype(np.float32), (flags & HAS_LOGP) != 0
+    seqs = rec["weights_seq_no"].astype(np.int64)
+    seqs[(seqs < 0) | ((flags & FINAL_OBS) != 0)] = NO_SEQ                       # steps' known versions
+    oldest = np.minimum.reduceat(seqs, starts)                                     # [runs]
+    final = flags[stops - 1]
+    return [Segment(stream_id=stream, obs=obs[a:b], actions=actions[a:b - 1], rewards=rewards[a:b - 1],
+                    logp=logp[a:b - 1], has_logp=has_logp[a:b - 1], terminated=bool(f & TERMINATED),
+                    truncated=bool(f & TRUNCATED), behaviour_seq_no=-1 if old == NO_SEQ else old,
+                    ingest_ids=ids[a:b])
+            for stream, a, b, f, old in zip(rec["stream_id"][stops - 1].tolist(), starts.tolist(),
+                                            stops.tolist(), final.tolist(), oldest.tolist())]
 
 
 def split_segment(seg: Segment, steps: int) -> list[Segment]:
@@ -122,21 +135,31 @@ class SegmentAssembler:
 
     # ------------------------------------------------------------ the pool
     def _add_records(self, records: np.ndarray) -> list[Segment]:
-        """Append a batch; each FINAL_OBS completes its stream's segment (one pool scan per
-        stream that has ends in the batch, however many ends it has)."""
+        """Append a batch; its FINAL_OBS records complete their streams' segments."""
         start = self._append(records)
         ends = start + np.flatnonzero(records["flags"] & FINAL_OBS)
-        out: list[Segment] = []
-        if len(ends):
-            end_streams = self._pool()["stream_id"][ends]
-            for stream in np.unique(end_streams).tolist():
-                mine = ends[end_streams == stream]
-                rows = self._rows(stream, int(mine[-1]))
-                first = 0
-                for last in np.searchsorted(rows, mine, side="right").tolist():
-                    out.append(segment_from_records(self._take(rows[first:last])))
-                    first = last
+        out = self._complete(ends) if len(ends) else []
         return out + self._cut_long_runs(len(records))
+
+    def _complete(self, ends: np.ndarray) -> list[Segment]:
+        """The segments completed by the FINAL_OBS rows ``ends`` (every alive FINAL_OBS row:
+        a completed segment is taken at once), in one pass however many streams end: the
+        alive rows up to the last end, grouped by stream (a stable sort keeps ring order);
+        a stream's rows up to its last end are taken, cut after each end, gathered in one
+        copy."""
+        pool = self._pool()
+        rows = np.flatnonzero(self.alive[:int(ends[-1]) + 1])
+        streams = pool["stream_id"][rows]
+        order = np.argsort(streams, kind="stable")
+        rows, streams = rows[order], streams[order]                        # [R] by stream, ring order
+        group = np.cumsum(np.concatenate(([True], streams[1:] != streams[:-1]))) - 1
+        end_pos = np.flatnonzero(pool["flags"][rows] & FINAL_OBS)           # [E] ascending
+        last = np.concatenate((group[end_pos][1:] != group[end_pos][:-1], [True]))
+        last_end = np.full(int(group[-1]) + 1, -1)
+        last_end[group[end_pos][last]] = end_pos[last]                     # per stream (-1: none)
+        taken = np.flatnonzero(np.arange(len(rows)) <= last_end[group])    # [T] whole runs
+        stops = np.searchsorted(taken, end_pos) + 1                        # run ends, in [T]
+        return segments_from_runs(self._take(rows[taken]), stops)
 
     def _pool(self) -> np.ndarray:
         assert self.pool is not None

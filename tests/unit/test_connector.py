@@ -106,8 +106,11 @@ def test_interleaved_streams_with_flush_markers(seed, n_streams):
             end = rnd.choice(["terminated", "truncated", "cut"])
             f = make_fragment(rng, rnd.randint(0, 5), terminated=end == "terminated",
                               truncated=end == "truncated", logp=rnd.random() < 0.5)
-            per_stream.setdefault(stream, []).append(fragment_records(f, LAYOUT, stream, 3))
-            expected.append((stream, f))
+            rec = fragment_records(f, LAYOUT, stream, 3)
+            rec["weights_seq_no"] = rng.integers(-1, 9, len(rec))  # (oldest known: the behaviour)
+            per_stream.setdefault(stream, []).append(rec)
+            known = rec["weights_seq_no"][:-1][rec["weights_seq_no"][:-1] >= 0]
+            expected.append((stream, f, int(known.min()) if known.size else -1))
     ring = with_ids(_interleave(per_stream, rnd), 1)
     # ring order, cut into random chunks, with FLUSH markers slipped in between chunks
     asm, got, flushes = SegmentAssembler(), [], 0
@@ -127,14 +130,18 @@ def test_interleaved_streams_with_flush_markers(seed, n_streams):
     assert len(got) == len(expected)
     for stream in range(1, n_streams + 1):
         segs = sorted((s for s in got if s.stream_id == stream), key=lambda s: s.first_ingest_id)
-        frags = [f for s, f in expected if s == stream]
+        frags = [(f, oldest) for s, f, oldest in expected if s == stream]
         assert len(segs) == len(frags)
-        for seg, f in zip(segs, frags):
+        for seg, (f, oldest) in zip(segs, frags):
             assert seg.num_steps == f.num_steps and len(seg.obs) == f.num_steps + 1
             np.testing.assert_array_equal(seg.obs["obs"], f.obs[""])
             np.testing.assert_array_equal(seg.actions, f.actions)
             assert (seg.terminated, seg.truncated) == (f.is_terminated, f.is_truncated)
             assert seg.has_logp.tolist() == [f.action_logp is not None] * f.num_steps
+            np.testing.assert_allclose(seg.rewards, f.rewards, rtol=1e-6)
+            if f.action_logp is not None:
+                np.testing.assert_allclose(seg.logp, f.action_logp, rtol=1e-6)
+            assert seg.behaviour_seq_no == oldest
             assert (np.diff(seg.ingest_ids) > 0).all()
             assert ring["stream_id"][seg.ingest_ids - 1].tolist() == [stream] * len(seg.obs)
 

@@ -159,6 +159,7 @@ def test_a_turn_of_many_lone_requests_is_served_natively_when_the_net_is_small(t
     d, board = make_board(tmp_path)
     t = Twin(tmp_path, "many", d, board, native=True, sample_steps=10**6, lanes=200)
     t.policy.runner.refresh()
+    t.policy.runner.batch1_s = 3e-6  # (a CartPole MLP's measured pass; a timing on a busy host varies)
     assert native_limit(t.policy.runner.batch1_s) >= 200 > native_limit(1e-3)
     for lane in range(200):
         t.request(lane, OP_START, np.zeros(4, np.float32), 0.0, 0)
