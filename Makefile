@@ -41,7 +41,7 @@ c-check: native-check
 
 # The inference role's extension (daemon/inference/native/) built with AddressSanitizer and
 # UndefinedBehaviorSanitizer into build/native-asan/, and its tests run against that build.
-NATIVE_SRC := daemon/inference/native/net.c daemon/inference/native/step.c
+NATIVE_SRC := $(wildcard daemon/inference/native/*.c)
 native-check: $(STAMP)
 	mkdir -p build/native-asan
 	$(CC) -O1 -g -std=c11 -Wall -Wextra -Werror -fPIC -shared -fsanitize=address,undefined \

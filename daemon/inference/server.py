@@ -29,12 +29,9 @@ from rlinkd.daemon.inference.backend import PolicyRunner
 from rlinkd.daemon.inference.episodes import LaneBook, Requests, SlotPool, concat
 from rlinkd.daemon.inference.link import PolicyLink
 from rlinkd.daemon.inference.lonestep import END, EVAL_END, MAX_RECORDS, START, LoneStepper
-from rlinkd.shm._sync import store_load_fence
-from rlinkd.shm.doorbell import Doorbell
+from rlinkd.daemon.inference.policy_lanes import PolicyLanes, ServedArea
 from rlinkd.shm.errors import ShmError
-from rlinkd.shm.lane_region import NOWHERE, LaneRegion, Placement
-from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_RELEASE, OP_START, REQUESTS_OFFSET, SLEEPING_OFFSET,
-                              WAITING_OFFSET, LaneArea, LaneLayout, complete_groups)
+from rlinkd.shm.lanes import EVALUATE, OP_END, OP_RELEASE, OP_START, SLEEPING_OFFSET, complete_groups
 
 log = structlog.get_logger("inference")
 WAIT_SLICE_S = 50e-6
@@ -44,113 +41,7 @@ NATIVE_MAX_REQUESTS = 1024  # most this many; a CartPole MLP's ~3 us: ~290): for
                             # by one is cheaper even at 1,024 (2.6 against 3.8 us a request in-process)
 GATHER_FORWARDS = 2.0  # a turn's first request waits for others at most this many batch-1 passes
 MIN_GATHER_S = 50e-6  # ... and not at all when that is less than this
-FULL_SCAN_LANES = 512  # a lane scan looks at every lane when areas moved > 1 + lanes / this
-REQUESTS_WORD = REQUESTS_OFFSET // 4  # (the low word of each area's u64 request counter)
 HISTOGRAM_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-
-
-@dataclass
-class ServedArea:
-    """One lane area being served: a shm client's, or the collector's TCP lanes of a policy."""
-
-    area_id: int
-    area: LaneArea
-    policy: str
-    bell: Doorbell
-    shared_bell: bool = False  # the bell belongs to the collector (do not close it)
-    where: Placement = NOWHERE  # its lanes and header slot in the policy's region, once added
-
-    def close(self) -> None:
-        self.area.close()
-        if not self.shared_bell:
-            self.bell.close()
-
-
-class PolicyLanes:
-    """Every area of one policy in one ``LaneRegion``: one lane index space, one ``LaneBook``
-    over it, and the lanes left pending at the last scan (``deferred``)."""
-
-    def __init__(self, layout: LaneLayout, slots: SlotPool) -> None:
-        self.region = LaneRegion(layout)
-        self.book = LaneBook(0, layout.step, slots)
-        self.deferred = np.zeros(0, bool)
-        self.any_deferred = False
-        self.by_slot: dict[int, ServedArea] = {}
-        self.seen = np.zeros(0, np.uint32)  # every area's request counter at the last scan
-
-    def snapshot(self) -> np.ndarray | None:
-        """Before a scan: the request counters it covers (a writer bumps its area's counter
-        after the request's seq word, so a request counted here is seen by the scan).
-        Returns the header slots whose counter moved since the last snapshot (None when
-        areas came or went since: scan them all)."""
-        now = self.region.headers[:, REQUESTS_WORD].copy()
-        moved = np.flatnonzero(now != self.seen) if len(now) == len(self.seen) else None
-        self.seen = now
-        return moved
-
-    def published_since(self) -> bool:
-        """Some area published a request since the last ``snapshot``: O(areas), not
-        O(lanes) like ``pending`` (a hint for spinning: a writer that did not count its
-        request is still found by the next scan)."""
-        now = self.region.headers[:, REQUESTS_WORD]
-        return len(now) != len(self.seen) or bool((now != self.seen).any())
-
-    def place(self, fd: int, served: ServedArea) -> None:
-        """``ShmError`` if the region refuses it (the book still matches the region)."""
-        try:
-            served.where = self.region.place(fd, served.area)
-            self.by_slot[served.where.slot] = served
-        finally:
-            high = self.region.high
-            self.book.grow(high)
-            if len(self.deferred) < high:
-                self.deferred = np.concatenate([self.deferred, np.zeros(high - len(self.deferred), bool)])
-
-    def pending(self, slots: np.ndarray | None = None) -> np.ndarray:
-        """[k] lanes with a request not answered (only an area's own lanes count): of every
-        area (in lane order), or (``slots``) only of the areas in those header slots (area
-        by area; when they are many against the region's lanes -- a Python step per area
-        costs about what a vectorised look at ~FULL_SCAN_LANES lanes does -- every area)."""
-        if slots is None or len(slots) * FULL_SCAN_LANES > self.region.high + FULL_SCAN_LANES:
-            lanes = self.region.lanes  # (one vectorised pass beats a Python loop over many areas)
-            return np.flatnonzero((lanes["req_seq"] != lanes["resp_seq"]) & self.region.served)
-        parts = []
-        for slot in sorted(slots.tolist()):
-            served = self.by_slot.get(slot)
-            if served is not None:
-                start = served.where.start
-                lanes = self.region.lanes[start:start + served.where.served]
-                parts.append(np.flatnonzero(lanes["req_seq"] != lanes["resp_seq"]) + start)
-        if len(parts) == 1:
-            return parts[0]
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-    def arrivals(self, held: bool, pend: np.ndarray | None = None) -> int:
-        """Pending lanes not looked at yet (and, unless held, those left pending); ``pend``:
-        this turn's ``pending()`` lanes, when the caller has them already."""
-        pend = self.pending() if pend is None else pend
-        return len(pend) if not held else int(np.count_nonzero(~self.deferred[pend]))
-
-    def wake(self, idx: np.ndarray) -> None:
-        """After answering lanes ``idx``: ring each of their areas whose client sleeps."""
-        owner, words = self.region.owner, self.region.headers[:, WAITING_OFFSET // 4]
-        if len(idx) == 1:
-            slot = int(owner[idx[0]])
-            store_load_fence()
-            if words[slot]:
-                words[slot] = 0
-                self.by_slot[slot].bell.ring()
-            return
-        owners = owner[idx]
-        slots = owners[:1] if (owners == owners[0]).all() else np.unique(owners)  # (one area: no sort)
-        store_load_fence()
-        for slot in slots[words[slots] != 0]:
-            words[slot] = 0
-            self.by_slot[int(slot)].bell.ring()
-
-    def close(self) -> None:
-        self.by_slot.clear()
-        self.region.close()
 
 
 @dataclass
@@ -225,9 +116,7 @@ class InferenceServer:
         if served is None:
             return
         self._send(served.policy, self.forget(served), 0)
-        pl = self.lanes[served.policy]
-        pl.region.remove(served.where)
-        del pl.by_slot[served.where.slot]
+        self.lanes[served.policy].drop(served)
         served.close()
 
     def forget(self, served: ServedArea) -> np.ndarray:

@@ -25,7 +25,9 @@ def main(path: str) -> int:
     assert netnative.native_module() is module, "the optimised build was imported first"
     return int(pytest.main(["-q", "-p", "no:cacheprovider", "--capture=sys",  # (reports go to fd 2)
                             "tests/unit/test_netnative.py",
-                            "tests/unit/test_lonestep.py"]))
+                            "tests/unit/test_lonestep.py",
+                            "tests/unit/test_inference_server.py",
+                            "-k", "lane_scan or lonestep or netnative or native"]))
 
 
 if __name__ == "__main__":

@@ -3,10 +3,14 @@ a served episode becomes, sample cuts and on-policy holds, evaluation lanes, wei
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlinkd.daemon import policies as P
 from rlinkd.daemon.config import load_config
@@ -46,6 +50,12 @@ class FakeLink:
 
 @pytest.fixture
 def setup(tmp_path):
+    made = make_server(tmp_path)
+    yield made
+    made[0].close()
+
+
+def make_server(tmp_path):
     d = P.policy_defs(load_config(None, []))["default"]
     board = WeightsBoard.create(str(tmp_path / "board"), d.spec.n_params(), orjson.dumps(d.spec.to_json()))
     rng = np.random.default_rng(0)
@@ -62,8 +72,7 @@ def setup(tmp_path):
         server.add(ServedArea(i, area, "default", Doorbell.create()), fd := os.open(path, os.O_RDWR))
         os.close(fd)
         areas.append(area)
-    yield server, areas, link, board, d
-    server.close()
+    return server, areas, link, board, d
 
 
 def request(area, lane, op, obs=OBS, reward=0.0, flags=0):
@@ -402,14 +411,19 @@ def test_the_extension_is_built_where_there_is_a_compiler():
     assert netnative.available()
 
 
-@pytest.mark.parametrize("full_scan_lanes", [1, 1 << 30])
-def test_a_scan_of_the_moved_areas_finds_what_a_full_scan_does(setup, monkeypatch, full_scan_lanes):
-    """(``pending(slots)``: area by area when few areas moved against the region's lanes,
-    every lane otherwise (here: 1 << 30 with two areas); the moved areas' lanes either way.)"""
-    import rlinkd.daemon.inference.server as server_mod
-    monkeypatch.setattr(server_mod, "FULL_SCAN_LANES", full_scan_lanes)
+@pytest.mark.parametrize("scan", ["native", "numpy by area", "numpy every lane"])
+def test_a_scan_of_the_moved_areas_finds_what_a_full_scan_does(setup, monkeypatch, scan):
+    """(``pending(slots)``: only the moved areas' lanes -- natively, or in numpy area by area
+    when few areas moved against the region's lanes and every lane otherwise (here: 1 << 30
+    with two areas).)"""
+    import rlinkd.daemon.inference.policy_lanes as lanes_mod
+    monkeypatch.setattr(lanes_mod, "FULL_SCAN_LANES", 1 << 30 if scan == "numpy every lane" else 1)
     server, (a, b), _, _, _ = setup
     pl = server.lanes["default"]
+    if scan == "native":
+        assert pl.scan is not None, "the extension is built in CI"
+    else:
+        pl.scan = None
     pl.snapshot()
     request(b, 3, OP_START)
     request(a, 1, OP_START)
@@ -421,3 +435,76 @@ def test_a_scan_of_the_moved_areas_finds_what_a_full_scan_does(setup, monkeypatc
     assert moved is not None and len(moved) == 1
     assert len(pl.pending()) == 3 and sorted(pl.pending(moved).tolist()) == [0, 1]
     assert len(pl.pending(np.zeros(0, np.int64))) == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_the_native_lane_scan_agrees_with_numpy(data):
+    """(Areas come and go, lanes are requested and answered at random: the native scan
+    returns exactly what the numpy one does, in the same order, for every area and for any
+    set of moved header slots.)"""
+    with tempfile.TemporaryDirectory() as tmp:
+        server, areas, _, _, d = make_server(Path(tmp))
+        try:
+            _scan_script(server, areas, d, Path(tmp), data)
+        finally:
+            server.close()
+
+
+def _scan_script(server, areas, d, tmp_path, data) -> None:
+    pl = server.lanes["default"]
+    if pl.scan is None:
+        pytest.skip("the _native extension is not built")
+    live = dict(enumerate(areas))
+    for step in range(data.draw(st.integers(1, 12))):
+        action = data.draw(st.sampled_from(["request", "request", "answer", "add", "remove"]))
+        if action == "add" and len(live) < 6:
+            area_id = max(live, default=1) + 1
+            path = str(tmp_path / f"more{area_id}-{step}")
+            live[area_id] = LaneArea.create(path, LaneLayout(step_layout(d)), data.draw(st.integers(1, 70)))
+            server.add(ServedArea(area_id, live[area_id], "default", Doorbell.create()),
+                       fd := os.open(path, os.O_RDWR))
+            os.close(fd)
+        elif action == "remove" and live:
+            server.remove(area_id := data.draw(st.sampled_from(sorted(live))))
+            del live[area_id]
+        elif action == "request" and live:
+            area = live[data.draw(st.sampled_from(sorted(live)))]
+            request(area, data.draw(st.integers(0, area.capacity - 1)), OP_START)
+        elif action == "answer":
+            lanes = pl.region.lanes
+            lanes["resp_seq"][:] = np.where(data.draw(st.booleans()), lanes["req_seq"], lanes["resp_seq"])
+        slots = np.array(sorted(data.draw(st.sets(st.integers(0, len(pl.region.headers) - 1)))), np.int64)
+        assert pl.pending().tolist() == pl._pending_numpy(None).tolist()
+        assert pl.pending(slots).tolist() == _numpy_by_area(pl, slots)
+
+
+def _numpy_by_area(pl, slots: np.ndarray) -> list[int]:
+    import rlinkd.daemon.inference.policy_lanes as lanes_mod
+    saved, lanes_mod.FULL_SCAN_LANES = lanes_mod.FULL_SCAN_LANES, 0
+    try:
+        return pl._pending_numpy(slots).tolist()
+    finally:
+        lanes_mod.FULL_SCAN_LANES = saved
+
+
+def test_the_native_lane_scan_refuses_what_is_out_of_bounds():
+    from rlinkd.daemon.inference.netnative import native_module
+    if native_module() is None:
+        pytest.skip("the _native extension is not built")
+    scan, lanes = native_module().pending_lanes, np.zeros(8, LaneLayout(step_layout(
+        P.policy_defs(load_config(None, []))["default"])).dtype)
+    at = (lanes.dtype.fields["req_seq"][1], lanes.dtype.fields["resp_seq"][1])
+    starts, counts, out = np.array([0, 4]), np.array([4, 4]), np.zeros(8, np.int64)
+    lanes["req_seq"][[1, 6]] = 1
+    assert scan(lanes, *at, starts, counts, np.array([1, 0]), out) == 2 and out[:2].tolist() == [6, 1]
+    for bad_starts, bad_counts, slots in (([0, 5], [4, 4], [1]), ([0, 4], [4, 4], [2]), ([0, -1], [4, 4], [1]),
+                                          ([0, 4], [4, 9], [1])):
+        with pytest.raises(ValueError):
+            scan(lanes, *at, np.array(bad_starts), np.array(bad_counts), np.array(slots), out)
+    with pytest.raises(ValueError):  # (no room for every lane looked at)
+        scan(lanes, *at, starts, counts, np.array([0, 1]), np.zeros(7, np.int64))
+    with pytest.raises(ValueError):  # (a seq word past the lane record)
+        scan(lanes, lanes.dtype.itemsize - 2, at[1], starts, counts, np.array([0]), out)
+    with pytest.raises(ValueError):
+        scan(lanes, *at, starts.astype(np.int32), counts, np.array([0]), out)

@@ -1,5 +1,6 @@
-/* Shared between the two parts of the _native extension (net.c: the op-list interpreter;
- * step.c: the lone-request step, which runs a Program's forward pass in place). */
+/* Shared between the parts of the _native extension (net.c: the op-list interpreter;
+ * step.c: the lone-request step, which runs a Program's forward pass in place; scan.c: the
+ * lane scan). */
 #ifndef RLINKD_NATIVE_H
 #define RLINKD_NATIVE_H
 
@@ -32,5 +33,7 @@ extern PyTypeObject NativeLoneStepType;
 int native_ensure_arena(Program *p, Py_ssize_t rows);
 /* The program over the first n rows of the arena (the inputs copied in first). */
 void native_execute(Program *p, Py_ssize_t n);
+/* pending_lanes(...) (scan.c): the module-level lane scan. */
+PyObject *native_pending_lanes(PyObject *module, PyObject *args);
 
 #endif

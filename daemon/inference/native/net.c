@@ -370,10 +370,18 @@ PyTypeObject NativeProgramType = {
     .tp_methods = Program_methods,
 };
 
+static PyMethodDef module_functions[] = {
+    {"pending_lanes", native_pending_lanes, METH_VARARGS,
+     "pending_lanes(lanes, req_at, resp_at, starts, counts, slots, out) -> n: the lanes of "
+     "those slots with a request not answered (scan.c)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_native",
-    "The inference role's native code: the op-list interpreter (netnative.py) and the lone step (lonestep.py).", -1,
-    NULL, NULL, NULL, NULL, NULL,
+    "The inference role's native code: the op-list interpreter (netnative.py), the lone step "
+    "(lonestep.py) and the lane scan (server.py).", -1,
+    module_functions, NULL, NULL, NULL, NULL,
 };
 
 /* The opcodes, exported: netnative.py reads them from here (one declaration). */
