@@ -301,8 +301,21 @@ def _decode_step(obj: dict) -> Step:
                 terminated=_flag(obj, "terminated", w), truncated=_flag(obj, "truncated", w))
 
 
+PLAIN_STEP = {"episode_id", "observation", "reward"}  # (the keys of the common entry)
+
+
 def decode_entry(obj: Any, index: int) -> BatchEntry:
-    """One STEP_BATCH entry; a start carries no reward, every other entry one."""
+    """One STEP_BATCH entry; a start carries no reward, every other entry one. (The common
+    entry -- a plain step with a float reward -- is checked field by field in a few lines, as
+    the general path below would check it; anything else, valid or not, takes that path.)"""
+    if type(obj) is dict and obj.keys() == PLAIN_STEP:
+        eid, reward, obs = obj["episode_id"], obj["reward"], obj["observation"]
+        if type(reward) is float and math.isfinite(reward) and obs is not None and id_error(eid, "") is None:
+            return BatchEntry(eid, obs, reward)
+    return _decode_entry(obj, index)
+
+
+def _decode_entry(obj: Any, index: int) -> BatchEntry:
     w = f"steps[{index}]"
     if not isinstance(obj, dict):
         raise BadMessage(f"{w} must be an object")

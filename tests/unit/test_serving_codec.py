@@ -1,10 +1,15 @@
 """The serving, evaluation and metrics messages: round trips and every decode error."""
 from __future__ import annotations
 
+import math
+
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.protocol import serving
 from rlinkd.client_lib.protocol import serving as s
 from rlinkd.client_lib.protocol.codec import BadMessage, MessageType
 
@@ -97,3 +102,30 @@ def test_metric_names():
     assert s.metric_name_error("sim/fps.mean-1_x") is None
     for bad in ("", "x" * 65, "a b", "é", 3, None):
         assert s.metric_name_error(bad)
+
+
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True, allow_infinity=True),
+                    st.text(max_size=4), st.sampled_from(["e1", "c12-3", "bad id", "x" * 300]),
+                    st.lists(st.floats(-2, 2), max_size=3))
+_KEYS = st.sampled_from(["episode_id", "observation", "reward", "start", "terminated", "truncated",
+                         "training_enabled", "agent_id", "policy_id", "other"])
+
+
+_PLAIN_STEPS = st.fixed_dictionaries({  # (the plain step's keys: values near and far from valid)
+    "episode_id": st.sampled_from(["e1", "c12-3", "", "bad id", "x" * 300, 7, None]),
+    "observation": st.one_of(st.none(), st.lists(st.floats(-2, 2), max_size=3)),
+    "reward": st.one_of(st.floats(), st.integers(-2, 2), st.booleans(), st.none(),
+                        st.sampled_from([math.nan, math.inf, -math.inf]))})
+
+
+@settings(max_examples=500, deadline=None)
+@given(entry=st.one_of(st.dictionaries(_KEYS, _VALUES, max_size=5), _PLAIN_STEPS, _PLAIN_STEPS, _VALUES))
+def test_the_common_entry_is_decoded_as_the_general_path_decodes_it(entry):
+    """(decode_entry checks a plain step in a few lines; whatever it accepts, the general
+    path accepts the same way, and everything else goes that path.)"""
+    def outcome(decode):
+        try:
+            return decode(entry, 0)
+        except BadMessage as exc:
+            return str(exc)
+    assert outcome(serving.decode_entry) == outcome(serving._decode_entry)
