@@ -43,13 +43,14 @@ class Segment:
 
 def segment_from_records(rec: np.ndarray) -> Segment:
     """Build a Segment from one stream's records, the last being its FINAL_OBS record."""
-    return segments_from_runs(rec.copy(), np.array([len(rec)]))[0]
+    return segments_from_runs(rec, np.array([len(rec)]))[0]
 
 
 def segments_from_runs(rec: np.ndarray, stops: np.ndarray) -> list[Segment]:
-    """The Segments of consecutive runs of ``rec`` (a copy the caller gives away), run k
-    being rows [stops[k-1], stops[k]) of one stream, its last row a FINAL_OBS record. Each
-    field is made contiguous once for all runs; a segment's arrays are slices of those."""
+    """The Segments of consecutive runs of ``rec``, run k being rows [stops[k-1], stops[k])
+    of one stream, its last row a FINAL_OBS record. Each field is copied once for all runs
+    (contiguous; ``rec`` is not kept); a segment's arrays are slices of those copies, so a
+    batch's segments share memory (nothing downstream writes into a segment)."""
     starts = np.concatenate(([0], stops[:-1]))
     flags, ids = rec["flags"], rec["ingest_id"].copy()
     obs, actions, logp = rec["obs"].copy(), rec["action"].copy(), rec["logp"].copy()

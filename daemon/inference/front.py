@@ -271,9 +271,10 @@ class Front:
 
     # ------------------------------------------------------------ STEP_BATCH
     def _batch(self, eps: Episodes, msg: serving.StepBatch) -> Pending:
-        """Check every entry, then publish each policy's entries as one group; ACTIONS in
-        entry order once every lane is answered. (Nothing is published unless every entry
-        is valid: a group the role waits to see whole must never be left half published.)"""
+        """Check every entry, then publish each policy's entries as one group (as lone
+        requests when at most one wants an action: ``_publish_group``); ACTIONS in entry
+        order once every lane is answered. (Nothing is published unless every entry is
+        valid: a group the role waits to see whole must never be left half published.)"""
         if len(msg.steps) > MAX_GROUP:
             raise ServingError(f"STEP_BATCH: more than {MAX_GROUP} entries")
         if len(msg.steps) == 1 and not (msg.steps[0].start or msg.steps[0].ends):

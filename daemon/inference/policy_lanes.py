@@ -105,8 +105,8 @@ class PolicyLanes:
 
     def pending(self, slots: np.ndarray | None = None) -> np.ndarray:
         """[k] lanes with a request not answered (only an area's own lanes count): of every
-        area (in lane order), or (``slots``) only of the areas in those header slots (in
-        slot order)."""
+        area (in lane order), or (``slots``) only of the areas in those header slots (slot
+        by slot, each area's in lane order; numpy's pass over every lane: lane order)."""
         if self.scan is not None:
             which = self.placed if slots is None else np.sort(slots)
             n = self.scan(self.region.lanes, *self.seq_at, self.slot_start, self.slot_lanes, which, self.found)

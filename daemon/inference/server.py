@@ -36,9 +36,10 @@ from rlinkd.shm.lanes import EVALUATE, OP_END, OP_RELEASE, OP_START, SLEEPING_OF
 log = structlog.get_logger("inference")
 WAIT_SLICE_S = 50e-6
 NATIVE_BUDGET_S = 1e-3  # a turn's lone requests go through the native step one by one while their
-NATIVE_MIN_REQUESTS = 16  # batch-1 passes take about this long in all (at least this many, at
-NATIVE_MAX_REQUESTS = 1024  # most this many; a CartPole MLP's ~3 us: ~290): for a small net one
-                            # by one is cheaper even at 1,024 (2.6 against 3.8 us a request in-process)
+NATIVE_MIN_REQUESTS = 16  # batch-1 passes take about this long in all, but at least this many (a
+NATIVE_MAX_REQUESTS = 1024  # slow net's 16 may take longer) and at most this many (a CartPole MLP's
+                            # ~3 us: ~290; for a net that small one by one is cheaper even at 1,024:
+                            # 2.6 against 3.8 us a request in-process)
 GATHER_FORWARDS = 2.0  # a turn's first request waits for others at most this many batch-1 passes
 MIN_GATHER_S = 50e-6  # ... and not at all when that is less than this
 HISTOGRAM_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -262,8 +263,10 @@ class InferenceServer:
 
     def _serve_natively(self, name: str, policy: PolicyServing, pl: PolicyLanes,
                         idx: np.ndarray) -> tuple[np.ndarray, int]:
-        """The requests of lone clients (not in a group), one by one in lane order, as that
-        many turns of one request would: runs of them in one native call (``LoneStepper.serve``:
+        """The requests of lone clients (not in a group), one by one in the scan's order but
+        ENDs first (an END gives back the agent slot a START in the same turn then takes, as
+        ``LaneBook.apply`` orders a batch), as that many turns of one request would: runs of
+        them in one native call (``LoneStepper.serve``:
         a forward pass of batch 1 each, the records they write handed on after the run,
         which ends at the policy's sample boundary and where an episode starts or ends:
         ``_native_event``), ``_serve_one`` for a request the native step declines. Returns
@@ -275,6 +278,9 @@ class InferenceServer:
         if len(idx) > 1:  # (a group of one, e.g. the C client's STEP_BATCH: lone)
             grouped = (lanes["group"][idx] != 0) & (lanes["group_size"][idx] > 1)
             order, left = idx[~grouped].astype(np.int64), idx[grouped]
+            later = lanes["op"][order] != OP_END
+            if not later.all():
+                order = order[np.argsort(later, kind="stable")]
         else:
             order, left = idx.astype(np.int64), idx[:0]
         held, pos, n = policy.held, 0, len(order)

@@ -457,7 +457,7 @@ def _scan_script(server, areas, d, tmp_path, data) -> None:
         pytest.skip("the _native extension is not built")
     live = dict(enumerate(areas))
     for step in range(data.draw(st.integers(1, 12))):
-        action = data.draw(st.sampled_from(["request", "request", "answer", "add", "remove"]))
+        action = data.draw(st.sampled_from(["request", "request", "answer", "add", "remove", "scribble"]))
         if action == "add" and len(live) < 6:
             area_id = max(live, default=1) + 1
             path = str(tmp_path / f"more{area_id}-{step}")
@@ -471,6 +471,10 @@ def _scan_script(server, areas, d, tmp_path, data) -> None:
         elif action == "request" and live:
             area = live[data.draw(st.sampled_from(sorted(live)))]
             request(area, data.draw(st.integers(0, area.capacity - 1)), OP_START)
+        elif action == "scribble" and live:  # (a client writes past its own lanes, in its last page)
+            where = pl.by_slot[data.draw(st.sampled_from(sorted(pl.by_slot)))].where
+            if where.count > where.served:
+                pl.region.lanes["req_seq"][where.start + data.draw(st.integers(where.served, where.count - 1))] += 1
         elif action == "answer":
             lanes = pl.region.lanes
             lanes["resp_seq"][:] = np.where(data.draw(st.booleans()), lanes["req_seq"], lanes["resp_seq"])
@@ -508,3 +512,6 @@ def test_the_native_lane_scan_refuses_what_is_out_of_bounds():
         scan(lanes, lanes.dtype.itemsize - 2, at[1], starts, counts, np.array([0]), out)
     with pytest.raises(ValueError):
         scan(lanes, *at, starts.astype(np.int32), counts, np.array([0]), out)
+    shared = np.array([0, 4, 4, 4, 1, 0, 0, 0, 0, 0])  # (out over starts, counts and slots)
+    with pytest.raises(ValueError, match="share memory"):
+        scan(lanes, *at, shared[0:2], shared[2:4], shared[4:5], shared[3:])

@@ -171,7 +171,7 @@ def test_a_turn_of_many_lone_requests_is_served_natively_when_the_net_is_small(t
 def test_native_limit_follows_the_batch1_cost():
     assert native_limit(0.0) == native_limit(1e-9) == NATIVE_MAX_REQUESTS
     assert native_limit(1.0) == NATIVE_MIN_REQUESTS
-    assert native_limit(NATIVE_BUDGET_S / 100) == 100
+    assert 99 <= native_limit(NATIVE_BUDGET_S / 100) <= 100  # (a float division, truncated)
 
 
 def test_evaluation_episodes_are_served_natively_start_to_end(twins):
@@ -209,6 +209,24 @@ def test_training_episodes_are_served_natively_start_to_end(twins):
     assert native.server.stats == python.server.stats and native.link.steps == python.link.steps
     book = native.server.lanes["default"].book
     assert not book.open[0] and book.slot[0] == -1 and book.slots.free == [0]
+
+
+def test_an_end_and_a_start_in_one_turn_reuse_the_agent_slot(twins):
+    """(A C client's deferred END and its next START arrive as lone requests in one turn,
+    the START often on the lower lane: the END is served first, so the START takes the slot
+    it gave back, as the batch path's LaneBook.apply does; slots stay as many as episodes.)"""
+    for t in twins:
+        t.request(1, OP_START, np.zeros(4, np.float32), 0.0, 0)
+        t.server.serve_once()
+        t.request(0, OP_START, np.zeros(4, np.float32), 0.0, 0)
+        t.request(1, OP_END, np.full(4, 0.2, np.float32), 1.0, TERMINATED)
+        t.server.serve_once()
+    native, python = twins
+    assert native.natively == 3
+    for t in twins:
+        book = t.server.lanes["default"].book
+        assert book.open[0] and not book.open[1] and book.slot[0] == 0 and book.slots.next == 1
+    same_records(native.link.all, python.link.all)
 
 
 def test_no_stepper_for_other_spaces(tmp_path):

@@ -380,7 +380,7 @@ static PyMethodDef module_functions[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_native",
     "The inference role's native code: the op-list interpreter (netnative.py), the lone step "
-    "(lonestep.py) and the lane scan (server.py).", -1,
+    "(lonestep.py) and the lane scan (policy_lanes.py).", -1,
     module_functions, NULL, NULL, NULL, NULL,
 };
 

@@ -1,4 +1,4 @@
-/* _native, part 3: the lane scan of a serving turn (server.py PolicyLanes.pending).
+/* _native, part 3: the lane scan of a serving turn (policy_lanes.py PolicyLanes.pending).
  *
  * Each turn the inference role looks for requests in the areas whose request counter moved:
  * a lane is pending when its req_seq differs from its resp_seq. In numpy that is a few calls
@@ -15,7 +15,8 @@
  *   out            int64, room for every lane looked at: the pending lanes, slot by slot,
  *                  each slot's in lane order; n of them
  *
- * Every slot, range and offset is checked first (ValueError; nothing written). The lanes
+ * Every slot, range and offset is checked first, and out must not overlap the other buffers
+ * (ValueError; nothing written). The lanes
  * belong to clients that may write them at any time: each word is read once (relaxed; a
  * request seen later is found by the next scan, as in numpy).
  */
@@ -36,6 +37,13 @@ static int int64_view(PyObject *obj, Py_buffer *view, int writable, const char *
     return 0;
 }
 
+/* Whether two buffers share a byte (out must not: it is written while the others are read). */
+static int overlap(const Py_buffer *a, const Py_buffer *b)
+{
+    const uintptr_t pa = (uintptr_t)a->buf, pb = (uintptr_t)b->buf;
+    return a->len > 0 && b->len > 0 && pa < pb + (uintptr_t)b->len && pb < pa + (uintptr_t)a->len;
+}
+
 /* Lanes to look at in all (-1 with ValueError when a slot or range is out of bounds). */
 static Py_ssize_t checked_total(const int64_t *starts, const int64_t *counts, Py_ssize_t n_slots,
                                 const int64_t *slots, Py_ssize_t n, Py_ssize_t n_lanes)
@@ -46,6 +54,10 @@ static Py_ssize_t checked_total(const int64_t *starts, const int64_t *counts, Py
         if (s < 0 || s >= n_slots || starts[s] < 0 || counts[s] < 0 || starts[s] > n_lanes
             || counts[s] > n_lanes - starts[s]) {
             PyErr_Format(PyExc_ValueError, "slot %lld or its lanes are out of bounds", (long long)s);
+            return -1;
+        }
+        if (counts[s] > PY_SSIZE_T_MAX - total) {
+            PyErr_SetString(PyExc_ValueError, "too many lanes to look at");
             return -1;
         }
         total += (Py_ssize_t)counts[s];
@@ -97,6 +109,11 @@ PyObject *native_pending_lanes(PyObject *module, PyObject *args)
                                               "starts and counts: one entry per slot");
         else
             total = checked_total(v[0].buf, v[1].buf, n_slots, v[2].buf, v[2].len / 8, n_lanes);
+        if (total >= 0 && (overlap(&v[3], &v[0]) || overlap(&v[3], &v[1]) || overlap(&v[3], &v[2])
+                           || overlap(&v[3], &lanes))) {
+            PyErr_SetString(PyExc_ValueError, "out: must not share memory with the other arguments");
+            total = -1;
+        }
         if (total > v[3].len / 8)
             PyErr_Format(PyExc_ValueError, "out: room for %zd lanes needed", total);
         else if (total >= 0)
