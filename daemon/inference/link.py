@@ -28,9 +28,15 @@ from rlinkd.shm.ring import StepRing
 CONNECT_TIMEOUT_S = 10.0
 RING_RECORDS = 1 << 17
 WRITE_TIMEOUT_S = 30.0
-COALESCE_RECORDS = 256   # step records queued before one ring write ...
-COALESCE_S = 0.002       # ... or this long after the first of them (``flush``: at once)
-AT_ONCE_RECORDS = 64     # a batch this big is written at once (with what is queued before it)
+COALESCE_BYTES = 1 << 17  # step records queued before one ring write (at most MAX_COALESCE of
+MAX_COALESCE = 1024       # them; a CartPole record is ~100 bytes, an 84x84x3 image one ~21 KB:
+COALESCE_S = 0.008        # AT_ONCE_RECORDS) ... or this long after the first of them (``flush``:
+AT_ONCE_RECORDS = 64      # at once); a batch this big is written at once (after what is queued)
+
+
+def coalesce_records(record_bytes: int) -> int:
+    """How many step records of this size a link queues before a ring write."""
+    return max(AT_ONCE_RECORDS, min(MAX_COALESCE, COALESCE_BYTES // record_bytes))
 
 
 class PolicyLink:
@@ -44,7 +50,8 @@ class PolicyLink:
         self.exploration: dict | None = None  # the last WEIGHTS_READY's (DQN epsilon)
         self.steps = 0          # training steps written since the last SAMPLE_READY
         self.unsent_records = 0
-        self.queue = layout.empty(COALESCE_RECORDS)  # records not in the ring yet
+        self.coalesce = coalesce_records(layout.record_bytes)
+        self.queue = layout.empty(self.coalesce)  # records not in the ring yet
         self.queued = 0
         self.first_queued_at = 0.0
 
@@ -72,18 +79,19 @@ class PolicyLink:
         return self.client.sock.fileno()
 
     def write(self, records: np.ndarray, train_steps: int) -> None:
-        """Queue step records for the ring: written once ``COALESCE_RECORDS`` are queued or
+        """Queue step records for the ring: written once ``self.coalesce`` are queued or
         the first of them is ``COALESCE_S`` old (small batches, e.g. the lone requests of
         many clients: one collector wake-up per several, and the collector and connector
-        split each batch by agent slot, so a bigger one costs them less per step: 64 -> 256
-        took 64 training C clients from ~91,000 to ~115,000 actions/s on 2 cores); a batch
+        pay per batch, so a bigger one costs them less per step: 64 -> 256 records took 64
+        training C clients from ~91,000 to ~115,000 actions/s on 2 cores; 256 in 2 ms ->
+        1,024 in 8 ms their CPU from ~4.3 to ~2.6 us per step); a batch
         of ``AT_ONCE_RECORDS`` or more goes at once (after what is queued), before its
         clients are woken, so the collector works while they step: holding those back cost
         a 64-env vector client 20 % of its rate. Waits for ring space: the collector
         drains it."""
         n = len(records)
         if n:
-            if n >= AT_ONCE_RECORDS or self.queued + n > COALESCE_RECORDS:
+            if n >= AT_ONCE_RECORDS or self.queued + n > self.coalesce:
                 self.flush()
             if n >= AT_ONCE_RECORDS:
                 self._write(records)

@@ -257,12 +257,19 @@ def test_a_dqn_policy_is_served_epsilon_greedy_once_epsilon_is_known(setup):
     assert 0.3 < float((actions != greedy).mean()) < 0.7  # uniform over 2 actions: half differ
 
 
+def test_a_link_queues_fewer_records_the_bigger_they_are():
+    from rlinkd.daemon.inference.link import AT_ONCE_RECORDS, COALESCE_BYTES, MAX_COALESCE, coalesce_records
+    assert coalesce_records(104) == MAX_COALESCE  # (CartPole's)
+    assert coalesce_records(COALESCE_BYTES // 100) == 100
+    assert coalesce_records(84 * 84 * 3 + 64) == AT_ONCE_RECORDS  # (an image's: at least a batch)
+
+
 def test_the_link_coalesces_step_records_into_few_ring_writes(setup):
-    """Small batches wait in the link's queue: one ring write per COALESCE_RECORDS records,
+    """Small batches wait in the link's queue: one ring write per ``coalesce`` records,
     or once the first queued is COALESCE_S old (the idle role sleeps no longer than
     ``due_in_s``), or at flush (SAMPLE_READY, close); a batch of AT_ONCE_RECORDS goes at
     once, after what was queued."""
-    from rlinkd.daemon.inference.link import AT_ONCE_RECORDS, COALESCE_RECORDS, COALESCE_S, PolicyLink
+    from rlinkd.daemon.inference.link import AT_ONCE_RECORDS, COALESCE_S, PolicyLink, coalesce_records
     _, _, _, _, d = setup
     layout = step_layout(d)
     writes = []
@@ -285,11 +292,13 @@ def test_the_link_coalesces_step_records_into_few_ring_writes(setup):
     assert link.due_in_s() == 0.0
     link.write(batch[:3], 3)
     assert [len(w) for w in writes] == [13] and link.queued == 0
-    for _ in range(COALESCE_RECORDS // 10 + 1):
+    full = link.coalesce
+    assert full == coalesce_records(layout.record_bytes) > AT_ONCE_RECORDS
+    for _ in range(full // 10 + 1):
         link.write(batch, 10)
-    assert [len(w) for w in writes] == [13, COALESCE_RECORDS // 10 * 10]  # full: written
+    assert [len(w) for w in writes] == [13, full // 10 * 10]  # full: written
     link.flush()
-    assert sum(len(w) for w in writes) == 13 + (COALESCE_RECORDS // 10 + 1) * 10 and link.queued == 0
+    assert sum(len(w) for w in writes) == 13 + (full // 10 + 1) * 10 and link.queued == 0
     assert list(writes[-1]) == list(range(10)) * (len(writes[-1]) // 10)  # order kept
     big = layout.empty(AT_ONCE_RECORDS)
     big["reward"] = 100

@@ -2,6 +2,8 @@
 their errors, client_lib's server-inference agent on both transports, evaluation episodes."""
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import pytest
 
@@ -12,11 +14,13 @@ from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol import serving as s
 from rlinkd.client_lib.transport import RLlinkClient, ServerError
 from rlinkd.daemon.config import load_config
+from rlinkd.daemon.inference.link import COALESCE_S
 from rlinkd.daemon.inprocess import InProcessDaemon
 from rlinkd.daemon.roster import ROLES
 from tests.helpers import wait_for
 
 OBS = [0.01, 0.02, 0.03, 0.04]
+SETTLE_S = 12 * COALESCE_S
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +33,19 @@ def daemon(tmp_path_factory):
     d = InProcessDaemon(cfg).start()
     yield d
     assert d.stop() == {role: 0 for role in ROLES}
+
+
+def settled_status(daemon) -> dict:
+    """``status`` once the step counts have not moved for SETTLE_S (earlier tests' served
+    steps, queued in the role's link up to COALESCE_S, have landed), within 10 s."""
+    seen: list = []
+
+    def settled():
+        st = status(daemon)
+        seen.append((time.monotonic(), st["env_steps"], st["episodes"], st))
+        first = next(i for i, (_, steps, eps, _) in enumerate(seen) if (steps, eps) == seen[-1][1:3])
+        return st if seen[-1][0] - seen[first][0] >= SETTLE_S else None
+    return wait_for(settled, 10, what="step counts to settle")
 
 
 def play_episodes(agent, episodes: int, seed: int) -> None:
@@ -173,10 +190,10 @@ def test_evaluation_episodes_train_nothing(daemon, transport):
     address = (f"tcp://127.0.0.1:{daemon.listening.port}" if transport == "tcp"
                else f"unix://{daemon.listening.unix_socket}")
     agent = connect(address, inference="server", mode="evaluate")
-    before = status(daemon)
+    before = settled_status(daemon)
     play_episodes(agent, 3, seed=1)
     agent.close()
-    after = status(daemon)
+    after = settled_status(daemon)
     assert after["env_steps"] == before["env_steps"] and after["episodes"] == before["episodes"]
 
 
@@ -186,7 +203,7 @@ def test_evaluation_clients_report_returns_and_metrics(daemon, transport, infere
     address = (f"tcp://127.0.0.1:{daemon.listening.port}" if transport == "tcp"
                else f"unix://{daemon.listening.unix_socket}")
     agent = connect(address, inference=inference, mode="evaluate")
-    before = status(daemon)
+    before = settled_status(daemon)
     play_episodes(agent, 2, seed=2)
     agent.log_metric(f"{transport}_{inference}/fps", 60.0)
     agent.close()
