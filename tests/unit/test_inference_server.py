@@ -16,6 +16,7 @@ from rlinkd.daemon import policies as P
 from rlinkd.daemon.config import load_config
 from rlinkd.daemon.inference.backend import PolicyRunner, choose_backend
 from rlinkd.daemon.inference.episodes import LaneBook, Requests, SlotPool, concat
+from rlinkd.daemon.inference.netnative import native_module
 from rlinkd.daemon.inference.server import InferenceServer, PolicyServing, ServedArea
 from rlinkd.daemon.wiring import step_layout
 from rlinkd.shm.board import WeightsBoard
@@ -24,6 +25,8 @@ from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_RELEASE, OP_START, OP_STEP, S
                               STATUS_BAD_OP, STATUS_LOST, STATUS_OK, TERMINATED, LaneArea, LaneLayout)
 from rlinkd.shm.records import FINAL_OBS, HAS_LOGP, TERMINATED as REC_TERMINATED, TRUNCATED as REC_TRUNCATED
 
+needs_native = pytest.mark.skipif(native_module() is None, reason="the _native extension is not built "
+                                  "(test_the_extension_is_built_where_there_is_a_compiler fails where cc exists)")
 OBS = np.array([0.01, 0.02, 0.03, 0.04], np.float32)
 
 
@@ -446,6 +449,7 @@ def test_a_scan_of_the_moved_areas_finds_what_a_full_scan_does(setup, monkeypatc
     assert len(pl.pending(np.zeros(0, np.int64))) == 0
 
 
+@needs_native
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_the_native_lane_scan_agrees_with_numpy(data):
@@ -462,8 +466,7 @@ def test_the_native_lane_scan_agrees_with_numpy(data):
 
 def _scan_script(server, areas, d, tmp_path, data) -> None:
     pl = server.lanes["default"]
-    if pl.scan is None:
-        pytest.skip("the _native extension is not built")
+    assert pl.scan is not None
     live = dict(enumerate(areas))
     for step in range(data.draw(st.integers(1, 12))):
         action = data.draw(st.sampled_from(["request", "request", "answer", "add", "remove", "scribble"]))
@@ -501,10 +504,8 @@ def _numpy_by_area(pl, slots: np.ndarray) -> list[int]:
         lanes_mod.FULL_SCAN_LANES = saved
 
 
+@needs_native
 def test_the_native_lane_scan_refuses_what_is_out_of_bounds():
-    from rlinkd.daemon.inference.netnative import native_module
-    if native_module() is None:
-        pytest.skip("the _native extension is not built")
     scan, lanes = native_module().pending_lanes, np.zeros(8, LaneLayout(step_layout(
         P.policy_defs(load_config(None, []))["default"])).dtype)
     at = (lanes.dtype.fields["req_seq"][1], lanes.dtype.fields["resp_seq"][1])
