@@ -28,10 +28,13 @@ from rlinkd.shm.ring import StepRing
 CONNECT_TIMEOUT_S = 10.0
 RING_RECORDS = 1 << 17
 WRITE_TIMEOUT_S = 30.0
-COALESCE_BYTES = 1 << 17  # step records queued before one ring write (at most MAX_COALESCE of
-MAX_COALESCE = 1024       # them; a CartPole record is ~100 bytes, an 84x84x3 image one ~21 KB:
-COALESCE_S = 0.008        # AT_ONCE_RECORDS) ... or this long after the first of them (``flush``:
-AT_ONCE_RECORDS = 64      # at once); a batch this big is written at once (after what is queued)
+# One ring write per this many bytes of queued step records (``coalesce_records``: at most
+# MAX_COALESCE, at least AT_ONCE_RECORDS; a CartPole record is ~100 bytes, an 84x84x3 image
+# one ~21 KB), or once the first queued record is COALESCE_S old (``flush``: at once).
+COALESCE_BYTES = 1 << 17
+MAX_COALESCE = 1024
+COALESCE_S = 0.008
+AT_ONCE_RECORDS = 64  # a batch this big is written at once (after what is queued)
 
 
 def coalesce_records(record_bytes: int) -> int:
