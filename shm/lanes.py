@@ -211,6 +211,12 @@ class LaneArea:
     def requests(self) -> int:
         return self._counter[0]
 
+    def requests_array(self) -> np.ndarray:
+        """The header's requests counter as a one-element u64 array, for native code that
+        publishes into this area (it bumps the counter as ``publish`` does). Drop every
+        such array before ``close``."""
+        return np.ndarray((1,), np.uint64, buffer=self.segment.buf, offset=REQUESTS_OFFSET)
+
     @property
     def server_sleeping(self) -> bool:
         return bool(self._words[SLEEPING_OFFSET // 4])

@@ -30,6 +30,7 @@ import structlog
 from rlinkd.client_lib.protocol import codec, serving
 from rlinkd.client_lib.protocol.codec import BadMessage, ProtocolError
 from rlinkd.client_lib.transport import DIRECT_REFUSED
+from rlinkd.daemon.inference.fastpath import FastPath
 from rlinkd.daemon.inference.front import Episodes, Front, Pending
 from rlinkd.daemon.log import RateLimit
 
@@ -38,6 +39,8 @@ MAX_FRAMES_PER_TURN = 16
 READ_AHEAD_BYTES = 1 << 16  # read while busy (a pipelined frame, an EOF) up to this much
 RECV_BYTES = 1 << 18  # one read at most (into one buffer reused by every read: a fresh
                      # buffer this large is an mmap and munmap per read, ~12 us of the ~14)
+MAX_SKIP = 1024  # Python messages at most between two hand-overs of a connection whose every
+                # message the native path gave straight back (e.g. STEP_BATCHes of many entries)
 ACCEPTED = (serving.StartEpisode, serving.GetAction, serving.LogReturns, serving.EndEpisode,
             serving.Step, serving.StepBatch)
 
@@ -58,6 +61,9 @@ class Conn:
     eof: bool = False            # the client shut its side: finish what it sent, then close
     gone: bool = False           # a send failed (closed or reset): replies go nowhere, its
                                  # frames still count
+    fast: bool = False           # owned by the native path (fastpath.py) until it gives it back
+    skip: int = 0                # messages to carry out here before handing it over again
+    misses: int = 0              # hand-overs in a row given back before a message
 
     @property
     def busy(self) -> bool:
@@ -68,7 +74,7 @@ class DirectConnections:
     """The role's direct connections (see the module docstring)."""
 
     def __init__(self, front: Front, max_connections: int, max_message_bytes: int,
-                 idle_timeout_s: float, read_timeout_s: float) -> None:
+                 idle_timeout_s: float, read_timeout_s: float, native: bool = True) -> None:
         self.front, self.pools = front, front.pools
         self.max_connections, self.max_message_bytes = max_connections, max_message_bytes
         self.idle_timeout_s, self.read_timeout_s = idle_timeout_s, read_timeout_s
@@ -77,7 +83,9 @@ class DirectConnections:
         self.waiting: set[int] = set()   # connections with a published request
         self.ready: set[int] = set()     # connections with frames left for the next turn
         self.counts = {"direct_connections": 0, "direct_messages": 0, "direct_refused": 0,
-                       "direct_errors": 0}
+                       "direct_errors": 0, "direct_native_messages": 0}
+        self.fast = FastPath.maybe(self.pools, max_message_bytes) if native else None
+        self.n_fast = 0  # connections the native path owns now
         self.error_log = RateLimit(per_s=10.0)
         self.rbuf = bytearray(RECV_BYTES)
         self.rview = memoryview(self.rbuf)
@@ -109,6 +117,9 @@ class DirectConnections:
             return
         if reason:
             log.debug("direct_connection_closed", reason=reason[:200])
+        if conn.fast:
+            self.fast.native.drop(fd)  # type: ignore[union-attr]
+            self.n_fast -= 1
         self.front.forget(conn.episodes)
         self.waiting.discard(fd)
         self.ready.discard(fd)
@@ -120,6 +131,7 @@ class DirectConnections:
     def close_all(self) -> None:
         for fd in list(self.conns):
             self.close(fd)
+        self.fast = None  # (its lane views go before the areas close)
         self.epoll.close()
 
     # ------------------------------------------------------------ one turn
@@ -130,10 +142,17 @@ class DirectConnections:
     @property
     def has_work(self) -> bool:
         """Frames left from the last turn (the role must not sleep on them)."""
-        return bool(self.ready)
+        return bool(self.ready) or bool(self.n_fast and self.fast.native.state[1])  # type: ignore[union-attr]
 
     def service(self, events: list[tuple[int, int]]) -> None:
-        """Read and write what ``events`` allow, then carry out complete frames."""
+        """Read and write what ``events`` allow, then carry out complete frames (the
+        native path first, on the connections it owns)."""
+        if self.n_fast:
+            events, demoted, published, messages = self.fast.native.service(events)  # type: ignore[union-attr]
+            self.counts["direct_messages"] += messages
+            self.counts["direct_native_messages"] += messages
+            self.fast.published(published)  # type: ignore[union-attr]
+            self._take_back(demoted)
         for fd, ev in events:
             conn = self.conns.get(fd)
             if conn is None:
@@ -155,11 +174,16 @@ class DirectConnections:
     def answering(self) -> bool:
         """Requests in flight, or lanes of closed connections on their way back to free:
         ``answer`` has work after a serving turn."""
-        return bool(self.waiting) or any(pool.busy for pool in self.pools.values())
+        return (bool(self.waiting) or bool(self.n_fast and self.fast.native.state[0])  # type: ignore[union-attr]
+                or any(pool.busy for pool in self.pools.values()))
 
     def answer(self) -> int:
         """After a serving turn: replies for requests whose lanes are answered (and closed
         connections' lanes freed once released). Returns the replies."""
+        replies = 0
+        if self.n_fast:
+            demoted, replies = self.fast.native.answer()  # type: ignore[union-attr]
+            self._take_back(demoted)
         done = [fd for fd in self.waiting if self.conns[fd].pending.answered(self.pools)]  # type: ignore[union-attr]
         for fd in done:
             self.waiting.discard(fd)
@@ -174,18 +198,21 @@ class DirectConnections:
         for pool in self.pools.values():
             if pool.busy:
                 pool.sweep()
-        return len(done)
+        return replies + len(done)
 
     def expire(self, now: float) -> None:
         """Close connections silent past idle_timeout_s, or stalled in a frame or a reply
         past read_timeout_s (a frame's clock runs only while the connection is not busy: the
         next frame is read once the last is answered, as in the collector)."""
         for fd, conn in list(self.conns.items()):
-            if conn.frame_since and not conn.busy and now - conn.frame_since > self.read_timeout_s:
+            frame_since, last_seen, busy = conn.frame_since, conn.last_seen, conn.busy
+            if conn.fast:
+                last_seen, frame_since, busy = self.fast.native.times(fd)  # type: ignore[union-attr]
+            if frame_since and not busy and now - frame_since > self.read_timeout_s:
                 self.close(fd, "a frame incomplete past server.read_timeout_s")
             elif conn.out_since and now - conn.out_since > self.read_timeout_s:
                 self.close(fd, "a reply unread past server.read_timeout_s")
-            elif self.idle_timeout_s and not conn.busy and now - conn.last_seen > self.idle_timeout_s:
+            elif self.idle_timeout_s and not busy and now - last_seen > self.idle_timeout_s:
                 self.close(fd, "idle past server.idle_timeout_s")
 
     # ------------------------------------------------------------ reading
@@ -211,7 +238,7 @@ class DirectConnections:
         """Carry out complete frames until one waits for an answer (at most
         MAX_FRAMES_PER_TURN; the rest next turn)."""
         for _ in range(MAX_FRAMES_PER_TURN):
-            if conn.busy:
+            if conn.busy or conn.fast:
                 break
             try:
                 body = self._frame(conn)
@@ -227,6 +254,7 @@ class DirectConnections:
         if conn.eof and not conn.busy and fd not in self.ready:
             return self.close(fd, "closed by the client")
         self._watch(fd, conn)
+        self._hand_over(fd, conn)
 
     def _frame(self, conn: Conn) -> bytes | None:
         """The next complete frame's body, taken off the buffer (None: not complete yet)."""
@@ -250,6 +278,7 @@ class DirectConnections:
 
     def _carry_out(self, fd: int, conn: Conn, msg: codec.Message) -> None:
         self.counts["direct_messages"] += 1
+        conn.skip = max(0, conn.skip - 1)
         if isinstance(msg, codec.Ping):
             return self._reply(fd, conn, codec.encode(codec.Pong()))
         if not isinstance(msg, ACCEPTED):
@@ -262,6 +291,43 @@ class DirectConnections:
         else:
             self._reply(fd, conn, outcome)
 
+    # ------------------------------------------------------------ the native path
+    def _hand_over(self, fd: int, conn: Conn) -> bool:
+        """Give an idle, clean connection with steppable episodes to the native path."""
+        if (self.fast is None or conn.fast or conn.skip or conn.busy or conn.inbuf or conn.eof
+                or conn.gone or conn.mask != select.EPOLLIN or fd not in self.conns):
+            return False
+        episodes = self.fast.steppable(conn.episodes)
+        if not episodes:
+            return False
+        self.fast.native.promote(fd, episodes)
+        conn.fast = True
+        self.n_fast += 1
+        return True
+
+    def _take_back(self, demoted: list[tuple]) -> None:
+        """Connections the native path gave back: carry on where it stopped."""
+        for fd, inbuf, outbuf, inflight, eof, gone, error, last_seen, frame_since, handled in demoted:
+            conn = self.conns[fd]
+            conn.fast, self.n_fast = False, self.n_fast - 1
+            conn.misses = 0 if handled else conn.misses + 1
+            conn.skip = 0 if handled else min(2 ** conn.misses - 1, MAX_SKIP)
+            conn.inbuf[:0] = inbuf
+            conn.last_seen, conn.frame_since = last_seen, frame_since
+            conn.eof, conn.gone = conn.eof or eof, conn.gone or gone
+            if error:
+                self.close(fd, error)
+                continue
+            if inflight is not None:
+                conn.pending = self.front.resume(conn.episodes, *inflight)
+                self.waiting.add(fd)
+            if outbuf:
+                conn.outbuf += outbuf
+                self._flush(fd, conn)
+            else:
+                self.ready.add(fd)
+                self._watch(fd, conn)
+
     # ------------------------------------------------------------ writing
     def _reply(self, fd: int, conn: Conn, frame: bytes | None) -> None:
         conn.last_seen = time.monotonic()
@@ -270,6 +336,8 @@ class DirectConnections:
             self._flush(fd, conn)
         if fd in self.conns and not conn.busy:
             self.ready.add(fd)  # (a frame read meanwhile may be complete)
+            if self._hand_over(fd, conn):
+                self.ready.discard(fd)
 
     def _flush(self, fd: int, conn: Conn) -> None:
         """Send what the socket takes; after the client's EOF a failed send means nobody

@@ -208,9 +208,19 @@ class Front:
         self._publish(ep, OP_STEP if ep.started else OP_START, ep.reward + (reward or 0.0),
                       self._columns(ep.policy, [obs]), 0)
         ep.reward, ep.started = 0.0, True
+        return self.resume(eps, eid, batch=False)
+
+    def resume(self, eps: Episodes, eid: str, batch: bool) -> Pending:
+        """The wait for the one request in flight in episode ``eid``'s lane: its reply an
+        ACTION, or (``batch``) the ACTIONS of a STEP_BATCH of one step. Called for the
+        requests published here, and for one the native path (fastpath.py) published and
+        gave back before its answer was sent."""
+        ep = eps.open[eid]
 
         def finish() -> bytes:
             seq = self._check(eps, eid, ep)
+            if batch:
+                return codec.encode(serving.Actions([self._action(ep)], [seq]))
             return codec.encode(serving.Action(eid, self._action(ep), seq))
         return Pending({ep.policy: np.array([ep.lane])}, finish, (ep.policy, ep.lane))
 
@@ -302,11 +312,7 @@ class Front:
             raise ServingError(f"steps[{e.episode_id!r}]: a step before the episode's first action")
         self._publish(ep, OP_STEP, ep.reward + (e.reward or 0.0), self._columns(ep.policy, [e.observation]), 0)
         ep.reward = 0.0
-
-        def finish() -> bytes:
-            seq = self._check(eps, e.episode_id, ep)
-            return codec.encode(serving.Actions([self._action(ep)], [seq]))
-        return Pending({ep.policy: np.array([ep.lane])}, finish, (ep.policy, ep.lane))
+        return self.resume(eps, e.episode_id, batch=True)
 
     def _check_batch(self, eps: Episodes, msg: serving.StepBatch) -> tuple[list, dict, dict]:
         """(checked entries, entry indices per policy, observation columns per policy). A

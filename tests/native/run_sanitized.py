@@ -27,6 +27,8 @@ def main(path: str) -> int:
                             "tests/unit/test_netnative.py",
                             "tests/unit/test_lonestep.py",
                             "tests/unit/test_inference_server.py",
+                            "tests/unit/test_direct_native.py",
+                            "tests/unit/test_direct_connections.py",
                             "-k", "lane_scan or lonestep or netnative or native"]))
 
 

@@ -23,13 +23,15 @@ from rlinkd.shm.records import StepLayout
 OBS = [0.1, 0.2, 0.3, 0.4]
 
 
-@pytest.fixture
-def direct(tmp_path):
+@pytest.fixture(params=[True, False], ids=["native", "python"])
+def direct(tmp_path, request):
+    """(Every test runs with the native plain-step path -- fastpath.py, where the extension
+    is built -- and without: the same behaviour either way.)"""
     area = LaneArea.create(str(tmp_path / "lanes"), LaneLayout(StepLayout.flat(4, 1, 2)), 4)
     pool = LanePool(area, Box((4,), low=-5.0, high=5.0), Discrete(2), "default")
     d = DirectConnections(Front({"default": pool}, lambda _agent: "default", 2, "inference.tcp_lanes"),
                           max_connections=2, max_message_bytes=1 << 20, idle_timeout_s=60.0,
-                          read_timeout_s=5.0)
+                          read_timeout_s=5.0, native=request.param)
     yield d
     d.close_all()
     area.close()

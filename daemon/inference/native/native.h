@@ -1,6 +1,6 @@
 /* Shared between the parts of the _native extension (net.c: the op-list interpreter;
  * step.c: the lone-request step, which runs a Program's forward pass in place; scan.c: the
- * lane scan). */
+ * lane scan; direct.c: direct connections' plain steps). */
 #ifndef RLINKD_NATIVE_H
 #define RLINKD_NATIVE_H
 
@@ -28,6 +28,7 @@ typedef struct {
 
 extern PyTypeObject NativeProgramType;
 extern PyTypeObject NativeLoneStepType;
+extern PyTypeObject NativeDirectType;  /* direct.c */
 
 /* Room in the arena for `rows` rows (-1 with MemoryError set). */
 int native_ensure_arena(Program *p, Py_ssize_t rows);

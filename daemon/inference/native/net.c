@@ -380,7 +380,7 @@ static PyMethodDef module_functions[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_native",
     "The inference role's native code: the op-list interpreter (netnative.py), the lone step "
-    "(lonestep.py) and the lane scan (policy_lanes.py).", -1,
+    "(lonestep.py), the lane scan (policy_lanes.py) and direct connections' plain steps (direct.py).", -1,
     module_functions, NULL, NULL, NULL, NULL,
 };
 
@@ -400,15 +400,18 @@ static int add_opcodes(PyObject *m)
 
 PyMODINIT_FUNC PyInit__native(void)
 {
-    if (PyType_Ready(&NativeProgramType) < 0 || PyType_Ready(&NativeLoneStepType) < 0)
+    if (PyType_Ready(&NativeProgramType) < 0 || PyType_Ready(&NativeLoneStepType) < 0
+        || PyType_Ready(&NativeDirectType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     Py_INCREF(&NativeProgramType);
     Py_INCREF(&NativeLoneStepType);
+    Py_INCREF(&NativeDirectType);
     if (PyModule_AddObject(m, "Program", (PyObject *)&NativeProgramType) < 0
         || PyModule_AddObject(m, "LoneStep", (PyObject *)&NativeLoneStepType) < 0
+        || PyModule_AddObject(m, "DirectNative", (PyObject *)&NativeDirectType) < 0
         || PyModule_AddIntConstant(m, "INSN_WORDS", INSN_WORDS) < 0 || add_opcodes(m) < 0) {
         Py_DECREF(m);
         return NULL;
