@@ -33,6 +33,21 @@ def wait_for(condition, timeout_s: float, interval_s: float = 0.02, what: str = 
         time.sleep(interval_s)
 
 
+def settled(read, quiet_s: float, timeout_s: float, what: str = "a value"):
+    """``read()`` once it has returned the same value for ``quiet_s`` (a count the roles
+    report every status interval, with steps still in flight); fail at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    value, since = read(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what} to settle")
+        time.sleep(0.05)
+        now = read()
+        if now != value:
+            value, since = now, time.monotonic()
+    return value
+
+
 # ---------------------------------------------------------------- raw RLlink (seed only)
 def raw_send(sock: socket.socket, obj: dict) -> None:
     body = json.dumps(obj).encode("utf-8")

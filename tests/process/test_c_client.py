@@ -14,7 +14,8 @@ import threading
 
 import pytest
 
-from tests.helpers import REPO, wait_for
+from rlinkd.daemon.inference.netnative import native_module
+from tests.helpers import REPO, settled, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
@@ -80,8 +81,8 @@ def test_c_cartpole_learns_in_every_variant(daemon_factory, built):
 def evaluation_contributes_no_training_data(binary, d) -> None:
     """Greedy C clients (client-side over shared memory, server-side over TCP) after training:
     their episodes reach the eval counters, the training counters do not move."""
-    trained = wait_for(lambda: (a := d.status()["env_steps"]) == d.status()["env_steps"] and a, 20,
-                       what="the training steps settled")
+    # (settled: unchanged for longer than a status report's period plus the records' coalescing)
+    trained = settled(lambda: d.status()["env_steps"], 2.5, 30, what="the training steps")
     runs = [run_cartpole(binary, *variant_args(d, v), "--agents", "4", "--target", "1e9",
                          "--max-steps", "4000", "--evaluate", "1") for v in ("shm-client", "tcp")]
     episodes = sum(r["episodes"] for r in runs)
@@ -96,6 +97,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.mark.skipif(native_module() is None, reason="the _native extension is not built")
+def test_a_one_agent_tcp_client_is_served_by_the_native_direct_path(daemon_factory, built):
+    """One agent's STEP_BATCHes of one plain step (the C client's common case) are read,
+    published and answered by the role's native code (fastpath.py); only each episode's
+    END + START, and the step after it, go through Python."""
+    d = daemon_factory()
+    before = d.status()["inference"].get("direct_native_messages", 0)
+    run = run_cartpole(built / "cartpole", f"tcp://127.0.0.1:{d.port}", "--agents", "1", "--target", "1e9",
+                       "--max-steps", "3000")
+    assert run["status"] == "RLK_OK" and run["steps"] >= 3000, run
+    wait_for(lambda: d.status()["inference"].get("direct_native_messages", 0) - before >= 0.6 * run["steps"],
+             20, what=f"most of {run['steps']} steps served natively ({run['episodes']} episodes)")
 
 
 def test_c_client_survives_a_daemon_restart(daemon_factory, built, tmp_path):
