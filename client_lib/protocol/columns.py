@@ -37,10 +37,15 @@ def to_columns(value: Any, space: Space, rows: int, prefix: str) -> Columns:
     """``rows`` steps of ``space`` (any accepted form) → validated leaf columns.
 
     ``prefix`` starts every error path ("episodes[0].obs"). Raises InvalidValue."""
-    if rows == 1 and type(value) is list and len(value) == 1:
-        one = _one_small_box(value[0], space)
-        if one is not None:
-            return one
+    if type(value) is list and len(value) == rows:
+        if rows == 1:
+            one = _one_small_box(value[0], space)
+            if one is not None:
+                return one
+        elif 1 < rows <= SMALL_ROWS:
+            few = _few_small_boxes(value, space)
+            if few is not None:
+                return few
     out: Columns = {}
     _collect(value, space, (), rows, prefix, out)
     return out
@@ -73,6 +78,21 @@ def _one_small_box(value: Any, space: Space) -> Columns | None:
     if all(lo < x < hi for x, lo, hi in zip(value.ravel().tolist(), lows, highs)):
         return {"": value.astype(np.float32).reshape(1, *space.shape)}
     return None
+
+
+SMALL_ROWS = 16  # up to this many steps of a small Box are checked row by row in plain floats
+
+
+def _few_small_boxes(value: list, space: Space) -> Columns | None:
+    """Several steps of a small 1-D float Box as lists of JSON numbers (a STEP_BATCH's few
+    entries, e.g. a C client's END + START): ``_one_small_box``'s check per row, one array
+    for all. None: anything else, left to the general path."""
+    if type(space) is not Box or len(space.shape) != 1:
+        return None
+    rows = [_one_small_box(v, space) if type(v) is list else None for v in value]
+    if any(row is None for row in rows):
+        return None
+    return {"": np.array(value, np.float32).reshape(len(value), space.shape[0])}
 
 
 def _collect(value: Any, space: Space, path: tuple, rows: int, prefix: str, out: Columns) -> None:

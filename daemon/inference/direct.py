@@ -13,7 +13,10 @@ served by the role like any client's area: batched with every other request, rec
 trained the same way). Who calls what, once per turn of the role's loop:
 ``service(events)`` reads what the sockets have and publishes requests (at most
 MAX_FRAMES_PER_TURN messages per connection, so a flooding client delays no one);
-``answer()`` after the serving turn sends the replies whose lanes are answered. ``expire``
+``answer()`` after the serving turn sends the replies whose lanes are answered. An idle
+connection with started episodes is handed to the native path (fastpath.py) for its plain
+steps and taken back, with its unread bytes and any request in flight, at the first thing
+that path does not do (``_hand_over``, ``_take_back``). ``expire``
 (about once a second) closes connections past ``server.idle_timeout_s`` /
 ``server.read_timeout_s``. A refused message: ERROR to that client, then its connection
 closes (its episodes end, truncated), as in the collector. Nothing here blocks.

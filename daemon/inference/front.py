@@ -27,12 +27,13 @@ import numpy as np
 from rlinkd.client_lib.protocol import codec, serving
 from rlinkd.client_lib.protocol.codec import BadMessage
 from rlinkd.client_lib.protocol.columns import action_columns, native, one_action, to_columns
-from rlinkd.client_lib.protocol.spaces import InvalidValue, Space, field_name
+from rlinkd.client_lib.protocol.spaces import Discrete, InvalidValue, Space, field_name
 from rlinkd.client_lib.transport import EPISODE_LOST
 from rlinkd.shm.lanes import (EVALUATE, MAX_GROUP, OP_END, OP_RELEASE, OP_START, OP_STEP, STATUS_LOST,
                               STATUS_MESSAGES, STATUS_OK, TERMINATED, TRUNCATED, LaneArea)
 
 ENDED_MEMORY = 1024  # ended episode ids remembered per connection (to name the error)
+FEW = 8  # a STEP_BATCH's entries of one policy up to this many are written and read lane by lane
 
 
 class ServingError(BadMessage):
@@ -345,23 +346,38 @@ class Front:
         version is trivially kept, and lone requests take the role's native path)."""
         pool = self.pools[policy]
         idx = np.array([ep.lane for ep, *_ in checked])
-        lanes = pool.area.lanes
-        for key, column in cols.items():
-            lanes["obs"][field_name(key)][idx] = column
-        lanes["op"][idx] = [op for _, op, _, _ in checked]
-        lanes["flags"][idx] = [flags | (EVALUATE if ep.evaluate else 0) for ep, _, _, flags in checked]
-        lanes["reward"][idx] = [reward for _, _, reward, _ in checked]
+        if len(checked) <= FEW and pool.flat_obs is not None and len(cols) == 1:
+            self._write_few(pool, checked, next(iter(cols.values())))
+        else:
+            lanes = pool.area.lanes
+            for key, column in cols.items():
+                lanes["obs"][field_name(key)][idx] = column
+            lanes["op"][idx] = [op for _, op, _, _ in checked]
+            lanes["flags"][idx] = [flags | (EVALUATE if ep.evaluate else 0) for ep, _, _, flags in checked]
+            lanes["reward"][idx] = [reward for _, _, reward, _ in checked]
         for ep, *_ in checked:
             ep.reward, ep.started = 0.0, True
         acting = sum(op != OP_END for _, op, _, _ in checked)
         pool.area.publish_group(idx, group if acting > 1 else 0)
         pool.published = True
 
+    @staticmethod
+    def _write_few(pool: LanePool, checked: list[tuple], column: np.ndarray) -> None:
+        """``_publish_group``'s writes for a few entries of a flat observation, lane by lane
+        (numpy's fancy-indexed writes cost more for two rows than scalar ones)."""
+        for k, (ep, op, reward, flags) in enumerate(checked):
+            lane = ep.lane
+            pool.flat_obs[lane] = column[k]  # type: ignore[index]
+            pool.op[lane], pool.flags[lane] = op, flags | (EVALUATE if ep.evaluate else 0)
+            pool.reward[lane] = reward
+
     def _collect(self, eps: Episodes, policy: str, entries: list[tuple], actions: list,
                  seqs: list[int]) -> None:
         """One policy's answers into ``actions``/``seqs`` (entry order); ended episodes closed;
         a refused entry raises after its episode is closed."""
         pool = self.pools[policy]
+        if len(entries) <= FEW and type(pool.act_space) is Discrete:
+            return self._collect_few(eps, pool, entries, actions, seqs)
         idx = np.array([ep.lane for _, ep, _ in entries])
         rows = pool.area.lanes[idx]
         cols = action_columns(np.array(rows["action"], np.float32), pool.act_space)
@@ -373,3 +389,15 @@ class Front:
                 self._finish(eps, entry.episode_id)
             else:
                 actions[i], seqs[i] = native(cols, pool.act_space, k), int(rows["weights_seq_no"][k])
+
+    def _collect_few(self, eps: Episodes, pool: LanePool, entries: list[tuple], actions: list,
+                     seqs: list[int]) -> None:
+        """``_collect`` for a few entries of a Discrete policy, lane by lane (the same
+        checks in the same order)."""
+        for entry, ep, i in entries:
+            if int(pool.status[ep.lane]) != STATUS_OK:
+                self._check(eps, entry.episode_id, ep)
+            if entry.ends:
+                self._finish(eps, entry.episode_id)
+            else:
+                actions[i], seqs[i] = self._action(ep), int(pool.seq_no[ep.lane])

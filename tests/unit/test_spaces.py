@@ -552,6 +552,32 @@ def test_one_small_box_fast_check_agrees_with_the_general_path(values, dtype, bo
         assert np.array_equal(got[""], expected[""])
 
 
+@settings(max_examples=300, deadline=None)
+@given(rows=st.lists(st.one_of(st.lists(st.one_of(_EDGE_FLOATS, st.integers(-10**40, 10**40)), min_size=4,
+                                        max_size=4),
+                               st.lists(st.floats(-4, 4), min_size=3, max_size=5), st.just("x")),
+                     min_size=2, max_size=5))
+def test_few_small_boxes_fast_check_agrees_with_the_general_path(rows):
+    """Several serving steps at once (a STEP_BATCH's entries): row by row, the same verdict
+    and the same array as the general path."""
+    space = Box((4,), low=[-4.8, -math.inf, -0.418, -math.inf], high=[4.8, math.inf, 0.418, math.inf])
+    try:
+        out: dict = {}
+        from rlinkd.client_lib.protocol import columns as C
+        C._collect(rows, space, (), len(rows), "obs", out)
+        expected = out
+    except InvalidValue:
+        expected = None
+    try:
+        got = to_columns(rows, space, len(rows), "obs")
+    except InvalidValue:
+        got = None
+    assert (got is None) == (expected is None), rows
+    if got is not None:
+        assert got[""].dtype == np.float32 and got[""].shape == (len(rows), 4)
+        assert np.array_equal(got[""], expected[""])
+
+
 def test_one_small_box_fast_path_copies_and_leaves_other_forms_to_the_general_path():
     space = Box((3,), low=-1.0, high=1.0)
     obs = np.array([0.1, 0.2, 0.3], np.float32)
