@@ -51,7 +51,8 @@ def to_columns(value: Any, space: Space, rows: int, prefix: str) -> Columns:
     return out
 
 
-INT_LOW, INT_END = -2**63, 2**64  # JSON integers numpy takes as numbers (int64 or uint64)
+EXACT_INT = 2**53  # integers the fast check takes: exact as a double, so one float32 rounding as
+                  # in the general path (a larger one is rounded twice in np.array(list, float32))
 
 
 def _one_small_box(value: Any, space: Space) -> Columns | None:
@@ -60,7 +61,8 @@ def _one_small_box(value: Any, space: Space) -> Columns | None:
     with every value strictly inside the bounds: checked in plain Python floats (~2 us; the
     general path ~11-19 us, for every step). None: anything else, left to the general path
     (which also words the error). NaN fails every comparison, so it is never accepted here;
-    nor is an integer numpy would not take as a number (the general path refuses it)."""
+    nor is an integer beyond 2**53 (the general path refuses one numpy cannot hold, and
+    rounds a large one to float32 once: through a double here it would round twice)."""
     if type(space) is not Box:
         return None
     bounds = space.small_float_bounds
@@ -69,7 +71,7 @@ def _one_small_box(value: Any, space: Space) -> Columns | None:
     lows, highs = bounds
     if type(value) is list:
         if len(space.shape) != 1 or len(value) != space.shape[0] or not all(
-                (type(x) is float or (type(x) is int and INT_LOW <= x < INT_END)) and lo < x < hi
+                (type(x) is float or (type(x) is int and -EXACT_INT <= x <= EXACT_INT)) and lo < x < hi
                 for x, lo, hi in zip(value, lows, highs)):
             return None
         return {"": np.array(value, np.float32).reshape(1, len(value))}

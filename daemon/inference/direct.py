@@ -132,10 +132,15 @@ class DirectConnections:
         self.counts["direct_connections"] = len(self.conns)
 
     def close_all(self) -> None:
-        for fd in list(self.conns):
-            self.close(fd)
-        self.fast = None  # (its lane views go before the areas close)
-        self.epoll.close()
+        """Close every connection and drop the native path. Called once, before the role
+        closes the lane areas: the native path holds views of them (a view that outlived
+        its area would read unmapped memory)."""
+        try:
+            for fd in list(self.conns):
+                self.close(fd)
+        finally:
+            self.fast = None
+            self.epoll.close()
 
     # ------------------------------------------------------------ one turn
     def poll(self) -> list[tuple[int, int]]:
@@ -303,13 +308,17 @@ class DirectConnections:
         episodes = self.fast.steppable(conn.episodes)
         if not episodes:
             return False
-        self.fast.native.promote(fd, episodes)
+        self.fast.native.promote(fd, episodes, conn.last_seen)
         conn.fast = True
         self.n_fast += 1
         return True
 
     def _take_back(self, demoted: list[tuple]) -> None:
-        """Connections the native path gave back: carry on where it stopped."""
+        """Connections the native path gave back (``service``'s and ``answer``'s lists, each
+        (fd, unread bytes, unsent reply bytes, (episode_id, batch) of a request in flight or
+        None, eof, gone, error or None, last_seen, frame_since, messages it carried out)):
+        carry on where it stopped. Called before any other event of the turn is handled
+        (the unread bytes come before what the socket holds)."""
         for fd, inbuf, outbuf, inflight, eof, gone, error, last_seen, frame_since, handled in demoted:
             conn = self.conns[fd]
             conn.fast, self.n_fast = False, self.n_fast - 1

@@ -33,6 +33,7 @@ class FastPath:
 
     def __init__(self, pools: dict[str, LanePool], max_message_bytes: int) -> None:
         self.native = native_module().DirectNative(max_message_bytes)
+        self.max_episodes: int = native_module().DIRECT_MAX_EPISODES
         self.index: dict[str, int] = {}
         self.pools: list[LanePool] = []
         for name, pool in pools.items():
@@ -46,17 +47,21 @@ class FastPath:
     @classmethod
     def maybe(cls, pools: dict[str, LanePool], max_message_bytes: int) -> FastPath | None:
         """A fast path when the extension is built and some policy's spaces allow one."""
-        if native_module() is None or not any(_bounds(pool) is not None for pool in pools.values()):
+        if (getattr(native_module(), "DirectNative", None) is None  # (none, or built before direct.c)
+                or not any(_bounds(pool) is not None for pool in pools.values())):
             return None
         return cls(pools, max_message_bytes)
 
     def steppable(self, eps: Episodes) -> list[tuple[str, int, int, bool]]:
         """The connection's episodes the native path may step: open, started (a step is
         valid), no LOG_RETURNS reward waiting (the native path sends the step's own), of a
-        native policy -- (episode_id, policy index, lane, evaluate) each."""
+        native policy -- (episode_id, policy index, lane, evaluate) each; none when there are
+        more than ``max_episodes`` (a connection of many agents sends STEP_BATCHes of many
+        entries, which the native path gives back anyway)."""
         index = self.index
-        return [(eid, index[ep.policy], ep.lane, ep.evaluate) for eid, ep in eps.open.items()
-                if ep.started and ep.reward == 0.0 and ep.policy in index]
+        episodes = [(eid, index[ep.policy], ep.lane, ep.evaluate) for eid, ep in eps.open.items()
+                    if ep.started and ep.reward == 0.0 and ep.policy in index]
+        return episodes if len(episodes) <= self.max_episodes else []
 
     def published(self, bits: int) -> None:
         """Mark the pools the native path published into (``service``'s bits)."""

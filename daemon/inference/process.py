@@ -131,7 +131,7 @@ class Inference:
             self.direct.answer()
         self._periodic()
         if answered:  # (the gap excludes serving: a big batch is no reason to stop spinning)
-            self.gap_s += GAP_EWMA * (min(started - self.last_answer, 3 * SPIN_BUSY_MAX_S) - self.gap_s)
+            self.gap_s += GAP_EWMA * (min(started - self.last_answer, 3 * self.spin_cap_s()) - self.gap_s)
             self.per_turn += GAP_EWMA * (answered - self.per_turn)
             self.last_answer = time.perf_counter()
         self.server.flush_links(only_old=True)  # (queued step records go once COALESCE_S old)

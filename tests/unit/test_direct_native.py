@@ -25,7 +25,7 @@ from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol import serving as s
 from rlinkd.client_lib.protocol.spaces import Box, Discrete
 from rlinkd.daemon.inference.direct import DirectConnections
-from rlinkd.daemon.inference.front import Front, LanePool
+from rlinkd.daemon.inference.front import EpisodeLane, Episodes, Front, LanePool
 from rlinkd.daemon.inference.netnative import native_module
 from rlinkd.shm.lanes import STATUS_LOST, STATUS_OK, LaneArea, LaneLayout
 from rlinkd.shm.records import StepLayout
@@ -234,11 +234,33 @@ def test_a_connection_whose_messages_never_suit_it_is_handed_over_less_often(pai
 
 
 @needs_native
-def test_close_all_lets_the_areas_close(tmp_path):
-    """(The native path holds views of the lane areas: close_all drops them first.)"""
-    p = Pair(tmp_path)
-    p.send(start("a"), [])
-    p.close()  # (raises BufferError if a view were left)
+def test_close_all_drops_the_native_path_first(pair):
+    """(The native path holds views of the lane areas, which the role closes next: a view
+    left would read unmapped memory.)"""
+    pair.send(start("a"), [])
+    d = pair.native.d
+    assert d.fast is not None and d.n_fast == 1
+    d.close_all()
+    assert d.fast is None and not d.conns
+
+
+@needs_native
+def test_the_idle_clock_runs_on_across_a_hand_over(pair):
+    pair.send(start("a"), [])
+    fd, conn = next(iter(pair.native.d.conns.items()))
+    assert conn.fast and pair.native.d.fast.native.times(fd)[0] == conn.last_seen  # type: ignore[union-attr]
+
+
+@needs_native
+def test_a_connection_of_more_episodes_than_the_native_path_keeps_stays_in_python(pair):
+    fast = pair.native.d.fast
+    assert fast is not None
+    eps = Episodes()
+    for i in range(fast.max_episodes + 1):
+        eps.open[f"e{i}"] = EpisodeLane("default", i % LANES, False, started=True)
+    assert fast.steppable(eps) == []
+    eps.open.pop("e0")
+    assert len(fast.steppable(eps)) == fast.max_episodes
 
 
 # ------------------------------------------------------------------ the contract, drawn

@@ -515,6 +515,9 @@ def test_check_masks_and_actions():
 _EDGE_FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=64),
                          st.sampled_from([4.8, -4.8, 4.8 * (1 + 1e-4), 4.80049, 0.418, -0.41805, 3.5e38,
                                           -3.5e38, float(np.finfo(np.float32).max), 1e-45, 0.0]))
+_EDGE_INTS = st.one_of(st.integers(-10**40, 10**40),  # (2**62 + 2**38 + 1 rounds differently to
+                       st.sampled_from([2**62 + 2**38 + 1, -(2**62 + 2**38 + 1), 2**53, 2**53 + 1,  # float32
+                                        2**63 - 1, 2**64 - 1, -2**63]))                 # through a double)
 
 
 def _general_path(value, space):
@@ -526,7 +529,7 @@ def _general_path(value, space):
 
 
 @settings(max_examples=400, deadline=None)
-@given(values=st.lists(st.one_of(_EDGE_FLOATS, st.integers(-10**40, 10**40)), min_size=4, max_size=4),
+@given(values=st.lists(st.one_of(_EDGE_FLOATS, _EDGE_INTS), min_size=4, max_size=4),
        dtype=st.sampled_from([np.float32, np.float64, list]), bounded=st.booleans())
 def test_one_small_box_fast_check_agrees_with_the_general_path(values, dtype, bounded):
     """ndarrays (client-side agents) and lists of JSON numbers (serving requests) alike."""
@@ -553,8 +556,7 @@ def test_one_small_box_fast_check_agrees_with_the_general_path(values, dtype, bo
 
 
 @settings(max_examples=300, deadline=None)
-@given(rows=st.lists(st.one_of(st.lists(st.one_of(_EDGE_FLOATS, st.integers(-10**40, 10**40)), min_size=4,
-                                        max_size=4),
+@given(rows=st.lists(st.one_of(st.lists(st.one_of(_EDGE_FLOATS, _EDGE_INTS), min_size=4, max_size=4),
                                st.lists(st.floats(-4, 4), min_size=3, max_size=5), st.just("x")),
                      min_size=2, max_size=5))
 def test_few_small_boxes_fast_check_agrees_with_the_general_path(rows):
@@ -562,10 +564,8 @@ def test_few_small_boxes_fast_check_agrees_with_the_general_path(rows):
     and the same array as the general path."""
     space = Box((4,), low=[-4.8, -math.inf, -0.418, -math.inf], high=[4.8, math.inf, 0.418, math.inf])
     try:
-        out: dict = {}
-        from rlinkd.client_lib.protocol import columns as C
-        C._collect(rows, space, (), len(rows), "obs", out)
-        expected = out
+        expected: dict | None = {}
+        _collect_rows(rows, space, expected)
     except InvalidValue:
         expected = None
     try:
@@ -592,6 +592,22 @@ def test_one_small_box_fast_path_copies_and_leaves_other_forms_to_the_general_pa
         with pytest.raises(InvalidValue):
             to_columns([bad], space, 1, "obs")
     assert Box((17,)).small_float_bounds is None and Box((2,), "int32").small_float_bounds is None
+
+
+@pytest.mark.parametrize("big", [2**62 + 2**38 + 1, -(2**62 + 2**38 + 1), 2**53 + 1, 2**64 - 1])
+def test_a_large_integer_rounds_to_float32_once_as_in_the_general_path(big):
+    """(Through a double first, 2**62 + 2**38 + 1 would round to another float32.)"""
+    space = Box((4,), low=[-4.8, -math.inf, -0.418, -math.inf], high=[4.8, math.inf, 0.418, math.inf])
+    one, rows = [0, big, 0, 1], [[0, big, 0, 1], [0, 1, 0, big]]  # (all integers: numpy takes int64)
+    assert np.array_equal(to_columns([one], space, 1, "obs")[""], _general_path(one, space)[""])
+    expected: dict = {}
+    _collect_rows(rows, space, expected)
+    assert np.array_equal(to_columns(rows, space, 2, "obs")[""], expected[""])
+
+
+def _collect_rows(rows, space, out) -> None:
+    from rlinkd.client_lib.protocol import columns as C
+    C._collect(rows, space, (), len(rows), "obs", out)
 
 
 @pytest.mark.parametrize("big", [-2**63 - 1, 2**64, 10**30])

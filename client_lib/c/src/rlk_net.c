@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -115,17 +116,26 @@ int rlk_net_connect(const char *address, double timeout_s, char *err, size_t err
     return -2;
 }
 
-static int send_bytes(int fd, const char *p, size_t n, double deadline) {
+/* Send the iovecs whole (a frame's header and body in one segment: two sends made two
+ * loopback packets, and the daemon read the header alone, then the body). */
+static int send_iov(int fd, struct iovec *iov, int n, double deadline) {
     while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w > 0) {
-            p += w;
-            n -= (size_t)w;
+        struct msghdr m;
+        memset(&m, 0, sizeof m);
+        m.msg_iov = iov;
+        m.msg_iovlen = (size_t)n;
+        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+            int r = wait_fd(fd, POLLOUT, deadline);
+            if (r <= 0) return r == 0 ? -2 : -1;
             continue;
         }
-        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
-        int r = wait_fd(fd, POLLOUT, deadline);
-        if (r <= 0) return r == 0 ? -2 : -1;
+        for (; n > 0 && (size_t)w >= iov->iov_len; iov++, n--) w -= (ssize_t)iov->iov_len;
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + w;
+            iov->iov_len -= (size_t)w;
+        }
     }
     return 0;
 }
@@ -134,9 +144,8 @@ int rlk_net_send(int fd, const char *body, size_t len, double timeout_s) {
     char header[RLK_HEADER_BYTES + 1];
     if (len > 99999999u) return -1;
     snprintf(header, sizeof header, "%08zu", len);
-    double deadline = rlk_now() + timeout_s;
-    int r = send_bytes(fd, header, RLK_HEADER_BYTES, deadline);
-    return r != 0 ? r : send_bytes(fd, body, len, deadline);
+    struct iovec iov[2] = {{header, RLK_HEADER_BYTES}, {(void *)body, len}};
+    return send_iov(fd, iov, 2, rlk_now() + timeout_s);
 }
 
 static int recv_bytes(int fd, char *p, size_t n, double deadline) {
@@ -158,7 +167,9 @@ static int recv_bytes(int fd, char *p, size_t n, double deadline) {
 int rlk_net_recv(int fd, char *buf, size_t cap, size_t *len, double timeout_s) {
     char header[RLK_HEADER_BYTES];
     double deadline = rlk_now() + timeout_s;
-    int r = recv_bytes(fd, header, RLK_HEADER_BYTES, deadline);
+    int r = wait_fd(fd, POLLIN, deadline);  /* (a reply is rarely there yet: no recv that fails) */
+    if (r <= 0) return r == 0 ? -2 : -1;
+    r = recv_bytes(fd, header, RLK_HEADER_BYTES, deadline);
     if (r != 0) return r;
     size_t n = 0;
     for (int i = 0; i < RLK_HEADER_BYTES; i++) {

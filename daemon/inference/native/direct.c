@@ -41,7 +41,7 @@ enum {
 
 #define MAX_POLICIES 64
 #define MAX_OBS 16         /* spaces.SMALL_BOX_SIZE: the Boxes Front checks in plain floats */
-#define MAX_CACHED 16      /* episodes a fast connection may step */
+#define MAX_CACHED DIRECT_MAX_EPISODES  /* episodes a fast connection may step (native.h) */
 #define MAX_ID 64          /* agents.MAX_AGENT_ID_CHARS */
 #define BUF_BYTES 16384    /* a fast connection's input; a larger frame is direct.py's */
 #define OUT_BYTES 256
@@ -567,8 +567,7 @@ static int cache_episode(Direct *self, Conn *c, PyObject *item)
         PyErr_SetString(PyExc_ValueError, "DirectNative.promote: an unknown policy index");
         return -1;
     }
-    if (len < 1 || len > MAX_ID || c->n_cached >= MAX_CACHED || lane < 0
-        || lane >= self->policy[policy].at[P_CAPACITY])
+    if (len < 1 || len > MAX_ID || lane < 0 || lane >= self->policy[policy].at[P_CAPACITY])
         return 0;  /* (not steppable here: its messages are declined) */
     Cached *e = &c->cached[c->n_cached++];
     memcpy(e->id, id, (size_t)len);
@@ -579,14 +578,20 @@ static int cache_episode(Direct *self, Conn *c, PyObject *item)
     return 0;
 }
 
-/* promote(fd, episodes): own the idle connection fd, whose episodes ((episode_id,
- * policy_index, lane, evaluate) each) may be stepped here. */
+/* promote(fd, episodes, last_seen): own the idle connection fd, whose episodes
+ * ((episode_id, policy_index, lane, evaluate) each, at most MAX_CACHED) may be stepped here;
+ * last_seen: direct.py's clock of its last activity (the idle timeout runs on). */
 static PyObject *Direct_promote(Direct *self, PyObject *args)
 {
     int fd;
     PyObject *episodes;
-    if (!PyArg_ParseTuple(args, "iO!", &fd, &PyList_Type, &episodes))
+    double last_seen;
+    if (!PyArg_ParseTuple(args, "iO!d", &fd, &PyList_Type, &episodes, &last_seen))
         return NULL;
+    if (PyList_GET_SIZE(episodes) > MAX_CACHED) {
+        PyErr_SetString(PyExc_ValueError, "DirectNative.promote: more episodes than DIRECT_MAX_EPISODES");
+        return NULL;
+    }
     if (fd < 0 || conn_of(self, fd) != NULL) {
         PyErr_SetString(PyExc_ValueError, "DirectNative.promote: a bad or already fast descriptor");
         return NULL;
@@ -612,7 +617,7 @@ static PyObject *Direct_promote(Direct *self, PyObject *args)
     if (c == NULL)
         return PyErr_NoMemory();
     c->fd = fd;
-    c->last_seen = now_s();
+    c->last_seen = last_seen;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(episodes); i++)
         if (cache_episode(self, c, PyList_GET_ITEM(episodes, i)) != 0) {
             PyMem_Free(c);
@@ -629,7 +634,10 @@ static PyObject *take_demoted(Direct *self)
     return out;
 }
 
-/* service(events) -> (events for direct.py, demoted, published policy bits, messages). */
+/* service(events) -> (events for direct.py, demoted, published policy bits, messages).
+ * Called once per turn of the role's loop with its epoll events. An exception (no memory, an
+ * event that is not an (int, int) tuple) loses the connections given back so far: the role
+ * then ends and restarts, as for any exception in its loop. */
 static PyObject *Direct_service(Direct *self, PyObject *args)
 {
     PyObject *events;
@@ -694,9 +702,9 @@ static int answer_one(Direct *self, Conn *c)
     snprintf(head, sizeof head, "%08d", n);
     memcpy(out, head, 8);
     c->waiting = 0;
+    c->last_seen = now_s();  /* (the reply's time, sent whole or not, as direct.py's _reply) */
     ssize_t sent = send(c->fd, out, (size_t)n + 8, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (sent == n + 8) {
-        c->last_seen = now_s();
         self->replies++;
         if (c->len > 0 && !c->in_ready) {
             c->in_ready = 1;
@@ -711,7 +719,8 @@ static int answer_one(Direct *self, Conn *c)
     return demote(self, c, NULL, 0, 0, 1, NULL);  /* (closed or reset: replies go nowhere) */
 }
 
-/* answer() -> (demoted, replies): after a serving turn, the replies of answered requests. */
+/* answer() -> (demoted, replies): after a serving turn, the replies of answered requests
+ * (an exception: as for service). */
 static PyObject *Direct_answer(Direct *self, PyObject *Py_UNUSED(ignored))
 {
     if ((self->demoted = PyList_New(0)) == NULL)
@@ -780,7 +789,7 @@ static PyMethodDef Direct_methods[] = {
     {"add_policy", (PyCFunction)Direct_add_policy, METH_VARARGS,
      "add_policy(index, lanes, requests, layout, low, high): a policy's direct lane area."},
     {"promote", (PyCFunction)Direct_promote, METH_VARARGS,
-     "promote(fd, [(episode_id, policy_index, lane, evaluate)]): own an idle connection."},
+     "promote(fd, [(episode_id, policy_index, lane, evaluate)], last_seen): own an idle connection."},
     {"service", (PyCFunction)Direct_service, METH_VARARGS,
      "service(events) -> (events left, demoted, published policy bits, messages)."},
     {"answer", (PyCFunction)Direct_answer, METH_NOARGS, "answer() -> (demoted, replies)."},

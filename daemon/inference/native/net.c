@@ -412,7 +412,8 @@ PyMODINIT_FUNC PyInit__native(void)
     if (PyModule_AddObject(m, "Program", (PyObject *)&NativeProgramType) < 0
         || PyModule_AddObject(m, "LoneStep", (PyObject *)&NativeLoneStepType) < 0
         || PyModule_AddObject(m, "DirectNative", (PyObject *)&NativeDirectType) < 0
-        || PyModule_AddIntConstant(m, "INSN_WORDS", INSN_WORDS) < 0 || add_opcodes(m) < 0) {
+        || PyModule_AddIntConstant(m, "INSN_WORDS", INSN_WORDS) < 0 || add_opcodes(m) < 0
+        || PyModule_AddIntConstant(m, "DIRECT_MAX_EPISODES", DIRECT_MAX_EPISODES) < 0) {
         Py_DECREF(m);
         return NULL;
     }
