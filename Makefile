@@ -62,4 +62,4 @@ clean:
 
 # Regenerate the README's config table from daemon/config.py (tests check it is current).
 readme-config: $(STAMP)
-	$(PY) -c "import re,pathlib; from rlinkd.daemon.config import docs_markdown as d; p=pathlib.Path('README.md'); p.write_text(re.sub(r'<!-- config-table:start -->.*<!-- config-table:end -->', lambda m: '<!-- config-table:start -->\n'+d()+'<!-- config-table:end -->', p.read_text(), flags=re.S))"
+	$(PY) -c "import re,pathlib; from rlinkd.daemon.config import docs_markdown as d; p=pathlib.Path('docs/configuration.md'); p.write_text(re.sub(r'<!-- config-table:start -->.*<!-- config-table:end -->', lambda m: '<!-- config-table:start -->\n'+d()+'<!-- config-table:end -->', p.read_text(), flags=re.S))"

@@ -1,7 +1,7 @@
 """Configuration: one declaration drives the TOML file, the CLI and the docs.
 
 Every setting is a field of a frozen dataclass, declared with ``setting(default,
-doc, ...)``: the doc string becomes the README's config table (``rlinkd config
+doc, ...)``: the doc string becomes docs/configuration.md's table (``rlinkd config
 --docs``), ``reloadable=True`` marks what SIGHUP may change, and the TOML file
 uses the same section and key names (``[ppo] lr = 3e-4``). ``load_config`` is
 the only way a ``Config`` is built from outside; it validates everything once and
@@ -96,7 +96,7 @@ class EnvConfig:
     observation_space: Space | None = setting(None, "Explicit observation space, e.g. "
                                               "`{type = \"Box\", low = -1.0, high = 1.0, "
                                               "shape = [4]}` (any form of the space table in "
-                                              "the README).")
+                                              "docs/spaces.md).")
     action_space: Space | None = setting(None, "Explicit action space, e.g. "
                                          "`{type = \"Discrete\", n = 2}`.")
     action_mask_key: str = setting("", "Key of a Dict observation holding the legal-action "
@@ -868,7 +868,7 @@ def _toml_fields(section: Any) -> list[str]:
 
 
 def docs_markdown() -> str:
-    """The README's config table, generated from the declarations above."""
+    """docs/configuration.md's table, generated from the declarations above."""
     rows = ["| key | default | reloadable | meaning |", "| --- | --- | --- | --- |"]
     for name, cls in [*SECTIONS.items(), ("policies.NAME", PolicyConfig)]:
         for f in dataclasses.fields(cls):

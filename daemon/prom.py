@@ -10,7 +10,7 @@ Names follow the Prometheus conventions: prefix ``rlinkd_``, base units in the n
 to the family name). A value the report lacks (no update yet, collector unreachable) is
 left out rather than exported as 0. Plain numbers are declared once, in ``COUNTERS`` and
 ``GAUGES`` (exported name → path in the report); the labelled families follow below them.
-``README.md`` ("Prometheus metrics") lists every family (a unit test checks the list).
+``docs/operations.md`` ("Prometheus metrics") lists every family (a unit test checks the list).
 """
 from __future__ import annotations
 

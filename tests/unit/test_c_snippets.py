@@ -1,4 +1,4 @@
-"""The README's C++ and C# snippets for the C client compile against client_lib/c/include/rlinkd.h
+"""docs/c-client.md's C++ and C# snippets for the C client compile against client_lib/c/include/rlinkd.h
 (C# only where `mcs` is installed; the C++ check needs g++, which the C client's tests need anyway),
 and its CMake project (what engine projects add) configures and builds where cmake is installed."""
 from __future__ import annotations
@@ -11,8 +11,7 @@ import pytest
 
 from tests.helpers import REPO
 
-README = (REPO / "README.md").read_text(encoding="utf-8")
-SECTION = README[README.index("## The C client"):README.index("## Evaluation clients")]
+SECTION = (REPO / "docs" / "c-client.md").read_text(encoding="utf-8")
 
 
 def snippet(language: str) -> str:

@@ -194,14 +194,15 @@ def test_collector_down_exports_the_supervisors_part_only():
 
 
 def test_every_name_follows_the_conventions_and_is_in_the_readme(full):
-    readme = (REPO / "README.md").read_text()
-    start = readme.index("### Prometheus metrics")
-    section = readme[start:readme.index("\n## ", start)]
+    page = (REPO / "docs" / "operations.md").read_text()
+    start = page.index("## Prometheus metrics")
+    end = page.find("\n## ", start + 1)
+    section = page[start:end if end >= 0 else len(page)]
     for name, family in full.items():
         exposed_name = name + ("_total" if family.type == "counter" else "")
         assert re.fullmatch(r"rlinkd_[a-z0-9_]+", exposed_name), exposed_name
         assert not re.search(r"_(s|ms|secs|mb|kb)(_|$)", exposed_name), exposed_name
-        assert f"`{exposed_name}`" in section, f"{exposed_name} is not listed in the README"
+        assert f"`{exposed_name}`" in section, f"{exposed_name} is not listed in docs/operations.md"
 
 
 def test_histogram_buckets_include_their_upper_bound():

@@ -1,7 +1,7 @@
 """The README's configuration table is exactly what ``rlinkd config --docs`` prints.
 
-Fails (never skips) while README.md is missing or out of date: regenerate the table with
-``rlinkd config --docs`` and paste it into README.md.
+Fails (never skips) while docs/configuration.md is missing or out of date: regenerate the table with
+``rlinkd config --docs`` and paste it into docs/configuration.md.
 """
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from rlinkd.daemon.config import docs_markdown
 
 from tests.helpers import REPO
 
-README = REPO / "README.md"
+README = REPO / "docs" / "configuration.md"
 
 
 def test_readme_contains_the_generated_config_table():
     assert README.is_file(), f"{README} does not exist yet; it must contain the config table"
     text = README.read_text(encoding="utf-8")
     table = docs_markdown()
-    assert table in text, ("README.md does not contain the current config table verbatim; "
+    assert table in text, ("docs/configuration.md does not contain the current config table verbatim; "
                            "paste the output of `rlinkd config --docs` into it")
