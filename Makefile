@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlinkd-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo lint test bench clean c-client c-check native-check ort-old
+.PHONY: install demo lint test bench bench-report clean c-client c-check native-check ort-old
 
 install: $(STAMP)
 
@@ -66,6 +66,11 @@ test: lint c-check ort-old
 
 bench: $(STAMP)
 	$(PY) -m bench.run_all
+
+# BENCHMARKS.md from bench/report/benchmarks.toml and the result files it cites (no benchmark
+# runs; tests/unit/test_bench_report.py checks the file is current).
+bench-report: $(STAMP)
+	$(PY) -m bench.report
 
 clean:
 	rm -rf $(VENV) build *.egg-info
