@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlinkd-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo lint test bench clean c-client c-check native-check
+.PHONY: install demo lint test bench bench-report clean c-client c-check native-check ort-old
 
 install: $(STAMP)
 
@@ -51,11 +51,26 @@ native-check: $(STAMP)
 	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0 PYTHONMALLOC=malloc $(PY) tests/native/run_sanitized.py build/native-asan/_native.so
 
-test: lint c-check
+# onnxruntime 1.15.1, the oldest runtime the exported ONNX is tested with (Godot RL Agents'
+# C# plugin runs it), and the numpy 1 it needs, in a folder of their own beside the venv:
+# tests/unit/test_onnx_opsets.py runs the export with it in a subprocess (PYTHONPATH).
+ORT_OLD := build/ort-old
+ort-old: $(ORT_OLD)/onnxruntime-1.15.1.dist-info
+
+$(ORT_OLD)/onnxruntime-1.15.1.dist-info: | $(STAMP)
+	rm -rf $(ORT_OLD)
+	$(PY) -m pip install -q --no-deps --target $(ORT_OLD) onnxruntime==1.15.1 numpy==1.26.4
+
+test: lint c-check ort-old
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(PY) -m bench.run_all
+
+# BENCHMARKS.md from bench/report/benchmarks.toml and the result files it cites (no benchmark
+# runs; tests/unit/test_bench_report.py checks the file is current).
+bench-report: $(STAMP)
+	$(PY) -m bench.report
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,4 +1,4 @@
-"""Run the whole benchmark suite and regenerate the marked section of BENCHMARKS.md.
+"""Run the whole benchmark suite, then redraw the plots and regenerate BENCHMARKS.md.
 
     .venv/bin/python -m bench.run_all [--quick] [--runs 3] [--skip NAME ...] [--only NAME ...]
                                       [--report-only]
@@ -17,20 +17,15 @@ failing does not stop the others; the exit code says whether all succeeded):
     fuzz           pytest tests/process/test_fuzz_live.py -> bench/results/fuzz.json
     flood          bench.scenarios.flood           -> bench/results/flood.json  (1,000 silent sockets, 5 runs)
 
-(declared in ``bench.scenarios.SUITE``; the report is ``bench.report.section``, the targets
-``bench.report.targets``).
+(declared in ``bench.scenarios.SUITE``; the targets in ``bench.report.targets``).
 
 ``--quick`` is a smoke test: ``--quick`` to the benchmark scripts (small sizes, one run, the
 RLlib baseline reduced to one 90-s external-mode run of ray 2.48), one demo run, a 60-s soak,
-a 4-kill chaos run and a 200-socket flood (those four write ``*-quick.json`` files the report
-ignores). Then the text between ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in
-BENCHMARKS.md (markers appended at the end when absent; the rest of the file is kept) is
-replaced with: the exact commands, the machine's CPU count, every table (medians with
-min–max), the rlinkd/RLlib ratios (wall time, env steps, steps/s, RSS) computed from the
-results of this invocation, one line per target saying met or missed, and the learning-curve
-pictures, redrawn first by ``bench.report.plots`` into ``bench/results/plots/``.
-``--report-only`` only regenerates that section (and the pictures) from the JSON files
-already in bench/results.
+a 4-kill chaos run and a 200-socket flood (those write ``*-quick.json`` files the report
+never cites). Then the pictures are redrawn by ``bench.report.plots`` into
+``bench/results/plots/`` and BENCHMARKS.md is regenerated whole by ``bench.report.today``
+from the result files ``bench/report/benchmarks.toml`` cites (a scenario run under another
+``--out`` is published by pointing its entry there). ``--report-only`` skips the scenarios.
 """
 from __future__ import annotations
 
@@ -42,7 +37,8 @@ import time
 
 from bench.harness.common import REPO, RESULTS
 from bench.report import plots
-from bench.report.section import BENCHMARKS_MD, load, section, write_section
+from bench.report import today
+from bench.report.section import load
 from bench.scenarios import SUITE
 
 
@@ -77,13 +73,10 @@ def main() -> int:
     names = [n for n in (args.only or SUITE) if n not in args.skip]
     ran = {} if args.report_only else {n: run_script(n, args.quick, args.runs) for n in names}
     results = {name: load(name) for name in SUITE}
-    quick = args.quick or any(doc and doc.get("quick") for doc in results.values())
-    curves = plots.rlinkd_curves()
-    drawn = plots.draw_all(curves, results["rllib"])
-    pictures = drawn and plots.caption(curves, results["rllib"]) + "\n\n" + plots.markdown(drawn)
-    text = section(results, ran, quick, pictures)
-    write_section(text)
-    print(f"\n{text}\n\nupdated {BENCHMARKS_MD}")
+    plots.draw_all(plots.rlinkd_curves(), results["rllib"])
+    plots.draw_envs()
+    today.BENCHMARKS_MD.write_text(today.render())
+    print(f"updated {today.BENCHMARKS_MD}")
     failed = [n for n, r in ran.items() if r["exit"] != 0]
     if failed:
         print(f"FAILED: {', '.join(failed)}", file=sys.stderr)

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from rlinkd.client_lib.protocol.onnx_opsets import ONNX_OPSET, OpsetError
 from rlinkd.daemon.errors import CheckpointError, ConfigError, ExitCode, ExportError, UnknownPolicyError
 from rlinkd.daemon.runfiles import query_status
 
@@ -143,6 +144,10 @@ def _add_export(export: argparse.ArgumentParser) -> None:
     export.add_argument("--out", required=True, metavar="FILE.onnx",
                         help="the ONNX file to write; its description goes beside it as "
                              "FILE.json (replaced atomically if they exist)")
+    export.add_argument("--opset", type=int, default=ONNX_OPSET, metavar="N",
+                        help="the ONNX opset to stamp, for a runtime that wants another "
+                             "(default: %(default)s, the lowest that carries every operator; "
+                             "one that cannot carry the network's operators is an error)")
 
 
 def serve_overrides(args: argparse.Namespace) -> list:
@@ -279,10 +284,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     state_dir = state_dir_of(args)
     warn = lambda text: print(f"rlinkd: skipping {text}", file=sys.stderr)  # noqa: E731
     try:
-        result = export_policy(args.out, state_dir, args.checkpoint, args.policy, warn)
+        result = export_policy(args.out, state_dir, args.checkpoint, args.policy, warn, args.opset)
     except CheckpointError as exc:
         return _fail(str(exc), ExitCode.NO_INPUT)
-    except UnknownPolicyError as exc:
+    except (UnknownPolicyError, OpsetError) as exc:
         return _fail(str(exc), ExitCode.USAGE)
     except ExportError as exc:
         return _fail(str(exc), ExitCode.CANT_CREATE)

@@ -2,10 +2,11 @@
 
 Offline and pure apart from file I/O (no daemon, no shared memory): find the checkpoint,
 read its weights and space description, build the ONNX actor, write both files atomically.
-Called once per ``rlinkd export``; every failure is one of three errors, which the CLI
+Called once per ``rlinkd export``; every failure is one of four errors, which the CLI
 turns into one line and an exit code: ``CheckpointError`` (no checkpoint, or one that does
-not verify or cannot be read), ``UnknownPolicyError`` (``--policy``), ``ExportError``
-(the output cannot be written).
+not verify or cannot be read), ``UnknownPolicyError`` (``--policy``), ``OpsetError``
+(``--opset`` cannot carry the network's operators), ``ExportError`` (the output cannot be
+written).
 
 Files written, for ``--out DIR/NAME.onnx``:
 
@@ -18,7 +19,7 @@ Files written, for ``--out DIR/NAME.onnx``:
         observation_space  space JSON (``Space.from_json`` reads it back)
         action_space       space JSON
         policy_spec        PolicySpec JSON (``PolicySpec.from_json``)
-        onnx               {file, sha256, input, output, output_layout, opset}
+        onnx               {file, sha256, input, output, output_layout, opset, ir_version}
         weights_seq_no     the weights version the checkpoint holds
         checkpoint         {path, index}
         rlinkd_version     the version that exported it
@@ -44,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from rlinkd.client_lib.protocol import netops
+from rlinkd.client_lib.protocol.onnx_opsets import IR_VERSION_OF_OPSET
 from rlinkd.client_lib.protocol.policy_spec import (ONNX_OPSET, ONNX_OUTPUT_NAME,
                                                     OnnxWeightWriter, PolicySpec)
 from rlinkd.client_lib.protocol.spaces import Box, Discrete, Space, space_from_json
@@ -213,13 +215,14 @@ def output_layout(spec: PolicySpec) -> str | list[dict[str, Any]]:
             for c in spec.action_components]
 
 
-def sidecar(policy: LoadedPolicy, name: str, onnx_name: str, onnx_bytes: bytes) -> dict[str, Any]:
+def sidecar(policy: LoadedPolicy, name: str, onnx_name: str, onnx_bytes: bytes,
+            opset: int = ONNX_OPSET) -> dict[str, Any]:
     """The JSON written beside the ONNX file (layout in the module docstring)."""
     inputs = {netops.input_name(leaf.key, leaf.space.record_dtype): leaf.key
               for leaf in policy.obs_space.leaves()}
     onnx = {"file": onnx_name, "sha256": hashlib.sha256(onnx_bytes).hexdigest(),
             "inputs": inputs, "output": ONNX_OUTPUT_NAME, "output_layout": output_layout(policy.spec),
-            "opset": ONNX_OPSET}
+            "opset": opset, "ir_version": IR_VERSION_OF_OPSET[opset]}
     if len(inputs) == 1:
         onnx["input"] = next(iter(inputs))  # the one-input (RLlink-compatible) spelling
     description = policy_description(policy.obs_space, policy.act_space, policy.spec)
@@ -250,15 +253,17 @@ def write_files(files: dict[Path, bytes]) -> None:
 
 def export_policy(out: str | os.PathLike, state_dir: Path, checkpoint: str | os.PathLike | None = None,
                   policy: str = DEFAULT_POLICY,
-                  warn: Callable[[str], None] | None = None) -> ExportResult:
+                  warn: Callable[[str], None] | None = None,
+                  opset: int = ONNX_OPSET) -> ExportResult:
     """``rlinkd export``: the policy of ``checkpoint`` (default: the newest valid one under
-    ``state_dir``) to ``out`` and its sidecar. Raises the errors listed in the module doc."""
+    ``state_dir``) to ``out`` and its sidecar, stamped ONNX ``opset``. Raises the errors
+    listed in the module doc."""
     ckpt = find_checkpoint(state_dir, checkpoint, warn)
     check_policy_name(policy, ckpt)
     loaded = load_policy(ckpt, policy)
     onnx_path = Path(out).expanduser()
-    onnx_bytes = OnnxWeightWriter(loaded.spec).encode(loaded.flat)
-    meta = sidecar(loaded, policy, onnx_path.name, onnx_bytes)
+    onnx_bytes = OnnxWeightWriter(loaded.spec, opset=opset).encode(loaded.flat)
+    meta = sidecar(loaded, policy, onnx_path.name, onnx_bytes, opset)
     json_path = sidecar_path(onnx_path)
     write_files({onnx_path: onnx_bytes,
                  json_path: (json.dumps(meta, indent=1) + "\n").encode()})  # Dict key order is meaningful

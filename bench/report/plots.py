@@ -73,12 +73,11 @@ ENV_FIGURES = (
     EnvFigure("curves_cartpole_dqn_budget.png", "CartPole-v1, DQN with a 50,000-step budget: rlinkd and "
               "Stable-Baselines3 (mean return of the last 10 training episodes, epsilon-greedy)",
               ("dqn_cartpole_zoo_sb3_decay40k_pub10.json", "dqn_cartpole_zoo_sb3_decay40k_pub10_s34.json",
-               "dqn_cartpole_zoo_sb3_decay40k_pub10_rerun.json", "dqn_cartpole_zoo_sb3.json",
-               "dqn_cartpole_zoo_sb3_seeds34.json",
-               "dqn_cartpole_sb3.json", "dqn_cartpole.json"), 500.0, (0.0, 520.0)),
+               "dqn_cartpole_zoo_sb3_decay40k_pub10_rerun.json", "dqn_cartpole_sb3.json"),
+              500.0, (0.0, 520.0)),
     EnvFigure("curves_cartpole_algorithms.png", "CartPole-v1: rlinkd's PPO and APPO (2 TCP clients; daemon's "
               "mean return of the last 20 episodes) beside RLlib 2.60.0's PPO (its own criterion)",
-              ("offpolicy_appo_tcp.json", "rllib_appo_compare.json"), 450.0, (0.0, 520.0)),
+              ("offpolicy_appo_tcp_s5.json", "rllib_appo_compare.json"), 450.0, (0.0, 520.0)),
 )
 
 

@@ -18,8 +18,8 @@ Figures:
   100 episodes after every episode, against wall time and pooled env steps;
 - ``windows``: mean return of the episodes completed in each window of
   ``CURVE_WINDOW_STEPS`` env steps, at the pooled steps and wall time (s since the clients'
-  launch) of the window's last episode (every episode is kept in ``episode_log`` as
-  [t, return, pooled steps]);
+  launch) of the window's last episode (the episodes themselves are not kept: the windows
+  and the thinned ``curve`` hold what the report shows, in a file a reviewer can open);
 - env steps/s = summed client steps / wall time from launch to the last episode;
 - the learner's ``update_time_s`` (one PPO update: epochs x minibatches over a train batch),
   sampled from ``rlinkd status`` every 2 s, median (min-max) over the updates sampled, and
@@ -162,8 +162,7 @@ def summarize(episodes: list, samples: list[dict], status: dict) -> dict:
             "update_time_s": median_range(list(seen.values()), 4),
             "updates": learner.get("updates"), "trained_steps": learner.get("trained_steps"),
             "daemon_env_steps": status.get("env_steps"), "protocol_errors": status.get("protocol_errors"),
-            "learner_samples": samples,
-            "episode_log": [[round(t, 2), ret, steps] for t, ret, steps in episodes]}
+            "learner_samples": samples}
 
 
 def table(res: dict) -> str:

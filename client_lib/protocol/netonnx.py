@@ -8,6 +8,11 @@ record dtype (uint8 images are fed as uint8 and cast in the graph). Outputs:
 the connector), `value` float32 ["batch", 1]. Initializers: the layout-named parameters the
 outputs read (raw float32 data, layout order), then small constants named "<value>/...".
 onnx is imported inside the functions: processes that never build a graph do not pay for it.
+
+Opset: every graph is stamped with one opset (default ``ONNX_OPSET``, the lowest that carries
+every operator this module emits) and the IR version that opset shipped with
+(``IR_VERSION_OF_OPSET``), so engines with an older runtime load it; ``opset=`` picks another
+(``OpsetError`` when it cannot carry the network's operators).
 """
 from __future__ import annotations
 
@@ -17,10 +22,11 @@ from typing import Any
 import numpy as np
 
 from rlinkd.client_lib.protocol import netops as N
+from rlinkd.client_lib.protocol.onnx_opsets import (IR_VERSION_OF_OPSET, ONNX_IR_VERSION, ONNX_OPSET,
+                                                    OpsetError, check_opset)
 
-ONNX_OPSET = 17
-ONNX_IR_VERSION = 8  # the IR that shipped with opset 17; accepted by onnxruntime >= 1.12
-
+__all__ = ["IR_VERSION_OF_OPSET", "ONNX_IR_VERSION", "ONNX_OPSET", "OnnxWeightWriter", "OpsetError",
+           "build_onnx_model", "check_opset"]
 
 def _const(consts: list, name: str, value: np.ndarray) -> str:
     from onnx import numpy_helper
@@ -86,16 +92,19 @@ def _outputs(with_value: bool) -> tuple[str, ...]:
     return (N.DIST, N.VALUE) if with_value else (N.DIST,)
 
 
-def build_onnx_model(spec: Any, flat: np.ndarray | None = None, with_value: bool = False):
+def build_onnx_model(spec: Any, flat: np.ndarray | None = None, with_value: bool = False,
+                     opset: int = ONNX_OPSET):
     """The network of `spec` as an ONNX ModelProto (see the module doc for inputs/outputs),
-    parameters from `flat` (zeros if None). Build once per spec; refresh weights with
-    OnnxWeightWriter.encode. ValueError on a wrong-size `flat`."""
+    parameters from `flat` (zeros if None), stamped `opset` and its IR version. Build once per
+    spec; refresh weights with OnnxWeightWriter.encode. ValueError on a wrong-size `flat`,
+    OpsetError when `opset` cannot carry the network."""
     from onnx import TensorProto, helper, numpy_helper
     net, outputs = spec.net, _outputs(with_value)
     params = spec.split_flat(np.zeros(spec.n_params(), np.float32) if flat is None else flat)
     consts: list = []
     nodes = [n for op in net.needed(outputs) if not isinstance(op, N.Input)
              for n in _nodes(op, consts)]
+    check_opset([n.op_type for n in nodes], opset)
     inits = [numpy_helper.from_array(np.asarray(params[n], np.float32), name=n)
              for n in net.param_names(outputs)]
     inputs = [helper.make_tensor_value_info(
@@ -106,8 +115,8 @@ def build_onnx_model(spec: Any, flat: np.ndarray | None = None, with_value: bool
             for name in outputs]
     graph = helper.make_graph(nodes, "rlinkd_policy", inputs, outs, initializer=inits + consts)
     model = helper.make_model(graph, producer_name="rlinkd",
-                              opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
-    model.ir_version = ONNX_IR_VERSION
+                              opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = IR_VERSION_OF_OPSET[opset]
     return model
 
 
@@ -123,9 +132,9 @@ class OnnxWeightWriter:
     only the initializers' bytes change between versions. Not thread-safe.
     """
 
-    def __init__(self, spec: Any, with_value: bool = False) -> None:
+    def __init__(self, spec: Any, with_value: bool = False, opset: int = ONNX_OPSET) -> None:
         self.spec = spec
-        self.model = build_onnx_model(spec, with_value=with_value)
+        self.model = build_onnx_model(spec, with_value=with_value, opset=opset)
         self._names = spec.net.param_names(_outputs(with_value))
         self.template, self._targets = self._patchable_template()
 

@@ -1,7 +1,14 @@
-"""The generated BENCHMARKS.md section: target verdicts, reliability rows, marker splicing."""
+"""BENCHMARKS.md: target verdicts, reliability rows, placeholders, and the file being current."""
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from bench.harness.common import RESULTS
+from bench.report import plots, today
 from bench.report import section as report
+from bench.report.today import BENCHMARKS_MD, SPEC
 
 
 def summary(**medians) -> dict:
@@ -55,16 +62,6 @@ def test_reliability_rows_flag_mismatched_soak_clients():
     assert rows[("soak", "summed RSS growth after warm-up (limit 10 %)")].endswith("MISSED")
 
 
-def test_write_section_replaces_only_the_marked_block(tmp_path):
-    doc = tmp_path / "B.md"
-    doc.write_text(f"# head\nkept\n{report.START}\nold\n{report.END}\ntail kept\n")
-    report.write_section("new", doc)
-    assert doc.read_text() == f"# head\nkept\n{report.START}\nnew\n{report.END}\ntail kept\n"
-    fresh = tmp_path / "C.md"
-    report.write_section("first", fresh)
-    assert fresh.read_text().endswith(f"{report.START}\nfirst\n{report.END}\n")
-
-
 def test_transport_targets_come_from_the_declarations_and_say_not_measured():
     transport = {"shm_single": {"steps_per_s": {"median": 900_000}},
                  "shm_batch": {"steps_per_s": {"median": 25_000_000}},
@@ -91,3 +88,51 @@ def test_flood_target_reads_the_flooded_median_and_names_a_smaller_flood():
     assert line.startswith("- a real client's connect → PING → SET_STATE") and line.endswith("3.2 ms — **met**")
     slow = report.flood_target_lines({"sockets": 200, "flooded_ms": {"median": 1500.0}})[0]
     assert "(measured with 200 sockets)" in slow and slow.endswith("**MISSED**")
+
+
+# ---------------------------------------------------------------- BENCHMARKS.md, generated whole
+def test_benchmarks_md_is_current():
+    assert BENCHMARKS_MD.read_text() == today.render(), \
+        "BENCHMARKS.md differs from bench/report/benchmarks.toml + bench/results: run `make bench-report`"
+
+
+def test_every_result_file_is_cited_and_small_enough_to_open():
+    cited = SPEC.read_text() + " ".join(f for fig in plots.ENV_FIGURES for f in fig.results)
+    cited += " ".join(plots.RLINKD_CURVE_FILES)
+    for path in RESULTS.glob("*.json"):
+        assert f"{{{path.stem}/" in cited or path.name in cited, f"{path.name} is cited by nothing"
+        assert path.stat().st_size < 1_000_000 and len(path.read_text().splitlines()) < 6_000, path.name
+
+
+def test_placeholders_fill_figures_and_fail_on_missing_ones(tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps(
+        {"a": {"median": 1234.5, "min": 1000, "max": 2000}, "p": [{"x": 45.25}], "b": 8.0}))
+    spec = tmp_path / "s.toml"
+    body = "{r/a:mm} | {r/a:mm.1f} | {r/p/0/x} | {r/a/median ÷ r/b:.2f} | {r/p/0/x:≤50} | {r/b:≥9}"
+    spec.write_text(SPEC_TEMPLATE.replace("BODY", body))
+    today.result.cache_clear()
+    text = today.render(spec, tmp_path)
+    assert "1,234 (1,000 – 2,000) | 1234.5 (1000.0 – 2000.0) | 45.2 | 154.31 | met | **MISSED**" in text
+    assert "- Command: `run r` (r.json)" in text and "on 2 cores" in text
+    spec.write_text(SPEC_TEMPLATE.replace("BODY", "{r/a/mean}"))
+    with pytest.raises(KeyError, match=r"r/a/mean: no 'mean' in r\.json"):
+        today.render(spec, tmp_path)
+    spec.write_text(SPEC_TEMPLATE.replace("BODY", "{gone/a}"))
+    with pytest.raises(KeyError, match=r"cites gone\.json"):
+        today.render(spec, tmp_path)
+    today.result.cache_clear()
+
+
+SPEC_TEMPLATE = """
+title = "t"
+intro = "i"
+[machines]
+m = "2 cores"
+[[capability]]
+title = "One"
+command = "`run r` (r.json)"
+date = "today"
+machine = "m"
+peer = "none"
+body = "BODY"
+"""

@@ -91,7 +91,7 @@ def test_sidecar_round_trips_and_describes_the_onnx_file(tmp_path):
     assert meta["onnx"] == {"file": "model.onnx", "sha256": hashlib.sha256(data).hexdigest(),
                             "input": ONNX_INPUT_NAME, "inputs": {ONNX_INPUT_NAME: ""},
                             "output": ONNX_OUTPUT_NAME,
-                            "output_layout": "mean_then_log_std", "opset": 17}
+                            "output_layout": "mean_then_log_std", "opset": 11, "ir_version": 6}
     assert meta["weights_seq_no"] == 42 and meta["policy"] == "default"
     assert meta["checkpoint"] == {"path": str(ckpt.path), "index": 1}
     assert meta["rlinkd_version"] == package_version() != "unknown"
