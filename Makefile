@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlinkd-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo lint test bench clean c-client c-check native-check
+.PHONY: install demo lint test docs docs-config readme-config bench clean c-client c-check native-check
 
 install: $(STAMP)
 
@@ -51,7 +51,13 @@ native-check: $(STAMP)
 	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0 PYTHONMALLOC=malloc $(PY) tests/native/run_sanitized.py build/native-asan/_native.so
 
-test: lint c-check
+# The documentation site (mkdocs.yml; docs/development.md says why mkdocs) into build/docs/:
+# strict, so a broken link, a missing page or a page outside the nav fails the build (not
+# --quiet: it hides the warnings that strict mode counts, and the build passes).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d build/docs
+
+test: lint c-check docs
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
@@ -60,6 +66,9 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# Regenerate the README's config table from daemon/config.py (tests check it is current).
-readme-config: $(STAMP)
+# Regenerate docs/configuration.md's table from daemon/config.py (tests/unit/test_readme_config_table.py
+# checks it is current); readme-config is its former name.
+docs-config: $(STAMP)
 	$(PY) -c "import re,pathlib; from rlinkd.daemon.config import docs_markdown as d; p=pathlib.Path('docs/configuration.md'); p.write_text(re.sub(r'<!-- config-table:start -->.*<!-- config-table:end -->', lambda m: '<!-- config-table:start -->\n'+d()+'<!-- config-table:end -->', p.read_text(), flags=re.S))"
+
+readme-config: docs-config
