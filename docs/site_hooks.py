@@ -4,8 +4,8 @@ GitHub and the other tools look for it, and is written once).
 
 Contract: a relative link in those files is rewritten for the page's place in docs/ (``docs/X`` ->
 ``X``, ``BENCHMARKS.md`` -> ``benchmarks.md``); any other relative target that exists in the
-repository (a plot under bench/results/) is copied into the site under its own path. A target that exists nowhere is left as written, so the
-strict build fails on it as on any broken link.
+repository (a plot under bench/results/) is copied into the site under its own path. A target
+that exists nowhere is left as written, so the strict build fails on it as on any broken link.
 """
 from __future__ import annotations
 
