@@ -4,8 +4,9 @@ GitHub and the other tools look for it, and is written once).
 
 Contract: a relative link in those files is rewritten for the page's place in docs/ (``docs/X`` ->
 ``X``, ``BENCHMARKS.md`` -> ``benchmarks.md``); any other relative target that exists in the
-repository (a plot under bench/results/) is copied into the site under its own path. A target
-that exists nowhere is left as written, so the strict build fails on it as on any broken link.
+repository (a plot under bench/results/; a Markdown file becomes a page outside the nav) is
+copied into the site under its own path. A target that exists nowhere is left as written, so
+the strict build fails on it as on any broken link.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import re
 from pathlib import Path
 
 from mkdocs.config.defaults import MkDocsConfig
-from mkdocs.structure.files import File, Files
+from mkdocs.structure.files import File, Files, InclusionLevel
 
 REPO = Path(__file__).resolve().parent.parent
 # page in the site -> file at the repository root
@@ -46,5 +47,6 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
         for target in sorted(others):
             path = REPO / target
             if path.is_file() and files.get_file_from_path(target) is None:
-                files.append(File.generated(config, target, abs_src_path=str(path)))
+                inclusion = InclusionLevel.NOT_IN_NAV if target.endswith(".md") else InclusionLevel.UNDEFINED
+                files.append(File.generated(config, target, abs_src_path=str(path), inclusion=inclusion))
     return files
