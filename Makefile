@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlinkd-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo lint test docs docs-config readme-config bench clean c-client c-check native-check
+.PHONY: install demo lint test bench clean c-client c-check native-check
 
 install: $(STAMP)
 
@@ -51,13 +51,7 @@ native-check: $(STAMP)
 	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0 PYTHONMALLOC=malloc $(PY) tests/native/run_sanitized.py build/native-asan/_native.so
 
-# The documentation site (mkdocs.yml; docs/development.md says why mkdocs) into build/docs/:
-# strict, so a broken link, a missing page or a page outside the nav fails the build (not
-# --quiet: it hides the warnings that strict mode counts, and the build passes).
-docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d build/docs
-
-test: lint c-check docs
+test: lint c-check
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
@@ -65,6 +59,16 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# The documentation site (mkdocs.yml; docs/development.md says why mkdocs) into build/docs/:
+# strict, so a broken link, a missing page or a page outside the nav fails the build (not
+# --quiet: it hides the warnings that strict mode counts, and the build passes). `make test`
+# builds it before the tests.
+.PHONY: docs docs-config readme-config
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d build/docs
+
+test: docs
 
 # Regenerate docs/configuration.md's table from daemon/config.py (tests/unit/test_readme_config_table.py
 # checks it is current); readme-config is its former name.
