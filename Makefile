@@ -75,6 +75,19 @@ bench-report: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# Regenerate the README's config table from daemon/config.py (tests check it is current).
-readme-config: $(STAMP)
+# The documentation site (mkdocs.yml; docs/development.md says why mkdocs) into build/docs/:
+# strict, so a broken link, a missing page or a page outside the nav fails the build (not
+# --quiet: it hides the warnings that strict mode counts, and the build passes). `make test`
+# builds it before the tests.
+.PHONY: docs docs-config readme-config
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d build/docs
+
+test: docs
+
+# Regenerate docs/configuration.md's table from daemon/config.py (tests/unit/test_readme_config_table.py
+# checks it is current); readme-config is its former name.
+docs-config: $(STAMP)
 	$(PY) -c "import re,pathlib; from rlinkd.daemon.config import docs_markdown as d; p=pathlib.Path('docs/configuration.md'); p.write_text(re.sub(r'<!-- config-table:start -->.*<!-- config-table:end -->', lambda m: '<!-- config-table:start -->\n'+d()+'<!-- config-table:end -->', p.read_text(), flags=re.S))"
+
+readme-config: docs-config

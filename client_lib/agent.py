@@ -24,7 +24,7 @@ from rlinkd.client_lib.reporting import EvalTally, MetricBuffer
 from rlinkd.client_lib.links import TcpLink
 from rlinkd.client_lib.policy import ActionChooser
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
-from rlinkd.client_lib.protocol.columns import Columns, to_columns
+from rlinkd.client_lib.protocol.columns import Columns, obs_columns
 from rlinkd.client_lib.protocol.fragments import Fragment
 from rlinkd.client_lib.protocol.spaces import Space, space_from_gym
 from rlinkd.client_lib.shm_client import ShmLink, open_local_link
@@ -109,7 +109,7 @@ class Agent:
         Returns the action in its native form. ``spaces.InvalidValue`` if ``obs`` does not
         fit the observation space. ``explore=False``: the greedy action; a training agent does
         not train on that step (its episode's fragment is cut there)."""
-        x = to_columns([obs], self.obs_space, 1, "obs")
+        x = obs_columns([obs], self.obs_space, 1, "obs")
         dist = self.policy.dist_inputs(x)
         if self.evaluate or explore is False:
             action, _ = self.chooser.choose(dist, False)
@@ -133,7 +133,7 @@ class Agent:
             self._greedy_step(next_obs, bool(terminated or truncated))
             return
         b = self.buffer
-        b.record(pending, reward, to_columns([next_obs], self.obs_space, 1, "next_obs"))
+        b.record(pending, reward, obs_columns([next_obs], self.obs_space, 1, "next_obs"))
         self.steps_since_send += 1
         if terminated or truncated:
             self.done_fragments.append(b.to_fragment(bool(terminated), bool(truncated)))
@@ -148,7 +148,7 @@ class Agent:
             self.done_fragments.append(self.buffer.to_fragment(False, False))
         self.buffer = FragmentBuffer()
         if not ended:
-            self.buffer.obs.append(to_columns([next_obs], self.obs_space, 1, "next_obs"))
+            self.buffer.obs.append(obs_columns([next_obs], self.obs_space, 1, "next_obs"))
 
     def _evaluation_step(self, reward: float, ended: bool) -> None:
         """Evaluation: nothing trains; an ended episode's return is reported and the newest

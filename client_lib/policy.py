@@ -39,8 +39,8 @@ def decode_onnx(msg: codec.SetState) -> bytes:
 
 def onnx_input_key(name: str) -> str:
     """The observation leaf an ONNX input feeds: "onnx::Gemm_0" (a flat Box, as RLlib
-    exports it) and "obs" are the root leaf, "obs.<key>" is leaf <key> (see README,
-    "Networks and ONNX")."""
+    exports it) and "obs" are the root leaf, "obs.<key>" is leaf <key> (see
+    docs/networks.md)."""
     if name in (ONNX_INPUT, "obs"):
         return ""
     if name.startswith("obs."):
@@ -98,7 +98,7 @@ class BoardPolicy:
     """The actor on flat board weights (shared-memory clients): the spec's numpy forward,
     compiled once per weights version (~15 us a step for a 64x64 MLP). Networks with
     convolutions run in onnxruntime instead (a numpy im2col convolution costs
-    milliseconds per step: see README, "Networks and ONNX")."""
+    milliseconds per step: see docs/networks.md)."""
 
     def __init__(self, spec: PolicySpec, flat: np.ndarray, weights_seq_no: int,
                  epsilon: float | None = None) -> None:

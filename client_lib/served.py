@@ -27,7 +27,7 @@ import numpy as np
 from rlinkd.client_lib.links import ReconnectingLink
 from rlinkd.client_lib.reporting import MetricBuffer
 from rlinkd.client_lib.protocol import codec, serving
-from rlinkd.client_lib.protocol.columns import one_action, to_columns
+from rlinkd.client_lib.protocol.columns import obs_columns, one_action
 from rlinkd.client_lib.protocol.spaces import Space, field_name, space_from_json
 from rlinkd.client_lib.transport import DIRECT_REFUSED, Address, RLlinkClient, RLlinkError, ServerError
 from rlinkd.shm.doorbell import Doorbell
@@ -302,7 +302,7 @@ class ServedShmLink(ReconnectingLink):
         if self.flat_field and isinstance(obs, np.ndarray) and obs.dtype.kind == "f":
             lanes["obs"][self.flat_field][0] = obs  # ValueError for a wrong shape
             return
-        cols = to_columns([obs], self.obs_space, 1, "obs")
+        cols = obs_columns([obs], self.obs_space, 1, "obs")
         self.area.layout.step.write_obs(lanes[0:1]["obs"], {field_name(k): v for k, v in cols.items()})
 
     def _wait(self, area: LaneArea) -> tuple[object, int]:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from rlinkd.client_lib.protocol import serving
-from rlinkd.client_lib.protocol.columns import (Columns, action_columns, action_vector, batch_columns,
+from rlinkd.client_lib.protocol.columns import (Columns, action_columns, action_vector, obs_columns,
                                                 native, native_batch, to_columns)
 from rlinkd.client_lib.protocol.spaces import Space, field_name, space_from_json
 from rlinkd.client_lib.served import EpisodeLost, ServedShmLink, ServedTcpLink
@@ -73,7 +73,7 @@ class ServedVectorClient:
             raise ValueError("explore is decided by mode= for server-side inference")
         if self.pending:
             raise ValueError("act() again before step(): every act needs its step")
-        x = batch_columns(obs_batch, self.obs_space, self.n, "obs")
+        x = obs_columns(obs_batch, self.obs_space, self.n, "obs", batched=True)
         try:
             vectors = self._exchange(x)
         except (ConnectionError, OSError, ServerError) as exc:
@@ -119,7 +119,7 @@ class ServedVectorClient:
         rows = np.flatnonzero((term | trunc) & self.open)
         if not len(rows):
             return
-        finals = batch_columns(next_obs_batch, self.obs_space, self.n, "next_obs")
+        finals = obs_columns(next_obs_batch, self.obs_space, self.n, "next_obs", batched=True)
         flags = np.where(term[rows], TERMINATED, 0) | np.where(trunc[rows], TRUNCATED, 0)
         try:
             self.wire.end(rows, self.rewards[rows].astype(np.float32), finals, flags.astype(np.uint8))

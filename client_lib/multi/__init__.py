@@ -1,7 +1,7 @@
 """Many agents per connection: ``connect_multi`` (agents keyed by id, appearing and leaving at
 will, several policies) and ``connect_vector`` (N lockstep copies of one simulator, arrays in
 and out). Both need an rlinkd server of protocol 3 or later (SET_CONFIG announces
-``max_agents_per_connection``); see README, "Many agents per connection".
+``max_agents_per_connection``); see docs/python-client.md, "Many agents per connection".
 """
 from __future__ import annotations
 

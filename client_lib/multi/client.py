@@ -29,7 +29,7 @@ from rlinkd.client_lib.agent import FragmentBuffer
 from rlinkd.client_lib.links import Sends
 from rlinkd.client_lib.multi.book import (EpisodeIds, LocalPolicy, PolicyBook, SlotPool,
                                           check_agent_id, check_multi_config)
-from rlinkd.client_lib.protocol.columns import Columns, to_columns
+from rlinkd.client_lib.protocol.columns import Columns, obs_columns, to_columns
 from rlinkd.client_lib.protocol.spaces import InvalidValue
 
 
@@ -135,7 +135,7 @@ class MultiAgentClient:
             return to_columns([values[a] for a in ids], local.obs_space, len(ids), what)
         except InvalidValue:
             for agent_id in ids:
-                to_columns([values[agent_id]], local.obs_space, 1, f"{what}[{agent_id!r}]")
+                obs_columns([values[agent_id]], local.obs_space, 1, f"{what}[{agent_id!r}]")
             raise
 
     # ------------------------------------------------------------ step

@@ -25,7 +25,7 @@ import numpy as np
 from rlinkd.client_lib.links import Sends
 from rlinkd.client_lib.multi.book import (EpisodeIds, PolicyBook, check_agent_id,
                                           check_multi_config)
-from rlinkd.client_lib.protocol.columns import Columns, batch_columns
+from rlinkd.client_lib.protocol.columns import Columns, obs_columns
 from rlinkd.client_lib.protocol.fragments import Fragment
 
 
@@ -97,7 +97,7 @@ class VectorClient:
         the space (nothing recorded)."""
         if self.pending:
             raise ValueError("act() again before step(): every act needs its step")
-        x = batch_columns(obs_batch, self.obs_space, self.n, "obs")
+        x = obs_columns(obs_batch, self.obs_space, self.n, "obs", batched=True)
         explore = self.explore if explore is None else explore
         self._forward(x, explore)
         t, fresh = self.t, self.fresh
@@ -137,7 +137,7 @@ class VectorClient:
         r = self._vector(rewards, np.float64, "rewards")
         term = self._vector(terminated, bool, "terminated")
         trunc = self._vector(truncated, bool, "truncated")
-        x = batch_columns(next_obs_batch, self.obs_space, self.n, "next_obs")
+        x = obs_columns(next_obs_batch, self.obs_space, self.n, "next_obs", batched=True)
         t = self.t
         self.rewards[t], self.terminated[t], self.truncated[t] = r, term, trunc
         for key, column in x.items():

@@ -26,8 +26,8 @@ import numpy as np
 
 from rlinkd.client_lib.protocol.compact import (COMPACT_MIN_BYTES, CompactError, decode_compact,
                                                 encode_compact, is_compact)
-from rlinkd.client_lib.protocol.spaces import (Box, Dict, Discrete, InvalidValue, LeafSpace, Space, Tuple,
-                                               path_display, path_key)
+from rlinkd.client_lib.protocol.spaces import (SHAPE_MISMATCH, Box, Dict, Discrete, InvalidValue, LeafSpace,
+                                               Space, Tuple, path_display, path_key)
 
 Columns = dict[str, np.ndarray]
 F32_MAX = float(np.finfo(np.float32).max)
@@ -214,7 +214,7 @@ def _ragged_message(value: Any, space: LeafSpace, what: str) -> str:
         except (ValueError, TypeError, KeyError):
             break
         if shape != space.record_shape:
-            return f"{what}[{i}]: shape {list(shape)}, space wants {list(space.record_shape)}"
+            return f"{what}[{i}]: shape {list(shape)}, {SHAPE_MISMATCH} {list(space.record_shape)}"
     return f"{what}: ragged or non-numeric values"
 
 
@@ -289,6 +289,22 @@ def _native_batch(columns: Columns, space: Space, path: tuple) -> Any:
         return tuple(_native_batch(columns, s, (*path, i)) for i, s in enumerate(space.spaces))
     column = columns[path_key(path)]
     return column.astype(np.int64) if column.ndim == 1 and column.dtype.kind in "iu" else column
+
+
+OBS_SPACE_HINT = ("; the daemon's observation space is [env] observation_space (or the space of "
+                  "[env] id) in its config: start it with your environment's (docs/spaces.md)")
+
+
+def obs_columns(value: Any, space: Space, rows: int, what: str, *, batched: bool = False) -> Columns:
+    """A client's observations → validated leaf columns (``batch_columns`` when ``batched``,
+    else ``to_columns``). An InvalidValue about a shape also says where the daemon's observation
+    space is set: the usual cause is a daemon started for another environment."""
+    try:
+        return (batch_columns if batched else to_columns)(value, space, rows, what)
+    except InvalidValue as exc:
+        if SHAPE_MISMATCH not in str(exc):
+            raise
+        raise InvalidValue(f"{exc}{OBS_SPACE_HINT}") from exc
 
 
 def batch_columns(value: Any, space: Space, rows: int, prefix: str) -> Columns:

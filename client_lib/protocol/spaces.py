@@ -57,6 +57,9 @@ class InvalidValue(ValueError):
     """Values (observations or actions) do not fit their space; the message names the leaf."""
 
 
+SHAPE_MISMATCH = "space wants"  # in every InvalidValue message about a value of the wrong shape
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
@@ -209,7 +212,7 @@ class LeafSpace(Space):
 
     def _check_shape(self, values: np.ndarray, what: str) -> str | None:
         if values.shape[1:] != self.record_shape:
-            return (f"{what}: shape {list(values.shape[1:])}, space wants {list(self.record_shape)}")
+            return f"{what}: shape {list(values.shape[1:])}, {SHAPE_MISMATCH} {list(self.record_shape)}"
         if values.dtype.kind not in "biuf":
             return f"{what}: values must be numbers"
         return None

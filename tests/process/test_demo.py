@@ -1,4 +1,4 @@
-"""`rlinkd demo` solves CartPole-v1 with two TCP clients (the README's main job)."""
+"""`rlinkd demo` solves CartPole-v1 with two TCP clients (the README's first command)."""
 from __future__ import annotations
 
 import subprocess

@@ -1,6 +1,6 @@
 """Server-side actions against a real daemon (``rlinkd serve``).
 
-- Raw-socket clients written from the README alone (``socket`` + ``json`` through
+- Raw-socket clients written from docs/serving.md alone (``socket`` + ``json`` through
   tests.helpers' raw functions, never client_lib) learn CartPole, one with the per-episode
   messages (START_EPISODE / GET_ACTION / LOG_RETURNS / STEP / END_EPISODE) on a direct
   connection (SERVE_DIRECT), one with STEP_BATCH through the collector.
@@ -44,7 +44,7 @@ def free_port() -> int:
 
 
 def raw_client(port: int, direct: bool = False) -> socket.socket:
-    """A connection after PING (and SERVE_DIRECT when ``direct``). TCP_NODELAY as the README
+    """A connection after PING (and SERVE_DIRECT when ``direct``). TCP_NODELAY as docs/serving.md
     advises: without it a message with no reply (LOG_RETURNS, END_EPISODE) delays the next
     request by a delayed ACK."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)

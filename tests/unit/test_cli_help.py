@@ -64,3 +64,19 @@ def test_every_help_text_renders():
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 sub.format_help()
+
+
+def _defaults_not_shown(parser: argparse.ArgumentParser) -> list[str]:
+    hidden = []
+    for path, action in _walk(parser, parser.prog):
+        default = action.default
+        if default in (None, False, [], argparse.SUPPRESS) or isinstance(action, argparse._HelpAction):
+            continue
+        if "default" not in (action.help or ""):
+            hidden.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+    return hidden
+
+
+def test_every_flag_with_a_default_says_it():
+    """`client --help` used to hide where it connects (tcp://127.0.0.1:5555)."""
+    assert _defaults_not_shown(cli.build_parser()) == []

@@ -51,12 +51,23 @@ def test_pyproject_lists_every_package_folder():
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
+def wheel_build(tmp_path_factory) -> tuple[Path, str]:
+    """The wheel and what pip printed while building it (the build backend's warnings included)."""
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(out), str(REPO)], check=True,
-                   capture_output=True)
-    return next(out.glob("rlinkd-*.whl"))
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                           "-w", str(out), str(REPO)], check=True, capture_output=True, text=True)
+    return next(out.glob("rlinkd-*.whl")), done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def wheel(wheel_build) -> Path:
+    return wheel_build[0]
+
+
+def test_the_build_has_no_package_layout_warning(wheel_build):
+    """Every folder under a package is either declared or no package data: no setuptools
+    "Package '...' is absent from the `packages` configuration" banner at install."""
+    assert "is absent from the `packages` configuration" not in wheel_build[1]
 
 
 def test_the_wheel_installs_only_under_rlinkd(wheel):

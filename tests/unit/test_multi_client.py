@@ -153,6 +153,20 @@ def test_bad_observation_names_the_agent():
     assert c.agents == []
 
 
+def test_an_observation_of_another_shape_points_at_the_daemons_observation_space():
+    """A PettingZoo env (18 numbers per agent) against a daemon started for 2: the error says
+    where the daemon's space is set, for one agent and for a vector of envs."""
+    c = MultiAgentClient(FakeLink())
+    with pytest.raises(InvalidValue, match=r"obs\['a'\]: shape \[18\], space wants \[2\]; .*\[env\] observation_space"):
+        c.act({"a": np.zeros(18, np.float32)})
+    v = VectorClient(FakeLink(max_agents=4), num_envs=2)
+    with pytest.raises(InvalidValue, match=r"\[env\] observation_space"):
+        v.act(np.zeros((2, 18), np.float32))
+    with pytest.raises(InvalidValue) as out_of_bounds:                  # not a shape: no hint
+        c.act({"a": np.array([999.0, 0.0], np.float32)})
+    assert "[env]" not in str(out_of_bounds.value)
+
+
 def test_server_without_agent_limit_is_refused_clearly():
     link = FakeLink(multi=False)
     with pytest.raises(MultiAgentUnsupported, match="max_agents_per_connection"):

@@ -1,7 +1,7 @@
-"""The README's configuration table is exactly what ``rlinkd config --docs`` prints.
+"""docs/configuration.md's table is exactly what ``rlinkd config --docs`` prints.
 
 Fails (never skips) while docs/configuration.md is missing or out of date: regenerate the table with
-``rlinkd config --docs`` and paste it into docs/configuration.md.
+``make docs-config`` (it writes what ``rlinkd config --docs`` prints into docs/configuration.md).
 """
 from __future__ import annotations
 
@@ -18,4 +18,4 @@ def test_readme_contains_the_generated_config_table():
     text = README.read_text(encoding="utf-8")
     table = docs_markdown()
     assert table in text, ("docs/configuration.md does not contain the current config table verbatim; "
-                           "paste the output of `rlinkd config --docs` into it")
+                           "run `make docs-config`")

@@ -83,9 +83,11 @@ def test_graceful_stop_drain_checkpoint_stop_exit_0(signal_name):
     actions = core.tick(101.5, fresh())
     assert sent(actions, m.Stop) == [(role, m.Stop(reason)) for role in START_ORDER]
     assert core.phase is Phase.STOP
-    for i, role in enumerate(ROLES):
-        assert core.tick(102.0, fresh()) == []              # someone is still running
-        assert core.child_exited(role, 0, 102.0 + i) == []  # no restart while stopping
+    with capture_logs() as exits:
+        for i, role in enumerate(ROLES):
+            assert core.tick(102.0, fresh()) == []              # someone is still running
+            assert core.child_exited(role, 0, 102.0 + i) == []  # no restart while stopping
+    assert [(e["log_level"], e["requested"]) for e in events(exits, "child_exited")] == [("info", True)] * len(ROLES)
     with capture_logs() as logs:
         assert core.tick(106.0, fresh()) == [Exit(0)]
     assert events(logs, "stopped")[0]["exit_code"] == 0
@@ -432,3 +434,14 @@ def test_signal_handlers_dispatch_through_the_core(shell):
     shell.sig_queue.extend([signal.SIGTERM, signal.SIGINT])
     shell._dispatch_signals()
     assert shell.stopping == "SIGTERM" and shell.exit_code == INTERRUPTED
+
+
+def test_an_exit_nobody_asked_for_is_a_warning_even_while_stopping():
+    core = make_core()
+    core.start_all(0.0)
+    with capture_logs() as logs:
+        core.child_exited("connector", 1, 1.0)               # a crash while running
+        core.terminate(2.0)                                  # draining, no Stop sent yet
+        core.child_exited("collector", 0, 2.5)
+    assert [(e["child"], e["log_level"], e["requested"]) for e in events(logs, "child_exited")] == [
+        ("connector", "warning", False), ("collector", "warning", False)]
