@@ -80,7 +80,9 @@ def _add_serve(serve: argparse.ArgumentParser) -> None:
     for attr, dotted in SERVE_SHORTHANDS.items():
         _add_shorthand(serve, attr, dotted)
     _add_overrides(serve, "this run (over --config; the flags above win over --set)")
-    serve.add_argument("--fresh", action="store_true", help="ignore existing checkpoints")
+    serve.add_argument("--fresh", action="store_true",
+                       help="start a new run: existing checkpoints are moved into "
+                            "checkpoints/previous-<UTC time>/ (kept, never resumed)")
     serve.add_argument("--in-process", action="store_true",
                        help="debugging: every role as a thread of one process (no restarts)")
 
