@@ -16,6 +16,7 @@ no torch, no onnxruntime needed).
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -34,6 +35,8 @@ from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.records import StepLayout
 from rlinkd.shm.ring import StepRing
+
+log = logging.getLogger("rlinkd.client_lib")
 
 DEFAULT_TCP = "tcp://127.0.0.1:5555"
 LocalNet = BoardPolicy | OnnxPolicy
@@ -297,6 +300,9 @@ def open_local_link(address: str, token: str | None = None, reconnect_timeout_s:
         return TcpLink(parse_address(DEFAULT_TCP), token=token,
                        reconnect_timeout_s=reconnect_timeout_s)
     deadline = time.monotonic() + reconnect_timeout_s
+    if socket_path is None:
+        log.warning("no running rlinkd in state dir %s yet (no daemon.json naming a live daemon); "
+                    "waiting up to %g s", ep.path or default_state_dir(), reconnect_timeout_s)
     while socket_path is None and time.monotonic() < deadline:  # the daemon may be starting
         time.sleep(0.1)
         socket_path = find_socket(ep)
