@@ -91,7 +91,8 @@ def _add_client(client: argparse.ArgumentParser) -> None:
     client.add_argument("--env", default="CartPole-v1",
                         help="gymnasium id of the environment to run (default: %(default)s)")
     client.add_argument("--connect", default="tcp://127.0.0.1:5555",
-                        help="tcp://HOST:PORT, unix:///PATH, shm or auto")
+                        help="tcp://HOST:PORT, unix:///PATH, shm, shm:STATE_DIR, "
+                             "shm:///PATH/rlinkd.sock or auto (table: docs/c-client.md#addresses)")
     client.add_argument("--steps", type=int, help="stop after this many env steps "
                         "(default: run until stopped)")
     client.add_argument("--episodes", type=int, help="stop after this many episodes "

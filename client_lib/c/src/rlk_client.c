@@ -774,19 +774,17 @@ static rlk_status connect_failed(rlk_client *c, rlk_status st, const char *why) 
 /* auto / auto:X: shared memory when that daemon runs here, else tcp://127.0.0.1:5555. */
 static void resolve_auto(rlk_addr *a) {
     char sock[sizeof a->path], ignored[RLK_ERROR_CHARS];
-    if (a->kind == RLK_ADDR_AUTO_STATE) {
-        a->kind = rlk_addr_daemon_socket(a->path, sock, sizeof sock, ignored, sizeof ignored) == 0
-                      ? RLK_ADDR_SHM_STATE : RLK_ADDR_TLS;  /* (TLS: a mark for "fall back", below) */
-    } else if (a->kind == RLK_ADDR_AUTO_SOCKET) {
-        a->kind = access(a->path, F_OK) == 0 ? RLK_ADDR_SHM_SOCKET : RLK_ADDR_TLS;
-    } else {
+    int state = a->kind == RLK_ADDR_AUTO_STATE;
+    if (!state && a->kind != RLK_ADDR_AUTO_SOCKET) return;
+    int here = state ? rlk_addr_daemon_socket(a->path, sock, sizeof sock, ignored, sizeof ignored) == 0
+                     : access(a->path, F_OK) == 0;
+    if (here) {
+        a->kind = state ? RLK_ADDR_SHM_STATE : RLK_ADDR_SHM_SOCKET;
         return;
     }
-    if (a->kind == RLK_ADDR_TLS) {
-        a->kind = RLK_ADDR_TCP;
-        snprintf(a->host, sizeof a->host, "127.0.0.1");
-        a->port = 5555;
-    }
+    a->kind = RLK_ADDR_TCP;
+    snprintf(a->host, sizeof a->host, "127.0.0.1");
+    a->port = 5555;
 }
 
 rlk_status rlk_connect(const rlk_options *o, rlk_client **out) {
@@ -801,7 +799,7 @@ rlk_status rlk_connect(const rlk_options *o, rlk_client **out) {
     if (rlk_addr_parse(o->address, &c->addr, c->err, sizeof c->err) != 0) return connect_failed(c, RLK_E_ARG, NULL);
     if (c->addr.kind == RLK_ADDR_TLS)
         return connect_failed(c, RLK_E_UNSUPPORTED, "tls:// addresses: the C client has no TLS (use tcp://, unix:// or shm)");
-    resolve_auto(&c->addr);  /* (after the TLS check: it may fall back to tcp) */
+    resolve_auto(&c->addr);
     c->shm = c->addr.kind == RLK_ADDR_SHM_SOCKET || c->addr.kind == RLK_ADDR_SHM_STATE;
     c->seed = o->seed ? o->seed : (unsigned long long)getpid() * 2654435761ull ^ (unsigned long long)time(NULL);
     if (o->client_inference && !c->shm)  /* (client-side inference reads the weights board) */
