@@ -148,7 +148,7 @@ int rlk_addr_daemon_socket(const char *dir, char *out, size_t cap, char *err, si
         snprintf(err, err_cap, "unreadable %s (no pid or unix_socket)", file);
         return -1;
     }
-    if (pid < 1 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
+    if (pid < 1 || kill((pid_t)pid, 0) != 0) {  /* (as client_lib: a pid not ours to signal is not ours) */
         snprintf(err, err_cap, "no running rlinkd in state dir %s (%s names pid %.0f, which is gone)", state,
                  file, pid);
         return -1;
