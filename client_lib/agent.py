@@ -27,6 +27,7 @@ from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.columns import Columns, obs_columns
 from rlinkd.client_lib.protocol.fragments import Fragment
 from rlinkd.client_lib.protocol.spaces import Space, space_from_gym
+from rlinkd.client_lib.protocol.addresses import is_local
 from rlinkd.client_lib.shm_client import ShmLink, open_local_link
 from rlinkd.client_lib.transport import parse_address
 
@@ -231,7 +232,7 @@ def connect(address: str = "tcp://127.0.0.1:5555", *, token: str | None = None,
 def open_link(address: str, *, token: str | None, reconnect_timeout_s: float, ssl_context,
               capacity_records: int | None) -> TcpLink | ShmLink:
     """The link an address names (see ``connect``); nothing is connected yet."""
-    if address in ("shm", "auto") or address.startswith(("shm:", "auto:", "unix://")):
+    if is_local(address) or address.startswith("unix://"):
         return open_local_link(address, token=token, reconnect_timeout_s=reconnect_timeout_s,
                                capacity_records=capacity_records)
     if capacity_records is not None:

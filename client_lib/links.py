@@ -14,6 +14,7 @@ whose weights changed).
 from __future__ import annotations
 
 import abc
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -25,6 +26,8 @@ from rlinkd.client_lib.protocol.distributions import BOX_DISTS
 from rlinkd.client_lib.protocol.fragments import Fragment
 from rlinkd.client_lib.protocol.spaces import Space, space_from_json
 from rlinkd.client_lib.transport import Address, RLlinkClient, RLlinkError, ServerError
+
+log = logging.getLogger("rlinkd.client_lib")
 
 Sends = list[tuple[int, Fragment]]
 """What a many-agent client sends: (agent slot, fragment) pairs, each slot's fragments in
@@ -112,12 +115,16 @@ class ReconnectingLink(abc.ABC):
     connection (or an ERROR in ``RETRYABLE_ERRORS``: shutting down, evicted) it closes, waits with
     exponential backoff (50 ms doubling to 2 s) and tries again until
     ``reconnect_timeout_s``, then raises ConnectionError. Any other ERROR is raised at once.
+    The first failure of a wait is logged at once (a warning, on stderr when logging is not
+    configured) saying what it waits for and for how long; a link that never connected says
+    "could not connect", one that lost its connection "gave up reconnecting".
     Subclasses provide ``client``, ``_connect()``, ``close()`` and ``describe()``.
     """
 
     reconnect_timeout_s: float
     reconnects: int
     client: RLlinkClient | None
+    connected_once: bool = False
 
     @abc.abstractmethod
     def describe(self) -> str:
@@ -142,21 +149,36 @@ class ReconnectingLink(abc.ABC):
         return self.client
 
     def _with_retry(self, action):
-        deadline, backoff = time.monotonic() + self.reconnect_timeout_s, 0.05
+        deadline, backoff, waiting = time.monotonic() + self.reconnect_timeout_s, 0.05, False
         while True:
             try:
                 if self.client is None:
                     self._connect()
+                    self.connected_once = True
                 return action()
             except (ConnectionError, OSError, ServerError) as exc:
                 if isinstance(exc, ServerError) and not exc.retry:
                     raise
                 self.close()
                 if time.monotonic() + backoff > deadline:
-                    raise ConnectionError(f"{self.describe()}: gave up reconnecting: {exc}") from exc
+                    raise ConnectionError(self._gave_up(exc)) from exc
+                if not waiting:
+                    log.warning("%s", self._waiting(exc))
+                    waiting = True
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 self.reconnects += 1
+
+    def _waiting(self, exc: BaseException) -> str:
+        """What a wait that begins says (once)."""
+        what = "reconnecting" if self.connected_once else "cannot connect yet"
+        return (f"{self.describe()}: {what} ({exc}); retrying for up to {self.reconnect_timeout_s:g} s"
+                + ("" if self.connected_once else " (is the daemon running at this address?)"))
+
+    def _gave_up(self, exc: BaseException) -> str:
+        if not self.connected_once:
+            return f"{self.describe()}: could not connect within {self.reconnect_timeout_s:g} s: {exc}"
+        return f"{self.describe()}: gave up reconnecting after {self.reconnect_timeout_s:g} s: {exc}"
 
 
 class TcpLink(ReconnectingLink):

@@ -450,25 +450,27 @@ def served_link(address: str, *, token: str | None, reconnect_timeout_s: float, 
     """The serving link ``address`` names, not yet connected: shared-memory lanes (``lanes``
     of them) for ``shm``, ``unix://`` and ``auto`` (when a daemon runs here), as for
     client-side agents; RLlink serving messages for ``tcp://`` and ``H:P``."""
+    from rlinkd.client_lib.protocol.addresses import LOCAL_KINDS, parse_endpoint
+    from rlinkd.client_lib.protocol.discovery import default_state_dir
     from rlinkd.client_lib.transport import parse_address
-    kind, _, where = address.partition(":")
-    if address.startswith("unix://"):
-        return ServedShmLink(parse_address(address).path, token, reconnect_timeout_s, policy, lanes)
-    if kind in ("shm", "auto"):
-        socket_path = _wait_for_socket(where or None, reconnect_timeout_s)
+    ep = parse_endpoint(address)
+    if ep.kind in ("unix", "shm-socket"):
+        return ServedShmLink(ep.path, token, reconnect_timeout_s, policy, lanes)
+    if ep.kind in LOCAL_KINDS:
+        socket_path = _wait_for_socket(ep, reconnect_timeout_s)
         if socket_path is not None:
             return ServedShmLink(socket_path, token, reconnect_timeout_s, policy, lanes)
-        if kind == "shm":
-            raise ConnectionError(f"no running rlinkd found in state dir {where or '(default)'}")
+        if ep.kind.startswith("shm"):
+            raise ConnectionError(f"no running rlinkd found in state dir {ep.path or default_state_dir()}")
         return ServedTcpLink(parse_address("tcp://127.0.0.1:5555"), token, reconnect_timeout_s)
     return ServedTcpLink(parse_address(address), token, reconnect_timeout_s, ssl_context)
 
 
-def _wait_for_socket(state_dir: str | None, timeout_s: float) -> str | None:
-    from rlinkd.client_lib.protocol.discovery import local_socket
+def _wait_for_socket(ep, timeout_s: float) -> str | None:
+    from rlinkd.client_lib.protocol.discovery import find_socket
     deadline = time.monotonic() + min(timeout_s, 10.0)
-    path = local_socket(state_dir)
+    path = find_socket(ep)
     while path is None and time.monotonic() < deadline:
         time.sleep(0.1)
-        path = local_socket(state_dir)
+        path = find_socket(ep)
     return path

@@ -16,6 +16,7 @@ no torch, no onnxruntime needed).
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.links import LinkConfig, ReconnectingLink, TcpLink, server_config
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
-from rlinkd.client_lib.protocol.discovery import local_socket
+from rlinkd.client_lib.protocol.addresses import LOCAL_KINDS, parse_endpoint
+from rlinkd.client_lib.protocol.discovery import default_state_dir, find_socket
 from rlinkd.client_lib.policy import BoardPolicy, OnnxPolicy
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.records import concat_records, fragment_records
@@ -33,6 +35,8 @@ from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.records import StepLayout
 from rlinkd.shm.ring import StepRing
+
+log = logging.getLogger("rlinkd.client_lib")
 
 DEFAULT_TCP = "tcp://127.0.0.1:5555"
 LocalNet = BoardPolicy | OnnxPolicy
@@ -286,20 +290,26 @@ def receive_ring_fd(sock: socket.socket) -> int:
 def open_local_link(address: str, token: str | None = None, reconnect_timeout_s: float = 120.0,
                     capacity_records: int | None = None):
     """``shm``, ``shm:<state_dir>``, ``auto``, ``auto:<state_dir>`` or ``unix:///path`` → a link."""
-    kind, _, where = address.partition(":")
-    if address.startswith("unix://"):
-        return ShmLink(parse_address(address).path, token, reconnect_timeout_s, capacity_records)
-    socket_path = local_socket(where or None)
-    if socket_path is None and kind == "auto":
+    ep = parse_endpoint(address)
+    if ep.kind in ("unix", "shm-socket"):
+        return ShmLink(ep.path, token, reconnect_timeout_s, capacity_records)
+    if ep.kind not in LOCAL_KINDS:
+        raise ValueError(f"{address!r}: not a shared-memory address")
+    socket_path = find_socket(ep)
+    if socket_path is None and ep.kind.startswith("auto"):
         return TcpLink(parse_address(DEFAULT_TCP), token=token,
                        reconnect_timeout_s=reconnect_timeout_s)
     deadline = time.monotonic() + reconnect_timeout_s
+    if socket_path is None:
+        log.warning("no running rlinkd in state dir %s yet (no daemon.json naming a live daemon); "
+                    "waiting up to %g s", ep.path or default_state_dir(), reconnect_timeout_s)
     while socket_path is None and time.monotonic() < deadline:  # the daemon may be starting
         time.sleep(0.1)
-        socket_path = local_socket(where or None)
+        socket_path = find_socket(ep)
     if socket_path is None:
-        raise ConnectionError(f"no running rlinkd found in state dir {where or '(default)'}")
+        raise ConnectionError(f"no running rlinkd found in state dir {ep.path or default_state_dir()}")
     return ShmLink(socket_path, token, reconnect_timeout_s, capacity_records)
+
 
 
 __all__ = ["ShmLink", "open_local_link", "request_ring"]

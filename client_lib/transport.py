@@ -13,6 +13,7 @@ from typing import TypeVar
 from urllib.parse import urlparse
 
 from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.protocol.addresses import parse_endpoint
 from rlinkd.client_lib.protocol.codec import Message
 
 ReplyT = TypeVar("ReplyT", bound=Message)
@@ -56,17 +57,15 @@ class Address:
 
 
 def parse_address(text: str, default_port: int = 5555) -> Address:
-    """``tcp://h:p`` | ``h:p`` | ``unix:///path`` → Address; ValueError when unusable."""
-    if text.startswith("unix://"):
-        path = text[len("unix://"):]
-        if not path:
-            raise ValueError(f"{text!r}: unix:// needs a socket path")
-        return Address("unix", path=path)
-    url = urlparse(text if "://" in text else f"tcp://{text}")
-    if url.scheme not in ("tcp", "tls") or not url.hostname:
+    """``tcp://h:p`` | ``h:p`` | ``unix:///path`` → Address; ValueError when unusable (the
+    grammar: ``protocol.addresses``; its shared-memory forms are not stream addresses)."""
+    ep = parse_endpoint(text)
+    if ep.kind == "unix":
+        return Address("unix", path=ep.path)
+    if ep.kind not in ("tcp", "tls"):
         raise ValueError(f"{text!r}: expected tcp://HOST:PORT, HOST:PORT or unix:///PATH")
-    port = url.port  # ValueError when out of range; 0 is a port (bind: pick one)
-    return Address(url.scheme, host=url.hostname, port=default_port if port is None else port)
+    explicit = urlparse(text if "://" in text else f"tcp://{text}").port is not None
+    return Address(ep.kind, host=ep.host, port=ep.port if explicit else default_port)
 
 
 class RLlinkClient:

@@ -81,7 +81,9 @@ def _add_serve(serve: argparse.ArgumentParser) -> None:
     for attr, dotted in SERVE_SHORTHANDS.items():
         _add_shorthand(serve, attr, dotted)
     _add_overrides(serve, "this run (over --config; the flags above win over --set)")
-    serve.add_argument("--fresh", action="store_true", help="ignore existing checkpoints")
+    serve.add_argument("--fresh", action="store_true",
+                       help="start a new run: existing checkpoints are moved into "
+                            "checkpoints/previous-<UTC time>/ (kept, never resumed)")
     serve.add_argument("--in-process", action="store_true",
                        help="debugging: every role as a thread of one process (no restarts)")
 
@@ -90,7 +92,9 @@ def _add_client(client: argparse.ArgumentParser) -> None:
     client.add_argument("--env", default="CartPole-v1",
                         help="gymnasium id of the environment to run (default: %(default)s)")
     client.add_argument("--connect", default="tcp://127.0.0.1:5555",
-                        help="the daemon: tcp://HOST:PORT, unix:///PATH, shm or auto (default: %(default)s)")
+                        help="tcp://HOST:PORT, unix:///PATH, shm, shm:STATE_DIR, "
+                             "shm:///PATH/rlinkd.sock or auto (table: docs/c-client.md#addresses; "
+                             "default: %(default)s)")
     client.add_argument("--steps", type=int, help="stop after this many env steps "
                         "(default: run until stopped)")
     client.add_argument("--episodes", type=int, help="stop after this many episodes "

@@ -167,6 +167,8 @@ class Supervisor:
         root = store.checkpoints_dir(self.cfg.state_dir)
         for leftover in store.remove_staging(root):
             log.warning("removed_partial_checkpoint", path=str(leftover))
+        if self.fresh and (aside := store.set_aside(root)) is not None:
+            log.info("checkpoints_set_aside", path=str(aside))  # (a later plain start resumes this run)
         resume = None if self.fresh else store.latest_valid(
             root, warn=lambda e: log.warning("skipping_bad_checkpoint", error=e))
         self.cfg.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

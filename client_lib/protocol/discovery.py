@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+from rlinkd.client_lib.protocol.addresses import Endpoint
+
 DAEMON_FILE = "daemon.json"
 
 
@@ -38,3 +40,11 @@ def local_socket(state_dir: str | os.PathLike | None = None) -> str | None:
     info = read_daemon_file(state_dir)
     path = info.get("unix_socket") if info else None
     return path if path and os.path.exists(path) else None
+
+
+def find_socket(ep: Endpoint) -> str | None:
+    """The Unix socket a shared-memory endpoint names (``protocol.addresses``), if a daemon
+    is there now: the socket itself, or the one its state dir's ``daemon.json`` names."""
+    if ep.kind.endswith("-socket"):
+        return ep.path if os.path.exists(ep.path) else None
+    return local_socket(ep.path or None)

@@ -13,6 +13,8 @@ Layout under ``<state_dir>/checkpoints/``::
         manifest.json       written last: format, versions, config hash, counters,
                             weights_seq_no, sha256 + size of every other file
     .staging-*/             a checkpoint being written (removed at start if left over)
+    previous-<UTC time>/    the checkpoints of an older run, set aside by ``serve --fresh``
+                            (kept, never resumed, pruned or exported from)
 
 Writing: files go into a staging directory on the same filesystem, each fsynced,
 then the manifest (fsynced), the staging directory fsynced, renamed into place, and
@@ -207,3 +209,23 @@ def remove_staging(root: Path) -> list[Path]:
     for path in leftovers:
         shutil.rmtree(path, ignore_errors=True)
     return leftovers
+
+
+def set_aside(root: Path, now_s: float | None = None) -> Path | None:
+    """Move every checkpoint under ``root`` into ``root/previous-<UTC time>/`` (what
+    ``serve --fresh`` does, so that a later plain start cannot resume an older run); the
+    folder moved into, or None when there was nothing to move."""
+    found = list_checkpoints(root)
+    if not found:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now_s is None else now_s))
+    aside, n = root / f"previous-{stamp}", 1
+    while aside.exists():
+        n += 1
+        aside = root / f"previous-{stamp}-{n}"
+    aside.mkdir(mode=0o700)
+    for path in found:
+        os.rename(path, aside / path.name)
+    fsync_path(aside)
+    fsync_path(root)
+    return aside

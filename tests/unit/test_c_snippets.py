@@ -66,3 +66,37 @@ def test_the_cmake_project_builds(tmp_path):
     subprocess.run(["cmake", "--build", str(tmp_path), "-j", "2"], check=True, capture_output=True, timeout=300)
     for name in ("librlinkd.a", "librlinkd.so", "rlinkd_cartpole"):
         assert (tmp_path / name).exists(), name
+
+
+def cmake(*args: str) -> None:
+    proc = subprocess.run(["cmake", *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_an_outside_project_builds_the_documented_way(tmp_path):
+    """The page's CMake project and its one_agent.c, outside the repository: once with
+    add_subdirectory(<client_lib/c> rlinkd) (examples off), once with find_package after
+    `cmake --install`; the installed pkg-config file names the include dir and -lm -pthread."""
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed")
+    source = REPO / "client_lib" / "c"
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "CMakeLists.txt").write_text(snippet("cmake"))
+    one_agent = re.search(r"```c\n(/\* one_agent\.c .*?)```", SECTION, flags=re.S)
+    assert one_agent, "no one_agent.c block"
+    (project / "one_agent.c").write_text(one_agent.group(1))
+    cmake("-S", str(project), "-B", str(tmp_path / "sub"), f"-DRLINKD_SOURCE={source}")
+    cmake("--build", str(tmp_path / "sub"), "-j", "2")
+    assert (tmp_path / "sub" / "one_agent").exists()
+    assert not list((tmp_path / "sub").rglob("rlinkd_cartpole")), "RLINKD_BUILD_EXAMPLES=OFF built the example"
+    prefix = tmp_path / "prefix"
+    cmake("-S", str(source), "-B", str(tmp_path / "lib"), f"-DCMAKE_INSTALL_PREFIX={prefix}",
+          "-DRLINKD_BUILD_EXAMPLES=OFF")
+    cmake("--build", str(tmp_path / "lib"), "-j", "2")
+    cmake("--install", str(tmp_path / "lib"))
+    cmake("-S", str(project), "-B", str(tmp_path / "found"), "-DRLINKD_INSTALLED=ON", f"-DCMAKE_PREFIX_PATH={prefix}")
+    cmake("--build", str(tmp_path / "found"))
+    assert (tmp_path / "found" / "one_agent").exists()
+    pc = next(prefix.rglob("rlinkd.pc")).read_text()
+    assert f"includedir={prefix}/include" in pc and "-lm -pthread" in pc

@@ -264,3 +264,17 @@ def test_manifest_without_files_has_no_files(tmp_path):
     assert store.verify(ckpt.path).index == 1
     with pytest.raises(CheckpointError, match=r"has no learner\.pt"):
         store.read_checkpoint_file(ckpt.path, "learner.pt")
+
+
+# ---------------------------------------------------------------- serve --fresh
+def test_set_aside_moves_every_checkpoint_out_of_reach(tmp_path):
+    root = tmp_path / "checkpoints"
+    assert store.set_aside(root) is None  # (nothing yet)
+    write(root, 3)
+    aside = store.set_aside(root, now_s=0.0)
+    assert aside == root / "previous-19700101T000000Z"
+    assert names(aside) == ["ckpt-000001", "ckpt-000002", "ckpt-000003"]
+    assert store.latest_valid(root) is None and store.list_checkpoints(root) == []
+    assert store.write_checkpoint(root, FILES, {"weights_seq_no": 0}).index == 1  # the new run's first
+    assert store.set_aside(root, now_s=0.0) == root / "previous-19700101T000000Z-2"
+    assert store.prune(root, keep=0) == [] and (aside / "ckpt-000003").is_dir()

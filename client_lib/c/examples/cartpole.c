@@ -3,6 +3,7 @@
  * gymnasium's CartPole-v1) learning through rlinkd, with server-side actions or (--inference
  * client, shm:// addresses) the policy run here on the daemon's weights board.
  *
+ *     cartpole --help
  *     cartpole ADDRESS [--agents N] [--target R] [--max-seconds S] [--max-steps N] [--token T]
  *                      [--inference server|client] [--seed S] [--evaluate 1]
  *
@@ -105,7 +106,7 @@ typedef struct {
 } args;
 
 static int parse_args(int argc, char **argv, args *a) {
-    a->address = argc > 1 ? argv[1] : NULL;
+    a->address = argc > 1 && strncmp(argv[1], "--", 2) != 0 ? argv[1] : NULL;
     a->token = NULL;
     a->agents = 1;
     a->target = 450.0;
@@ -151,11 +152,24 @@ static rlk_status step_all(rlk_client *c, cart *carts, int n, tally *t) {
     return st;
 }
 
+static void usage(FILE *to, const char *argv0) {
+    fprintf(to, "usage: %s ADDRESS [--agents N] [--target R] [--max-seconds S] [--max-steps N] [--token T]"
+                " [--inference server|client] [--seed S] [--evaluate 1]\n"
+                "ADDRESS: tcp://HOST:PORT, unix:///PATH, shm, shm:STATE_DIR or shm:///PATH/rlinkd.sock\n"
+                "Steps N CartPole carts through the daemon until the mean return of the last 20 episodes\n"
+                "reaches R (exit 0) or the budget runs out (exit 1); 2: bad arguments or no connection.\n",
+            argv0);
+}
+
 int main(int argc, char **argv) {
     args a;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout, argv[0]);
+            return 0;
+        }
     if (parse_args(argc, argv, &a) != 0) {
-        fprintf(stderr, "usage: %s ADDRESS [--agents N] [--target R] [--max-seconds S] [--max-steps N] [--token T]"
-                        " [--inference server|client] [--seed S] [--evaluate 1]\n", argv[0]);
+        usage(stderr, argv[0]);
         return 2;
     }
     rlk_options o;
@@ -169,7 +183,9 @@ int main(int argc, char **argv) {
     rlk_client *c;
     rlk_status st = rlk_connect(&o, &c);
     if (st != RLK_OK || rlk_obs_size(c) != 4 || rlk_action_n(c) != 2) {
-        fprintf(stderr, "cannot connect as CartPole: %s: %s\n", rlk_status_name(st), c ? rlk_error(c) : "");
+        /* (rlk_error(NULL): this thread's last rlk_connect failure) */
+        fprintf(stderr, "cannot connect as CartPole: %s: %s\n", rlk_status_name(st),
+                c ? "not CartPole's spaces (4 floats, Discrete(2))" : rlk_error(NULL));
         rlk_close(c);
         return 2;
     }

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "rlinkd.h"
+#include "rlk_addr.h"
 #include "rlk_json.h"
 #include "rlk_lanes.h"
 #include "rlk_local.h"
@@ -42,7 +43,9 @@ typedef struct {
 struct rlk_client {
     rlk_options o;
     char address[512], token[256], policy[80];
+    rlk_addr addr;      /* the address parsed (auto resolved to shm or tcp at rlk_connect) */
     int fd, reconnects, server_retry;
+    int gave_up;        /* reconnecting gave up: later calls try once, without backoff */
     int no_direct;      /* the daemon refused SERVE_DIRECT: serve through the collector */
     int direct_fresh;   /* a direct connection with no reply yet (a failure then: refused) */
     long episodes_started;
@@ -204,11 +207,24 @@ static rlk_status attach_ring(rlk_client *c, const rlk_spaces *sp) {
     return rlk_local_attach(c->local, &a, c->fd, c->o.io_timeout_s, c->toks, c->max_toks, c->err, sizeof c->err);
 }
 
+/* The stream address to connect to now: a state dir's socket is read from its daemon.json
+ * each time (a restarted daemon may have moved it). 0, or -1 with c->err set. */
+static int stream_address(rlk_client *c, char *out, size_t cap) {
+    char sock[sizeof c->addr.path];
+    const rlk_addr *a = &c->addr;
+    if (a->kind == RLK_ADDR_TCP)
+        return snprintf(out, cap, strchr(a->host, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d", a->host, a->port) < (int)cap
+                   ? 0 : -1;
+    if (a->kind != RLK_ADDR_SHM_STATE) return snprintf(out, cap, "unix://%s", a->path) < (int)cap ? 0 : -1;
+    if (rlk_addr_daemon_socket(a->path, sock, sizeof sock, c->err, sizeof c->err) != 0) return -1;
+    return snprintf(out, cap, "unix://%s", sock) < (int)cap ? 0 : -1;
+}
+
 static rlk_status open_connection(rlk_client *c) {
     rlk_spaces sp;
-    char unix_address[sizeof c->address + 8];
-    snprintf(unix_address, sizeof unix_address, "unix://%s", c->address + 6);
-    int fd = rlk_net_connect(c->shm ? unix_address : c->address, c->o.io_timeout_s, c->err, sizeof c->err);
+    char stream[sizeof c->addr.path + 16];
+    if (stream_address(c, stream, sizeof stream) != 0) return RLK_E_CONNECT;
+    int fd = rlk_net_connect(stream, c->o.io_timeout_s, c->err, sizeof c->err);
     if (fd < 0) return fd == -2 ? RLK_E_ARG : RLK_E_CONNECT;
     c->fd = fd;
     rlk_status st = handshake(c, &sp);
@@ -236,9 +252,10 @@ static rlk_status open_connection(rlk_client *c) {
     return RLK_OK;
 }
 
-/* Reconnect with backoff (50 ms doubling to 2 s) until reconnect_timeout_s; open episodes are lost. */
+/* Reconnect with backoff (50 ms doubling to 2 s) until reconnect_timeout_s; open episodes are
+ * lost. After it gave up once, one try without backoff (the caller learns at once). */
 static rlk_status reconnect(rlk_client *c) {
-    double deadline = rlk_now() + c->o.reconnect_timeout_s, delay = 0.05;
+    double deadline = rlk_now() + (c->gave_up ? 0.0 : c->o.reconnect_timeout_s), delay = 0.05;
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
     rlk_lanes_close(c->lanes);
@@ -249,13 +266,18 @@ static rlk_status reconnect(rlk_client *c) {
         rlk_status st = open_connection(c);
         if (st == RLK_OK) {
             c->reconnects++;
+            c->gave_up = 0;
             return RLK_OK;
         }
         if (st == RLK_E_UNSUPPORTED || st == RLK_E_ARG || rlk_now() + delay > deadline) {
-            char why[RLK_ERROR_CHARS - 32];  /* (c->err is the destination: copy it first) */
+            char why[RLK_ERROR_CHARS - 64];  /* (c->err is the destination: copy it first) */
             memcpy(why, c->err, sizeof why - 1);
             why[sizeof why - 1] = '\0';
-            return st == RLK_E_UNSUPPORTED ? st : set_err(c, RLK_E_CONNECT, "gave up reconnecting: %s", why);
+            if (st == RLK_E_UNSUPPORTED) return st;
+            st = set_err(c, RLK_E_CONNECT, c->gave_up ? "gave up reconnecting earlier; one more try failed: %s"
+                                                      : "gave up reconnecting after reconnect_timeout_s: %s", why);
+            c->gave_up = 1;
+            return st;
         }
         sleep_s(delay);
         delay = delay * 2 > 2.0 ? 2.0 : delay * 2;
@@ -724,39 +746,71 @@ static int copy_str(char *dst, size_t cap, const char *src) {
     return 0;
 }
 
-static int options_ok(const rlk_options *o) {
-    return o && o->address && o->max_agents >= 1 && o->max_agents <= RLK_MAX_AGENTS &&
-           o->io_timeout_s > 0 && o->reconnect_timeout_s >= 0 && o->max_frame_bytes >= 1024 &&
-           o->max_frame_bytes <= RLK_MAX_FRAME_BYTES;
+/* What is wrong with o, or NULL. */
+static const char *options_problem(const rlk_options *o) {
+    if (!o || !o->address) return "options or options->address is NULL";
+    if (o->max_agents < 1 || o->max_agents > RLK_MAX_AGENTS) return "max_agents is not in 1..RLK_MAX_AGENTS";
+    if (!(o->io_timeout_s > 0) || !(o->reconnect_timeout_s >= 0)) return "io_timeout_s <= 0 or reconnect_timeout_s < 0";
+    if (o->max_frame_bytes < 1024 || o->max_frame_bytes > RLK_MAX_FRAME_BYTES)
+        return "max_frame_bytes is not in 1024..RLK_MAX_FRAME_BYTES";
+    return NULL;
+}
+
+/* The calling thread's last rlk_connect failure (rlk_error(NULL)). */
+static __thread char connect_err[RLK_ERROR_CHARS];
+
+static rlk_status connect_failed(rlk_client *c, rlk_status st, const char *why) {
+    const char *detail = why ? why : c && c->err[0] ? c->err : rlk_status_name(st);
+    const char *address = c ? c->o.address : "";
+    if (!address[0] || strstr(detail, address))
+        snprintf(connect_err, sizeof connect_err, "%s", detail);
+    else
+        snprintf(connect_err, sizeof connect_err, "%.100s: %.150s", address, detail);
+    if (c && c->fd >= 0) close(c->fd);
+    if (c) release(c);
+    return st;
+}
+
+/* auto / auto:X: shared memory when that daemon runs here, else tcp://127.0.0.1:5555. */
+static void resolve_auto(rlk_addr *a) {
+    char sock[sizeof a->path], ignored[RLK_ERROR_CHARS];
+    int state = a->kind == RLK_ADDR_AUTO_STATE;
+    if (!state && a->kind != RLK_ADDR_AUTO_SOCKET) return;
+    int here = state ? rlk_addr_daemon_socket(a->path, sock, sizeof sock, ignored, sizeof ignored) == 0
+                     : access(a->path, F_OK) == 0;
+    if (here) {
+        a->kind = state ? RLK_ADDR_SHM_STATE : RLK_ADDR_SHM_SOCKET;
+        return;
+    }
+    a->kind = RLK_ADDR_TCP;
+    snprintf(a->host, sizeof a->host, "127.0.0.1");
+    a->port = 5555;
 }
 
 rlk_status rlk_connect(const rlk_options *o, rlk_client **out) {
-    if (!out) return RLK_E_ARG;
+    if (!out) return connect_failed(NULL, RLK_E_ARG, "out is NULL");
     *out = NULL;
-    if (!options_ok(o)) return RLK_E_ARG;
+    const char *problem = options_problem(o);
+    if (problem) return connect_failed(NULL, RLK_E_ARG, problem);
     rlk_client *c = calloc(1, sizeof *c);
-    if (!c) return RLK_E_NOMEM;
+    if (!c) return connect_failed(NULL, RLK_E_NOMEM, "cannot allocate the client");
     c->o = *o;
     c->fd = -1;
-    c->shm = strncmp(o->address, "shm://", 6) == 0;
+    if (rlk_addr_parse(o->address, &c->addr, c->err, sizeof c->err) != 0) return connect_failed(c, RLK_E_ARG, NULL);
+    if (c->addr.kind == RLK_ADDR_TLS)
+        return connect_failed(c, RLK_E_UNSUPPORTED, "tls:// addresses: the C client has no TLS (use tcp://, unix:// or shm)");
+    resolve_auto(&c->addr);
+    c->shm = c->addr.kind == RLK_ADDR_SHM_SOCKET || c->addr.kind == RLK_ADDR_SHM_STATE;
     c->seed = o->seed ? o->seed : (unsigned long long)getpid() * 2654435761ull ^ (unsigned long long)time(NULL);
-    if (o->client_inference && !c->shm) {
-        release(c);
-        return RLK_E_ARG;  /* (client-side inference reads the weights board: shm:// only) */
-    }
+    if (o->client_inference && !c->shm)  /* (client-side inference reads the weights board) */
+        return connect_failed(c, RLK_E_ARG, "client_inference needs a shared-memory address (shm, shm:STATE_DIR, ...)");
     if (copy_str(c->address, sizeof c->address, o->address) || copy_str(c->token, sizeof c->token, o->token) ||
-        copy_str(c->policy, sizeof c->policy, o->policy_id)) {
-        release(c);
-        return RLK_E_ARG;
-    }
+        copy_str(c->policy, sizeof c->policy, o->policy_id))
+        return connect_failed(c, RLK_E_ARG, "address, token or policy_id too long");
     rlk_status st = allocate_frames(c);
     if (st == RLK_OK) st = open_connection(c);
     if (st == RLK_OK) st = allocate_agents(c);
-    if (st != RLK_OK) {
-        if (c->fd >= 0) close(c->fd);
-        release(c);
-        return st;
-    }
+    if (st != RLK_OK) return connect_failed(c, st, NULL);
     *out = c;
     return RLK_OK;
 }
@@ -793,7 +847,7 @@ long rlk_weights_seq_no(const rlk_client *c) {
     return c->local ? rlk_local_seq(c->local, 0) : c->agents[0].seq;
 }
 int rlk_reconnects(const rlk_client *c) { return c ? c->reconnects : 0; }
-const char *rlk_error(const rlk_client *c) { return c ? c->err : "no client"; }
+const char *rlk_error(const rlk_client *c) { return c ? c->err : connect_err; }
 
 const char *rlk_status_name(rlk_status s) {
     static const char *const names[] = {"RLK_OK", "RLK_E_ARG", "RLK_E_CONNECT", "RLK_E_IO",

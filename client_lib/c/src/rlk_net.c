@@ -48,10 +48,18 @@ static int finish_connect(int fd, const struct sockaddr *addr, socklen_t n, doub
     if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return -1;
     if (connect(fd, addr, n) != 0) {
         if (errno != EINPROGRESS) return -1;
-        if (wait_fd(fd, POLLOUT, rlk_now() + timeout_s) != 1) return -1;
-        int soerr = 0;
+        int r = wait_fd(fd, POLLOUT, rlk_now() + timeout_s);
+        if (r != 1) {
+            if (r == 0) errno = ETIMEDOUT;
+            return -1;
+        }
+        int soerr = 0;  /* (the non-blocking connect's outcome: errno still says EINPROGRESS) */
         socklen_t len = sizeof soerr;
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0 || soerr != 0) return -1;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0) return -1;
+        if (soerr != 0) {
+            errno = soerr;
+            return -1;
+        }
     }
     return 0;  /* (the socket stays non-blocking: every read and write polls first) */
 }
@@ -68,7 +76,7 @@ static int connect_unix(const char *path, double timeout_s, char *err, size_t ca
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
     if (fd < 0 || finish_connect(fd, (struct sockaddr *)&sa, sizeof sa, timeout_s) != 0) {
         snprintf(err, cap, "cannot connect to unix://%s: %s", path, strerror(errno));
-        if (fd >= 0) close(fd);
+        if (fd >= 0) close(fd);  /* (after the message: close may change errno) */
         return -1;
     }
     return fd;
@@ -81,8 +89,13 @@ static int connect_tcp(const char *hostport, double timeout_s, char *err, size_t
         snprintf(err, cap, "bad tcp address (want tcp://HOST:PORT): %s", hostport);
         return -2;
     }
-    memcpy(host, hostport, (size_t)(colon - hostport));
-    host[colon - hostport] = '\0';
+    size_t n = (size_t)(colon - hostport), skip = 0;
+    if (hostport[0] == '[' && n >= 2 && colon[-1] == ']') {  /* [IPv6]:PORT */
+        skip = 1;
+        n -= 2;
+    }
+    memcpy(host, hostport + skip, n);
+    host[n] = '\0';
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof hints);
     hints.ai_socktype = SOCK_STREAM;
@@ -91,17 +104,18 @@ static int connect_tcp(const char *hostport, double timeout_s, char *err, size_t
         snprintf(err, cap, "cannot resolve %s: %s", hostport, gai_strerror(gai));
         return -1;
     }
-    int fd = -1;
+    int fd = -1, why = 0;
     for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
         fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-        if (fd >= 0 && finish_connect(fd, a->ai_addr, a->ai_addrlen, timeout_s) != 0) {
-            close(fd);
+        if (fd < 0 || finish_connect(fd, a->ai_addr, a->ai_addrlen, timeout_s) != 0) {
+            why = errno;  /* (kept: close and freeaddrinfo may change errno) */
+            if (fd >= 0) close(fd);
             fd = -1;
         }
     }
     freeaddrinfo(res);
     if (fd < 0) {
-        snprintf(err, cap, "cannot connect to tcp://%s: %s", hostport, strerror(errno));
+        snprintf(err, cap, "cannot connect to tcp://%s: %s", hostport, strerror(why));
         return -1;
     }
     int one = 1;  /* requests without a reply must not wait for a delayed ACK */

@@ -22,11 +22,13 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <netinet/in.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "rlinkd.h"
+#include "rlk_addr.h"
 #include "rlk_json.h"
 #include "rlk_net.h"
 #include "rlk_local.h"
@@ -603,6 +605,113 @@ static void test_a_refused_serve_direct_falls_back_to_a_plain_connection(void) {
     unlink(path);
 }
 
+/* ----------------------------------------------------------------- addresses and errors */
+/* Every case of the grammar table both clients share (tests/addresses.tsv). */
+static void test_addresses(const char *table) {
+    FILE *f = fopen(table, "r");
+    char line[1024], got[1024], err[RLK_ERROR_CHARS];
+    int cases = 0;
+    CHECK(f != NULL);
+    while (f && fgets(line, sizeof line, f)) {
+        char *tab = strchr(line, '\t');
+        if (line[0] == '#' || !tab) continue;
+        *tab = '\0';
+        tab[strcspn(tab + 1, "\n") + 1] = '\0';
+        rlk_addr a;
+        if (rlk_addr_parse(line, &a, err, sizeof err) == 0) rlk_addr_describe(&a, got, sizeof got);
+        else snprintf(got, sizeof got, "error");
+        if (strcmp(got, tab + 1) != 0) fprintf(stderr, "address \"%s\": got \"%s\", want \"%s\"\n", line, got, tab + 1);
+        CHECK(strcmp(got, tab + 1) == 0);
+        cases++;
+    }
+    CHECK(cases >= 20);
+    if (f) fclose(f);
+}
+
+/* A state dir's daemon.json names the socket; a dead pid or no file is a clear error. */
+static void test_state_dir_lookup(void) {
+    char dir[] = "/tmp/rlk-state-XXXXXX", file[128], sock[512], err[RLK_ERROR_CHARS];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(file, sizeof file, "%s/daemon.json", dir);
+    CHECK(rlk_addr_daemon_socket(dir, sock, sizeof sock, err, sizeof err) == -1 && strstr(err, dir));
+    FILE *f = fopen(file, "w");
+    if (f) {
+        fprintf(f, "{\"pid\": %ld, \"unix_socket\": \"%s/run/rlinkd.sock\", \"port\": 5555}", (long)getpid(), dir);
+        fclose(f);
+    }
+    CHECK(rlk_addr_daemon_socket(dir, sock, sizeof sock, err, sizeof err) == 0);
+    CHECK(strstr(sock, "/run/rlinkd.sock") != NULL && strncmp(sock, dir, strlen(dir)) == 0);
+    f = fopen(file, "w");
+    if (f) {
+        fprintf(f, "{\"pid\": 2147483646, \"unix_socket\": \"/x.sock\"}");  /* (no such process) */
+        fclose(f);
+    }
+    CHECK(rlk_addr_daemon_socket(dir, sock, sizeof sock, err, sizeof err) == -1 && strstr(err, "gone"));
+    unlink(file);
+    rmdir(dir);
+}
+
+/* A TCP port nothing listens on (bound, never listened to, then closed). */
+static int closed_port(void) {
+    struct sockaddr_in sa;
+    socklen_t n = sizeof sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && getsockname(fd, (struct sockaddr *)&sa, &n) == 0;
+    if (fd >= 0) close(fd);
+    return ok ? ntohs(sa.sin_port) : 1;
+}
+
+/* rlk_connect's failures say what and where, read through rlk_error(NULL). */
+static void test_connect_errors_name_the_address_and_the_reason(void) {
+    rlk_options o;
+    rlk_client *c = NULL;
+    char address[64];
+    rlk_options_init(&o);
+    snprintf(address, sizeof address, "tcp://127.0.0.1:%d", closed_port());
+    o.address = address;
+    o.reconnect_timeout_s = 0;
+    CHECK(rlk_connect(&o, &c) == RLK_E_CONNECT && c == NULL);
+    CHECK(strstr(rlk_error(NULL), address) != NULL);
+    CHECK(strstr(rlk_error(NULL), "onnection refused") != NULL);  /* (not "Operation now in progress") */
+    o.address = "shm:/nonexistent-rlk-state";
+    CHECK(rlk_connect(&o, &c) == RLK_E_CONNECT);
+    CHECK(strstr(rlk_error(NULL), "state dir /nonexistent-rlk-state") != NULL);
+    o.address = "tls://127.0.0.1:5555";
+    CHECK(rlk_connect(&o, &c) == RLK_E_UNSUPPORTED && strstr(rlk_error(NULL), "TLS"));
+    o.address = "shm:";
+    CHECK(rlk_connect(&o, &c) == RLK_E_ARG && strstr(rlk_error(NULL), "\"shm:\""));
+    o.max_agents = 0;
+    CHECK(rlk_connect(&o, &c) == RLK_E_ARG && strstr(rlk_error(NULL), "max_agents"));
+}
+
+/* Reconnecting gives up once (after reconnect_timeout_s); later calls try once and fail fast. */
+static void test_a_client_that_gave_up_fails_fast(void) {
+    const char *const script[] = {"CLOSE"};
+    char path[64], address[80];
+    snprintf(path, sizeof path, "/tmp/rlk-test-g%ld.sock", (long)getpid());
+    snprintf(address, sizeof address, "unix://%s", path);
+    pid_t pid = start_server(path, script, 1);
+    rlk_client *c = client_for(address, 1.0);
+    float obs[4] = {0}, action[1];
+    if (c) {
+        double t0 = rlk_now();
+        CHECK(rlk_act(c, obs, action) == RLK_E_CONNECT && strstr(rlk_error(c), "gave up reconnecting after"));
+        double t1 = rlk_now();
+        CHECK(t1 - t0 >= 0.5);  /* (backoff: it gives up when the next wait would pass the deadline) */
+        CHECK(rlk_act(c, obs, action) == RLK_E_CONNECT && strstr(rlk_error(c), "gave up reconnecting earlier"));
+        CHECK(rlk_act(c, obs, action) == RLK_E_CONNECT);
+        CHECK(rlk_now() - t1 < 0.5);  /* (not another reconnect_timeout_s each) */
+        CHECK(strstr(rlk_error(c), path) != NULL);
+        rlk_close(c);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    unlink(path);
+}
+
 static void test_arguments_are_checked(void) {
     rlk_options o;
     rlk_client *c = (rlk_client *)&o;
@@ -618,8 +727,11 @@ static void test_arguments_are_checked(void) {
     rlk_close(NULL);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
+    test_addresses(argc > 1 ? argv[1] : "tests/addresses.tsv");
+    test_state_dir_lookup();
+    test_connect_errors_name_the_address_and_the_reason();
     test_json();
     test_writer();
     test_parsers();
@@ -632,6 +744,7 @@ int main(void) {
     test_bad_replies_give_error_codes();
     test_a_refused_serve_direct_falls_back_to_a_plain_connection();
     test_a_lost_connection_is_reestablished_and_the_episode_goes_on();
+    test_a_client_that_gave_up_fails_fast();
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);
         return 1;
