@@ -65,7 +65,7 @@ def unpack(body: bytes) -> dict:
     except msgpack.ExtraData:
         raise BadMsgpack("trailing bytes after the body's map") from None
     except (ValueError, TypeError, msgpack.UnpackException) as exc:  # truncated, bad UTF-8, keys
-        raise BadMsgpack(f"body is not valid msgpack: {str(exc)[:120]}") from None
+        raise BadMsgpack(f"body is not valid msgpack: {str(exc)[:120] or type(exc).__name__}") from None
     _check_tree(obj)
     return obj
 
