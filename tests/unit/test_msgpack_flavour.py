@@ -100,7 +100,7 @@ def test_recorded_episodes_enter_the_collector_and_continue_by_id(version):
 
 def test_lookback_steps_are_dropped():
     obs = np.arange(15, dtype=np.float32).reshape(5, 3).tolist()
-    obs = [o + [0.0] for o in obs]
+    obs = [[*o, 0.0] for o in obs]
     state = sae(obs, [0, 1, 0, 1], [1.0, 2.0, 3.0, 4.0], lookback=2,
                 logits=[np.full(2, i, np.float32) for i in range(4)])
     state["observations"]["lookback"] = 2  # obs: 2 lookback + (T + 1)

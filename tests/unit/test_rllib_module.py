@@ -23,9 +23,10 @@ from rlinkd.daemon.collector.rllib_module import config_pickle, rllib_net_error,
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "rllib_msgpack"
 INF = float("inf")
 CARTPOLE_OBS = Box([4], low=[-4.8, -INF, -0.418, -INF], high=[4.8, INF, 0.418, INF])
+CARTPOLE_ACT = Discrete(2)
 
 
-def spec_with(act=Discrete(2), obs=CARTPOLE_OBS, **kw) -> PolicySpec:
+def spec_with(act=CARTPOLE_ACT, obs=CARTPOLE_OBS, **kw) -> PolicySpec:
     return PolicySpec(obs, act, **kw)
 
 
