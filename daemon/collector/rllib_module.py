@@ -30,7 +30,7 @@ import struct
 import numpy as np
 
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
-from rlinkd.client_lib.protocol.spaces import Box, Discrete
+from rlinkd.client_lib.protocol.spaces import Box, Discrete, Space
 
 LOG_STD_CLIP = 20.0  # RLlib's DefaultModelConfig.log_std_clip_param (a buffer of each head)
 PPO_CONFIG = ("ray.rllib.algorithms.ppo.ppo", "PPOConfig")
@@ -88,11 +88,13 @@ def config_pickle(spec: PolicySpec, rollout_fragment_length: int) -> bytes:
     return bytes(w.out)
 
 
-def _space(w: _Pickle, space: Box | Discrete) -> None:
+def _space(w: _Pickle, space: Space) -> None:
     """gymnasium.spaces.Box(low, high, None, dtype) / Discrete(n)."""
     if isinstance(space, Discrete):
         w.call(("gymnasium.spaces.discrete", "Discrete"), [lambda: w.value(space.n)])
         return
+    if not isinstance(space, Box):
+        raise ValueError(f"no RLlib form for {type(space).__name__} (see rllib_net_error)")
     dtype = np.dtype(space.dtype).name
     bounds = [lambda b=b: w.call(("numpy", "array"), [lambda: w.value([float(v) for v in b]),
                                                      lambda: w.value(dtype)])

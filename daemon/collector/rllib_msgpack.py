@@ -15,8 +15,8 @@ from rlinkd.client_lib.protocol import codec, msgpack_flavour
 from rlinkd.client_lib.protocol.codec import BadMessage, Message
 from rlinkd.daemon.collector.core import CollectorCore, Plan, Session
 from rlinkd.daemon.collector.rllib_module import config_pickle, rllib_net_error, rllib_state
-from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.daemon.collector.weights import StaticWeights, WeightsCache
+from rlinkd.daemon.policies import PolicyDef
 
 JSON, MSGPACK = "json", "msgpack"
 PONG = msgpack_flavour.encode({"type": "PONG"})
@@ -27,24 +27,21 @@ def flavour_of(first_body: bytes) -> str:
     return MSGPACK if msgpack_flavour.is_msgpack(first_body) else JSON
 
 
-def served_spec(cache: WeightsCache | None) -> PolicySpec | None:
-    """The network of a policy whose weights can be sent under RLlib's names (None: frozen)."""
-    return None if cache is None or isinstance(cache, StaticWeights) else cache.spec
+SERVED_ALGORITHMS = ("ppo", "appo")  # an actor whose logits are sampled (not Q-values, not SAC)
 
 
 class RllibFlavour:
-    """Decodes and answers one collector's msgpack connections. ``spec``: the default
-    policy's network (None: not trained here); ``cache``: its weights (SET_STATE frames are
-    built once per version; None: only decoding and the config, as in the tests' oracle)."""
+    """Decodes and answers one collector's msgpack connections. ``definition``: the default
+    policy; ``cache``: its weights (SET_STATE frames are built once per version; None: only
+    decoding and the config, as in the tests' oracle)."""
 
-    def __init__(self, core: CollectorCore, spec: PolicySpec | None,
+    def __init__(self, core: CollectorCore, definition: PolicyDef,
                  cache: WeightsCache | None = None) -> None:
-        self.core, self.cache = core, cache
-        self.error = ("the default policy is not trained here" if spec is None
-                      else rllib_net_error(spec))
-        self.config = None if self.error or spec is None else msgpack_flavour.encode({
+        self.core, self.cache, self.spec = core, cache, definition.spec
+        self.error = served_error(definition, cache)
+        self.config = None if self.error else msgpack_flavour.encode({
             "type": "SET_CONFIG",
-            "config": config_pickle(spec, core.cfg.sampling.env_steps_per_sample)})
+            "config": config_pickle(definition.spec, core.cfg.sampling.env_steps_per_sample)})
         self._frame, self._seq = b"", -2
 
     def decode(self, body: bytes) -> Message:
@@ -52,22 +49,23 @@ class RllibFlavour:
 
     def handle(self, session: Session, msg: Message) -> Plan:
         """The core's plan, with the reply in this flavour (the core checks the token)."""
+        if self.config is None and session.authenticated and not isinstance(msg, codec.Ping):
+            raise BadMessage(f"{msg.TYPE.value}: no RLlib module for this daemon's network: "
+                             f"{self.error}")  # (before the core counts any episode)
         plan = self.core.handle(session, msg)
         if isinstance(msg, codec.Ping):
             plan.reply = PONG
         elif isinstance(msg, codec.GetConfig):
-            if self.config is None:
-                raise BadMessage(f"GET_CONFIG: no RLlib module for this daemon's network: {self.error}")
             plan.reply = self.config
         return plan
 
     def set_state_frame(self) -> bytes:
         """SET_STATE with the cache's current version (the caller refreshed it)."""
         cache = self.cache
-        if cache is None or self.config is None:  # (GET_CONFIG was refused already)
-            raise BadMessage(f"GET_STATE: no RLlib module for this daemon's network: {self.error}")
+        if cache is None or self.config is None:  # (``handle`` refused the request already)
+            raise BadMessage(f"SET_STATE: no RLlib module for this daemon's network: {self.error}")
         if cache.seq_no != self._seq:
-            state = rllib_state(cache.spec, cache.flat)
+            state = rllib_state(self.spec, cache.flat)
             self._frame = msgpack_flavour.encode({"type": "SET_STATE", "state": {
                 "rl_module": state, "weights_seq_no": cache.seq_no}})
             self._seq = cache.seq_no
@@ -76,3 +74,12 @@ class RllibFlavour:
     @staticmethod
     def error_frame(message: str) -> bytes:
         return msgpack_flavour.error_frame(message)
+
+
+def served_error(definition: PolicyDef, cache: WeightsCache | None) -> str | None:
+    """Why the default policy cannot be served to RLlib's clients (None: it can)."""
+    if isinstance(cache, StaticWeights):
+        return "the default policy is a frozen ONNX model (no weights to send by name)"
+    if definition.algorithm not in SERVED_ALGORITHMS:
+        return f"RLlib's PPO module serves {'/'.join(SERVED_ALGORITHMS)} policies, not {definition.algorithm}"
+    return rllib_net_error(definition.spec)

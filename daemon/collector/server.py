@@ -28,7 +28,7 @@ from rlinkd.client_lib.transport import EVICTED
 from rlinkd.daemon.collector.core import CollectorCore, HandedOver, Plan, Session, error_kind
 from rlinkd.daemon.collector.status import StatusBuilder
 from rlinkd.daemon.collector.pacing import Pacer
-from rlinkd.daemon.collector.rllib_msgpack import MSGPACK, RllibFlavour, flavour_of, served_spec
+from rlinkd.daemon.collector.rllib_msgpack import MSGPACK, RllibFlavour, flavour_of
 from rlinkd.daemon.collector.weights import WeightsCache, set_state_frame
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.log import RateLimit
@@ -97,8 +97,8 @@ class CollectorServer:
     (each trainable policy's episode ring, producer side, with its space doorbell),
     ``weights`` (each policy's SET_STATE), ``status`` (answers STATUS), ``make_shm`` (called
     once, last, with this server: builds the ``ShmIngestor`` for shared-memory clients),
-    ``ssl_ctx`` (TLS or None) and ``on_ingest`` (called after every ingest, e.g. to publish
-    counters).
+    ``ssl_ctx`` (TLS or None), ``on_ingest`` (called after every ingest, e.g. to publish
+    counters) and ``rllib`` (answers RLlib's msgpack-flavour clients; None: refused).
     """
 
     def __init__(self, core: CollectorCore, routes: dict[str, EpisodeRoute],
@@ -106,7 +106,8 @@ class CollectorServer:
                  make_shm: Callable[[CollectorServer], ShmIngestor],
                  ssl_ctx: ssl.SSLContext | None = None,
                  on_ingest: Callable[[], None] = lambda: None,
-                 serving: ServingFront | None = None, pacer: Pacer | None = None) -> None:
+                 serving: ServingFront | None = None, pacer: Pacer | None = None,
+                 rllib: RllibFlavour | None = None) -> None:
         self.core, self.routes, self.weights, self.status = core, routes, weights, status
         shared = asyncio.Lock()
         for route in routes.values():
@@ -125,8 +126,7 @@ class CollectorServer:
         self.error_log = RateLimit(per_s=10.0)
         self.shm = make_shm(self)
         self.serving = serving
-        default = weights.get(DEFAULT_POLICY)
-        self.rllib = RllibFlavour(core, served_spec(default), default)
+        self.rllib = rllib
 
     # ------------------------------------------------------------ listeners
     async def start(self) -> None:
@@ -202,6 +202,8 @@ class CollectorServer:
     def _handle(self, session: Session, body: bytes) -> tuple[codec.Message, Plan]:
         """Decode one body in the connection's flavour and decide what it does."""
         if session.flavour == MSGPACK:
+            if self.rllib is None:
+                raise codec.BadMessage("this server does not speak RLlink's msgpack flavour")
             msg = self.rllib.decode(body)
             return msg, self.rllib.handle(session, msg)
         msg = codec.decode_body(body)
@@ -290,7 +292,7 @@ class CollectorServer:
             cache.refresh()
         session.last_sent_seq = self.weights[DEFAULT_POLICY].seq_no
         session.last_sent_seqs = {p: c.seq_no for p, c in self.weights.items()}
-        await self.send(writer, self.rllib.set_state_frame() if session.flavour == MSGPACK
+        await self.send(writer, self.rllib.set_state_frame() if self.rllib and session.flavour == MSGPACK
                         else set_state_frame(self.weights, held))
 
     def refresh_weights(self) -> bool:
@@ -309,7 +311,7 @@ class CollectorServer:
         if self.error_log.allow():
             log.warning("protocol_error", peer=session.peer, error=str(exc)[:300],
                         suppressed_before=self.error_log.take_suppressed())
-        frame = (self.rllib.error_frame(str(exc)) if session.flavour == MSGPACK
+        frame = (RllibFlavour.error_frame(str(exc)) if session.flavour == MSGPACK
                  else codec.encode(codec.Error(message=str(exc)[:1000])))
         try:
             await self.send(writer, frame)
