@@ -140,6 +140,13 @@ def test_an_ended_episode_id_is_not_continued():
         core.handle(session, mf.decode_body(episodes_body(sae(obs, [0, 1], [1.0, 1.0], id_="a"))))
 
 
+@pytest.mark.parametrize("keys", [0, 1, 15, 16, 2**16])
+def test_every_msgpack_map_header_is_msgpack_and_json_is_not(keys):
+    data = msgpack.packb({f"k{i}": 0 for i in range(keys)})
+    assert mf.is_msgpack(data) and mf.unpack(data) == {f"k{i}": 0 for i in range(keys)}
+    assert not mf.is_msgpack(b'{"type": "PING"}') and not mf.is_msgpack(b" {}")
+
+
 def test_encode_makes_msgpack_numpy_maps():
     frame = mf.encode({"type": "SET_STATE", "state": {"w": np.ones((2, 3), np.float32)}})
     raw = msgpack.unpackb(frame[8:], raw=False)
@@ -226,6 +233,46 @@ HOSTILE = {
     "multi-agent episode": body({"type": "EPISODES", "episodes": [
         {**sae([[0.0] * 4] * 2, [0], [1.0]), "agent_id": "a"}]}),
 }
+REASONS = {
+    'object array (pickle)': "kind b'O' refused",
+    'object dtype': "dtype '|O' refused",
+    'void array': "kind b'V' refused",
+    'scalar of object dtype': "dtype '|O' refused",
+    'unicode dtype': "dtype '<U1' refused",
+    'datetime dtype': "dtype '<M8[s]' refused",
+    'big-endian dtype': "dtype '>f4' refused",
+    'huge declared shape': 'array data holds 4 bytes',
+    'shape product overflowing int64': 'array data holds 4 bytes',
+    'negative shape': 'array shape must be',
+    'too many dims': 'array shape must be',
+    'float shape': 'array shape must be',
+    'bool shape': 'array shape must be',
+    'short data': 'array data holds 4 bytes, its shape and dtype need 16',
+    'data as str': 'array data holds no bytes',
+    'extra key': 'malformed array map',
+    'nd not bool': 'malformed array map',
+    'extension type': 'extension type 5 is refused',
+    'timestamp': 'Timestamp values are refused',
+    'deep lists': 'nesting deeper than 32',
+    'very deep lists': 'StackError',
+    'very deep maps': 'StackError',
+    'int map key': 'not allowed for map key',
+    'bad utf-8': 'utf-8',
+    'array length beyond the body': 'exceeds max_array_len',
+    'str length beyond the body': 'incomplete input',
+    'trailing bytes': 'trailing bytes',
+    'not a map': 'not a msgpack map',
+    'empty': 'not a msgpack map',
+    'unknown type': "unknown message type 'SET_STATE'",
+    'type not str': 'unknown message type',
+    'episodes not a list': "missing field 'episodes'",
+    'episode not a map': 'must be a map',
+    'lookback past the data': 'lookback must be an integer in 0..len(data)',
+    'lookback not an int': 'lookback must be an integer in 0..len(data)',
+    'multi-agent episode': 'multi-agent episodes are not served',
+}
+
+
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
@@ -237,9 +284,10 @@ def test_hostile_bodies_are_bad_messages_and_run_nothing(name, monkeypatch):
     monkeypatch.setattr(pickle, "Unpickler", no_unpickling)
     RAN.clear()
     core = make_core()
-    with pytest.raises(BadMessage):
+    with pytest.raises(BadMessage) as info:
         core.handle(core.open_session("p", "tcp"), mf.decode_body(HOSTILE[name]))
-    assert not RAN
+    assert REASONS[name] in str(info.value)  # refused by the decoder, for this reason
+    assert not RAN and core.env_steps == 0
 
 
 def test_the_object_array_payload_would_run_code_if_unpickled():

@@ -111,5 +111,11 @@ def test_config_pickle_names_only_ppoconfig_spaces_and_numpy_array():
             "fcnet_hiddens", "fcnet_activation", "vf_share_layers", "head_fcnet_hiddens",
             "tanh"} <= set(strings)
     assert [op.name for op, _, _ in ops[-2:]] == ["BUILD", "STOP"]
+    after = {arg: ops[i + 1][0].name for i, (op, arg, _) in enumerate(ops[:-1])
+             if op.name == "BINUNICODE"}
+    assert after["vf_share_layers"] == "NEWFALSE"  # separate actor and critic encoders
+    assert after["head_fcnet_hiddens"] == "EMPTY_LIST"
+    # Discrete(2), rollout_fragment_length, then fcnet_hiddens
+    assert [arg for op, arg, _ in ops if op.name == "BININT"] == [2, 32, 64, 64]
     assert -4.8 in [arg for op, arg, _ in ops if op.name == "BINFLOAT"]
     pickletools.dis(data, out=io.StringIO())  # a well-formed opcode stream
