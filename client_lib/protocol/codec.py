@@ -453,7 +453,7 @@ def decode_fragment(obj: Any, index: int) -> EpisodeFragment:
         agent_id=_optional_id(obj, "agent_id", where),
         episode_id=_optional_id(obj, "episode_id", where),
         policy_id=_optional_id(obj, "policy_id", where))
-    _check_lengths(frag, where)
+    check_lengths(frag, where)
     return frag
 
 
@@ -473,7 +473,8 @@ def _optional_array(obj: dict, key: str, where: str) -> np.ndarray | None:
     return None if value is None else _numeric_array(value, f"{where}.{key}")
 
 
-def _check_lengths(f: EpisodeFragment, where: str) -> None:
+def check_lengths(f: EpisodeFragment, where: str) -> None:
+    """obs has len(rewards)+1 entries (list form), actions and dist outputs len(rewards)."""
     t = len(f.rewards)
     if f.rewards.ndim != 1:
         raise BadMessage(f"{where}.rewards must be a flat list of numbers")

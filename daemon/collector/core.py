@@ -85,6 +85,7 @@ class Session:
     ended: OrderedDict = field(default_factory=OrderedDict)  # (agent, episode_id) seen ending
     shm_policies: set[str] = field(default_factory=set)  # policies with an attached ring
     internal: bool = False  # the daemon's own inference role (PING with the internal token)
+    flavour: str = "json"   # "msgpack": RLlib >= 2.49's clients (collector.rllib_msgpack)
 
     @property
     def is_waiting(self) -> bool:

@@ -22,6 +22,8 @@ from rlinkd.daemon.collector.serving import ServingFront
 from rlinkd.daemon.collector.shm_clients import ShmClients
 from rlinkd.daemon.collector.shm_server import ShmIngestor
 from rlinkd.daemon.collector.status import StatusBuilder
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
+from rlinkd.daemon.collector.rllib_msgpack import RllibFlavour
 from rlinkd.daemon.collector.weights import StaticWeights, WeightsCache
 from rlinkd.daemon.frozen import foreign_onnx
 from rlinkd.daemon.errors import ExitCode
@@ -67,7 +69,9 @@ class CollectorProcess:
                                       make_shm=self._make_shm_ingestor,
                                       ssl_ctx=server_context(topo.cfg.server),
                                       on_ingest=lambda: topo.write_counters(core.counters()),
-                                      serving=serving, pacer=pacer)
+                                      serving=serving, pacer=pacer,
+                                      rllib=RllibFlavour(core, topo.policies[DEFAULT_POLICY].definition,
+                                                         weights[DEFAULT_POLICY]))
         self.done = asyncio.Event()
         self.route = m.Router("collector", {
             m.WeightsPublished: self._on_weights, m.ConnectorStats: self.status.on_connector,

@@ -28,6 +28,7 @@ from rlinkd.client_lib.transport import EVICTED
 from rlinkd.daemon.collector.core import CollectorCore, HandedOver, Plan, Session, error_kind
 from rlinkd.daemon.collector.status import StatusBuilder
 from rlinkd.daemon.collector.pacing import Pacer
+from rlinkd.daemon.collector.rllib_msgpack import MSGPACK, RllibFlavour, flavour_of
 from rlinkd.daemon.collector.weights import WeightsCache, set_state_frame
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.log import RateLimit
@@ -96,8 +97,8 @@ class CollectorServer:
     (each trainable policy's episode ring, producer side, with its space doorbell),
     ``weights`` (each policy's SET_STATE), ``status`` (answers STATUS), ``make_shm`` (called
     once, last, with this server: builds the ``ShmIngestor`` for shared-memory clients),
-    ``ssl_ctx`` (TLS or None) and ``on_ingest`` (called after every ingest, e.g. to publish
-    counters).
+    ``ssl_ctx`` (TLS or None), ``on_ingest`` (called after every ingest, e.g. to publish
+    counters) and ``rllib`` (answers RLlib's msgpack-flavour clients; None: refused).
     """
 
     def __init__(self, core: CollectorCore, routes: dict[str, EpisodeRoute],
@@ -105,7 +106,8 @@ class CollectorServer:
                  make_shm: Callable[[CollectorServer], ShmIngestor],
                  ssl_ctx: ssl.SSLContext | None = None,
                  on_ingest: Callable[[], None] = lambda: None,
-                 serving: ServingFront | None = None, pacer: Pacer | None = None) -> None:
+                 serving: ServingFront | None = None, pacer: Pacer | None = None,
+                 rllib: RllibFlavour | None = None) -> None:
         self.core, self.routes, self.weights, self.status = core, routes, weights, status
         shared = asyncio.Lock()
         for route in routes.values():
@@ -124,6 +126,7 @@ class CollectorServer:
         self.error_log = RateLimit(per_s=10.0)
         self.shm = make_shm(self)
         self.serving = serving
+        self.rllib = rllib
 
     # ------------------------------------------------------------ listeners
     async def start(self) -> None:
@@ -185,8 +188,8 @@ class CollectorServer:
         """The handshake (first message, within handshake_timeout_s), then every other message."""
         body = await self._first_frame(session, reader)
         started = time.perf_counter()  # from the whole frame read to the reply written
-        msg = codec.decode_body(body)
-        plan = self.core.handle(session, msg)
+        session.flavour = flavour_of(body)
+        msg, plan = self._handle(session, body)
         if not self.core.admission.handshake_done(session.id):
             raise ConnectionAbortedError("evicted while its first message was read")
         while True:
@@ -194,8 +197,17 @@ class CollectorServer:
             self.status.message_latency.observe(msg.TYPE.value, time.perf_counter() - started)
             body = await self._read_frame(reader)
             started = time.perf_counter()
-            msg = codec.decode_body(body)
-            plan = self.core.handle(session, msg)
+            msg, plan = self._handle(session, body)
+
+    def _handle(self, session: Session, body: bytes) -> tuple[codec.Message, Plan]:
+        """Decode one body in the connection's flavour and decide what it does."""
+        if session.flavour == MSGPACK:
+            if self.rllib is None:
+                raise codec.BadMessage("this server does not speak RLlink's msgpack flavour")
+            msg = self.rllib.decode(body)
+            return msg, self.rllib.handle(session, msg)
+        msg = codec.decode_body(body)
+        return msg, self.core.handle(session, msg)
 
     async def _first_frame(self, session: Session, reader: asyncio.StreamReader) -> bytes:
         """The connection's first frame, complete within ``handshake_timeout_s`` of the accept
@@ -280,7 +292,8 @@ class CollectorServer:
             cache.refresh()
         session.last_sent_seq = self.weights[DEFAULT_POLICY].seq_no
         session.last_sent_seqs = {p: c.seq_no for p, c in self.weights.items()}
-        await self.send(writer, set_state_frame(self.weights, held))
+        await self.send(writer, self.rllib.set_state_frame() if self.rllib and session.flavour == MSGPACK
+                        else set_state_frame(self.weights, held))
 
     def refresh_weights(self) -> bool:
         """Re-read every policy's board; True (and ``first_weights`` set) once every policy
@@ -298,8 +311,10 @@ class CollectorServer:
         if self.error_log.allow():
             log.warning("protocol_error", peer=session.peer, error=str(exc)[:300],
                         suppressed_before=self.error_log.take_suppressed())
+        frame = (RllibFlavour.error_frame(str(exc)) if session.flavour == MSGPACK
+                 else codec.encode(codec.Error(message=str(exc)[:1000])))
         try:
-            await self.send(writer, codec.encode(codec.Error(message=str(exc)[:1000])))
+            await self.send(writer, frame)
         except (ConnectionError, asyncio.TimeoutError, RuntimeError):
             pass
 

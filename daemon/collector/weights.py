@@ -34,7 +34,7 @@ class WeightsCache:
     cheap when nothing changed (one shm read)."""
 
     def __init__(self, board: WeightsBoard, spec: PolicySpec, name: str = DEFAULT_POLICY) -> None:
-        self.board, self.name = board, name
+        self.board, self.name, self.spec = board, name, spec
         self.writer = OnnxWeightWriter(spec)
         self.seq_no = -1
         self.message: codec.SetState | None = None
@@ -69,6 +69,11 @@ class WeightsCache:
     @property
     def ready(self) -> bool:
         return self.frame is not None
+
+    @property
+    def flat(self) -> np.ndarray:
+        """The flat float32 weights of version ``seq_no`` (overwritten by the next refresh)."""
+        return self._flat
 
 
 class StaticWeights(WeightsCache):

@@ -24,6 +24,7 @@ import selectors
 import socket
 import threading
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,13 +33,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlinkd.client_lib.protocol import codec
+from rlinkd.client_lib.protocol import codec, msgpack_flavour
 from rlinkd.client_lib.transport import RLlinkClient
 from rlinkd.client_lib.protocol.compact import encode_compact
+from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.daemon.collector.core import CollectorCore, policy_info
+from rlinkd.daemon.collector.rllib_msgpack import MSGPACK, RllibFlavour, flavour_of
 from rlinkd.daemon.policies import policy_defs
 from rlinkd.daemon.config import load_config
 from tests.helpers import DaemonProcess, raw_connect, raw_recv, raw_send, wait_for
+from tests.unit.test_msgpack_flavour import HOSTILE as HOSTILE_MSGPACK
 
 pytestmark = pytest.mark.process
 
@@ -46,7 +50,7 @@ MIN_TOTAL_CASES = 10_000
 MAX_RSS_GROWTH_BYTES = 100 * 1024 * 1024
 FAMILIES = ("random_bytes", "mutated_frames", "truncated_frames", "hostile_episodes",
             "nesting_and_headers", "huge_arrays", "slow_clients", "composite_episodes",
-            "agent_episodes", "serving", "direct_serving")
+            "agent_episodes", "serving", "direct_serving", "msgpack_frames")
 
 
 def fuzz_settings(examples: int):
@@ -62,7 +66,9 @@ class Oracle:
     def __init__(self, *overrides: tuple[str, str, object], path=None) -> None:
         cfg = load_config(path, overrides=list(overrides), resolve_dirs=False)
         self.max_bytes = cfg.server.max_message_bytes
-        self.core = CollectorCore(cfg, {name: policy_info(d) for name, d in policy_defs(cfg).items()})
+        defs = policy_defs(cfg)
+        self.core = CollectorCore(cfg, {name: policy_info(d) for name, d in defs.items()})
+        self.rllib = RllibFlavour(self.core, defs[DEFAULT_POLICY])  # msgpack connections
 
     def replies(self, payload: bytes, transport: str) -> list[tuple[str, str]]:
         """[(type, ERROR message or "")] the server must send for ``payload`` then EOF."""
@@ -70,11 +76,17 @@ class Oracle:
         decoder.feed(payload)
         session = self.core.open_session("oracle", transport)
         out: list[tuple[str, str]] = []
+        first = True
         try:
             while (body := decoder.next_body()) is not None:
-                plan = self.core.handle(session, codec.decode_body(body))
+                if first:
+                    session.flavour, first = flavour_of(body), False
+                if session.flavour == MSGPACK:
+                    plan = self.rllib.handle(session, self.rllib.decode(body))
+                else:
+                    plan = self.core.handle(session, codec.decode_body(body))
                 if plan.reply is not None:
-                    out.append((codec.decode_body(plan.reply[codec.HEADER_BYTES:]).TYPE.value, ""))
+                    out.append((reply_kind(plan.reply[codec.HEADER_BYTES:])[0], ""))
                 if plan.status:
                     out.append(("STATUS_REPORT", ""))
                 if plan.attach is not None:
@@ -90,6 +102,15 @@ class Oracle:
         return out
 
 
+def reply_kind(body: bytes) -> tuple[str, str]:
+    """(type, ERROR message or "") of one server frame body, in either flavour."""
+    if msgpack_flavour.is_msgpack(body):
+        msg = msgpack_flavour.unpack(body)
+        return msg["type"], msg.get("message", "") if msg["type"] == "ERROR" else ""
+    parsed = codec.decode_body(body)
+    return parsed.TYPE.value, parsed.message if isinstance(parsed, codec.Error) else ""
+
+
 def parse_replies(data: bytes) -> tuple[list[tuple[str, str]], bool]:
     """Decode the server's frames; also whether the bytes ended exactly on a frame boundary."""
     out, pos = [], 0
@@ -98,10 +119,10 @@ def parse_replies(data: bytes) -> tuple[list[tuple[str, str]], bool]:
         end = pos + codec.HEADER_BYTES + size
         if end > len(data):
             break
-        msg = codec.decode_body(data[pos + codec.HEADER_BYTES:end])
-        out.append((msg.TYPE.value, msg.message if isinstance(msg, codec.Error) else ""))
+        kind = reply_kind(data[pos + codec.HEADER_BYTES:end])
+        out.append(kind)
         pos = end
-        if isinstance(msg, codec.Attached) and data[pos:pos + 1] == codec.RING_FD_BYTE:
+        if kind[0] == "ATTACHED" and data[pos:pos + 1] == codec.RING_FD_BYTE:
             pos += 1  # the byte that carries the ring's memfd (SCM_RIGHTS) follows ATTACHED
     return out, pos == len(data)
 
@@ -635,6 +656,34 @@ def test_deep_nesting_and_giant_headers(target):
 @given(st.lists(nesting_or_header(), min_size=20, max_size=20))
 def test_random_nesting_depths(target, payloads):
     target.run("nesting_and_headers", payloads)
+
+
+# ---------------------------------------------------------------- RLlib's msgpack flavour
+RECORDED_MSGPACK = [[p.read_bytes() for p in sorted(d.glob("*.bin"))] for d in sorted(
+    (Path(__file__).resolve().parents[1] / "fixtures" / "rllib_msgpack").glob("ray-*"))]
+
+
+def msgpack_case(rng: random.Random) -> bytes:
+    """A connection of RLlib's msgpack client (frames recorded from ray 2.49/2.60), mutated:
+    a recorded prefix then one mutated frame, a hostile body, the whole recording mutated,
+    or a JSON frame on a msgpack connection."""
+    frames, kind = rng.choice(RECORDED_MSGPACK), rng.randrange(4)
+    if kind == 0:
+        n = rng.randrange(len(frames))
+        return b"".join(frames[:n]) + mutate_bytes(rng, frames[n])
+    if kind == 1:
+        body = rng.choice(list(HOSTILE_MSGPACK.values()))
+        return (frames[0] if rng.random() < 0.5 else b"") + b"%08d" % len(body) + body
+    if kind == 2:
+        return mutate_bytes(rng, b"".join(frames))
+    return frames[0] + rng.choice(SIMPLE_REQUESTS)
+
+
+@fuzz_settings(25)
+@given(seed=seeds)
+def test_rllib_msgpack_frames(target, seed):
+    rng = random.Random(seed)
+    target.run("msgpack_frames", [msgpack_case(rng) for _ in range(CASES)])
 
 
 def _episodes(kind: str = "EPISODES", **changes) -> dict:
