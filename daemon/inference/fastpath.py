@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlinkd.client_lib.protocol.spaces import Box, Discrete
-from rlinkd.daemon.inference.front import Episodes, LanePool
+from rlinkd.daemon.serving.front import Episodes, LanePool
 from rlinkd.daemon.inference.netnative import native_module
 from rlinkd.shm.lanes import EVALUATE, OP_STEP, STATUS_OK
 

@@ -794,11 +794,3 @@ long rlk_weights_seq_no(const rlk_client *c) {
 }
 int rlk_reconnects(const rlk_client *c) { return c ? c->reconnects : 0; }
 const char *rlk_error(const rlk_client *c) { return c ? c->err : "no client"; }
-
-const char *rlk_status_name(rlk_status s) {
-    static const char *const names[] = {"RLK_OK", "RLK_E_ARG", "RLK_E_CONNECT", "RLK_E_IO",
-                                        "RLK_E_PROTOCOL", "RLK_E_SERVER", "RLK_E_LIMIT", "RLK_E_NOMEM",
-                                        "RLK_E_STATE", "RLK_E_TIMEOUT", "RLK_E_UNSUPPORTED"};
-    int i = -(int)s;
-    return i >= 0 && i < (int)(sizeof names / sizeof names[0]) ? names[i] : "RLK_E_UNKNOWN";
-}
