@@ -9,7 +9,7 @@ import pytest
 from rlinkd.client_lib.protocol import spaces
 from rlinkd.daemon import c_headers
 from rlinkd.daemon.inference import fastpath
-from rlinkd.shm import lanes
+from rlinkd.shm import lanes, ring
 from tests.helpers import REPO
 
 C_DIRS = ("daemon/inference/native", "client_lib/c/src", "client_lib/c/include")
@@ -58,6 +58,12 @@ def test_a_changed_python_declaration_changes_the_header(monkeypatch):
     assert c_headers.native_header() != native
     monkeypatch.setattr(lanes, "OP_END", 5)
     assert "RLK_OP_END = 5" in c_headers.client_header() != client
+
+
+def test_a_header_struct_and_the_offsets_its_module_names_must_agree(monkeypatch):
+    monkeypatch.setattr(ring, "TAIL_OFFSET", 72)
+    with pytest.raises(ValueError, match="disagree"):
+        c_headers.client_header()
 
 
 def test_a_layout_key_the_message_does_not_declare_is_refused(monkeypatch):

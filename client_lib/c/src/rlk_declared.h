@@ -3,6 +3,8 @@
 #ifndef RLK_DECLARED_H
 #define RLK_DECLARED_H
 
+#define RLK_FD_BYTE 1  /* codec.RING_FD_BYTE: the byte carrying descriptors */
+
 /* the lane area (shm.lanes) */
 #define RLK_LANE_MAGIC "RLKLANE1"  /* lanes.LANE_MAGIC */
 #define RLK_LANE_LAYOUT_VERSION 3u  /* lanes.LANE_LAYOUT_VERSION */
@@ -36,5 +38,38 @@ enum { RLK_LANE_OK = 0, RLK_LANE_BAD_OP = 1, RLK_LANE_BAD_OBS = 2, RLK_LANE_LOST
 /* step records (shm.records) */
 enum { RLK_REC_TERMINATED = 1, RLK_REC_TRUNCATED = 2, RLK_REC_FINAL_OBS = 4, RLK_REC_HAS_LOGP = 16, RLK_REC_HAS_DIST = 32 };
 #define RLK_REC_HEADER_BYTES 32u  /* records.STEP_HEADER_BYTES */
+
+/* the step ring (shm.ring) */
+#define RLK_RING_MAGIC "RLKRING1"  /* ring.RING_MAGIC */
+#define RLK_RING_LAYOUT_VERSION 3u  /* ring.RING_LAYOUT_VERSION */
+#define RLK_RING_HEADER_BYTES 320u  /* ring.HEADER_BYTES */
+#define RLK_RING_MAX_LAYOUT_BYTES 65536u  /* ring.MAX_LAYOUT_BYTES */
+#define RLK_RING_AT_MAGIC 0u  /* ring.RING_HEADER field 0 */
+#define RLK_RING_AT_LAYOUT_VERSION 8u  /* ring.RING_HEADER field 1 */
+#define RLK_RING_AT_RECORD_BYTES 12u  /* ring.RING_HEADER field 2 */
+#define RLK_RING_AT_CAPACITY 16u  /* ring.RING_HEADER field 3 */
+#define RLK_RING_AT_WRITER_PID 24u  /* ring.RING_HEADER field 4 */
+#define RLK_RING_AT_READER_PID 28u  /* ring.RING_HEADER field 5 */
+#define RLK_RING_AT_LAYOUT_BYTES 32u  /* ring.RING_HEADER field 6 */
+#define RLK_RING_AT_TAIL 64u  /* ring.RING_HEADER field 7 */
+#define RLK_RING_AT_HEAD 128u  /* ring.RING_HEADER field 8 */
+#define RLK_RING_AT_READER_SLEEPING 192u  /* ring.RING_HEADER field 9 */
+#define RLK_RING_AT_CLOSED 256u  /* ring.RING_HEADER field 10 */
+#define RLK_RING_AT_WRITER_WAITING 260u  /* ring.RING_HEADER field 11 */
+
+/* the weights board (shm.board) */
+#define RLK_BOARD_MAGIC "RLKBOARD"  /* board.BOARD_MAGIC */
+#define RLK_BOARD_LAYOUT_VERSION 1u  /* board.BOARD_LAYOUT_VERSION */
+#define RLK_BOARD_SPEC_CAPACITY 16384u  /* board.SPEC_CAPACITY */
+#define RLK_BOARD_BUFFERS_AT 16512u  /* board.BUFFERS_OFFSET */
+#define RLK_BOARD_AT_MAGIC 0u  /* board.BOARD_HEADER field 0 */
+#define RLK_BOARD_AT_LAYOUT_VERSION 8u  /* board.BOARD_HEADER field 1 */
+#define RLK_BOARD_AT_SPEC_JSON_LEN 12u  /* board.BOARD_HEADER field 2 */
+#define RLK_BOARD_AT_N_PARAMS 16u  /* board.BOARD_HEADER field 3 */
+#define RLK_BOARD_AT_WRITER_PID 24u  /* board.BOARD_HEADER field 4 */
+#define RLK_BOARD_AT_SEQLOCK 64u  /* board.BOARD_HEADER field 5 */
+#define RLK_BOARD_AT_ACTIVE 72u  /* board.BOARD_HEADER field 6 */
+#define RLK_BOARD_AT_BUFFER_SEQ_NO 80u  /* board.BOARD_HEADER field 7 */
+#define RLK_BOARD_AT_BUFFER_SEQ_NO_1 88u  /* board.BOARD_HEADER field 8 */
 
 #endif
