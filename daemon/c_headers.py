@@ -139,6 +139,8 @@ def client_header() -> str:
              if spec[1] <= lanes.LaneLayout.ACTION_OFFSET]
     out = [BANNER, "#ifndef RLK_DECLARED_H\n#define RLK_DECLARED_H\n\n",
            define("RLK_FD_BYTE", codec.RING_FD_BYTE[0], "codec.RING_FD_BYTE: the byte carrying descriptors"),
+           "\n/* message types (codec.MessageType) */\n",
+           *(define(f"RLK_MSG_{t.name}", t.value, f"MessageType.{t.name}") for t in MessageType),
            "\n/* the lane area (shm.lanes) */\n",
            define("RLK_LANE_MAGIC", lanes.LANE_MAGIC.decode(), "lanes.LANE_MAGIC"),
            unsigned("RLK_LANE_LAYOUT_VERSION", lanes.LANE_LAYOUT_VERSION, "lanes.LANE_LAYOUT_VERSION"),

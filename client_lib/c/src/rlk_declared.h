@@ -5,6 +5,38 @@
 
 #define RLK_FD_BYTE 1  /* codec.RING_FD_BYTE: the byte carrying descriptors */
 
+/* message types (codec.MessageType) */
+#define RLK_MSG_PING "PING"  /* MessageType.PING */
+#define RLK_MSG_PONG "PONG"  /* MessageType.PONG */
+#define RLK_MSG_GET_CONFIG "GET_CONFIG"  /* MessageType.GET_CONFIG */
+#define RLK_MSG_SET_CONFIG "SET_CONFIG"  /* MessageType.SET_CONFIG */
+#define RLK_MSG_GET_STATE "GET_STATE"  /* MessageType.GET_STATE */
+#define RLK_MSG_SET_STATE "SET_STATE"  /* MessageType.SET_STATE */
+#define RLK_MSG_EPISODES "EPISODES"  /* MessageType.EPISODES */
+#define RLK_MSG_EPISODES_AND_GET_STATE "EPISODES_AND_GET_STATE"  /* MessageType.EPISODES_AND_GET_STATE */
+#define RLK_MSG_ERROR "ERROR"  /* MessageType.ERROR */
+#define RLK_MSG_STATUS "STATUS"  /* MessageType.STATUS */
+#define RLK_MSG_STATUS_REPORT "STATUS_REPORT"  /* MessageType.STATUS_REPORT */
+#define RLK_MSG_ATTACH "ATTACH"  /* MessageType.ATTACH */
+#define RLK_MSG_ATTACHED "ATTACHED"  /* MessageType.ATTACHED */
+#define RLK_MSG_SAMPLE_READY "SAMPLE_READY"  /* MessageType.SAMPLE_READY */
+#define RLK_MSG_WEIGHTS_READY "WEIGHTS_READY"  /* MessageType.WEIGHTS_READY */
+#define RLK_MSG_START_EPISODE "START_EPISODE"  /* MessageType.START_EPISODE */
+#define RLK_MSG_EPISODE_STARTED "EPISODE_STARTED"  /* MessageType.EPISODE_STARTED */
+#define RLK_MSG_GET_ACTION "GET_ACTION"  /* MessageType.GET_ACTION */
+#define RLK_MSG_ACTION "ACTION"  /* MessageType.ACTION */
+#define RLK_MSG_LOG_RETURNS "LOG_RETURNS"  /* MessageType.LOG_RETURNS */
+#define RLK_MSG_END_EPISODE "END_EPISODE"  /* MessageType.END_EPISODE */
+#define RLK_MSG_STEP "STEP"  /* MessageType.STEP */
+#define RLK_MSG_STEP_BATCH "STEP_BATCH"  /* MessageType.STEP_BATCH */
+#define RLK_MSG_ACTIONS "ACTIONS"  /* MessageType.ACTIONS */
+#define RLK_MSG_EVAL_RESULTS "EVAL_RESULTS"  /* MessageType.EVAL_RESULTS */
+#define RLK_MSG_METRICS "METRICS"  /* MessageType.METRICS */
+#define RLK_MSG_SERVE_ATTACH "SERVE_ATTACH"  /* MessageType.SERVE_ATTACH */
+#define RLK_MSG_SERVE_ATTACHED "SERVE_ATTACHED"  /* MessageType.SERVE_ATTACHED */
+#define RLK_MSG_SERVE_DIRECT "SERVE_DIRECT"  /* MessageType.SERVE_DIRECT */
+#define RLK_MSG_SERVE_DIRECT_READY "SERVE_DIRECT_READY"  /* MessageType.SERVE_DIRECT_READY */
+
 /* the lane area (shm.lanes) */
 #define RLK_LANE_MAGIC "RLKLANE1"  /* lanes.LANE_MAGIC */
 #define RLK_LANE_LAYOUT_VERSION 3u  /* lanes.LANE_LAYOUT_VERSION */
