@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlinkd-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo lint test bench bench-report clean c-client c-check native-check ort-old
+.PHONY: install demo lint test bench bench-report clean c-client c-check c-headers native-check ort-old
 
 install: $(STAMP)
 
@@ -30,6 +30,12 @@ lint: $(STAMP)
 	for pkg in daemon shm client_lib; do ln -sfn ../../../$$pkg build/typecheck/rlinkd/$$pkg; done
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+
+# The C headers generated from the Python declarations (lane layouts, limits, message types and
+# keys): daemon/inference/native/declared.h and client_lib/c/src/rlk_declared.h. Checked in;
+# tests/unit/test_c_headers.py checks they are current.
+c-headers: $(STAMP)
+	$(PY) -m rlinkd.daemon.c_headers
 
 # The C client (client_lib/c): libraries and the example into build/c; `c-check` adds the
 # -Werror, AddressSanitizer and UndefinedBehaviorSanitizer builds and runs the C tests.

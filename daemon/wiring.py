@@ -44,7 +44,7 @@ from rlinkd.daemon.config import Config
 from rlinkd.daemon.policies import PolicyDef
 from rlinkd.daemon.ipc import Inbox, SharedFd
 from rlinkd.daemon.roster import ROLES
-from rlinkd.daemon.inference.channel import make_pair
+from rlinkd.daemon.serving.channel import make_pair
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.lanes import LaneArea, LaneLayout
 from rlinkd.shm.board import WeightsBoard

@@ -22,7 +22,6 @@ alone works unchanged.
 """
 from __future__ import annotations
 
-import enum
 import struct
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
@@ -32,86 +31,15 @@ import orjson
 
 from rlinkd.client_lib.protocol.agents import MAX_POLICIES, POLICY_NAME, id_error
 from rlinkd.client_lib.protocol.compact import CompactError, decode_compact, is_compact
+from rlinkd.client_lib.protocol.serving import DECODERS as _SERVING_DECODERS
+from rlinkd.client_lib.protocol.wire import (BadHeader, BadMessage, FrameTooLarge, Message, MessageType,
+                                            ProtocolError, _brief, _get)
 
 HEADER = struct.Struct("8s")
 HEADER_BYTES = HEADER.size
 MAX_ENCODABLE_BYTES = 99_999_999  # eight decimal digits
 PROTOCOL_VERSION = 3  # 2: composite spaces, compact arrays; 3: agents and policies
 _NUMERIC_KINDS = frozenset("biuf")
-
-
-class ProtocolError(ValueError):
-    """The peer sent something that is not valid RLlink. The message says what."""
-
-
-class BadHeader(ProtocolError):
-    """The 8-byte length header is not eight ASCII digits."""
-
-
-class FrameTooLarge(ProtocolError):
-    """The header announces a body larger than the configured maximum."""
-
-
-class BadMessage(ProtocolError):
-    """The body is not a JSON object with a known type and well-formed fields."""
-
-
-class MessageType(str, enum.Enum):
-    """RLlink message types; the last group are rlinkd extensions."""
-
-    PING = "PING"
-    PONG = "PONG"
-    GET_CONFIG = "GET_CONFIG"
-    SET_CONFIG = "SET_CONFIG"
-    GET_STATE = "GET_STATE"
-    SET_STATE = "SET_STATE"
-    EPISODES = "EPISODES"
-    EPISODES_AND_GET_STATE = "EPISODES_AND_GET_STATE"
-    ERROR = "ERROR"
-    # rlinkd extensions
-    STATUS = "STATUS"
-    STATUS_REPORT = "STATUS_REPORT"
-    ATTACH = "ATTACH"
-    ATTACHED = "ATTACHED"
-    SAMPLE_READY = "SAMPLE_READY"
-    WEIGHTS_READY = "WEIGHTS_READY"
-    # rlinkd serving, evaluation and metrics extensions (declared in protocol.serving)
-    START_EPISODE = "START_EPISODE"
-    EPISODE_STARTED = "EPISODE_STARTED"
-    GET_ACTION = "GET_ACTION"
-    ACTION = "ACTION"
-    LOG_RETURNS = "LOG_RETURNS"
-    END_EPISODE = "END_EPISODE"
-    STEP = "STEP"
-    STEP_BATCH = "STEP_BATCH"
-    ACTIONS = "ACTIONS"
-    EVAL_RESULTS = "EVAL_RESULTS"
-    METRICS = "METRICS"
-    SERVE_ATTACH = "SERVE_ATTACH"
-    SERVE_ATTACHED = "SERVE_ATTACHED"
-    SERVE_DIRECT = "SERVE_DIRECT"
-    SERVE_DIRECT_READY = "SERVE_DIRECT_READY"
-
-
-# ---------------------------------------------------------------- messages
-class Message:
-    """Base of typed messages: ``to_body()`` gives the JSON object to send."""
-
-    TYPE: ClassVar[MessageType]
-
-    def to_body(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"type": self.TYPE.value}
-        names = _FIELD_NAMES.get(type(self))
-        if names is None:  # (dataclasses.fields costs ~3 us a call: once per class)
-            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in fields(self))  # type: ignore[arg-type]
-        for name in names:
-            value = getattr(self, name)
-            if value is not None:
-                body[name] = value
-        return body
-
-
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 @dataclass(frozen=True)
@@ -394,29 +322,6 @@ def decode_body(body: bytes) -> Message:
     return _DECODERS[mtype](obj)
 
 
-def _brief(value: Any) -> str:
-    """A peer's value for an error message: bounded, and never the repr of a JSON array or
-    object (JSON nests up to 1024 levels; repr() of that overflows the stack)."""
-    if isinstance(value, (list, dict)):
-        return f"<JSON {'array' if isinstance(value, list) else 'object'}>"
-    return repr(value[:64] if isinstance(value, str) else value)[:80]
-
-
-def _get(obj: dict, key: str, kinds: tuple[type, ...], *, required: bool = True,
-         default: Any = None, where: str | None = None) -> Any:
-    """``obj[key]`` checked against ``kinds``; errors name ``where`` (default: the type)."""
-    where = where or str(obj.get("type"))
-    if key not in obj or obj[key] is None:
-        if required:
-            raise BadMessage(f"{where}: missing field {key!r}")
-        return default
-    value = obj[key]
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        names = "/".join(k.__name__ for k in kinds)
-        raise BadMessage(f"{where}: field {key!r} must be {names}")
-    return value
-
-
 def _numeric_array(value: Any, what: str) -> np.ndarray:
     """A JSON list (or compact array) → numpy float64 array; refuses ragged, nested-object
     or string data."""
@@ -553,7 +458,5 @@ for _cls in (Ping, Pong, GetConfig, SetConfig, SetState, Error, Status, StatusRe
     _DECODERS[_cls.TYPE] = _decode_simple(_cls)
 _DECODERS[MessageType.GET_STATE] = lambda o: GetState(weights_seq_nos=_seq_nos(o))
 
-# The serving messages live in their own module; it imports this one, so it registers last.
-from rlinkd.client_lib.protocol.serving import DECODERS as _SERVING_DECODERS  # noqa: E402
-
+# The serving messages (their own module) decode through the same table.
 _DECODERS.update(_SERVING_DECODERS)

@@ -31,9 +31,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.agents import id_error
-from rlinkd.client_lib.protocol.codec import BadMessage, Message, MessageType, _get
+from rlinkd.client_lib.protocol.wire import BadMessage, Message, MessageType, _brief, _get
 
 MAX_BATCH_STEPS = 4096
 """Entries in one STEP_BATCH (and actions in one ACTIONS)."""
@@ -377,7 +376,7 @@ def metric_name_error(name: object) -> str | None:
     """Why ``name`` cannot be a client metric (1-64 of ``[A-Za-z0-9_./-]``), or None."""
     if not isinstance(name, str) or not 1 <= len(name) <= METRIC_NAME_CHARS or not all(
             c.isascii() and (c.isalnum() or c in "_./-") for c in name):
-        return (f"metric name {codec._brief(name)} must be 1-{METRIC_NAME_CHARS} characters "
+        return (f"metric name {_brief(name)} must be 1-{METRIC_NAME_CHARS} characters "
                 "of A-Z a-z 0-9 _ . / -")
     return None
 

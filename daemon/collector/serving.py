@@ -31,9 +31,9 @@ from rlinkd.client_lib.protocol import codec, serving
 from rlinkd.client_lib.protocol.codec import BadMessage
 from rlinkd.daemon.collector.core import HandedOver, Session
 from rlinkd.daemon.collector.ingest import PolicyInfo
-from rlinkd.daemon.collector.shm_server import send_fds
-from rlinkd.daemon.inference import channel
-from rlinkd.daemon.inference.front import Episodes, Front, LanePool, Pending
+from rlinkd.daemon.serving import channel
+from rlinkd.daemon.serving.fds import send_fds
+from rlinkd.daemon.serving.front import Episodes, Front, LanePool, Pending
 from rlinkd.daemon.wiring import Topology
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.lanes import MAX_GROUP, LaneArea, LaneLayout

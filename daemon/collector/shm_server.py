@@ -19,24 +19,27 @@ import socket
 import struct
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 import structlog
 
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
-from rlinkd.daemon.collector.weights import exploration_of
-from rlinkd.daemon.collector.core import Session
+from rlinkd.client_lib.protocol.codec import ProtocolError
+from rlinkd.daemon.collector.pacing import Pacer
+from rlinkd.daemon.collector.weights import WeightsCache, exploration_of
+from rlinkd.daemon.collector.core import CollectorCore, Session
 from rlinkd.daemon.collector.ingest import InvalidEpisode
 from rlinkd.daemon.collector.shm_clients import ShmClients
+from rlinkd.daemon.config import Config
+from rlinkd.daemon.serving.fds import send_fds
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.errors import ShmError
 from rlinkd.shm.records import FINAL_OBS
 from rlinkd.shm.segment import MEMFD_PATH_PREFIX
 
-if TYPE_CHECKING:
-    from rlinkd.daemon.collector.server import CollectorServer
 
 log = structlog.get_logger("collector")
 DRAIN_CHUNK = 1 << 14
@@ -64,33 +67,45 @@ async def send_fd(writer: asyncio.StreamWriter, fd: int, timeout_s: float) -> No
     await send_fds(writer, [fd], timeout_s)
 
 
-async def send_fds(writer: asyncio.StreamWriter, fds: list[int], timeout_s: float) -> None:
-    """Hand ``fds`` to the Unix-socket peer of ``writer``: one ``codec.RING_FD_BYTE`` with the
-    descriptors as SCM_RIGHTS, after everything written before it.
-
-    Waits (up to ``timeout_s``, else ``asyncio.TimeoutError``) until asyncio's write buffer
-    is empty, so the byte cannot overtake an earlier frame. ``ConnectionError`` if the
-    peer's socket buffer is full (a client that does not read).
-    """
-    transport = writer.transport
-    transport.set_write_buffer_limits(high=0)  # drain() now waits for an empty buffer
-    try:
-        await asyncio.wait_for(writer.drain(), timeout_s)
-    finally:
-        transport.set_write_buffer_limits()
-    with socket.socket(fileno=os.dup(writer.get_extra_info("socket").fileno())) as sock:
-        try:
-            socket.send_fds(sock, [codec.RING_FD_BYTE], fds)
-        except BlockingIOError as exc:
-            raise ConnectionError("client does not read: its ring descriptor cannot be sent") from exc
-
-
 def make_doorbell_fifo(path: Path) -> Doorbell:
     """A FIFO every client can open for writing; we keep it open read-write (no EOF)."""
     path.unlink(missing_ok=True)
     os.mkfifo(path, 0o600)
     os.chmod(path, 0o600)
     return Doorbell(os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC))
+
+
+class Spawner(Protocol):
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task: ...
+
+
+class ShmHost(Protocol):
+    """What the ingestor uses of the server it belongs to (``CollectorServer``): declared
+    here so that the ingestor does not import the server that builds it."""
+
+    @property
+    def cfg(self) -> Config: ...
+    @property
+    def core(self) -> CollectorCore: ...
+    @property
+    def writers(self) -> Mapping[int, asyncio.StreamWriter]: ...
+    @property
+    def background(self) -> Spawner: ...
+    @property
+    def routes(self) -> Mapping[str, object]: ...
+    @property
+    def pacer(self) -> Pacer: ...
+    @property
+    def weights(self) -> Mapping[str, WeightsCache]: ...
+    @property
+    def first_weights(self) -> asyncio.Event: ...
+    @property
+    def on_ingest(self) -> Callable[[], None]: ...
+    async def kick(self, session: Session, exc: ProtocolError) -> None: ...
+    async def ingest(self, policy: str, records: np.ndarray) -> int: ...
+    async def wait_for_training(self, session: Session, last_ids: dict[str, int]) -> None: ...
+    async def send(self, writer: asyncio.StreamWriter, frame: bytes) -> None: ...
+    def refresh_weights(self) -> bool: ...
 
 
 class ShmIngestor:
@@ -101,7 +116,7 @@ class ShmIngestor:
     ``doorbell_path``; ``start``/``stop`` register it with the running event loop.
     """
 
-    def __init__(self, server: CollectorServer, clients: ShmClients, doorbell_path: Path,
+    def __init__(self, server: ShmHost, clients: ShmClients, doorbell_path: Path,
                  attached_info: dict[str, dict]) -> None:
         self.server, self.clients = server, clients
         self.doorbell_path = doorbell_path

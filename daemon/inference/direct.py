@@ -34,7 +34,7 @@ from rlinkd.client_lib.protocol import codec, serving
 from rlinkd.client_lib.protocol.codec import BadMessage, ProtocolError
 from rlinkd.client_lib.transport import DIRECT_REFUSED
 from rlinkd.daemon.inference.fastpath import FastPath
-from rlinkd.daemon.inference.front import Episodes, Front, Pending
+from rlinkd.daemon.serving.front import Episodes, Front, Pending
 from rlinkd.daemon.log import RateLimit
 
 log = structlog.get_logger("inference")

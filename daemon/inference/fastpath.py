@@ -20,12 +20,17 @@ from __future__ import annotations
 import numpy as np
 
 from rlinkd.client_lib.protocol.spaces import Box, Discrete
-from rlinkd.daemon.inference.front import Episodes, LanePool
+from rlinkd.daemon.serving.front import Episodes, LanePool
 from rlinkd.daemon.inference.netnative import native_module
 from rlinkd.shm.lanes import EVALUATE, OP_STEP, STATUS_OK
 
 LANE_FIELDS = ("req_seq", "resp_seq", "op", "flags", "group_size", "reward", "status", "group",
                "weights_seq_no", "action")
+DIRECT_LAYOUT = (*LANE_FIELDS, "obs", "bytes", "capacity", "obs_floats", "action_start", "op_step",
+                 "evaluate", "status_ok")
+"""The layout tuple ``DirectNative.add_policy`` takes, in order: lane field offsets, then sizes
+and constants (direct.c's P_ enum, generated from this: rlinkd.daemon.c_headers)."""
+DIRECT_MAX_EPISODES = 16  # episodes one fast direct connection may step (direct.c's cache)
 
 
 class FastPath:
@@ -90,5 +95,7 @@ def _layout(pool: LanePool) -> tuple[int, ...]:
     obs_dtype, obs_at = fields["obs"][0], fields["obs"][1]
     assert obs_dtype.fields is not None and obs_dtype.names is not None
     obs_at += obs_dtype.fields[obs_dtype.names[0]][1]
-    return (*(fields[name][1] for name in LANE_FIELDS), obs_at, dtype.itemsize, area.capacity,
-            obs.shape[0], act.start, OP_STEP, EVALUATE, STATUS_OK)
+    values = {name: fields[name][1] for name in LANE_FIELDS}
+    values.update(obs=obs_at, bytes=dtype.itemsize, capacity=area.capacity, obs_floats=obs.shape[0],
+                  action_start=act.start, op_step=OP_STEP, evaluate=EVALUATE, status_ok=STATUS_OK)
+    return tuple(values[name] for name in DIRECT_LAYOUT)

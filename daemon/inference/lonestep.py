@@ -31,6 +31,11 @@ EVAL_END, START, END = 1, 2, 3  # serve's events: an evaluation episode ended, a
 
 LANE_FIELDS = ("req_seq", "resp_seq", "op", "flags", "reward", "status", "weights_seq_no", "logp", "action", "obs")
 RECORD_FIELDS = ("flags", "stream_id", "weights_seq_no", "reward", "logp", "obs", "action", "dist")
+CONSTANTS = ("obs_floats", "dist", "op_step", "op_start", "op_end", "evaluate", "terminated", "truncated",
+             "step_flags", "final_obs", "rec_terminated", "rec_truncated")
+LONE_LAYOUT = (("L_", (*LANE_FIELDS, "bytes")), ("R_", (*RECORD_FIELDS, "bytes")), ("K_", CONSTANTS))
+"""The layout tuple ``LoneStep`` takes: lane offsets and size, record offsets and size, sizes and
+constants, in this order (step.c's L_, R_ and K_ enums, generated from this: rlinkd.daemon.c_headers)."""
 
 
 def _offsets(dtype: np.dtype, names: tuple[str, ...]) -> list[int]:
@@ -44,10 +49,12 @@ class LoneStepper:
 
     def __init__(self, lane_layout: LaneLayout, low: np.ndarray, high: np.ndarray) -> None:
         step = lane_layout.step
+        constants = dict(obs_floats=len(low), dist=step.dist_size, op_step=OP_STEP, op_start=OP_START,
+                         op_end=OP_END, evaluate=EVALUATE, terminated=TERMINATED, truncated=TRUNCATED,
+                         step_flags=int(STEP_FLAGS), final_obs=FINAL_OBS, rec_terminated=REC_TERMINATED,
+                         rec_truncated=REC_TRUNCATED)
         layout = (*_offsets(lane_layout.dtype, LANE_FIELDS), lane_layout.lane_bytes,
-                  *_offsets(step.dtype, RECORD_FIELDS), step.record_bytes,
-                  len(low), step.dist_size, OP_STEP, OP_START, OP_END, EVALUATE, TERMINATED, TRUNCATED,
-                  int(STEP_FLAGS), FINAL_OBS, REC_TERMINATED, REC_TRUNCATED)
+                  *_offsets(step.dtype, RECORD_FIELDS), step.record_bytes, *(constants[k] for k in CONSTANTS))
         self.native = native_module().LoneStep(layout, np.ascontiguousarray(low, np.float32),
                                                np.ascontiguousarray(high, np.float32))
         self.records = step.empty(MAX_RECORDS)  # (serve's completed step records)

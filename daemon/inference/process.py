@@ -26,10 +26,10 @@ from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.transport import RLlinkError
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.errors import ExitCode
-from rlinkd.daemon.inference import channel
+from rlinkd.daemon.serving import channel
 from rlinkd.daemon.inference.backend import PolicyRunner
 from rlinkd.daemon.inference.direct import DirectConnections
-from rlinkd.daemon.inference.front import Front, LanePool
+from rlinkd.daemon.serving.front import Front, LanePool
 from rlinkd.daemon.inference.episodes import SlotPool
 from rlinkd.daemon.inference.link import PolicyLink
 from rlinkd.daemon.inference.server import HISTOGRAM_BOUNDS, InferenceServer, PolicyServing, ServedArea

@@ -29,6 +29,7 @@ def main(path: str) -> int:
                             "tests/unit/test_inference_server.py",
                             "tests/unit/test_direct_native.py",
                             "tests/unit/test_direct_connections.py",
+                            "tests/unit/test_direct_fuzz.py",
                             "-k", "lane_scan or lonestep or netnative or native"]))
 
 

@@ -15,7 +15,7 @@ from rlinkd.client_lib.protocol import serving as s
 from rlinkd.client_lib.protocol.spaces import Box, Discrete
 from rlinkd.client_lib.transport import DIRECT_REFUSED
 from rlinkd.daemon.inference.direct import MAX_FRAMES_PER_TURN, DirectConnections
-from rlinkd.daemon.inference.front import Front, LanePool
+from rlinkd.daemon.serving.front import Front, LanePool
 from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_RELEASE, OP_START, STATUS_OK, TERMINATED, LaneArea,
                               LaneLayout)
 from rlinkd.shm.records import StepLayout

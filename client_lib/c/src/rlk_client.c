@@ -113,7 +113,7 @@ static rlk_status handshake(rlk_client *c, rlk_spaces *sp) {
     size_t got;
     rlk_reply_info info = info_of(c);
     rlk_jw_init(&w, c->out, c->frame_cap);
-    rlk_jw_raw(&w, "{\"type\": \"PING\"");
+    rlk_jw_raw(&w, "{\"type\": \"" RLK_MSG_PING "\"");
     if (c->token[0]) {
         rlk_jw_raw(&w, ", \"token\": ");
         rlk_jw_str(&w, c->token);
@@ -123,7 +123,7 @@ static rlk_status handshake(rlk_client *c, rlk_spaces *sp) {
     if (st == RLK_OK) st = rlk_parse_pong(c->in, got, c->toks, c->max_toks, &info);
     if (st != RLK_OK) return st;
     rlk_jw_init(&w, c->out, c->frame_cap);
-    rlk_jw_raw(&w, "{\"type\": \"GET_CONFIG\"}");
+    rlk_jw_raw(&w, "{\"type\": \"" RLK_MSG_GET_CONFIG "\"}");
     st = roundtrip(c, w.len, 1, &got);
     return st != RLK_OK ? st : rlk_parse_set_config(c->in, got, c->toks, c->max_toks, sp, &info);
 }
@@ -136,11 +136,11 @@ static rlk_status serve_direct(rlk_client *c) {
     size_t got;
     rlk_reply_info info = info_of(c);
     rlk_jw_init(&w, c->out, c->frame_cap);
-    rlk_jw_raw(&w, "{\"type\": \"SERVE_DIRECT\"}");
+    rlk_jw_raw(&w, "{\"type\": \"" RLK_MSG_SERVE_DIRECT "\"}");
     c->server_retry = 0;
     rlk_status st = roundtrip(c, w.len, 1, &got);
     if (st != RLK_OK) return st;
-    st = rlk_parse_typed(c->in, got, c->toks, c->max_toks, "SERVE_DIRECT_READY", &info);
+    st = rlk_parse_typed(c->in, got, c->toks, c->max_toks, RLK_MSG_SERVE_DIRECT_READY, &info);
     c->server_retry = info.retry && strncmp(c->err, RLK_DIRECT_REFUSED, strlen(RLK_DIRECT_REFUSED)) != 0;
     return st;
 }
@@ -157,7 +157,7 @@ static rlk_status attach_lanes(rlk_client *c, const rlk_spaces *sp) {
     rlk_jw w;
     size_t got;
     rlk_jw_init(&w, c->out, c->frame_cap);
-    rlk_jw_raw(&w, "{\"type\": \"SERVE_ATTACH\", \"pid\": ");
+    rlk_jw_raw(&w, "{\"type\": \"" RLK_MSG_SERVE_ATTACH "\", \"pid\": ");
     rlk_jw_int(&w, (long)getpid());
     rlk_jw_raw(&w, ", \"lanes\": ");
     rlk_jw_int(&w, c->o.max_agents);
@@ -169,7 +169,7 @@ static rlk_status attach_lanes(rlk_client *c, const rlk_spaces *sp) {
     rlk_status st = roundtrip(c, w.len, 1, &got);
     if (st != RLK_OK) return st;
     rlk_reply_info info = info_of(c);
-    st = rlk_parse_typed(c->in, got, c->toks, c->max_toks, "SERVE_ATTACHED", &info);
+    st = rlk_parse_typed(c->in, got, c->toks, c->max_toks, RLK_MSG_SERVE_ATTACHED, &info);
     if (st != RLK_OK) return st;
     return rlk_lanes_attach(c->fd, c->o.io_timeout_s, c->in, got, c->toks, c->max_toks, sp,
                             c->o.max_agents, &c->lanes, c->err, sizeof c->err);
@@ -185,7 +185,7 @@ static rlk_status attach_ring(rlk_client *c, const rlk_spaces *sp) {
     rlk_status st = c->local ? RLK_OK : rlk_local_new(sp, c->o.max_agents, c->o.evaluate, c->seed, &c->local);
     if (st != RLK_OK) return st;
     rlk_jw_init(&w, c->out, c->frame_cap);
-    rlk_jw_raw(&w, "{\"type\": \"ATTACH\", \"pid\": ");
+    rlk_jw_raw(&w, "{\"type\": \"" RLK_MSG_ATTACH "\", \"pid\": ");
     rlk_jw_int(&w, (long)getpid());
     if (!c->o.evaluate && RLK_STAGING_LEAST(c->o.max_agents) > 32768) {  /* (more than the daemon's default ring) */
         long records = 1;
@@ -355,7 +355,7 @@ static int prepare_entries(rlk_client *c, entry *sent) {
 static rlk_status encode(rlk_client *c, const entry *sent, int n, size_t *len) {
     rlk_jw w;
     rlk_jw_init(&w, c->out, c->frame_cap);
-    rlk_jw_raw(&w, "{\"type\": \"STEP_BATCH\", \"steps\": [");
+    rlk_jw_raw(&w, "{\"type\": \"" RLK_MSG_STEP_BATCH "\", \"steps\": [");
     for (int k = 0; k < n; k++) {
         if (k) rlk_jw_raw(&w, ", ");
         if (write_entry(c, &w, &sent[k]) != 0) return set_err(c, RLK_E_ARG, "%s", "a reward or observation is not finite");
@@ -537,7 +537,7 @@ static rlk_status sample_ready(rlk_client *c, int get_state, int *sent) {
     long seq;
     double epsilon;
     rlk_jw_init(&w, c->out, c->frame_cap);
-    rlk_jw_raw(&w, "{\"type\": \"SAMPLE_READY\", \"env_steps\": ");
+    rlk_jw_raw(&w, "{\"type\": \"" RLK_MSG_SAMPLE_READY "\", \"env_steps\": ");
     rlk_jw_int(&w, rlk_local_staged_steps(c->local));
     rlk_jw_raw(&w, get_state ? ", \"get_state\": true}" : ", \"get_state\": false}");
     int r = rlk_net_send(c->fd, c->out, w.len, c->o.io_timeout_s);
@@ -848,11 +848,3 @@ long rlk_weights_seq_no(const rlk_client *c) {
 }
 int rlk_reconnects(const rlk_client *c) { return c ? c->reconnects : 0; }
 const char *rlk_error(const rlk_client *c) { return c ? c->err : connect_err; }
-
-const char *rlk_status_name(rlk_status s) {
-    static const char *const names[] = {"RLK_OK", "RLK_E_ARG", "RLK_E_CONNECT", "RLK_E_IO",
-                                        "RLK_E_PROTOCOL", "RLK_E_SERVER", "RLK_E_LIMIT", "RLK_E_NOMEM",
-                                        "RLK_E_STATE", "RLK_E_TIMEOUT", "RLK_E_UNSUPPORTED"};
-    int i = -(int)s;
-    return i >= 0 && i < (int)(sizeof names / sizeof names[0]) ? names[i] : "RLK_E_UNKNOWN";
-}

@@ -16,10 +16,6 @@
 
 #include "rlk_net.h"
 
-#define MAGIC "RLKLANE1"
-#define LAYOUT_VERSION 3u  /* 3: lanes_offset (u32 at 48), lanes on a page boundary */
-#define HEADER_BYTES 64u
-#define ACTION_OFFSET 40u
 #define SPIN_S 250e-6      /* busy-wait up to this long for an answer, while answers come fast */
 #define WAIT_EWMA 0.1      /* weight of the newest wait in wait_s */
 #define WAIT_SLICE_MS 100
@@ -67,13 +63,14 @@ static rlk_status read_layout(const char *s, const rlk_jtok *t, const rlk_spaces
 }
 
 static rlk_status check_header(rlk_lanes *l, int lanes) {
-    uint32_t version = *word(l, 8), lane_bytes = *word(l, 12), capacity = *word(l, 16), layout = *word(l, 28);
-    if (l->bytes < HEADER_BYTES || memcmp(l->base, MAGIC, 8) != 0 || version != LAYOUT_VERSION ||
+    uint32_t version = *word(l, RLK_AREA_AT_LAYOUT_VERSION), lane_bytes = *word(l, RLK_AREA_AT_LANE_BYTES),
+             capacity = *word(l, RLK_AREA_AT_CAPACITY), layout = *word(l, RLK_AREA_AT_LAYOUT_BYTES);
+    if (l->bytes < RLK_LANE_HEADER_BYTES || memcmp(l->base, RLK_LANE_MAGIC, 8) != 0 || version != RLK_LANE_LAYOUT_VERSION ||
         lane_bytes != l->lane_bytes || lane_bytes % 64 != 0 || (int)capacity < lanes ||
         capacity > (SIZE_MAX - l->bytes) / lane_bytes)  /* (no size_t overflow below, even 32-bit) */
         return RLK_E_PROTOCOL;
-    size_t start = *word(l, 48);  /* lanes_offset: past the header and the layout, 64-aligned */
-    if (start < HEADER_BYTES + (size_t)layout || start % 64 != 0 ||
+    size_t start = *word(l, RLK_AREA_AT_LANES_OFFSET);  /* lanes_offset: past the header and the layout, 64-aligned */
+    if (start < RLK_LANE_HEADER_BYTES + (size_t)layout || start % 64 != 0 ||
         start + (size_t)capacity * lane_bytes > l->bytes)
         return RLK_E_PROTOCOL;
     l->lanes = l->base + start;
@@ -89,7 +86,7 @@ static rlk_status map_area(rlk_lanes *l, int lanes) {
     if (p == MAP_FAILED) return RLK_E_IO;
     l->base = p;
     rlk_status s = check_header(l, lanes);
-    if (s == RLK_OK) *word(l, 20) = (uint32_t)getpid();
+    if (s == RLK_OK) *word(l, RLK_AREA_AT_WRITER_PID) = (uint32_t)getpid();
     return s;
 }
 
@@ -106,7 +103,7 @@ rlk_status rlk_lanes_attach(int sock, double timeout_s, const char *s, size_t le
     else st = read_layout(s, toks, sp, &l->lane_bytes);
     l->act_size = sp->act_size;
     l->obs_size = sp->obs_size;
-    l->obs_offset = align_up(ACTION_OFFSET + 4 * l->act_size, 8);
+    l->obs_offset = align_up(RLK_LANE_AT_ACTION + 4 * l->act_size, 8);
     if (st == RLK_OK && l->obs_offset + 4 * l->obs_size > l->lane_bytes) st = RLK_E_PROTOCOL;
     if (st == RLK_OK) st = map_area(l, lanes);
     if (st != RLK_OK) {
@@ -128,9 +125,9 @@ void rlk_lanes_close(rlk_lanes *l) {
 
 void rlk_lanes_write(rlk_lanes *l, int i, int op, int flags, float reward, const float *obs) {
     unsigned char *p = lane(l, i);
-    p[8] = (unsigned char)op;
-    p[9] = (unsigned char)flags;
-    memcpy(p + 12, &reward, sizeof reward);
+    p[RLK_LANE_AT_OP] = (unsigned char)op;
+    p[RLK_LANE_AT_FLAGS] = (unsigned char)flags;
+    memcpy(p + RLK_LANE_AT_REWARD, &reward, sizeof reward);
     memcpy(p + l->obs_offset, obs, l->obs_size * sizeof(float));
 }
 
@@ -140,19 +137,19 @@ void rlk_lanes_publish(rlk_lanes *l, const int *lanes, int n) {
     if (n > 1 && ++l->group == 0) l->group = 1;  /* (0 means "no group") */
     if (n > 1) group = l->group;
     for (int k = 0; k < n; k++) {
-        memcpy(lane(l, lanes[k]) + 10, &size, sizeof size);
-        memcpy(lane(l, lanes[k]) + 20, &group, sizeof group);
+        memcpy(lane(l, lanes[k]) + RLK_LANE_AT_GROUP_SIZE, &size, sizeof size);
+        memcpy(lane(l, lanes[k]) + RLK_LANE_AT_GROUP, &group, sizeof group);
     }
     for (int k = 0; k < n; k++) {  /* data first, then each seq word (release) */
-        uint32_t *seq = lane_word(l, lanes[k], 0);
+        uint32_t *seq = lane_word(l, lanes[k], RLK_LANE_AT_REQ_SEQ);
         __atomic_store_n(seq, __atomic_load_n(seq, __ATOMIC_RELAXED) + 1u, __ATOMIC_RELEASE);
     }
-    uint64_t *requests = (uint64_t *)(void *)(l->base + 40);
+    uint64_t *requests = (uint64_t *)(void *)(l->base + RLK_AREA_AT_REQUESTS);
     __atomic_store_n(requests, __atomic_load_n(requests, __ATOMIC_RELAXED) + (uint64_t)n, __ATOMIC_RELEASE);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);  /* (Dekker: the store above, then the load below) */
-    if (__atomic_load_n(word(l, 32), __ATOMIC_RELAXED)) {
+    if (__atomic_load_n(word(l, RLK_AREA_AT_SERVER_SLEEPING), __ATOMIC_RELAXED)) {
         uint64_t one = 1;
-        __atomic_store_n(word(l, 32), 0u, __ATOMIC_RELAXED);
+        __atomic_store_n(word(l, RLK_AREA_AT_SERVER_SLEEPING), 0u, __ATOMIC_RELAXED);
         if (write(l->fds[1], &one, sizeof one) != (ssize_t)sizeof one) {
             /* (the eventfd cannot overflow from one client; a failed ring only delays) */
         }
@@ -160,8 +157,8 @@ void rlk_lanes_publish(rlk_lanes *l, const int *lanes, int n) {
 }
 
 int rlk_lanes_answered(const rlk_lanes *l, int i) {
-    uint32_t req = __atomic_load_n(lane_word(l, i, 0), __ATOMIC_RELAXED);
-    return __atomic_load_n(lane_word(l, i, 4), __ATOMIC_ACQUIRE) == req;
+    uint32_t req = __atomic_load_n(lane_word(l, i, RLK_LANE_AT_REQ_SEQ), __ATOMIC_RELAXED);
+    return __atomic_load_n(lane_word(l, i, RLK_LANE_AT_RESP_SEQ), __ATOMIC_ACQUIRE) == req;
 }
 
 static int all_answered(const rlk_lanes *l, const int *lanes, int n) {
@@ -190,7 +187,7 @@ static int wait_answers(rlk_lanes *l, const int *lanes, int n, int sock, double 
             sched_yield();  /* a daemon role preempted on this core goes on meanwhile */
         }
     while (!all_answered(l, lanes, n)) {
-        __atomic_store_n(word(l, 36), 1u, __ATOMIC_RELAXED);  /* client_waiting, then fence, recheck */
+        __atomic_store_n(word(l, RLK_AREA_AT_CLIENT_WAITING), 1u, __ATOMIC_RELAXED);  /* client_waiting, then fence, recheck */
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
         if (all_answered(l, lanes, n)) break;
         if (rlk_now() > deadline) return -2;
@@ -210,9 +207,9 @@ int rlk_lanes_result(const rlk_lanes *l, int i, float *action, long *seq) {
     const unsigned char *p = lane(l, i);
     int32_t status;
     int64_t version;
-    memcpy(&status, p + 16, sizeof status);
-    memcpy(&version, p + 24, sizeof version);
-    memcpy(action, p + ACTION_OFFSET, l->act_size * sizeof(float));
+    memcpy(&status, p + RLK_LANE_AT_STATUS, sizeof status);
+    memcpy(&version, p + RLK_LANE_AT_WEIGHTS_SEQ_NO, sizeof version);
+    memcpy(action, p + RLK_LANE_AT_ACTION, l->act_size * sizeof(float));
     *seq = (long)version;
     return status;
 }

@@ -25,11 +25,8 @@
 
 #include "rlinkd.h"
 #include "rlk_json.h"
+#include "rlk_declared.h"  /* ops, flags, statuses and offsets: generated from shm/lanes.py */
 #include "rlk_proto.h"
-
-enum { RLK_OP_START = 1, RLK_OP_STEP = 2, RLK_OP_END = 3, RLK_OP_RELEASE = 4 };
-enum { RLK_FLAG_TERMINATED = 1, RLK_FLAG_TRUNCATED = 2, RLK_FLAG_EVALUATE = 4 };
-enum { RLK_LANE_OK = 0, RLK_LANE_BAD_OP = 1, RLK_LANE_BAD_OBS = 2, RLK_LANE_LOST = 3 };
 
 typedef struct rlk_lanes rlk_lanes;
 

@@ -63,7 +63,7 @@ static int str_of(const char *s, const rlk_jtok *toks, int key, char *out, size_
 rlk_status rlk_parse_attached(const char *s, size_t len, rlk_jtok *toks, int max_toks, const rlk_spaces *sp,
                               int max_rows, rlk_attached *out, rlk_reply_info *info) {
     memset(out, 0, sizeof *out);
-    rlk_status st = rlk_parse_typed(s, len, toks, max_toks, "ATTACHED", info);
+    rlk_status st = rlk_parse_typed(s, len, toks, max_toks, RLK_MSG_ATTACHED, info);
     if (st != RLK_OK) return st;
     double steps;
     int env_steps = rlk_json_get(s, toks, 0, "env_steps_per_sample");
@@ -357,7 +357,7 @@ void rlk_local_refresh(rlk_local *l) {
 
 int rlk_local_eval_results(rlk_local *l, rlk_jw *w, int max_episodes) {
     int n = l->n_done < max_episodes ? l->n_done : max_episodes;
-    rlk_jw_raw(w, "{\"type\": \"EVAL_RESULTS\", \"episodes\": [");
+    rlk_jw_raw(w, "{\"type\": \"" RLK_MSG_EVAL_RESULTS "\", \"episodes\": [");
     for (int k = 0; k < n; k++) {
         rlk_jw_raw(w, k ? ", {\"episode_return\": " : "{\"episode_return\": ");
         if (rlk_jw_num(w, l->done[k].ret) != 0) rlk_jw_raw(w, "0");

@@ -1,6 +1,7 @@
 /* rlk_net.c - RLlink frames over TCP / Unix stream sockets (contract in rlk_net.h). */
 #define _GNU_SOURCE /* (MSG_CMSG_CLOEXEC) */
 #include "rlk_net.h"
+#include "rlk_declared.h"  /* RLK_FD_BYTE */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -198,7 +199,6 @@ int rlk_net_recv(int fd, char *buf, size_t cap, size_t *len, double timeout_s) {
 }
 
 #define MAX_FDS 4
-#define RLK_FD_BYTE 0x01 /* (codec.RING_FD_BYTE) */
 
 /* Close the descriptors of a control message that is not the one expected. */
 static void close_received(const struct cmsghdr *h) {

@@ -22,7 +22,7 @@ static rlk_status open_reply(const char *s, size_t len, rlk_jtok *toks, int max_
     if (n < 0) return fail(info, RLK_E_PROTOCOL, "reply is not valid JSON");
     int type = rlk_json_get(s, toks, 0, "type");
     if (type < 0 || toks[type].type != RLK_J_STRING) return fail(info, RLK_E_PROTOCOL, "reply without a type");
-    if (rlk_json_str_eq(s, &toks[type], "ERROR")) {
+    if (rlk_json_str_eq(s, &toks[type], RLK_MSG_ERROR)) {
         int msg = rlk_json_get(s, toks, 0, "message");
         if (msg < 0 || rlk_json_str(s, &toks[msg], info->err, info->err_cap) != 0)
             snprintf(info->err, info->err_cap, "ERROR without a message");
@@ -45,7 +45,7 @@ rlk_status rlk_parse_typed(const char *s, size_t len, rlk_jtok *toks, int max_to
 }
 
 rlk_status rlk_parse_pong(const char *s, size_t len, rlk_jtok *toks, int max_toks, rlk_reply_info *info) {
-    return open_reply(s, len, toks, max_toks, "PONG", info);
+    return open_reply(s, len, toks, max_toks, RLK_MSG_PONG, info);
 }
 
 /* A non-negative integer number token (an exact one) into *out. */
@@ -120,7 +120,7 @@ static rlk_status action_space(const char *s, const rlk_jtok *toks, int space, r
 
 rlk_status rlk_parse_set_config(const char *s, size_t len, rlk_jtok *toks, int max_toks,
                                 rlk_spaces *sp, rlk_reply_info *info) {
-    rlk_status st = open_reply(s, len, toks, max_toks, "SET_CONFIG", info);
+    rlk_status st = open_reply(s, len, toks, max_toks, RLK_MSG_SET_CONFIG, info);
     if (st != RLK_OK) return st;
     int obs = rlk_json_get(s, toks, 0, "observation_space");
     int act = rlk_json_get(s, toks, 0, "action_space");
@@ -158,7 +158,7 @@ static int numbers(const char *s, const rlk_jtok *toks, int t, float *out, size_
 rlk_status rlk_parse_actions(const char *s, size_t len, rlk_jtok *toks, int max_toks,
                              const rlk_spaces *sp, int n, float *actions, long *seqs,
                              unsigned char *is_null, rlk_reply_info *info) {
-    rlk_status st = open_reply(s, len, toks, max_toks, "ACTIONS", info);
+    rlk_status st = open_reply(s, len, toks, max_toks, RLK_MSG_ACTIONS, info);
     if (st != RLK_OK) return st;
     int acts = rlk_json_get(s, toks, 0, "actions");
     int vers = rlk_json_get(s, toks, 0, "weights_seq_nos");
@@ -187,7 +187,7 @@ static int signed_of(const char *s, const rlk_jtok *t, long *out) {
 
 rlk_status rlk_parse_weights_ready(const char *s, size_t len, rlk_jtok *toks, int max_toks, const char *policy,
                                    long *seq, double *epsilon, rlk_reply_info *info) {
-    rlk_status st = open_reply(s, len, toks, max_toks, "WEIGHTS_READY", info);
+    rlk_status st = open_reply(s, len, toks, max_toks, RLK_MSG_WEIGHTS_READY, info);
     if (st != RLK_OK) return st;
     int one = rlk_json_get(s, toks, 0, "weights_seq_no"), many = rlk_json_get(s, toks, 0, "weights_seq_nos");
     int mine = many >= 0 && toks[many].type == RLK_J_OBJECT ? rlk_json_get(s, toks, many, policy) : -1;

@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "rlinkd.h"
+#include "rlk_declared.h"  /* RLK_MSG_ message types: generated from codec.MessageType */
 #include "rlk_json.h"
 
 #define RLK_MAX_RANK 8

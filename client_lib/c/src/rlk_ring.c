@@ -18,24 +18,7 @@
 
 #include "rlk_net.h"
 
-#define RING_MAGIC "RLKRING1"
-#define RING_VERSION 3u
-#define RING_HEADER 320u
-#define MAX_LAYOUT_BYTES (1u << 16)
-#define OFF_RECORD_BYTES 12
-#define OFF_CAPACITY 16
-#define OFF_WRITER_PID 24
-#define OFF_LAYOUT_BYTES 32
-#define OFF_TAIL 64
-#define OFF_HEAD 128
-#define OFF_SLEEPING 192
-#define BOARD_MAGIC "RLKBOARD"
-#define BOARD_VERSION 1u
-#define BOARD_SPEC_CAPACITY 16384u
-#define BOARD_BUFFERS 16512u
-#define OFF_SEQLOCK 64
-#define OFF_ACTIVE 72
-#define OFF_BUFFER_SEQ 80
+/* Ring and board magic, versions and header offsets: rlk_declared.h (shm/ring.py, shm/board.py). */
 #define SIZE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
 static size_t align_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -104,7 +87,7 @@ static uint32_t *u32_at(unsigned char *base, size_t off) { return (uint32_t *)(v
 
 /* The sealed memfd of our uid (its size can never change under the mapping). */
 static rlk_status check_fd(int fd, struct stat *st) {
-    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode) || st->st_uid != getuid() || st->st_size <= (off_t)RING_HEADER)
+    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode) || st->st_uid != getuid() || st->st_size <= (off_t)RLK_RING_HEADER_BYTES)
         return RLK_E_PROTOCOL;
     int seals = fcntl(fd, F_GET_SEALS);
     return seals >= 0 && (seals & SIZE_SEALS) == SIZE_SEALS ? RLK_OK : RLK_E_PROTOCOL;
@@ -112,17 +95,18 @@ static rlk_status check_fd(int fd, struct stat *st) {
 
 static rlk_status check_ring(rlk_ring *r, const rlk_layout *want, rlk_jtok *toks, int max_toks) {
     unsigned char *b = r->base;
-    uint64_t capacity = *u64_at(b, OFF_CAPACITY);
-    uint32_t layout_bytes = *u32_at(b, OFF_LAYOUT_BYTES);
-    if (memcmp(b, RING_MAGIC, 8) != 0 || *u32_at(b, 8) != RING_VERSION || *u32_at(b, OFF_RECORD_BYTES) != want->record_bytes ||
-        capacity < 1 || (capacity & (capacity - 1)) != 0 || capacity > (1u << 30) || layout_bytes > MAX_LAYOUT_BYTES ||
-        *u32_at(b, OFF_WRITER_PID) == 0)
+    uint64_t capacity = *u64_at(b, RLK_RING_AT_CAPACITY);
+    uint32_t layout_bytes = *u32_at(b, RLK_RING_AT_LAYOUT_BYTES);
+    if (memcmp(b, RLK_RING_MAGIC, 8) != 0 || *u32_at(b, RLK_RING_AT_LAYOUT_VERSION) != RLK_RING_LAYOUT_VERSION ||
+        *u32_at(b, RLK_RING_AT_RECORD_BYTES) != want->record_bytes ||
+        capacity < 1 || (capacity & (capacity - 1)) != 0 || capacity > (1u << 30) || layout_bytes > RLK_RING_MAX_LAYOUT_BYTES ||
+        *u32_at(b, RLK_RING_AT_WRITER_PID) == 0)
         return RLK_E_PROTOCOL;
-    size_t start = align_up(RING_HEADER + layout_bytes, 64);
+    size_t start = align_up(RLK_RING_HEADER_BYTES + layout_bytes, 64);
     if (start + capacity * want->record_bytes != r->bytes) return RLK_E_PROTOCOL;
-    int n = rlk_json_parse((const char *)b + RING_HEADER, layout_bytes, toks, max_toks);
+    int n = rlk_json_parse((const char *)b + RLK_RING_HEADER_BYTES, layout_bytes, toks, max_toks);
     if (n < 1) return RLK_E_PROTOCOL;
-    rlk_status st = rlk_layout_check((const char *)b + RING_HEADER, toks, 0, want);
+    rlk_status st = rlk_layout_check((const char *)b + RLK_RING_HEADER_BYTES, toks, 0, want);
     if (st != RLK_OK) return st;
     r->records = b + start;
     r->capacity = (size_t)capacity;
@@ -152,7 +136,7 @@ rlk_status rlk_ring_attach(int ring_fd, const char *doorbell_path, const rlk_lay
         return s;
     }
     uint32_t pid = (uint32_t)getpid();
-    memcpy(r->base + OFF_WRITER_PID, &pid, 4);
+    memcpy(r->base + RLK_RING_AT_WRITER_PID, &pid, 4);
     *out = r;
     return RLK_OK;
 }
@@ -167,8 +151,8 @@ void rlk_ring_close(rlk_ring *r) {
 size_t rlk_ring_capacity(const rlk_ring *r) { return r->capacity; }
 
 static size_t free_records(rlk_ring *r) {
-    uint64_t tail = __atomic_load_n(u64_at(r->base, OFF_TAIL), __ATOMIC_RELAXED);
-    uint64_t head = __atomic_load_n(u64_at(r->base, OFF_HEAD), __ATOMIC_ACQUIRE);
+    uint64_t tail = __atomic_load_n(u64_at(r->base, RLK_RING_AT_TAIL), __ATOMIC_RELAXED);
+    uint64_t head = __atomic_load_n(u64_at(r->base, RLK_RING_AT_HEAD), __ATOMIC_ACQUIRE);
     uint64_t used = tail - head;
     return used > r->capacity ? 0 : r->capacity - (size_t)used;
 }
@@ -208,13 +192,13 @@ static int ring_doorbell(int fd) {
 /* Copy n records into the slots after tail, then publish them (release) and wake the reader:
  * 0, or -1 when the collector is gone. */
 static int publish(rlk_ring *r, const unsigned char *records, size_t n) {
-    uint64_t *tail = u64_at(r->base, OFF_TAIL), t = __atomic_load_n(tail, __ATOMIC_RELAXED);
+    uint64_t *tail = u64_at(r->base, RLK_RING_AT_TAIL), t = __atomic_load_n(tail, __ATOMIC_RELAXED);
     size_t slot = (size_t)(t & (r->capacity - 1)), first = r->capacity - slot < n ? r->capacity - slot : n;
     memcpy(r->records + slot * r->record_bytes, records, first * r->record_bytes);
     memcpy(r->records, records + first * r->record_bytes, (n - first) * r->record_bytes);
     __atomic_store_n(tail, t + n, __ATOMIC_RELEASE);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);  /* (Dekker: the tail store above, the load below) */
-    uint32_t *sleeping = u32_at(r->base, OFF_SLEEPING);
+    uint32_t *sleeping = u32_at(r->base, RLK_RING_AT_READER_SLEEPING);
     if (!__atomic_load_n(sleeping, __ATOMIC_RELAXED)) return 0;
     __atomic_store_n(sleeping, 0u, __ATOMIC_RELAXED);
     return ring_doorbell(r->doorbell);
@@ -235,14 +219,16 @@ struct rlk_board {
 
 static rlk_status check_board(rlk_board *b, size_t n_params) {
     unsigned char *p = b->base;
-    uint64_t n = *u64_at(p, 16);
-    if (b->bytes < BOARD_BUFFERS || memcmp(p, BOARD_MAGIC, 8) != 0 || *u32_at(p, 8) != BOARD_VERSION ||
-        *u32_at(p, 12) > BOARD_SPEC_CAPACITY || *u32_at(p, 24) == 0 || *u32_at(p, OFF_ACTIVE) > 1)
+    uint64_t n = *u64_at(p, RLK_BOARD_AT_N_PARAMS);
+    if (b->bytes < RLK_BOARD_BUFFERS_AT || memcmp(p, RLK_BOARD_MAGIC, 8) != 0 ||
+        *u32_at(p, RLK_BOARD_AT_LAYOUT_VERSION) != RLK_BOARD_LAYOUT_VERSION ||
+        *u32_at(p, RLK_BOARD_AT_SPEC_JSON_LEN) > RLK_BOARD_SPEC_CAPACITY ||
+        *u32_at(p, RLK_BOARD_AT_WRITER_PID) == 0 || *u32_at(p, RLK_BOARD_AT_ACTIVE) > 1)
         return RLK_E_PROTOCOL;
     if (n != n_params) return RLK_E_UNSUPPORTED;
     b->n_params = n_params;
     b->stride = align_up(4 * n_params, 64);
-    return b->bytes == BOARD_BUFFERS + 2 * b->stride ? RLK_OK : RLK_E_PROTOCOL;
+    return b->bytes == RLK_BOARD_BUFFERS_AT + 2 * b->stride ? RLK_OK : RLK_E_PROTOCOL;
 }
 
 rlk_status rlk_board_attach(const char *path, size_t n_params, rlk_board **out, char *err, size_t cap) {
@@ -253,7 +239,7 @@ rlk_status rlk_board_attach(const char *path, size_t n_params, rlk_board **out, 
     *out = NULL;
     if (s == RLK_OK) {
         b->bytes = (size_t)st.st_size;
-        void *p = b->bytes >= BOARD_BUFFERS ? mmap(NULL, b->bytes, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+        void *p = b->bytes >= RLK_BOARD_BUFFERS_AT ? mmap(NULL, b->bytes, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
         b->base = p == MAP_FAILED ? NULL : p;
         s = b->base ? check_board(b, n_params) : RLK_E_PROTOCOL;
     }
@@ -275,26 +261,26 @@ void rlk_board_close(rlk_board *b) {
 }
 
 static int64_t buffer_seq(const rlk_board *b, uint32_t active) {
-    return __atomic_load_n((int64_t *)(void *)(b->base + OFF_BUFFER_SEQ + 8 * active), __ATOMIC_RELAXED);
+    return __atomic_load_n((int64_t *)(void *)(b->base + RLK_BOARD_AT_BUFFER_SEQ_NO + 8 * active), __ATOMIC_RELAXED);
 }
 
 int64_t rlk_board_latest(const rlk_board *b) {
     for (;;) {
-        uint64_t before = __atomic_load_n(u64_at(b->base, OFF_SEQLOCK), __ATOMIC_ACQUIRE);
-        int64_t seq = buffer_seq(b, __atomic_load_n(u32_at(b->base, OFF_ACTIVE), __ATOMIC_ACQUIRE) & 1u);
+        uint64_t before = __atomic_load_n(u64_at(b->base, RLK_BOARD_AT_SEQLOCK), __ATOMIC_ACQUIRE);
+        int64_t seq = buffer_seq(b, __atomic_load_n(u32_at(b->base, RLK_BOARD_AT_ACTIVE), __ATOMIC_ACQUIRE) & 1u);
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(u64_at(b->base, OFF_SEQLOCK), __ATOMIC_RELAXED) <= (before & ~1ull) + 2) return seq;
+        if (__atomic_load_n(u64_at(b->base, RLK_BOARD_AT_SEQLOCK), __ATOMIC_RELAXED) <= (before & ~1ull) + 2) return seq;
     }
 }
 
 int64_t rlk_board_read(const rlk_board *b, float *out) {
     for (int attempt = 1;; attempt++) {
-        uint64_t before = __atomic_load_n(u64_at(b->base, OFF_SEQLOCK), __ATOMIC_ACQUIRE);
-        uint32_t active = __atomic_load_n(u32_at(b->base, OFF_ACTIVE), __ATOMIC_ACQUIRE) & 1u;
-        memcpy(out, b->base + BOARD_BUFFERS + active * b->stride, 4 * b->n_params);
+        uint64_t before = __atomic_load_n(u64_at(b->base, RLK_BOARD_AT_SEQLOCK), __ATOMIC_ACQUIRE);
+        uint32_t active = __atomic_load_n(u32_at(b->base, RLK_BOARD_AT_ACTIVE), __ATOMIC_ACQUIRE) & 1u;
+        memcpy(out, b->base + RLK_BOARD_BUFFERS_AT + active * b->stride, 4 * b->n_params);
         int64_t seq = buffer_seq(b, active);
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(u64_at(b->base, OFF_SEQLOCK), __ATOMIC_RELAXED) <= (before & ~1ull) + 2) return seq;
+        if (__atomic_load_n(u64_at(b->base, RLK_BOARD_AT_SEQLOCK), __ATOMIC_RELAXED) <= (before & ~1ull) + 2) return seq;
         if (attempt % 8 == 0) sched_yield();  /* (a publish in progress: let the learner finish it) */
     }
 }

@@ -30,9 +30,7 @@
 #include "rlinkd.h"
 #include "rlk_json.h"
 
-enum { RLK_REC_TERMINATED = 1, RLK_REC_TRUNCATED = 2, RLK_REC_FINAL_OBS = 4, RLK_REC_HAS_LOGP = 16,
-       RLK_REC_HAS_DIST = 32 };
-#define RLK_REC_HEADER_BYTES 32u
+#include "rlk_declared.h"  /* RLK_REC_ flags and header size: generated from shm/records.py */
 
 typedef struct {
     size_t obs_size, act_size, dist_size, record_bytes;

@@ -18,7 +18,7 @@
  * (tests/unit/test_direct_native.py) holds both paths to the same lane writes and replies.
  *
  * Every lane byte offset comes from shm/lanes.py's LaneLayout dtype through `add_policy`'s
- * layout tuple (the P_ names below). The lane areas are the role's own (private memfds);
+ * layout tuple (the P_ names of declared.h). The lane areas are the role's own (private memfds);
  * req_seq is stored last, with release order, as LaneArea.publish does.
  */
 #include "native.h"
@@ -33,16 +33,8 @@
 #include <sys/socket.h>
 #include <time.h>
 
-enum {
-    P_REQ_SEQ, P_RESP_SEQ, P_OP, P_FLAGS, P_GROUP_SIZE, P_REWARD, P_STATUS, P_GROUP, P_SEQ_NO,
-    P_ACTION, P_OBS, P_BYTES, P_CAPACITY, P_OBS_FLOATS, P_ACTION_START, P_OP_STEP, P_EVALUATE,
-    P_STATUS_OK, N_POLICY
-};
-
 #define MAX_POLICIES 64
-#define MAX_OBS 16         /* spaces.SMALL_BOX_SIZE: the Boxes Front checks in plain floats */
-#define MAX_CACHED DIRECT_MAX_EPISODES  /* episodes a fast connection may step (native.h) */
-#define MAX_ID 64          /* agents.MAX_AGENT_ID_CHARS */
+#define MAX_CACHED DIRECT_MAX_EPISODES  /* episodes a fast connection may step (declared.h) */
 #define BUF_BYTES 16384    /* a fast connection's input; a larger frame is direct.py's */
 #define OUT_BYTES 256
 #define MAX_NUMBER_CHARS 32
@@ -225,8 +217,8 @@ enum { K_TYPE = 1, K_STEPS = 2, K_ID = 4, K_REWARD = 8, K_OBS = 16, K_TERM = 32,
 static int key_bit(const char *k, int len)
 {
     static const struct { const char *name; int bit; } keys[] = {
-        {"type", K_TYPE}, {"steps", K_STEPS}, {"episode_id", K_ID}, {"reward", K_REWARD},
-        {"observation", K_OBS}, {"terminated", K_TERM}, {"truncated", K_TRUNC},
+        {"type", K_TYPE}, {KEY_STEPS, K_STEPS}, {KEY_EPISODE_ID, K_ID}, {KEY_REWARD, K_REWARD},
+        {KEY_OBSERVATION, K_OBS}, {KEY_TERMINATED, K_TERM}, {KEY_TRUNCATED, K_TRUNC},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if ((int)strlen(keys[i].name) == len && memcmp(keys[i].name, k, (size_t)len) == 0)
@@ -245,9 +237,9 @@ static int member(Parser *s, Step *st, int bit)
     case K_TYPE:
         if (string(s, &v, &len) != 0)
             return -1;
-        if (len == 10 && memcmp(v, "STEP_BATCH", 10) == 0)
+        if (len == (int)sizeof MSG_STEP_BATCH - 1 && memcmp(v, MSG_STEP_BATCH, sizeof MSG_STEP_BATCH - 1) == 0)
             st->batch = 1;
-        else if (!(len == 4 && memcmp(v, "STEP", 4) == 0))
+        else if (!(len == (int)sizeof MSG_STEP - 1 && memcmp(v, MSG_STEP, sizeof MSG_STEP - 1) == 0))
             return -1;
         return 0;
     case K_STEPS: {
@@ -496,7 +488,7 @@ static int check_layout(Policy *p, Py_ssize_t index)
         || p->at[P_CAPACITY] < 0 || p->lanes.len < p->at[P_CAPACITY] * bytes || p->requests.len < 8
         || p->lanes.readonly || p->requests.readonly || p->at[P_OBS] < 0
         || p->at[P_OBS] + 4 * n_obs > bytes || p->at[P_ACTION] < 0 || p->at[P_ACTION] + 4 > bytes
-        || p->at[P_SEQ_NO] < 0 || p->at[P_SEQ_NO] + 8 > bytes) {
+        || p->at[P_WEIGHTS_SEQ_NO] < 0 || p->at[P_WEIGHTS_SEQ_NO] + 8 > bytes) {
         PyErr_SetString(PyExc_ValueError, "DirectNative.add_policy: a layout that does not fit");
         return -1;
     }
@@ -692,12 +684,12 @@ static int answer_one(Direct *self, Conn *c)
     if (*FIELD(row, p, P_STATUS, int32_t) != (int32_t)p->at[P_STATUS_OK] || !(fabsf(action) < 1e15f))
         return demote(self, c, NULL, 0, 0, 0, NULL);  /* (direct.py words the refusal) */
     long long a = (long long)nearbyint((double)action) + (long long)p->at[P_ACTION_START];
-    long long seq = (long long)*FIELD(row, p, P_SEQ_NO, int64_t);
+    long long seq = (long long)*FIELD(row, p, P_WEIGHTS_SEQ_NO, int64_t);
     char out[OUT_BYTES];
     int n = c->wait_batch
-        ? snprintf(out + 8, OUT_BYTES - 8, "{\"type\":\"ACTIONS\",\"actions\":[%lld],\"weights_seq_nos\":[%lld]}", a, seq)
-        : snprintf(out + 8, OUT_BYTES - 8, "{\"type\":\"ACTION\",\"episode_id\":\"%.*s\",\"action\":%lld,"
-                   "\"weights_seq_no\":%lld}", e->len, e->id, a, seq);
+        ? snprintf(out + 8, OUT_BYTES - 8, "{\"type\":\"" MSG_ACTIONS "\",\"" KEY_ACTIONS "\":[%lld],\"" KEY_WEIGHTS_SEQ_NOS "\":[%lld]}", a, seq)
+        : snprintf(out + 8, OUT_BYTES - 8, "{\"type\":\"" MSG_ACTION "\",\"" KEY_EPISODE_ID "\":\"%.*s\",\"" KEY_ACTION "\":%lld,"
+                   "\"" KEY_WEIGHTS_SEQ_NO "\":%lld}", e->len, e->id, a, seq);
     char head[9];
     snprintf(head, sizeof head, "%08d", n);
     memcpy(out, head, 8);

@@ -8,6 +8,8 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "declared.h"  /* generated from the Python declarations (rlinkd.daemon.c_headers) */
+
 typedef struct {
     PyObject_HEAD
     int32_t *code;
@@ -29,7 +31,6 @@ typedef struct {
 extern PyTypeObject NativeProgramType;
 extern PyTypeObject NativeLoneStepType;
 extern PyTypeObject NativeDirectType;  /* direct.c */
-#define DIRECT_MAX_EPISODES 16  /* episodes one fast direct connection may step (_native.DIRECT_MAX_EPISODES) */
 
 /* Room in the arena for `rows` rows (-1 with MemoryError set). */
 int native_ensure_arena(Program *p, Py_ssize_t rows);

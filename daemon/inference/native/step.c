@@ -23,13 +23,7 @@
 #include <math.h>
 #include <string.h>
 
-enum {
-    L_REQ_SEQ, L_RESP_SEQ, L_OP, L_FLAGS, L_REWARD, L_STATUS, L_SEQ_NO, L_LOGP, L_ACTION, L_OBS, L_BYTES,
-    R_FLAGS, R_STREAM, R_SEQ_NO, R_REWARD, R_LOGP, R_OBS, R_ACTION, R_DIST, R_BYTES,
-    K_OBS_FLOATS, K_DIST, K_OP_STEP, K_OP_START, K_OP_END, K_EVALUATE, K_TERMINATED, K_TRUNCATED,
-    K_STEP_FLAGS, K_FINAL_OBS, K_REC_TERMINATED, K_REC_TRUNCATED, N_LAYOUT
-};
-
+/* The layout tuple's L_, R_ and K_ indexes: declared.h (lonestep.LONE_LAYOUT). */
 enum { B_OPEN, B_EVALUATE, B_SLOT, B_PENDING, B_HAS_PENDING, B_FRAGMENT_STEPS, B_RET, B_LENGTH, N_BOOK };
 static const Py_ssize_t BOOK_ITEM[N_BOOK] = {1, 1, 8, 0, 1, 8, 8, 8}; /* (0: R_BYTES) */
 
@@ -80,8 +74,8 @@ static int layout_fits(const Py_ssize_t *at)
 {
     const Py_ssize_t obs = at[K_OBS_FLOATS] * 4, dist = at[K_DIST] * 4;
     const Py_ssize_t lane[][2] = {{L_REQ_SEQ, 4}, {L_RESP_SEQ, 4}, {L_OP, 1}, {L_FLAGS, 1}, {L_REWARD, 4}, {L_STATUS, 4},
-                                  {L_SEQ_NO, 8}, {L_LOGP, 4}, {L_ACTION, 4}, {L_OBS, obs}};
-    const Py_ssize_t rec[][2] = {{R_FLAGS, 1}, {R_STREAM, 4}, {R_SEQ_NO, 8}, {R_REWARD, 4}, {R_LOGP, 4},
+                                  {L_WEIGHTS_SEQ_NO, 8}, {L_LOGP, 4}, {L_ACTION, 4}, {L_OBS, obs}};
+    const Py_ssize_t rec[][2] = {{R_FLAGS, 1}, {R_STREAM_ID, 4}, {R_WEIGHTS_SEQ_NO, 8}, {R_REWARD, 4}, {R_LOGP, 4},
                                  {R_OBS, obs}, {R_ACTION, 4}, {R_DIST, dist}};
     if (at[K_OBS_FLOATS] < 1 || at[K_DIST] < 1 || at[L_BYTES] < 1 || at[R_BYTES] < 1 || at[L_REQ_SEQ] % 4
         || at[L_RESP_SEQ] % 4)
@@ -200,7 +194,7 @@ static void answer(const Py_ssize_t *at, char *row, uint32_t req_seq, long long 
     const int32_t status = 0;
     const int64_t seq64 = seq_no;
     memcpy(row + at[L_STATUS], &status, sizeof status);
-    memcpy(row + at[L_SEQ_NO], &seq64, sizeof seq64);
+    memcpy(row + at[L_WEIGHTS_SEQ_NO], &seq64, sizeof seq64);
     __atomic_store_n(&AT(row, at[L_RESP_SEQ], uint32_t), req_seq, __ATOMIC_RELEASE);
 }
 
@@ -232,7 +226,7 @@ static void end_episode(LoneStep *self, Py_ssize_t lane, const float *x, int fla
         s->event = EV_EVAL_END;
         s->ret = AT(self->book[B_RET].buf, lane * 8, double);
         s->length = AT(self->book[B_LENGTH].buf, lane * 8, int64_t);
-        memcpy(&s->last_seq, (char *)self->book[B_PENDING].buf + lane * at[R_BYTES] + at[R_SEQ_NO],
+        memcpy(&s->last_seq, (char *)self->book[B_PENDING].buf + lane * at[R_BYTES] + at[R_WEIGHTS_SEQ_NO],
                sizeof s->last_seq);
     } else {
         char *final = out + s->records * at[R_BYTES];
@@ -242,8 +236,8 @@ static void end_episode(LoneStep *self, Py_ssize_t lane, const float *x, int fla
         memcpy(final + at[R_OBS], x, (size_t)at[K_OBS_FLOATS] * sizeof(float));
         AT(final, at[R_FLAGS], uint8_t) = (uint8_t)(at[K_FINAL_OBS] | (flags & at[K_TERMINATED] ? at[K_REC_TERMINATED] : 0)
                                                    | (flags & at[K_TRUNCATED] ? at[K_REC_TRUNCATED] : 0));
-        memcpy(final + at[R_STREAM], &stream, sizeof stream);
-        memcpy(final + at[R_SEQ_NO], &none, sizeof none);
+        memcpy(final + at[R_STREAM_ID], &stream, sizeof stream);
+        memcpy(final + at[R_WEIGHTS_SEQ_NO], &none, sizeof none);
         s->records += 1;
         s->event = EV_END;
         s->slot = slot;
@@ -309,8 +303,8 @@ static void remember_and_answer(LoneStep *self, Program *p, char *row, Py_ssize_
     memcpy(pending + at[R_ACTION], &action, sizeof action);
     memcpy(pending + at[R_LOGP], &logp32, sizeof logp32);
     memcpy(pending + at[R_DIST], p->arena + p->offset[p->output], (size_t)at[K_DIST] * sizeof(float));
-    memcpy(pending + at[R_SEQ_NO], &seq64, sizeof seq64);
-    memcpy(pending + at[R_STREAM], &stream, sizeof stream);
+    memcpy(pending + at[R_WEIGHTS_SEQ_NO], &seq64, sizeof seq64);
+    memcpy(pending + at[R_STREAM_ID], &stream, sizeof stream);
     AT(pending, at[R_FLAGS], uint8_t) = (uint8_t)at[K_STEP_FLAGS];
     AT(self->book[B_HAS_PENDING].buf, lane, uint8_t) = 1;
     memcpy(row + at[L_ACTION], &action, sizeof action);

@@ -1,0 +1,7 @@
+"""Serving code both shells of a serving connection use: the collector (TCP and Unix
+sockets) and the inference role (direct connections). It imports neither role.
+
+- ``front``: serving messages in, lane requests out, replies back;
+- ``channel``: the collector <-> inference datagram channel (handing connections over);
+- ``fds``: handing file descriptors to a stream peer after what was written before.
+"""
