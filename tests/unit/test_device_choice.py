@@ -121,3 +121,16 @@ def test_the_real_timing_function_times_a_step_on_the_cpu():
     step_s = time_sgd_step(spec, 32, "cpu", steps=2)
     assert math.isfinite(step_s) and 0 < step_s < 5
     assert host_signature(1) != host_signature(2)
+
+
+def test_rlinkd_status_shows_each_policys_device_and_timings():
+    from rlinkd.daemon.cli import format_status
+    timed = {"device": "cuda:0", "device_choice": "measured",
+             "device_step_s": {"cpu": 0.004, "cuda:0": 0.00125}}
+    text = format_status({"policies": {"default": {"learner": timed},
+                                       "red": {"learner": {"device": "cpu", "device_choice": "only_cpu",
+                                                           "device_step_s": {}}},
+                                       "frozen": {"learner": {}}}})
+    assert ("learner default on cuda:0 (measured: cpu 4.00 ms, cuda:0 1.25 ms per SGD step)"
+            in text.splitlines())
+    assert "learner red on cpu (only_cpu)" in text.splitlines() and "frozen on" not in text
