@@ -350,8 +350,8 @@ class InferenceConfig:
 
     backend: str = setting("auto", "Forward-pass backend: `auto` times the native interpreter "
                            "(a compiled extension; MLPs only), numpy and onnxruntime at start "
-                           "and keeps the fastest per batch size (torch on CUDA when a GPU is "
-                           "present). `native` where it cannot run (convolutions, extension not "
+                           "and keeps the fastest per batch size (torch on CUDA timed beside them "
+                           "when a GPU is present). `native` where it cannot run (convolutions, extension not "
                            "built) logs a warning and falls back to `auto`.",
                            choices=("auto", "native", "numpy", "onnxruntime", "torch"))
     max_batch: int = setting(256, "Most action requests answered by one forward pass.",
