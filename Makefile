@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlinkd-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo lint test bench clean c-client c-check native-check
+.PHONY: install demo lint test bench clean c-client c-check native-check gpu-check
 
 install: $(STAMP)
 
@@ -56,6 +56,13 @@ test: lint c-check
 
 bench: $(STAMP)
 	$(PY) -m bench.run_all
+
+# The CUDA tests (marker `cuda`; pytest skips them without a GPU, so this target stops first) and
+# the learner-device benchmark (SGD rows/s, CPU and CUDA rows in one run).
+gpu-check: $(STAMP)
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: torch sees no CUDA device')"
+	$(PY) -m pytest -m cuda -q -rs tests/unit/test_learner_graphs.py
+	$(PY) -m bench.scenarios.learner_device
 
 clean:
 	rm -rf $(VENV) build *.egg-info

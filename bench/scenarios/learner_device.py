@@ -7,10 +7,10 @@
 Cases (issue 32): a Nature CNN on 84x84x3 uint8 images, Discrete(6), minibatch 256, 4 epochs;
 the CartPole MLP 64x64, minibatch 128, 10 epochs; one synthetic batch of ``--rows`` rows
 (4,096; fewer with --quick). Rows: ``learner`` (``Learner.update``, everything it does: the
-batch's checks, its one crossing to the device, the epochs), ``plain`` (the same network, loss
-and Adam as a bare minibatch loop over tensors already on the device) and, on CUDA only,
-``graphed`` (that loop with each SGD step one captured CUDA graph). SGD rows/s = rows x epochs
-run / wall seconds of the update; the median (min-max) of ``--runs`` updates after one
+batch's checks, its one crossing to the device, the epochs; on CUDA each SGD step a replayed
+CUDA graph), on CUDA ``learner-eager`` (the same with the step not captured) and ``plain``
+(the same network, loss and Adam as a bare minibatch loop over tensors already on the device).
+SGD rows/s = rows x epochs run / wall seconds of the update; the median (min-max) of ``--runs`` updates after one
 warm-up update. ``learner.torch_threads`` is 1 on the CPU, as the daemon's default.
 Results go to ``bench/results/learner_device.json``.
 """
@@ -49,10 +49,11 @@ def batch(obs_space, n_actions: int, rows: int) -> dict:
             "logp": np.full(rows, -np.log(n_actions), np.float32), **cols}
 
 
-def time_learner(case: str, device: str, rows: int, runs: int) -> list[float]:
+def time_learner(case: str, device: str, rows: int, runs: int, graphs: bool = True) -> list[float]:
     obs_space, act, minibatch, epochs = CASES[case]
     hp = PPOConfig(minibatch_size=minibatch, num_epochs=epochs, target_kl=0.0)
-    learner = Learner(make_policy_spec(hp, obs_space, act, ""), hp, device=device, torch_threads=1)
+    learner = Learner(make_policy_spec(hp, obs_space, act, ""), hp, device=device, torch_threads=1,
+                      graphs=graphs)
     data = batch(obs_space, act.n, rows)
     out = []
     for i in range(runs + 1):
@@ -117,6 +118,9 @@ def main() -> int:
     for case in cases:
         for device in devices:
             results[f"{case}/{device}/learner"] = median_range(time_learner(case, device, rows, runs), 0)
+            if device == "cuda":  # the same learner with its step not captured
+                results[f"{case}/{device}/learner-eager"] = median_range(
+                    time_learner(case, device, rows, runs, graphs=False), 0)
             results[f"{case}/{device}/plain"] = median_range(time_plain(case, device, rows, runs), 0)
     print_table("PPO update, SGD rows/s", ("row", "SGD rows/s"),
                 [(k, fmt_mr(v)) for k, v in results.items()])

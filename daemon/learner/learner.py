@@ -21,6 +21,7 @@ from rlinkd.client_lib.protocol.columns import check_action_vector
 from rlinkd.daemon.batch_schema import COLUMN_NAMES, OBS, PER_ROW_COLUMNS
 from rlinkd.daemon.config import PPOConfig
 from rlinkd.daemon.learner.adam import Adam
+from rlinkd.daemon.learner.graphed import make_stepper
 from rlinkd.daemon.learner.minibatch import update_plan
 from rlinkd.daemon.learner.model import ActorCritic, ObsNormalizer
 from rlinkd.daemon.learner.ppo import STAT_NAMES, ppo_loss_terms
@@ -99,11 +100,14 @@ class Learner:
     """
 
     def __init__(self, spec: PolicySpec, hp: PPOConfig, device: str = "auto", seed: int = 0,
-                 torch_threads: int = 0) -> None:
+                 torch_threads: int = 0, graphs: bool = True) -> None:
         self.spec, self.hp = spec, hp
         self.device, self.model = seeded_model(spec, device, seed, torch_threads)
         self.optimizer = _make_adam(self.model, hp.lr)
         self.ent_coef_t = torch.tensor(float(hp.ent_coef), device=self.device)  # reloadable
+        opt = self.optimizer
+        self.stepper = make_stepper(self.device, lambda data, idx: self._sgd_step(data, idx),
+                                    [opt.flat, opt.grad, opt.m, opt.v, opt.step_t], graphs, "ppo")
         self.normalizers = ({n.key: ObsNormalizer(math.prod(n.shape)) for n in spec.normalizers()}
                             if hp.normalize_observations else {})
         self.updates = 0
@@ -131,7 +135,8 @@ class Learner:
         backup = self.model.flat_weights()
         n_rows = data["actions"].shape[0]
         plan = update_plan(self._rng, n_rows, self.hp.minibatch_size, self.hp.num_epochs)
-        sums, steps, epochs = self._epochs(data, self._tensor(plan), on_step)
+        run = self.stepper.bind(data, plan.shape[-1])
+        sums, steps, epochs = self._epochs(run, self._tensor(plan), on_step)
         if not np.all(np.isfinite(self.model.flat_weights())):
             self._restore(backup)
             raise ValueError("the update produced non-finite weights; batch rejected")
@@ -144,17 +149,18 @@ class Learner:
         stats["update_time_s"] = time.perf_counter() - start
         return stats
 
-    def _epochs(self, data: dict[str, Any], plan: torch.Tensor, on_step: Callable[[], None]
-                ) -> tuple[torch.Tensor, int, int]:
-        """Up to hp.num_epochs passes over `plan` [E, K, b]; (device sums [_STEP_SLOTS] of the
-        steps' diagnostics, steps run, epochs run)."""
+    def _epochs(self, run: Callable[[torch.Tensor], torch.Tensor], plan: torch.Tensor,
+                on_step: Callable[[], None]) -> tuple[torch.Tensor, int, int]:
+        """Up to hp.num_epochs passes over `plan` [E, K, b], `run(idx)` a step (eager or a
+        graph replay); (device sums [_STEP_SLOTS] of the steps' diagnostics, steps run,
+        epochs run)."""
         sums = torch.zeros(_STEP_SLOTS, device=self.device)
         steps = epochs = 0
         for epoch_plan in plan:
             epochs += 1
             kl_before = sums[_KL].clone()
             for idx in epoch_plan:
-                sums += self._sgd_step(data, idx)
+                sums += run(idx)
                 on_step()
             steps += len(epoch_plan)
             if self._kl_exceeded(float(sums[_KL] - kl_before) / len(epoch_plan)
