@@ -39,7 +39,7 @@ CASES = {  # name -> (observation space, actions, minibatch, epochs)
 def batch(obs_space, n_actions: int, rows: int) -> dict:
     """A synthetic train batch of ``rows`` rows (values inside the spaces)."""
     rng = np.random.default_rng(0)
-    if obs_space.dtype == np.uint8:
+    if np.dtype(obs_space.record_dtype) == np.uint8:
         obs = rng.integers(0, 256, (rows, *obs_space.shape), dtype=np.uint8)
     else:
         obs = rng.uniform(-1, 1, (rows, *obs_space.shape)).astype(np.float32)
