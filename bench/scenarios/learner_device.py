@@ -11,7 +11,9 @@ batch's checks, its one crossing to the device, the epochs; on CUDA each SGD ste
 CUDA graph), on CUDA ``learner-eager`` (the same with the step not captured) and ``plain``
 (the same network, loss and Adam as a bare minibatch loop over tensors already on the device).
 SGD rows/s = rows x epochs run / wall seconds of the update; the median (min-max) of ``--runs`` updates after one
-warm-up update. ``learner.torch_threads`` is 1 on the CPU, as the daemon's default.
+warm-up update. ``learner.torch_threads`` is 1 on the CPU, as the daemon's default. On a
+loaded machine ``--clock process`` divides by this process's CPU seconds instead (with one
+thread on the CPU that is the work done, whatever else runs; meaningless for CUDA rows).
 Results go to ``bench/results/learner_device.json``.
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ from rlinkd.daemon.learner.learner import Learner
 from rlinkd.daemon.learner.ppo import ppo_loss
 from rlinkd.daemon.policies import make_policy_spec
 
+CLOCK = [time.perf_counter]  # --clock process: time.process_time (see the docstring)
 CASES = {  # name -> (observation space, actions, minibatch, epochs)
     "nature": (Box((84, 84, 3), "uint8", 0, 255), Discrete(6), 256, 4),
     "cartpole": (Box([4], low=-5.0, high=5.0), Discrete(2), 128, 10),
@@ -57,9 +60,10 @@ def time_learner(case: str, device: str, rows: int, runs: int, graphs: bool = Tr
     data = batch(obs_space, act.n, rows)
     out = []
     for i in range(runs + 1):
+        start = CLOCK[0]()
         stats = learner.update(data)
         if i:
-            out.append(rows * stats["epochs"] / stats["update_time_s"])
+            out.append(rows * stats["epochs"] / (CLOCK[0]() - start))
     return out
 
 
@@ -89,14 +93,14 @@ def time_plain(case: str, device: str, rows: int, runs: int) -> list[float]:
     step, dev = plain_steps(case, device, rows)
     out = []
     for i in range(runs + 1):
-        start = time.perf_counter()
+        start = CLOCK[0]()
         for _ in range(epochs):
             for idx in torch.randperm(rows, device=dev).split(minibatch):
                 step(idx)
         if dev.type == "cuda":
             torch.cuda.synchronize()
         if i:
-            out.append(rows * epochs / (time.perf_counter() - start))
+            out.append(rows * epochs / (CLOCK[0]() - start))
     return out
 
 
@@ -107,9 +111,13 @@ def main() -> int:
     ap.add_argument("--case", default="all", choices=(*CASES, "all"), help="networks to time")
     ap.add_argument("--rows", type=int, default=4096, help="rows of the synthetic batch")
     ap.add_argument("--quick", action="store_true", help="1 run, 1,024 rows")
+    ap.add_argument("--clock", default="wall", choices=("wall", "process"),
+                    help="wall seconds, or this process's CPU seconds (CPU rows only)")
     ap.add_argument("--out", default=None, help="result file (default bench/results/learner_device.json)")
     args = ap.parse_args()
     runs, rows = (1, 1024) if args.quick else (args.runs, args.rows)
+    if args.clock == "process":
+        CLOCK[0] = time.process_time
     torch.set_num_threads(1)
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
@@ -124,7 +132,8 @@ def main() -> int:
             results[f"{case}/{device}/plain"] = median_range(time_plain(case, device, rows, runs), 0)
     print_table("PPO update, SGD rows/s", ("row", "SGD rows/s"),
                 [(k, fmt_mr(v)) for k, v in results.items()])
-    write_result("learner_device", {"rows": rows, "runs": runs, "sgd_rows_per_s": results,
+    write_result("learner_device", {"rows": rows, "runs": runs, "clock": args.clock,
+                                    "sgd_rows_per_s": results,
                                     "cuda": torch.cuda.is_available()}, args.out)
     return 0
 
