@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -69,7 +70,8 @@ def require_device(name: str, cuda_count: int) -> str:
 def choose(devices: Sequence[str], time_fn: TimeFn, cache: ChoiceCache | None = None,
            key: str = "") -> DeviceChoice:
     """The fastest of ``devices`` by ``time_fn`` (the first wins a tie), from ``cache`` under
-    ``key`` when it holds an answer naming one of them; a measured answer is stored there."""
+    ``key`` when it holds an answer naming one of them; a measured answer is stored there
+    unless a device could not be timed (``time_fn`` returned inf: measured again next time)."""
     if len(devices) == 1:
         return DeviceChoice(devices[0], "only_cpu")
     hit = cache.get(key) if cache is not None else None
@@ -78,7 +80,7 @@ def choose(devices: Sequence[str], time_fn: TimeFn, cache: ChoiceCache | None = 
     step_s = {device: float(time_fn(device)) for device in devices}
     best = min(devices, key=lambda d: step_s[d])
     choice = DeviceChoice(best, "measured", step_s)
-    if cache is not None:
+    if cache is not None and all(math.isfinite(t) for t in step_s.values()):
         cache.put(key, choice)
     return choice
 

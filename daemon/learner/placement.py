@@ -2,6 +2,8 @@
 wiring between the pure choice, the timing function, the state directory and the log)."""
 from __future__ import annotations
 
+import math
+
 import structlog
 import torch
 
@@ -46,6 +48,15 @@ def place(definition: PolicyDef, cfg: Config, time_fn: TimeFn | None = None,
 
 
 def _timed(definition: PolicyDef, minibatch: int, device: str, threads: int) -> float:
+    """Seconds per SGD step on ``device``; inf (logged) when a GPU fails to run it (out of
+    memory, a driver error): the policy then trains on the CPU rather than not at all."""
     if threads > 0:
         torch.set_num_threads(threads)
-    return time_sgd_step(definition.spec, minibatch, device)
+    try:
+        return time_sgd_step(definition.spec, minibatch, device)
+    except RuntimeError as exc:
+        if device == "cpu":
+            raise
+        log.warning("device_timing_failed", policy=definition.name, device=device,
+                    error=str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        return math.inf

@@ -78,6 +78,25 @@ def test_a_cached_device_the_host_lacks_or_a_bad_file_is_measured_again(tmp_path
     assert cache.get("k") == dc.DeviceChoice("cpu", "cached", {"cpu": 1.0, "cuda:0": 2.0})
 
 
+def test_a_device_that_could_not_be_timed_loses_and_is_not_cached(tmp_path):
+    cache = dc.ChoiceCache(tmp_path / dc.CACHE_FILE)
+    choice = dc.choose(dc.candidates(1), table(cpu=0.5, cuda0=math.inf), cache, "k")
+    assert choice.device == "cpu" and cache.get("k") is None
+
+
+def test_a_gpu_failing_its_timing_places_the_policy_on_the_cpu(tmp_path, monkeypatch):
+    from rlinkd.daemon.learner import placement
+
+    def failing(spec, minibatch, device):
+        if device != "cpu":
+            raise RuntimeError("CUDA error: out of memory\ndetails")
+        return 0.01
+    monkeypatch.setattr(placement, "time_sgd_step", failing)
+    monkeypatch.setattr(placement, "host_signature", lambda threads: "h")
+    cfg, defs = two_policies(tmp_path)
+    assert place(defs["default"], cfg, cuda_count=1).device == "cpu"
+
+
 def test_the_cache_key_separates_network_minibatch_and_host():
     keys = {dc.cache_key({"net": 1}, 128, "h"), dc.cache_key({"net": 2}, 128, "h"),
             dc.cache_key({"net": 1}, 256, "h"), dc.cache_key({"net": 1}, 128, "g")}
