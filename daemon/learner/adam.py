@@ -95,8 +95,8 @@ class Adam:
         gradients zeroed). No value is read back to the host."""
         norm = torch.linalg.vector_norm(self.grad)
         gate = torch.isfinite(norm).float()
-        scale = torch.clamp(max_norm / (norm + GRAD_NORM_EPS), max=1.0)
-        self.grad.copy_(torch.where(gate > 0, self.grad * scale, 0.0))
+        scale = torch.clamp(max_norm / (norm + GRAD_NORM_EPS), max=1.0) * gate
+        self.grad.mul_(scale).nan_to_num_(0.0, 0.0, 0.0)  # (only a closed gate leaves any)
         return norm, gate
 
     @torch.no_grad()
