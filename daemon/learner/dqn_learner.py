@@ -18,7 +18,7 @@ from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.daemon.config import DQNConfig
 from rlinkd.daemon.learner.adam import Adam
 from rlinkd.daemon.learner.dqn import double_q_targets, dqn_loss, fan_in_uniform, linear_schedule
-from rlinkd.daemon.learner.learner import seeded_model
+from rlinkd.daemon.learner.learner import seeded_model, to_device
 
 DQN_STATE_FORMAT = 1
 
@@ -95,7 +95,7 @@ class DQNLearner:
         return {k: self._tensor(v) for k, v in obs_columns(structured, self.spec.obs_space).items()}
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+        return to_device(array, self.device)
 
     # ----------------------------------------------------------------- weights and knobs
     def flat_weights(self) -> np.ndarray:

@@ -50,6 +50,15 @@ def seeded_model(spec: PolicySpec, device: str, seed: int, torch_threads: int
     return resolved, ActorCritic(spec, init_seed=seed).to(resolved)
 
 
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """`array` as a tensor on `device`, in its dtype (a uint8 image stays uint8): on a GPU
+    copied from pinned host memory without waiting; on the CPU sharing the array's memory."""
+    host = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def explained_variance(predicted: np.ndarray, targets: np.ndarray) -> float:
     """1 - Var[targets - predicted] / Var[targets]; NaN when the targets are constant."""
     predicted, targets = np.asarray(predicted, np.float64), np.asarray(targets, np.float64)
@@ -219,11 +228,7 @@ class Learner:
         return tensors
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        """`array` on the device: on a GPU copied from pinned host memory without waiting."""
-        host = torch.from_numpy(np.ascontiguousarray(array))
-        if self.device.type != "cuda":
-            return host
-        return host.pin_memory().to(self.device, non_blocking=True)
+        return to_device(array, self.device)
 
     def _obs_columns(self, obs: Any) -> dict[str, np.ndarray]:
         """batch["obs"] as leaf columns: a dict, or a bare array for a root-leaf space."""
