@@ -10,7 +10,7 @@ import dataclasses
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,29 @@ def seeded_model(spec: PolicySpec, device: str, seed: int, torch_threads: int
     random.seed(seed)
     resolved = resolve_device(device)
     return resolved, ActorCritic(spec, init_seed=seed).to(resolved)
+
+
+class DeviceStats(Mapping[str, float]):
+    """A step's statistics by name, held as one device tensor and read back (one sync) only
+    when first looked at: a replay learner keeps a publication's steps and reads them then."""
+
+    def __init__(self, names: tuple[str, ...], values: torch.Tensor) -> None:
+        self.names, self.tensor = names, values
+        self._floats: dict[str, float] | None = None
+
+    def _read(self) -> dict[str, float]:
+        if self._floats is None:
+            self._floats = dict(zip(self.names, self.tensor.tolist()))
+        return self._floats
+
+    def __getitem__(self, name: str) -> float:
+        return self._read()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
