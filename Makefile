@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlinkd-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo lint test bench bench-report clean c-client c-check c-headers native-check ort-old
+.PHONY: install demo lint test bench bench-report clean c-client c-check c-headers native-check ort-old gpu-check
 
 install: $(STAMP)
 
@@ -77,6 +77,13 @@ bench: $(STAMP)
 # runs; tests/unit/test_bench_report.py checks the file is current).
 bench-report: $(STAMP)
 	$(PY) -m bench.report
+
+# The CUDA tests (marker `cuda`; pytest skips them without a GPU, so this target stops first) and
+# the learner-device benchmark (SGD rows/s, CPU and CUDA rows in one run).
+gpu-check: $(STAMP)
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: torch sees no CUDA device')"
+	$(PY) -m pytest -m cuda -q -rs tests/unit/test_learner_graphs.py
+	$(PY) -m bench.scenarios.learner_device
 
 clean:
 	rm -rf $(VENV) build *.egg-info

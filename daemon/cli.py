@@ -239,9 +239,23 @@ def format_status(s: dict) -> str:
                          f"{'trained' if p.get('trainable') else 'frozen'}  env_steps "
                          f"{p.get('env_steps')}  episodes {p.get('episodes')}  return mean "
                          f"{p.get('episode_return_mean')}")
+    lines += _device_lines(policies)
     for role, c in (s.get("children") or {}).items():
         lines.append(f"  {role:<12} pid {c.get('pid')}  restarts {c.get('restarts')}")
     return "\n".join(lines)
+
+
+def _device_lines(policies: dict) -> list[str]:
+    """One line per trained policy: its device, why, and the timings ``auto`` compared."""
+    lines = []
+    for name, p in policies.items():
+        learner = p.get("learner") or {}
+        if learner.get("device"):
+            timed = ", ".join(f"{d} {1000 * t:.2f} ms" for d, t in
+                              (learner.get("device_step_s") or {}).items())
+            lines.append(f"learner {name} on {learner['device']} ({learner.get('device_choice')}"
+                         f"{': ' + timed + ' per SGD step' if timed else ''})")
+    return lines
 
 
 def _signal_and_wait(args: argparse.Namespace, sig: int, key: str, describe) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 import types
 import typing
@@ -313,6 +314,9 @@ class PolicyConfig:
     sac: SACConfig | None = setting(None, "This policy's [sac] (keys set in "
                                     "`[policies.NAME.sac]` override [sac]).")
 
+DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
+"""The learner.device values: whether such a device exists is the learner's check at boot."""
+
 
 @dataclass(frozen=True)
 class LearnerConfig:
@@ -323,8 +327,10 @@ class LearnerConfig:
                              "(asynchronous PPO with V-trace), `dqn` (off-policy, Discrete "
                              "actions, replay buffer), `sac` (off-policy, float Box actions "
                              "with finite bounds, replay buffer).", choices=ALGORITHMS)
-    device: str = setting("auto", "`auto` = CUDA when available, else CPU; or `cpu`, "
-                          "`cuda`, `cuda:1`.")
+    device: str = setting("auto", "`auto` times a few SGD steps of each policy's network on "
+                          "the CPU and on each visible CUDA device and trains it on the faster "
+                          "(no timing on a host without CUDA; see docs/gpu.md); or `cpu`, "
+                          "`cuda`, `cuda:1`. A device the host does not have is a boot error.")
     torch_threads: int = setting(1, "torch intra-op threads in the learner.", minimum=1)
     seed: int = setting(0, "Seed of the learner's RNGs.")
 
@@ -344,8 +350,8 @@ class InferenceConfig:
 
     backend: str = setting("auto", "Forward-pass backend: `auto` times the native interpreter "
                            "(a compiled extension; MLPs only), numpy and onnxruntime at start "
-                           "and keeps the fastest per batch size (torch on CUDA when a GPU is "
-                           "present). `native` where it cannot run (convolutions, extension not "
+                           "and keeps the fastest per batch size (torch on CUDA timed beside them "
+                           "when a GPU is present). `native` where it cannot run (convolutions, extension not "
                            "built) logs a warning and falls back to `auto`.",
                            choices=("auto", "native", "numpy", "onnxruntime", "torch"))
     max_batch: int = setting(256, "Most action requests answered by one forward pass.",
@@ -696,6 +702,9 @@ def validate(cfg: Config) -> None:
                           "a Unix socket (max ~100 characters)")
     if (cfg.env.observation_space is None or cfg.env.action_space is None) and not cfg.env.id:
         raise ConfigError("env.id: give a gymnasium id or both explicit spaces")
+    if not re.fullmatch(DEVICE_PATTERN, cfg.learner.device):
+        raise ConfigError(f"learner.device = {cfg.learner.device!r}: expected auto, cpu, cuda "
+                          "or cuda:N")
     metrics_address(cfg.metrics)
     _validate_policies(cfg)
 

@@ -58,6 +58,9 @@ class LearnerState:
     epsilon: float | None = None     # dqn: the exploration rate clients apply now
     replay_steps: int | None = None  # off-policy: transitions in the replay buffer
     lag_steps: int | None = None     # off-policy: env steps the learner is behind its UTD schedule
+    device: str = ""                 # where the policy trains ("cpu", "cuda:0")
+    device_choice: str = ""          # why: fixed, only_cpu, measured, cached (device_choice)
+    device_step_s: dict[str, float] = field(default_factory=dict)  # auto: s per SGD step by device
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from rlinkd.daemon.messages import CollectorStatus
+from rlinkd.daemon.messages import CollectorStatus, LearnerState
 from rlinkd.daemon.tboard import EventWriter
 
 log = structlog.get_logger("metrics")
@@ -54,10 +54,23 @@ POLICY_SCALARS = {
 def scalars_from_status(status: CollectorStatus) -> dict[str, float]:
     """The TensorBoard scalars in one status report (missing values are left out): the
     default policy's under the plain tags, every other policy's under ``policy/<name>/``."""
-    out = _scalars(status, SCALARS, "")
+    out = _scalars(status, SCALARS, "") | _device_scalars(status.learner, "")
     for name, digest in status.policies.items():
         out |= _scalars(digest, POLICY_SCALARS, f"policy/{name}/")
+        out |= _device_scalars(digest.learner, f"policy/{name}/")
     return out | status.scalars
+
+
+def _device_scalars(learner: LearnerState | None, prefix: str) -> dict[str, float]:
+    """``learner/cuda_index`` (the CUDA device trained on, -1 for the CPU) and, when ``auto``
+    timed the devices, ``learner/sgd_step_s/<device>``."""
+    if learner is None or not learner.device:
+        return {}
+    index = int(learner.device.partition(":")[2] or 0) if learner.device.startswith("cuda") else -1
+    out = {f"{prefix}learner/cuda_index": float(index)}
+    for device, seconds in learner.device_step_s.items():
+        out[f"{prefix}learner/sgd_step_s/{device.replace(':', '')}"] = seconds
+    return out
 
 
 def _scalars(source: object, table: dict[str, tuple[str, str]], prefix: str) -> dict[str, float]:

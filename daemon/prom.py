@@ -129,7 +129,7 @@ def families(scrape: Scrape) -> list[Metric]:
                                            value=int(scrape.collector_up))]
     out += _plain(report)
     for build in (_state, _protocol_errors, _clients, _slots, _children, _config, _latency,
-                  _policies):
+                  _policies, _learner_devices):
         out += build(report)
     out += _processes(scrape.processes)
     return out
@@ -289,6 +289,24 @@ POLICY_GAUGES: dict[str, tuple[Path, str]] = {
     "rlinkd_policy_learner_updates": (("learner", "updates"), "Updates of each policy's learner."),
 }
 """Labelled by ``policy`` (every policy, the default one included)."""
+
+
+def _learner_devices(report: Mapping[str, Any]) -> list[Metric]:
+    """Each policy's training device (``learner.device``; the choice: fixed, only_cpu,
+    measured, cached) and, when ``auto`` timed them, the seconds per SGD step per device."""
+    chosen = GaugeMetricFamily("rlinkd_learner_device", "1 for the device each policy trains "
+                               "on, labelled with why (learner.device).",
+                               labels=["policy", "device", "choice"])
+    step = GaugeMetricFamily("rlinkd_learner_sgd_step_seconds", "Seconds per SGD step of each "
+                             "policy's network as `learner.device = auto` timed it, per device.",
+                             labels=["policy", "device"])
+    for policy, section in (report.get("policies") or {}).items():
+        learner = section.get("learner") or {}
+        if learner.get("device"):
+            chosen.add_metric([policy, learner["device"], learner.get("device_choice", "")], 1)
+        for device, seconds in (learner.get("device_step_s") or {}).items():
+            step.add_metric([policy, device], seconds)
+    return [family for family in (chosen, step) if family.samples]
 
 
 def _policies(report: Mapping[str, Any]) -> list[Metric]:

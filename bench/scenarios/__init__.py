@@ -56,4 +56,7 @@ SUITE = {
                          ("--quick", "--out", "{results}/c_client-quick.json")),
     "lunar": Scenario("bench.scenarios.lunar", "lunar.json", ("--runs", "{runs}"),
                       ("--quick", "--out", "{results}/lunar-quick.json")),
+    "learner_device": Scenario("bench.scenarios.learner_device", "learner_device.json",
+                               ("--runs", "{runs}"),
+                               ("--quick", "--out", "{results}/learner_device-quick.json")),
 }

@@ -5,7 +5,7 @@ same flat weights and returns dist inputs [N, D] float32; ``tests/unit/test_infe
 checks they agree. ``choose_backend`` times each available backend on batches of 1 and 64 at
 boot and keeps the fastest per batch size: the native interpreter (``netnative``, a compiled
 extension) for small MLP batches, numpy or onnxruntime for large ones and for convolutions,
-torch on CUDA when a GPU is present (``inference.backend`` forces one).
+torch on CUDA timed beside them when a GPU is present (``inference.backend`` forces one).
 
 ``PolicyRunner`` owns one policy's board: ``refresh`` loads a newer version between batches
 (never during one: a batch never mixes weight versions), ``act`` samples (or takes the mode)
@@ -82,13 +82,13 @@ def cuda_present() -> bool:
     return os.path.exists("/dev/nvidiactl")
 
 
-def candidates(spec: PolicySpec) -> list[str]:
-    """Backends worth timing for this network on this machine."""
-    if cuda_present():
-        return ["torch"]
-    if has_conv(spec):
-        return ["onnxruntime", "numpy"]
-    return (["native"] if netnative.available() else []) + ["numpy", "onnxruntime"]
+def candidates(spec: PolicySpec, gpu: bool | None = None) -> list[str]:
+    """Backends worth timing for this network on this machine: the CPU backends always (a
+    small network's batch is answered faster on the CPU than a GPU round trip takes), torch
+    on CUDA beside them when there is a GPU (``gpu``: default ``cuda_present()``)."""
+    cpu = (["onnxruntime", "numpy"] if has_conv(spec) else
+           (["native"] if netnative.available() else []) + ["numpy", "onnxruntime"])
+    return cpu + (["torch"] if (cuda_present() if gpu is None else gpu) else [])
 
 
 SMALL_BATCH = 16
@@ -125,12 +125,11 @@ def choose_backend(spec: PolicySpec, flat: np.ndarray, wanted: str,
         wanted = "auto"
     if wanted != "auto":
         return (wanted, wanted), {}
-    timings = {}
-    for name in candidates(spec):
+    timings, names = {}, candidates(spec)
+    for name in names:
         forward = MAKERS[name](spec, flat)
         for rows in (1, 64):
             timings[f"{name}@{rows}"] = time_backend(forward, sample_obs(rows))
-    names = candidates(spec)
     small = min(names, key=lambda n: timings[f"{n}@1"])
     large = min(names, key=lambda n: timings[f"{n}@64"])
     return (small, large), timings

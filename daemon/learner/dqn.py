@@ -30,15 +30,25 @@ def double_q_targets(rewards: torch.Tensor, discounts: torch.Tensor, next_q_onli
     return rewards + discounts * next_q_target.gather(1, best)[:, 0]        # [B]
 
 
-def dqn_loss(q: torch.Tensor, actions: torch.Tensor, targets: torch.Tensor
-             ) -> tuple[torch.Tensor, dict[str, float]]:
+DQN_STATS = ("loss", "q_mean", "td_abs_mean")
+
+
+def dqn_loss_terms(q: torch.Tensor, actions: torch.Tensor, targets: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Huber loss between Q(s, a) and the (detached) targets; q [B, A], actions [B] indices,
-    targets [B]. Returns (loss, {loss, q_mean, td_abs_mean})."""
+    targets [B]. Returns (loss, detached [3] in ``DQN_STATS`` order), read nothing back."""
     q_taken = q.gather(1, actions.long()[:, None])[:, 0]                     # [B]
     loss = F.smooth_l1_loss(q_taken, targets.detach())
     with torch.no_grad():
-        values = torch.stack([loss, q_taken.mean(), (q_taken - targets).abs().mean()])
-    return loss, dict(zip(("loss", "q_mean", "td_abs_mean"), values.tolist()))
+        stats = torch.stack([loss, q_taken.mean(), (q_taken - targets).abs().mean()])
+    return loss, stats
+
+
+def dqn_loss(q: torch.Tensor, actions: torch.Tensor, targets: torch.Tensor
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+    """``dqn_loss_terms`` with its statistics as python floats by name (one device sync)."""
+    loss, stats = dqn_loss_terms(q, actions, targets)
+    return loss, dict(zip(DQN_STATS, stats.tolist()))
 
 
 def linear_schedule(env_steps: int, start: float, end: float, decay_steps: int) -> float:

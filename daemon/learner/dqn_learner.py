@@ -6,6 +6,7 @@ replay buffer and calls `train_step(rows)` once per gradient step from one threa
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 import dataclasses
 import math
 
@@ -17,8 +18,9 @@ from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.daemon.config import DQNConfig
 from rlinkd.daemon.learner.adam import Adam
-from rlinkd.daemon.learner.dqn import double_q_targets, dqn_loss, fan_in_uniform, linear_schedule
-from rlinkd.daemon.learner.learner import seeded_model
+from rlinkd.daemon.learner.dqn import (DQN_STATS, double_q_targets, dqn_loss_terms, fan_in_uniform,
+                                      linear_schedule)
+from rlinkd.daemon.learner.learner import DeviceStats, seeded_model, to_device
 
 DQN_STATE_FORMAT = 1
 
@@ -66,10 +68,11 @@ class DQNLearner:
         hp = self.hp
         return linear_schedule(self.env_steps, hp.epsilon_start, hp.epsilon_end, hp.epsilon_decay_steps)
 
-    def train_step(self, rows: np.ndarray) -> dict[str, float]:
+    def train_step(self, rows: np.ndarray) -> Mapping[str, float]:
         """One gradient step on replay rows (``shm.replay`` dtype, [B]); the target network
         follows every ``target_update_interval_updates``. Returns loss, q_mean,
-        td_abs_mean, grad_norm. A non-finite loss or gradient skips the step."""
+        td_abs_mean, grad_norm, read from the device when first looked at. A non-finite
+        loss or gradient skips the step (on the device, without reading it back)."""
         obs, next_obs = self._obs(rows["obs"]), self._obs(rows["next_obs"])
         actions = self._tensor(rows["action"][:, 0])                         # [B]
         rewards, discounts = self._tensor(rows["reward"]), self._tensor(rows["discount"])  # [B]
@@ -77,14 +80,13 @@ class DQNLearner:
             next_target = self.target.dist_inputs(next_obs)                   # [B, A]
             next_online = self.model.dist_inputs(next_obs) if self.hp.double_q else next_target
             targets = double_q_targets(rewards, discounts, next_online, next_target, self.hp.double_q)
-        loss, info = dqn_loss(self.model.dist_inputs(obs), actions, targets)
+        loss, stats = dqn_loss_terms(self.model.dist_inputs(obs), actions, targets)
         self.optimizer.zero_grad()
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.hp.max_grad_norm)
-        info["grad_norm"] = float(grad_norm)
-        if math.isfinite(info["loss"]) and math.isfinite(info["grad_norm"]):
-            self.optimizer.param_groups[0]["lr"] = self.lr
-            self.optimizer.step()
+        grad_norm, gate = self.optimizer.clip_grad_norm_(self.hp.max_grad_norm)
+        self.optimizer.param_groups[0]["lr"] = self.lr
+        self.optimizer.step(gate * torch.isfinite(loss.detach()))  # non-finite: skipped
+        info = DeviceStats((*DQN_STATS, "grad_norm"), torch.cat([stats, grad_norm.reshape(1)]))
         self.updates += 1
         self.trained_steps += len(rows)
         if self.updates % self.hp.target_update_interval_updates == 0:
@@ -95,7 +97,7 @@ class DQNLearner:
         return {k: self._tensor(v) for k, v in obs_columns(structured, self.spec.obs_space).items()}
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+        return to_device(array, self.device)
 
     # ----------------------------------------------------------------- weights and knobs
     def flat_weights(self) -> np.ndarray:

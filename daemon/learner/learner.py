@@ -10,7 +10,7 @@ import dataclasses
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -21,11 +21,14 @@ from rlinkd.client_lib.protocol.columns import check_action_vector
 from rlinkd.daemon.batch_schema import COLUMN_NAMES, OBS, PER_ROW_COLUMNS
 from rlinkd.daemon.config import PPOConfig
 from rlinkd.daemon.learner.adam import Adam
+from rlinkd.daemon.learner.graphed import make_stepper
+from rlinkd.daemon.learner.minibatch import update_plan
 from rlinkd.daemon.learner.model import ActorCritic, ObsNormalizer
-from rlinkd.daemon.learner.ppo import ppo_loss
+from rlinkd.daemon.learner.ppo import STAT_NAMES, ppo_loss_terms
 
 STATE_FORMAT_VERSION = 2  # 2: per-leaf normalisers, networks described by spaces
-_STAT_KEYS = ("loss", "pg_loss", "vf_loss", "entropy", "approx_kl", "clip_frac")
+_KL = STAT_NAMES.index("approx_kl")
+_STEP_SLOTS = len(STAT_NAMES) + 2  # a step's diagnostics, its grad norm when applied, applied
 
 
 def resolve_device(device: str) -> torch.device:
@@ -47,6 +50,38 @@ def seeded_model(spec: PolicySpec, device: str, seed: int, torch_threads: int
     return resolved, ActorCritic(spec, init_seed=seed).to(resolved)
 
 
+class DeviceStats(Mapping[str, float]):
+    """A step's statistics by name, held as one device tensor and read back (one sync) only
+    when first looked at: a replay learner keeps a publication's steps and reads them then."""
+
+    def __init__(self, names: tuple[str, ...], values: torch.Tensor) -> None:
+        self.names, self.tensor = names, values
+        self._floats: dict[str, float] | None = None
+
+    def _read(self) -> dict[str, float]:
+        if self._floats is None:
+            self._floats = dict(zip(self.names, self.tensor.tolist()))
+        return self._floats
+
+    def __getitem__(self, name: str) -> float:
+        return self._read()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """`array` as a tensor on `device`, in its dtype (a uint8 image stays uint8): on a GPU
+    copied from pinned host memory without waiting; on the CPU sharing the array's memory."""
+    host = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def explained_variance(predicted: np.ndarray, targets: np.ndarray) -> float:
     """1 - Var[targets - predicted] / Var[targets]; NaN when the targets are constant."""
     predicted, targets = np.asarray(predicted, np.float64), np.asarray(targets, np.float64)
@@ -63,6 +98,16 @@ def _make_adam(model: torch.nn.Module, lr: float) -> Adam:
 
 def _no_progress() -> None:
     """The default `Learner.update` progress hook: nobody is listening."""
+
+
+def _mean_stats(sums: list[float], steps: int) -> dict[str, float]:
+    """The update's stats from the summed step diagnostics: means over the steps, the grad
+    norm's over the steps applied (0.0 when none was)."""
+    stats = {name: value / steps for name, value in zip(STAT_NAMES, sums)}
+    norm_sum, applied = sums[len(STAT_NAMES):]
+    stats["grad_norm"] = norm_sum / applied if applied else 0.0
+    stats.update(policy_loss=stats.pop("pg_loss"), value_loss=stats.pop("vf_loss"))
+    return stats
 
 
 def _cpu_clone(obj: Any) -> Any:
@@ -87,10 +132,14 @@ class Learner:
     """
 
     def __init__(self, spec: PolicySpec, hp: PPOConfig, device: str = "auto", seed: int = 0,
-                 torch_threads: int = 0) -> None:
+                 torch_threads: int = 0, graphs: bool = True) -> None:
         self.spec, self.hp = spec, hp
         self.device, self.model = seeded_model(spec, device, seed, torch_threads)
         self.optimizer = _make_adam(self.model, hp.lr)
+        self.ent_coef_t = torch.tensor(float(hp.ent_coef), device=self.device)  # reloadable
+        opt = self.optimizer
+        self.stepper = make_stepper(self.device, lambda data, idx: self._sgd_step(data, idx),
+                                    [opt.flat, opt.grad, opt.m, opt.v, opt.step_t], graphs, "ppo")
         self.normalizers = ({n.key: ObsNormalizer(math.prod(n.shape)) for n in spec.normalizers()}
                             if hp.normalize_observations else {})
         self.updates = 0
@@ -107,81 +156,80 @@ class Learner:
 
         `batch` holds numpy arrays (see ``batch_schema.COLUMNS``): obs (leaf key -> [N, ...]), actions
         [N] or [N, A], logp, advantages (already normalised), value_targets, values, each [N].
-        Stops after the epoch whose mean approx_kl exceeds hp.target_kl (0 = never);
-        at least one epoch always runs. Raises ValueError on missing keys, wrong shapes or
-        non-finite data (the model and normaliser are then untouched).
+        Minibatches follow ``minibatch``'s static-shape rule. Stops after the epoch whose mean
+        approx_kl exceeds hp.target_kl (0 = never); at least one epoch always runs. The device
+        is read once per epoch for target_kl and once at the end, never inside an epoch.
+        Raises ValueError on missing keys, wrong shapes or non-finite data (the model and
+        normaliser are then untouched).
         """
         start = time.perf_counter()
         data = self._to_tensors(batch)
         backup = self.model.flat_weights()
         n_rows = data["actions"].shape[0]
-        per_step, grad_norms, epochs = self._epochs(data, n_rows, on_step)
+        plan = update_plan(self._rng, n_rows, self.hp.minibatch_size, self.hp.num_epochs)
+        run = self.stepper.bind(data, plan.shape[-1])
+        sums, steps, epochs = self._epochs(run, self._tensor(plan), on_step)
         if not np.all(np.isfinite(self.model.flat_weights())):
             self._restore(backup)
             raise ValueError("the update produced non-finite weights; batch rejected")
         self._fold_into_normalizers(self._obs_columns(batch[OBS]))
         self.updates += 1
         self.trained_steps += n_rows
-        stats = {k: float(np.mean([info[k] for info in per_step])) for k in _STAT_KEYS}
-        stats["grad_norm"] = float(torch.stack(grad_norms).mean()) if grad_norms else 0.0
+        stats = _mean_stats(sums.tolist(), steps)  # the update's one read of its diagnostics
         stats["explained_variance"] = explained_variance(batch["values"], batch["value_targets"])
-        stats.update(policy_loss=stats.pop("pg_loss"), value_loss=stats.pop("vf_loss"),
-                     epochs=float(epochs), n_rows=float(n_rows))
+        stats.update(epochs=float(epochs), n_rows=float(n_rows))
         stats["update_time_s"] = time.perf_counter() - start
         return stats
 
-    def _epochs(self, data: dict[str, torch.Tensor], n_rows: int, on_step: Callable[[], None]
-                ) -> tuple[list[dict[str, float]], list[torch.Tensor], int]:
-        """Up to hp.num_epochs shuffled passes; (per-step stats, grad norms, epochs run)."""
-        per_step: list[dict[str, float]] = []
-        grad_norms: list[torch.Tensor] = []
-        epochs = 0
-        while epochs < self.hp.num_epochs:
+    def _epochs(self, run: Callable[[torch.Tensor], torch.Tensor], plan: torch.Tensor,
+                on_step: Callable[[], None]) -> tuple[torch.Tensor, int, int]:
+        """Up to hp.num_epochs passes over `plan` [E, K, b], `run(idx)` a step (eager or a
+        graph replay); (device sums [_STEP_SLOTS] of the steps' diagnostics, steps run,
+        epochs run)."""
+        sums = torch.zeros(_STEP_SLOTS, device=self.device)
+        steps = epochs = 0
+        for epoch_plan in plan:
             epochs += 1
-            epoch_infos = []
-            for idx in self._minibatches(n_rows):
-                epoch_infos.append(self._sgd_step(data, idx, grad_norms))
+            kl_before = sums[_KL].clone()
+            for idx in epoch_plan:
+                sums += run(idx)
                 on_step()
-            per_step += epoch_infos
-            if self._kl_exceeded(epoch_infos):
+            steps += len(epoch_plan)
+            if self._kl_exceeded(float(sums[_KL] - kl_before) / len(epoch_plan)
+                                 if self.hp.target_kl else 0.0):
                 break
-        return per_step, grad_norms, epochs
+        return sums, steps, epochs
 
     def _restore(self, flat: np.ndarray) -> None:
         """Back to the weights before a failed update, with fresh optimizer moments."""
         self.model.load_flat(flat)
-        for moment in self.optimizer.exp_avg + self.optimizer.exp_avg_sq:
+        for moment in (self.optimizer.m, self.optimizer.v):
             moment.zero_()
 
-    def _kl_exceeded(self, epoch_infos: list[dict[str, float]]) -> bool:
+    def _kl_exceeded(self, epoch_kl: float) -> bool:
         target_kl = self.hp.target_kl
-        if not target_kl:  # 0: never stop early
-            return False
-        return float(np.mean([info["approx_kl"] for info in epoch_infos])) > target_kl
+        return bool(target_kl) and epoch_kl > target_kl  # 0: never stop early
 
-    def _minibatches(self, n_rows: int) -> list[torch.Tensor]:
-        """A fresh shuffle split into ceil(N / minibatch_size) near-equal index chunks."""
-        perm = torch.from_numpy(self._rng.permutation(n_rows)).to(self.device)
-        return list(torch.tensor_split(perm, math.ceil(n_rows / self.hp.minibatch_size)))
-
-    def _sgd_step(self, data: dict[str, Any], idx: torch.Tensor,
-                  grad_norms: list[torch.Tensor]) -> dict[str, float]:
+    def _sgd_step(self, data: dict[str, Any], idx: torch.Tensor) -> torch.Tensor:
+        """One clipped Adam step on the rows `idx` [b]; its diagnostics [_STEP_SLOTS]
+        (STAT_NAMES, grad norm when applied, 1 when applied). A non-finite loss or gradient
+        skips the step on the device (no read back): extreme data must not poison the model."""
         mb = {k: v[idx] for k, v in data.items() if k != OBS}
         obs = {k: v[idx] for k, v in data[OBS].items()}
-        new_logp, entropy, new_values = self.model.evaluate(obs, mb["actions"])  # [B] each
+        new_logp, entropy, new_values = self.model.evaluate(obs, mb["actions"])  # [b] each
         hp = self.hp
-        loss, info = ppo_loss(new_logp, mb["logp"], mb["advantages"], new_values,
-                              mb["value_targets"], entropy, clip_coef=hp.clip_coef,
-                              vf_coef=hp.vf_coef, ent_coef=hp.ent_coef, old_values=mb["values"],
-                              vf_clip=hp.clip_coef if hp.clip_vloss else None)
-        self.optimizer.zero_grad(set_to_none=True)
+        loss, stats = ppo_loss_terms(new_logp, mb["logp"], mb["advantages"], new_values,
+                                     mb["value_targets"], entropy, clip_coef=hp.clip_coef,
+                                     vf_coef=hp.vf_coef, ent_coef=self.ent_coef_t,
+                                     old_values=mb["values"],
+                                     vf_clip=hp.clip_coef if hp.clip_vloss else None)
+        self.optimizer.zero_grad()
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), hp.max_grad_norm)
-        if not (math.isfinite(info["loss"]) and bool(torch.isfinite(grad_norm))):
-            return info  # extreme data: skip the step rather than poison the model
-        grad_norms.append(grad_norm)
-        self.optimizer.step()
-        return info
+        norm, gate = self.optimizer.clip_grad_norm_(hp.max_grad_norm)
+        gate = gate * torch.isfinite(loss.detach())
+        self.optimizer.step(gate)
+        applied_norm = torch.where(gate > 0, norm, 0.0)
+        return torch.cat([stats, applied_norm.reshape(1), gate.reshape(1)])
 
     def _to_tensors(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Validate and move the whole batch to the device once (observation leaves in
@@ -203,7 +251,7 @@ class Learner:
         return tensors
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+        return to_device(array, self.device)
 
     def _obs_columns(self, obs: Any) -> dict[str, np.ndarray]:
         """batch["obs"] as leaf columns: a dict, or a bare array for a root-leaf space."""
@@ -264,10 +312,10 @@ class Learner:
         self.hp = dataclasses.replace(self.hp, lr=changes.get("lr", self.hp.lr),
                                       ent_coef=changes.get("ent_coef", self.hp.ent_coef))
         self._apply_lr()
+        self.ent_coef_t.fill_(float(self.hp.ent_coef))  # copied in: the step is not rebuilt
 
     def _apply_lr(self) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = float(self.hp.lr)
+        self.optimizer.param_groups[0]["lr"] = float(self.hp.lr)  # (copied into its lr_t)
 
     def _fold_into_normalizers(self, obs: dict[str, np.ndarray]) -> None:
         """Fold each normalised leaf's values [N, ...] into its running statistics and copy

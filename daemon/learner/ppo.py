@@ -9,16 +9,22 @@ MAX_LOG_RATIO = 20.0
 and exp(1e4) would turn the loss (and then the weights) into inf/NaN for everyone."""
 
 
-def ppo_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-             new_values: torch.Tensor, value_targets: torch.Tensor, entropy: torch.Tensor, *,
-             clip_coef: float, vf_coef: float, ent_coef: float,
-             old_values: torch.Tensor | None = None, vf_clip: float | None = None
-             ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scalar loss to minimise, plus detached diagnostics as python floats: loss, pg_loss,
-    vf_loss, entropy (mean), approx_kl (mean of (r - 1) - log r), clip_frac.
+STAT_NAMES = ("loss", "pg_loss", "vf_loss", "entropy", "approx_kl", "clip_frac")
+"""The diagnostics of one minibatch, in the order ``ppo_loss_terms`` returns them."""
+
+
+def ppo_loss_terms(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                   new_values: torch.Tensor, value_targets: torch.Tensor, entropy: torch.Tensor,
+                   *, clip_coef: float, vf_coef: float, ent_coef: float | torch.Tensor,
+                   old_values: torch.Tensor | None = None, vf_clip: float | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scalar loss to minimise, and its detached diagnostics [6] in ``STAT_NAMES`` order
+    (loss, pg_loss, vf_loss, entropy mean, approx_kl = mean of (r - 1) - log r, clip_frac),
+    on the device: nothing is read back to the host. ``ent_coef`` may be a 0-dim tensor
+    (the learner's reloadable one).
 
     All inputs are [B]. The value loss is 0.5 * MSE, clipped around `old_values` by `vf_clip`
-    when both are given. Called by the learner once per minibatch; costs one device sync.
+    when both are given.
 
         L = -E[min(r A, clip(r, 1-eps, 1+eps) A)] + vf_coef * L_V - ent_coef * E[H]
     """
@@ -39,6 +45,17 @@ def ppo_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.T
     with torch.no_grad():
         approx_kl = ((ratio - 1.0) - log_ratio).mean()
         clip_frac = ((ratio - 1.0).abs() > clip_coef).float().mean()
-        values = torch.stack([loss, pg_loss, vf_loss, entropy_mean, approx_kl, clip_frac])
-    names = ("loss", "pg_loss", "vf_loss", "entropy", "approx_kl", "clip_frac")
-    return loss, dict(zip(names, values.tolist()))
+        stats = torch.stack([loss, pg_loss, vf_loss, entropy_mean, approx_kl, clip_frac])
+    return loss, stats
+
+
+def ppo_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+             new_values: torch.Tensor, value_targets: torch.Tensor, entropy: torch.Tensor, *,
+             clip_coef: float, vf_coef: float, ent_coef: float,
+             old_values: torch.Tensor | None = None, vf_clip: float | None = None
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+    """``ppo_loss_terms`` with its diagnostics as python floats by name (one device sync)."""
+    loss, stats = ppo_loss_terms(new_logp, old_logp, advantages, new_values, value_targets,
+                                 entropy, clip_coef=clip_coef, vf_coef=vf_coef,
+                                 ent_coef=ent_coef, old_values=old_values, vf_clip=vf_clip)
+    return loss, dict(zip(STAT_NAMES, stats.tolist()))

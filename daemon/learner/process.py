@@ -23,6 +23,7 @@ from rlinkd.daemon.checkpoint.store import policy_file, read_checkpoint_file, ve
 from rlinkd.daemon.config import Config, ConfigValue
 from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.frozen import load_frozen
+from rlinkd.daemon.learner.device_choice import device_fields
 from rlinkd.daemon.learner.replay_learner import ReplayLearner
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import BootError, RoleContext
@@ -42,12 +43,15 @@ class PolicyLearner:
 
     def __init__(self, policy: PolicyTopology, cfg: Config, ctx: RoleContext) -> None:
         from rlinkd.daemon.learner.learner import Learner  # torch is imported here, and only here
+        from rlinkd.daemon.learner.placement import place
         self.policy, self.ctx, self.name = policy, ctx, policy.name
+        self.placement = place(policy.definition, cfg)
         try:
-            self.learner = Learner(policy.spec, policy.definition.ppo, device=cfg.learner.device,
+            self.learner = Learner(policy.spec, policy.definition.ppo, device=self.placement.device,
                                    seed=cfg.learner.seed, torch_threads=cfg.learner.torch_threads)
         except RuntimeError as exc:
-            raise BootError(f"cannot create the learner on device {cfg.learner.device!r}: {exc}") from exc
+            raise BootError(f"learner.device = {cfg.learner.device!r}: cannot create the learner "
+                            f"on {self.placement.device}: {exc}") from exc
         self.board = WeightsBoard.attach(policy.board_path)
         self.slots = BatchSlots.attach(policy.slots_path)
         self.snapshot = BlobArea.attach(policy.snapshot_path)
@@ -142,7 +146,8 @@ class PolicyLearner:
                               updates=self.learner.updates,
                               trained_steps=self.learner.trained_steps,
                               rejected_batches=self.rejected_batches,
-                              algorithm=self.policy.definition.algorithm)
+                              algorithm=self.policy.definition.algorithm,
+                              **device_fields(self.placement))
 
     # ------------------------------------------------------------ control
     def write_snapshot(self) -> int:

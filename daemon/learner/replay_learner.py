@@ -19,6 +19,7 @@ import structlog
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.checkpoint.store import policy_file, read_checkpoint_file
 from rlinkd.daemon.config import Config
+from rlinkd.daemon.learner.device_choice import device_fields
 from rlinkd.daemon.roles import BootError, RoleContext
 from rlinkd.daemon.wiring import PolicyTopology
 from rlinkd.shm.blob import BlobArea
@@ -36,12 +37,15 @@ class ReplayLearner:
         self.policy, self.ctx, self.name = policy, ctx, policy.name
         self.algorithm = policy.definition.algorithm
         self.hp = policy.definition.replay_hp
+        from rlinkd.daemon.learner.placement import place  # (imports torch)
+        self.placement = place(policy.definition, cfg)
         try:
             self.core = _core_class(self.algorithm)(
-                policy.spec, self.hp, device=cfg.learner.device, seed=cfg.learner.seed,
+                policy.spec, self.hp, device=self.placement.device, seed=cfg.learner.seed,
                 torch_threads=cfg.learner.torch_threads)
         except RuntimeError as exc:
-            raise BootError(f"cannot create the learner on device {cfg.learner.device!r}: {exc}") from exc
+            raise BootError(f"learner.device = {cfg.learner.device!r}: cannot create the learner "
+                            f"on {self.placement.device}: {exc}") from exc
         self.board = WeightsBoard.attach(policy.board_path)
         self.replay = ReplayBuffer.attach(policy.replay_path, ReplayLayout(policy.layout))
         self.replay.set_pid("reader", os.getpid())
@@ -142,7 +146,8 @@ class ReplayLearner:
                               updates=self.core.updates,
                               trained_steps=self.core.trained_steps, rejected_batches=0,
                               algorithm=self.algorithm, epsilon=self.core.epsilon,
-                              replay_steps=len(self.replay), lag_steps=self._lag_steps())
+                              replay_steps=len(self.replay), lag_steps=self._lag_steps(),
+                              **device_fields(self.placement))
 
     def _lag_steps(self) -> int:
         """Env steps received whose gradient steps are still due (0 before learning starts)."""

@@ -24,7 +24,7 @@ from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.client_lib.protocol.spaces import Box, Dict
 from rlinkd.daemon.config import SACConfig
 from rlinkd.daemon.learner.adam import Adam
-from rlinkd.daemon.learner.learner import _cpu_clone, seeded_model
+from rlinkd.daemon.learner.learner import _cpu_clone, seeded_model, to_device
 from rlinkd.daemon.learner.model import ActorCritic
 from rlinkd.daemon.learner.sac import (actor_loss, alpha_loss, critic_loss, polyak_update,
                                        soft_q_targets)
@@ -158,7 +158,7 @@ class SACLearner:
         return {k: self._tensor(v) for k, v in obs_columns(structured, self.spec.obs_space).items()}
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+        return to_device(array, self.device)
 
     # ----------------------------------------------------------------- weights and knobs
     def flat_weights(self) -> np.ndarray:

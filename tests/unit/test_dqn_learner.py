@@ -109,3 +109,23 @@ def test_the_learning_rate_decays_with_the_env_steps_received():
     dqn.env_steps = 10_000
     assert dqn.lr == pytest.approx(1e-3)
     assert learner(lr=1e-2).lr == 1e-2  # (no decay by default)
+
+
+def test_a_step_reads_nothing_back_until_its_stats_are_looked_at(monkeypatch):
+    from tests.unit.test_learner_step import SyncCounter
+    lr, batch = learner(), rows(32, 0)
+    counter = SyncCounter(monkeypatch)
+    counter.inside = True
+    stats = [lr.train_step(batch) for _ in range(5)]
+    assert counter.count == 0
+    assert stats[0]["loss"] > 0 and counter.count == 1  # read once, when first looked at
+    assert set(stats[-1]) == {"loss", "q_mean", "td_abs_mean", "grad_norm"} and counter.count == 1
+
+
+def test_a_non_finite_step_is_skipped(monkeypatch):
+    lr, batch = learner(), rows(32, 0)
+    batch["reward"][:] = np.inf
+    weights = lr.model.flat_weights()
+    stats = lr.train_step(batch)
+    assert not np.isfinite(stats["loss"]) and lr.optimizer.step_count == 0
+    np.testing.assert_array_equal(lr.model.flat_weights(), weights)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlinkd.client_lib.protocol.netonnx import OnnxWeightWriter, _outputs
+from rlinkd.client_lib.protocol.netonnx import ONNX_IR_VERSION, OnnxWeightWriter, _outputs
 from rlinkd.client_lib.protocol.spaces import Discrete
 from rlinkd.daemon.errors import ConfigError
 from rlinkd.daemon.frozen import check_frozen, load_frozen, onnx_flat_weights
@@ -48,7 +48,14 @@ def foreign_model(width: int, input_name: str = "observations") -> bytes:
     w = helper.make_tensor("w", TensorProto.FLOAT, [4, width], np.ones(4 * width, np.float32))
     graph = helper.make_graph([helper.make_node("MatMul", [input_name, "w"], ["logits"])],
                               "foreign", [x], [y], [w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = ONNX_IR_VERSION  # pinned as netonnx does: the onnx package's default
+    return model.SerializeToString()    # may be newer than the installed onnxruntime reads
+
+
+def test_the_foreign_model_has_the_pinned_ir_version():
+    import onnx
+    assert onnx.load_from_string(foreign_model(2)).ir_version == ONNX_IR_VERSION
 
 
 def test_a_foreign_model_that_fits_is_served_as_is(tmp_path):

@@ -2,6 +2,8 @@
 a served episode becomes, sample cuts and on-policy holds, evaluation lanes, weight versions."""
 from __future__ import annotations
 
+import functools
+
 import os
 import tempfile
 from pathlib import Path
@@ -208,6 +210,39 @@ def test_backends_agree_and_auto_chooses_by_timing(setup):
     (small, large), timings = choose_backend(d.spec, flat, "auto", runner._sample_obs)
     assert {small, large} <= {"native", "numpy", "onnxruntime"} and len(timings) == 6
     assert timings[f"{small}@1"] == min(v for k, v in timings.items() if k.endswith("@1"))
+
+
+class Tagged:
+    """A backend's forward, marked as running on the GPU or not (for a fake timer)."""
+
+    def __init__(self, maker, gpu: bool, spec, flat) -> None:
+        self.forward, self.gpu = maker(spec, flat), gpu
+
+    def __call__(self, obs):
+        return self.forward(obs)
+
+
+@pytest.mark.parametrize("torch_at_64_s, large_expected", [(1.0, None), (1e-9, "torch")])
+def test_a_gpu_host_times_the_cpu_backends_beside_torch(setup, monkeypatch, torch_at_64_s,
+                                                        large_expected):
+    """A host that looks like a GPU host: torch (on CUDA) is one more candidate; the CPU
+    backends are still timed, and each batch size keeps its fastest."""
+    from rlinkd.daemon.inference import backend
+    _, _, _, board, d = setup
+    _, flat = board.read()
+    runner = PolicyRunner("default", d.spec, d.obs_space, d.act_space, board, "numpy")
+
+    def fake_time(forward: Tagged, obs) -> float:
+        rows = len(next(iter(obs.values())))
+        return (torch_at_64_s if rows == 64 else 1.0) if forward.gpu else 1e-3
+    monkeypatch.setattr(backend, "cuda_present", lambda: True)
+    monkeypatch.setattr(backend, "time_backend", fake_time)
+    monkeypatch.setattr(backend, "MAKERS", {name: functools.partial(Tagged, maker, name == "torch")
+                                            for name, maker in backend.MAKERS.items()})
+    assert backend.candidates(d.spec)[-1] == "torch" and len(backend.candidates(d.spec)) > 1
+    (small, large), timings = choose_backend(d.spec, flat, "auto", runner._sample_obs)
+    assert small != "torch" and {"numpy@1", "onnxruntime@1", "torch@1"} <= set(timings)
+    assert large == (large_expected or small)
 
 
 def test_training_requests_wait_for_the_link_to_the_collector(setup):

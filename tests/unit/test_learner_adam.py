@@ -46,3 +46,26 @@ def test_state_round_trip_continues_identically():
         o.step()
     for a, b in zip(model.parameters(), clone.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_closed_gate_leaves_weights_moments_and_step_count():
+    model, opt = train(lambda m: Adam(m.parameters(), lr=1e-2), steps=3)
+    state = [t.clone() for t in (opt.flat, opt.m, opt.v)]
+    opt.zero_grad()
+    model(torch.randn(4, 5)).sum().backward()  # finite gradients, but the gate says skip
+    opt.step(torch.zeros(()))
+    assert opt.step_count == 3
+    for before, after in zip(state, (opt.flat, opt.m, opt.v)):
+        assert torch.equal(before, after)
+    opt.step(torch.ones(()))
+    assert opt.step_count == 4 and not torch.equal(state[0], opt.flat)
+
+
+def test_parameters_and_gradients_are_views_of_the_flat_buffers():
+    model, opt = train(lambda m: Adam(m.parameters(), lr=1e-2), steps=2)
+    flat, grad = opt.flat.data_ptr(), opt.grad.data_ptr()
+    ends = (flat, flat + opt.flat.numel() * 4)
+    for p in model.parameters():
+        assert ends[0] <= p.data_ptr() < ends[1] and p.grad.data_ptr() >= grad
+    opt.param_groups[0]["lr"] = 0.125  # a reload copies into the device tensor
+    assert float(opt.lr_t) == 0.125 and opt.state_dict()["param_groups"][0]["lr"] == 0.125

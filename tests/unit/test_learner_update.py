@@ -13,7 +13,7 @@ from rlinkd.client_lib.protocol.spaces import Box, Discrete
 from rlinkd.daemon.config import PPOConfig
 from rlinkd.daemon.learner.learner import Learner, explained_variance
 from rlinkd.daemon.learner.model import ObsNormalizer
-from rlinkd.daemon.learner.ppo import ppo_loss
+from rlinkd.daemon.learner.ppo import STAT_NAMES, ppo_loss
 
 CARTPOLE = PolicySpec(Box((4,)), Discrete(2))
 BOX = PolicySpec(Box((3,)), Box((2,), low=-1.0, high=1.0), hidden_sizes=(32, 32))
@@ -91,10 +91,10 @@ def test_gradients_are_clipped_to_max_grad_norm_before_each_step():
     applied = []
     step = learner.optimizer.step
 
-    def recording_step():
+    def recording_step(gate=None):
         grads = [p.grad.norm() for p in learner.model.parameters() if p.grad is not None]
         applied.append(float(torch.linalg.vector_norm(torch.stack(grads))))
-        step()
+        step(gate)
     learner.optimizer.step = recording_step
     stats = learner.update(batch)
     assert len(applied) == 2 * 512 // 64
@@ -247,9 +247,9 @@ def first_step_infos(learner):
     """Record the stats of the first minibatch step of every update (wraps _sgd_step)."""
     seen, step = [], learner._sgd_step
 
-    def recording(data, idx, grad_norms):
-        info = step(data, idx, grad_norms)
-        seen.append(info)
+    def recording(data, idx):
+        info = step(data, idx)
+        seen.append(dict(zip(STAT_NAMES, info.tolist())))
         return info
     learner._sgd_step = recording
     firsts = []

@@ -2,6 +2,8 @@
 under the plain tags, every other policy under ``policy/<name>/``."""
 from __future__ import annotations
 
+import dataclasses
+
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.metrics import scalars_from_status
 
@@ -34,3 +36,18 @@ def test_every_other_policy_gets_its_own_tags():
     assert tags["policy/opponent/weights_seq_no"] == 0.0
     assert "policy/opponent/episode/return_mean" not in tags  # None is left out
     assert tags["learner/lr"] == 0.001                        # the default's stay plain
+
+
+def test_the_device_trained_on_and_its_timings_are_scalars():
+    timed = m.LearnerState(lr=0.01, ent_coef=0.0, updates=9, trained_steps=900, rejected_batches=0,
+                           device="cuda:1", device_choice="measured",
+                           device_step_s={"cpu": 0.004, "cuda:1": 0.001})
+    red = m.PolicyDigest(weights_seq_no=9, episodes=4, episode_return_mean=-1.5, learner=timed,
+                         update=None)
+    cpu = m.LearnerState(lr=0.001, ent_coef=0.0, updates=3, trained_steps=300, rejected_batches=0,
+                         device="cpu", device_choice="only_cpu")
+    tags = scalars_from_status(dataclasses.replace(status(red=red), learner=cpu))
+    assert tags["learner/cuda_index"] == -1.0 and "learner/sgd_step_s/cpu" not in tags
+    assert tags["policy/red/learner/cuda_index"] == 1.0
+    assert tags["policy/red/learner/sgd_step_s/cuda1"] == 0.001
+    assert tags["policy/red/learner/sgd_step_s/cpu"] == 0.004

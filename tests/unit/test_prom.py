@@ -57,7 +57,8 @@ def status_report() -> dict:
         builder.message_latency.observe("EPISODES_AND_GET_STATE", seconds)
     builder.message_latency.observe("PING", 50.0)  # above every bound: +Inf only
     state = m.LearnerState(lr=0.001, ent_coef=0.0, updates=2, trained_steps=1024,
-                           rejected_batches=0)
+                           rejected_batches=0, device="cuda:0", device_choice="measured",
+                           device_step_s={"cpu": 0.004, "cuda:0": 0.001})
     stats = {"loss": 0.5, "policy_loss": -0.01, "value_loss": 1.2, "entropy": 0.69,
              "approx_kl": 0.004, "clip_frac": 0.1, "grad_norm": 0.4,
              "explained_variance": float("nan"), "epochs": 10, "n_rows": 512,
@@ -231,3 +232,14 @@ def test_every_policy_is_a_label_of_the_policy_families():
     returns = families["rlinkd_policy_episode_return_mean"].samples
     assert [(s.labels["policy"], s.value) for s in returns] == [("default", 9.5)]  # None: absent
     assert prom._policies({}) == []
+
+
+def test_the_learner_device_and_its_timings_are_labelled_by_policy(full):
+    chosen = full["rlinkd_learner_device"].samples
+    assert [(s.labels, s.value) for s in chosen] == [
+        ({"policy": "default", "device": "cuda:0", "choice": "measured"}, 1)]
+    steps = {s.labels["device"]: s.value for s in full["rlinkd_learner_sgd_step_seconds"].samples}
+    assert steps == {"cpu": 0.004, "cuda:0": 0.001}
+    untimed = {"policies": {"default": {"learner": {"device": "cpu", "device_choice": "only_cpu",
+                                                    "device_step_s": {}}}}}
+    assert [f.name for f in prom._learner_devices(untimed)] == ["rlinkd_learner_device"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.batch_schema import BatchMeta, write_columns
@@ -62,6 +63,8 @@ def test_boot_reports_the_hparams_it_trains_with(shell):
     (published,) = collector_messages(shell)
     assert (published.learner.lr, published.learner.ent_coef) == (0.01, 0.02)
     assert not published.trained and published.update is None
+    expected = ("cuda:0", "measured") if torch.cuda.is_available() else ("cpu", "only_cpu")
+    assert (published.learner.device, published.learner.device_choice) == expected
 
 
 def test_one_batch_heartbeats_every_minibatch_step_and_lag_is_against_trained_from(shell):

@@ -1,0 +1,142 @@
+"""SGD rows/s of one PPO update, rlinkd's ``Learner`` beside plain references, per device.
+
+    .venv/bin/python -m bench.scenarios.learner_device [--runs 3] [--device cpu|cuda|all]
+                                                      [--case cartpole|nature|all] [--quick]
+                                                      [--rows N] [--out FILE]
+
+Cases (issue 32): a Nature CNN on 84x84x3 uint8 images, Discrete(6), minibatch 256, 4 epochs;
+the CartPole MLP 64x64, minibatch 128, 10 epochs; one synthetic batch of ``--rows`` rows
+(4,096; fewer with --quick). Rows: ``learner`` (``Learner.update``, everything it does: the
+batch's checks, its one crossing to the device, the epochs; on CUDA each SGD step a replayed
+CUDA graph), on CUDA ``learner-eager`` (the same with the step not captured) and ``plain``
+(the same network, loss and Adam as a bare minibatch loop over tensors already on the device).
+SGD rows/s = rows x epochs run / wall seconds of the update; the median (min-max) of ``--runs`` updates after one
+warm-up update. ``learner.torch_threads`` is 1 on the CPU, as the daemon's default. On a
+loaded machine ``--clock process`` divides by this process's CPU seconds instead (with one
+thread on the CPU that is the work done, whatever else runs; meaningless for CUDA rows).
+Results go to ``bench/results/learner_device.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from bench.harness.common import fmt_mr, median_range, print_table, write_result
+from rlinkd.client_lib.protocol.spaces import Box, Discrete
+from rlinkd.daemon.config import PPOConfig
+from rlinkd.daemon.learner.adam import Adam
+from rlinkd.daemon.learner.learner import Learner
+from rlinkd.daemon.learner.ppo import ppo_loss
+from rlinkd.daemon.policies import make_policy_spec
+
+CLOCK = [time.perf_counter]  # --clock process: time.process_time (see the docstring)
+CASES = {  # name -> (observation space, actions, minibatch, epochs)
+    "nature": (Box((84, 84, 3), "uint8", 0, 255), Discrete(6), 256, 4),
+    "cartpole": (Box([4], low=-5.0, high=5.0), Discrete(2), 128, 10),
+}
+
+
+def batch(obs_space, n_actions: int, rows: int) -> dict:
+    """A synthetic train batch of ``rows`` rows (values inside the spaces)."""
+    rng = np.random.default_rng(0)
+    if np.dtype(obs_space.record_dtype) == np.uint8:
+        obs = rng.integers(0, 256, (rows, *obs_space.shape), dtype=np.uint8)
+    else:
+        obs = rng.uniform(-1, 1, (rows, *obs_space.shape)).astype(np.float32)
+    cols = {k: rng.normal(size=rows).astype(np.float32)
+            for k in ("advantages", "value_targets", "values")}
+    return {"obs": obs, "actions": rng.integers(0, n_actions, rows).astype(np.float32),
+            "logp": np.full(rows, -np.log(n_actions), np.float32), **cols}
+
+
+def time_learner(case: str, device: str, rows: int, runs: int, graphs: bool = True) -> list[float]:
+    obs_space, act, minibatch, epochs = CASES[case]
+    hp = PPOConfig(minibatch_size=minibatch, num_epochs=epochs, target_kl=0.0)
+    learner = Learner(make_policy_spec(hp, obs_space, act, ""), hp, device=device, torch_threads=1,
+                      graphs=graphs)
+    data = batch(obs_space, act.n, rows)
+    out = []
+    for i in range(runs + 1):
+        start = CLOCK[0]()
+        stats = learner.update(data)
+        if i:
+            out.append(rows * stats["epochs"] / (CLOCK[0]() - start))
+    return out
+
+
+def plain_steps(case: str, device: str, rows: int):
+    """(one SGD step on a minibatch index tensor, the tensors) of the bare reference loop."""
+    obs_space, act, minibatch, _ = CASES[case]
+    hp = PPOConfig(minibatch_size=minibatch)
+    learner = Learner(make_policy_spec(hp, obs_space, act, ""), hp, device=device, torch_threads=1)
+    model, dev = learner.model, learner.device
+    opt = Adam(model.parameters(), lr=hp.lr, eps=1e-5)
+    data = {k: torch.from_numpy(np.asarray(v)).to(dev) for k, v in batch(obs_space, act.n, rows).items()}
+    data["actions"] = data["actions"].reshape(rows, 1)
+
+    def step(idx: torch.Tensor) -> None:
+        logp, ent, values = model.evaluate({"": data["obs"][idx]}, data["actions"][idx])
+        loss, _ = ppo_loss(logp, data["logp"][idx], data["advantages"][idx], values,
+                           data["value_targets"][idx], ent, clip_coef=0.2, vf_coef=0.5, ent_coef=0.0)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+    return step, dev
+
+
+def time_plain(case: str, device: str, rows: int, runs: int) -> list[float]:
+    _, _, minibatch, epochs = CASES[case]
+    step, dev = plain_steps(case, device, rows)
+    out = []
+    for i in range(runs + 1):
+        start = CLOCK[0]()
+        for _ in range(epochs):
+            for idx in torch.randperm(rows, device=dev).split(minibatch):
+                step(idx)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            out.append(rows * epochs / (CLOCK[0]() - start))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3, help="timed updates per row (after a warm-up)")
+    ap.add_argument("--device", default="all", choices=("cpu", "cuda", "all"), help="devices to time")
+    ap.add_argument("--case", default="all", choices=(*CASES, "all"), help="networks to time")
+    ap.add_argument("--rows", type=int, default=4096, help="rows of the synthetic batch")
+    ap.add_argument("--quick", action="store_true", help="1 run, 1,024 rows")
+    ap.add_argument("--clock", default="wall", choices=("wall", "process"),
+                    help="wall seconds, or this process's CPU seconds (CPU rows only)")
+    ap.add_argument("--out", default=None, help="result file (default bench/results/learner_device.json)")
+    args = ap.parse_args()
+    runs, rows = (1, 1024) if args.quick else (args.runs, args.rows)
+    if args.clock == "process":
+        CLOCK[0] = time.process_time
+    torch.set_num_threads(1)
+    devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
+    devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
+    cases = list(CASES) if args.case == "all" else [args.case]
+    results = {}
+    for case in cases:
+        for device in devices:
+            results[f"{case}/{device}/learner"] = median_range(time_learner(case, device, rows, runs), 0)
+            if device == "cuda":  # the same learner with its step not captured
+                results[f"{case}/{device}/learner-eager"] = median_range(
+                    time_learner(case, device, rows, runs, graphs=False), 0)
+            results[f"{case}/{device}/plain"] = median_range(time_plain(case, device, rows, runs), 0)
+    print_table("PPO update, SGD rows/s", ("row", "SGD rows/s"),
+                [(k, fmt_mr(v)) for k, v in results.items()])
+    write_result("learner_device", {"rows": rows, "runs": runs, "clock": args.clock,
+                                    "sgd_rows_per_s": results,
+                                    "cuda": torch.cuda.is_available()}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""Where a policy trains: ``device_choice`` applied to one policy of the config (the thin
+wiring between the pure choice, the timing function, the state directory and the log)."""
+from __future__ import annotations
+
+import math
+
+import structlog
+import torch
+
+from rlinkd.daemon.config import Config
+from rlinkd.daemon.learner.device_choice import (CACHE_FILE, ChoiceCache, DeviceChoice,
+                                                 DeviceUnavailable, TimeFn, cache_key, candidates,
+                                                 choose, require_device)
+from rlinkd.daemon.learner.step_timing import host_signature, time_sgd_step
+from rlinkd.daemon.policies import PolicyDef
+from rlinkd.daemon.roles import BootError
+
+log = structlog.get_logger("learner")
+
+
+def minibatch_of(definition: PolicyDef) -> int:
+    """Rows per SGD step of the policy's algorithm."""
+    if definition.uses_replay:
+        return definition.replay_hp.batch_size
+    return definition.ppo.minibatch_size
+
+
+def place(definition: PolicyDef, cfg: Config, time_fn: TimeFn | None = None,
+          cuda_count: int | None = None) -> DeviceChoice:
+    """The device ``definition``'s policy trains on, logged (``learner_device``); BootError
+    naming ``learner.device`` when a fixed device does not exist here. ``time_fn`` and
+    ``cuda_count`` default to the real step timing and torch's device count (tests inject)."""
+    count = torch.cuda.device_count() if cuda_count is None else cuda_count
+    name, threads = cfg.learner.device, cfg.learner.torch_threads
+    if name != "auto":
+        try:
+            choice = DeviceChoice(require_device(name, count), "fixed")
+        except DeviceUnavailable as exc:
+            raise BootError(str(exc)) from None
+    else:
+        minibatch = minibatch_of(definition)
+        timer = time_fn or (lambda device: _timed(definition, minibatch, device, threads))
+        key = cache_key(definition.spec.to_json(), minibatch, host_signature(threads))
+        choice = choose(candidates(count), timer, ChoiceCache(cfg.state_dir / CACHE_FILE), key)
+    log.info("learner_device", policy=definition.name, device=choice.device, how=choice.how,
+             step_s=choice.step_s or None)
+    return choice
+
+
+def _timed(definition: PolicyDef, minibatch: int, device: str, threads: int) -> float:
+    """Seconds per SGD step on ``device``; inf (logged) when a GPU fails to run it (out of
+    memory, a driver error): the policy then trains on the CPU rather than not at all."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        return time_sgd_step(definition.spec, minibatch, device)
+    except RuntimeError as exc:
+        if device == "cpu":
+            raise
+        log.warning("device_timing_failed", policy=definition.name, device=device,
+                    error=str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        return math.inf
