@@ -305,14 +305,20 @@ class CollectorServer:
             self.first_weights.set()
         return ready
 
+    @staticmethod
+    def _error_frame(session: Session | None, message: str) -> bytes:
+        """An ERROR in the connection's flavour (JSON before its first message is read)."""
+        if session is not None and session.flavour == MSGPACK:
+            return RllibFlavour.error_frame(message)
+        return codec.encode(codec.Error(message=message[:1000]))
+
     async def _protocol_error(self, session: Session, writer: asyncio.StreamWriter,
                               exc: ProtocolError) -> None:
         self.core.count_protocol_error(error_kind(exc))
         if self.error_log.allow():
             log.warning("protocol_error", peer=session.peer, error=str(exc)[:300],
                         suppressed_before=self.error_log.take_suppressed())
-        frame = (RllibFlavour.error_frame(str(exc)) if session.flavour == MSGPACK
-                 else codec.encode(codec.Error(message=str(exc)[:1000])))
+        frame = self._error_frame(session, str(exc))
         try:
             await self.send(writer, frame)
         except (ConnectionError, asyncio.TimeoutError, RuntimeError):
@@ -426,8 +432,10 @@ class CollectorServer:
         """
         self.draining = True
         await self.stop_accepting()
-        frame = codec.encode(codec.Error(message=f"daemon shutting down: {reason}"))
-        await say_goodbye_to_all(list(self.writers.values()), frame, drain_budget_s(self.cfg))
+        message = f"daemon shutting down: {reason}"
+        goodbyes = [(writer, self._error_frame(self.core.sessions.get(sid), message))
+                    for sid, writer in self.writers.items()]
+        await say_goodbye_to_all(goodbyes, drain_budget_s(self.cfg))
         for fut in self.waiters.values():
             if not fut.done():
                 fut.set_result(None)
@@ -443,10 +451,10 @@ def drain_budget_s(cfg: Config) -> float:
     return cfg.daemon.shutdown_timeout_s * DRAIN_SHARE_OF_SHUTDOWN
 
 
-async def say_goodbye_to_all(writers: list[asyncio.StreamWriter], frame: bytes,
+async def say_goodbye_to_all(goodbyes: list[tuple[asyncio.StreamWriter, bytes]],
                              timeout_s: float) -> None:
-    """Send ``frame`` to every writer at once and close them all within ``timeout_s``."""
-    await asyncio.gather(*(_say_goodbye(w, frame, timeout_s) for w in writers))
+    """Send each writer its frame at once and close them all within ``timeout_s``."""
+    await asyncio.gather(*(_say_goodbye(w, frame, timeout_s) for w, frame in goodbyes))
 
 
 async def _say_goodbye(writer: asyncio.StreamWriter, frame: bytes, timeout_s: float) -> None:

@@ -10,7 +10,8 @@ import signal
 import socket
 import time
 
-from tests.helpers import peer_closed, raw_connect, raw_recv, raw_send
+from rlinkd.client_lib.protocol import codec, msgpack_flavour as mf
+from tests.helpers import peer_closed, raw_connect, raw_recv, raw_recv_exactly, raw_send
 
 
 def ping(sock) -> dict:
@@ -55,17 +56,29 @@ def test_idle_connection_is_dropped_and_a_talking_one_is_not(daemon_factory):
     talking.close()
 
 
+def recv_msgpack(sock: socket.socket) -> dict:
+    size = codec.parse_header(raw_recv_exactly(sock, codec.HEADER_BYTES), 1 << 30)
+    return mf.unpack(raw_recv_exactly(sock, size))
+
+
 def test_sigterm_sends_every_client_an_error_with_the_reason(daemon_factory):
+    """Each in its connection's flavour: JSON clients and an RLlib msgpack client."""
     d = daemon_factory()
     clients = [raw_connect(d.port) for _ in range(3)]
     for sock in clients:
         assert ping(sock)["type"] == "PONG"
+    rllib = raw_connect(d.port)
+    rllib.sendall(mf.encode({"type": "PING"}))
+    assert recv_msgpack(rllib) == {"type": "PONG"}
     d.signal(signal.SIGTERM)
     for sock in clients:
         reply = raw_recv(sock)
         assert reply["type"] == "ERROR" and reply["message"].startswith("daemon shutting down"), reply
         assert peer_closed(sock)
         sock.close()
+    reply = recv_msgpack(rllib)
+    assert reply["type"] == "ERROR" and reply["message"].startswith("daemon shutting down"), reply
+    rllib.close()
     assert d.proc.wait(60) == 0
 
 

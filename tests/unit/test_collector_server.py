@@ -52,7 +52,7 @@ def test_goodbye_to_100_stalled_clients_takes_one_deadline_not_one_each():
 
     async def main() -> float:
         started = time.monotonic()
-        await asyncio.wait_for(say_goodbye_to_all([*stalled, polite], b"bye", timeout_s), 30.0)
+        await asyncio.wait_for(say_goodbye_to_all([(w, b"bye") for w in [*stalled, polite]], timeout_s), 30.0)
         return time.monotonic() - started
 
     elapsed = asyncio.run(main())
