@@ -26,11 +26,11 @@ import numpy as np
 
 from rlinkd.client_lib.protocol.compact import (COMPACT_MIN_BYTES, CompactError, decode_compact,
                                                 encode_compact, is_compact)
+from rlinkd.client_lib.protocol.wire import F32_MAX
 from rlinkd.client_lib.protocol.spaces import (SHAPE_MISMATCH, Box, Dict, Discrete, InvalidValue, LeafSpace,
                                                Space, Tuple, path_display, path_key)
 
 Columns = dict[str, np.ndarray]
-F32_MAX = float(np.finfo(np.float32).max)
 
 
 def to_columns(value: Any, space: Space, rows: int, prefix: str) -> Columns:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from rlinkd.client_lib.protocol.agents import id_error
-from rlinkd.client_lib.protocol.wire import BadMessage, Message, MessageType, _brief, _get
+from rlinkd.client_lib.protocol.wire import F32_MAX, BadMessage, Message, MessageType, _brief, _get
 
 MAX_BATCH_STEPS = 4096
 """Entries in one STEP_BATCH (and actions in one ACTIONS)."""
@@ -262,6 +262,14 @@ def _finite(obj: dict, key: str, where: str, required: bool = True) -> float | N
     return float(value)
 
 
+def _reward(obj: dict, where: str, required: bool = True) -> float | None:
+    """A finite reward that float32 holds (the lane's reward field is float32)."""
+    value = _finite(obj, "reward", where, required)
+    if value is not None and abs(value) > F32_MAX:
+        raise BadMessage(f"{where}: reward {value!r} is beyond the float32 range")
+    return value
+
+
 def _flag(obj: dict, key: str, where: str, default: bool = False) -> bool:
     return bool(_get(obj, key, (bool,), required=False, default=default, where=where))
 
@@ -284,7 +292,7 @@ def _decode_get_action(obj: dict) -> GetAction:
 
 
 def _decode_log_returns(obj: dict) -> LogReturns:
-    return LogReturns(_episode_id(obj, "LOG_RETURNS"), _finite(obj, "reward", "LOG_RETURNS"))  # type: ignore[arg-type]
+    return LogReturns(_episode_id(obj, "LOG_RETURNS"), _reward(obj, "LOG_RETURNS"))  # type: ignore[arg-type]
 
 
 def _decode_end(obj: dict) -> EndEpisode:
@@ -296,7 +304,7 @@ def _decode_end(obj: dict) -> EndEpisode:
 
 def _decode_step(obj: dict) -> Step:
     w = "STEP"
-    return Step(_episode_id(obj, w), _finite(obj, "reward", w), _observation(obj, w),  # type: ignore[arg-type]
+    return Step(_episode_id(obj, w), _reward(obj, w), _observation(obj, w),  # type: ignore[arg-type]
                 terminated=_flag(obj, "terminated", w), truncated=_flag(obj, "truncated", w))
 
 
@@ -309,7 +317,7 @@ def decode_entry(obj: Any, index: int) -> BatchEntry:
     the general path below would check it; anything else, valid or not, takes that path.)"""
     if type(obj) is dict and obj.keys() == PLAIN_STEP:
         eid, reward, obs = obj["episode_id"], obj["reward"], obj["observation"]
-        if type(reward) is float and math.isfinite(reward) and obs is not None and id_error(eid, "") is None:
+        if type(reward) is float and -F32_MAX <= reward <= F32_MAX and obs is not None and id_error(eid, "") is None:
             return BatchEntry(eid, obs, reward)
     return _decode_entry(obj, index)
 
@@ -319,7 +327,7 @@ def _decode_entry(obj: Any, index: int) -> BatchEntry:
     if not isinstance(obj, dict):
         raise BadMessage(f"{w} must be an object")
     start = _flag(obj, "start", w)
-    reward = _finite(obj, "reward", w, required=not start)
+    reward = _reward(obj, w, required=not start)
     if start and reward is not None:
         raise BadMessage(f"{w}: a start entry carries no reward")
     return BatchEntry(episode_id=_episode_id(obj, w), observation=_observation(obj, w),  # type: ignore[arg-type]

@@ -8,6 +8,10 @@ import enum
 from dataclasses import fields
 from typing import Any, ClassVar
 
+F32_MAX = 3.4028234663852886e38
+"""The largest float32. Step records and serving lanes hold rewards and observations as
+float32: a finite number beyond this would become infinite there, so it is refused."""
+
 
 class ProtocolError(ValueError):
     """The peer sent something that is not valid RLlink. The message says what."""

@@ -19,10 +19,10 @@ from rlinkd.client_lib.protocol.columns import Columns
 from rlinkd.client_lib.protocol.fragments import Fragment, from_wire
 from rlinkd.client_lib.protocol.masking import MaskSpec, check_actions, check_masks
 from rlinkd.client_lib.protocol.spaces import InvalidValue, Space
+from rlinkd.client_lib.protocol.wire import F32_MAX
 from rlinkd.shm.records import StepLayout
 
 
-F32_MAX = float(np.finfo(np.float32).max)
 
 
 class InvalidEpisode(BadMessage):

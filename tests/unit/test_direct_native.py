@@ -165,6 +165,16 @@ def test_an_episode_end_a_log_returns_and_an_unknown_id_go_back_to_python(pair):
 
 
 @needs_native
+def test_a_reward_beyond_float32_goes_back_to_python_and_is_refused(pair):
+    pair.send(start("a"), [])
+    pair.send(frame(plain("a", ["0.5"] * 4, "3.4e38", True, [0, 1, 2])), [])  # (float32 holds it)
+    pair.send(frame(plain("a", ["0.5"] * 4, "-1e308", True, [0, 1, 2])), [])
+    pair.check()
+    assert pair.native.d.counts["direct_native_messages"] == 1
+    assert b"float32 range" in pair.native.received and not pair.native.d.conns
+
+
+@needs_native
 def test_an_error_status_in_the_answer_is_refused_as_in_python(pair):
     pair.send(start("a"), [])
     pair.send(frame(plain("a", ["0.5"] * 4, "1", True, [0, 1, 2])), [STATUS_LOST])

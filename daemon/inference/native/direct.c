@@ -24,6 +24,7 @@
 #include "native.h"
 
 #include <errno.h>
+#include <float.h>
 #include <locale.h>
 #include <math.h>
 #include <stdio.h>
@@ -252,8 +253,8 @@ static int member(Parser *s, Step *st, int bit)
         if (string(s, &st->id, &st->id_len) != 0 || st->id_len < 1 || st->id_len > MAX_ID)
             return -1;
         return 0;
-    case K_REWARD:
-        return number(s, &st->reward);
+    case K_REWARD:  /* (beyond float32's range: Python's path refuses it) */
+        return number(s, &st->reward) != 0 || fabs(st->reward) > FLT_MAX ? -1 : 0;
     case K_OBS:
         return observation(s, st->obs, &st->n_obs);
     default:
