@@ -141,10 +141,13 @@ def _gru_tail(out: str, h: str) -> list:
             node("Add", [f"{out}/n", f"{out}/z_diff"], [out])]
 
 
-def _outputs(spec: Any, with_value: bool) -> tuple[str, ...]:
-    """The graph outputs: the dist inputs, the value if asked, the new state if recurrent."""
-    state = (N.STATE_OUT,) if spec.net.state_width else ()
-    return ((N.DIST, N.VALUE) if with_value else (N.DIST,)) + state
+def _outputs(with_value: bool) -> tuple[str, ...]:
+    return (N.DIST, N.VALUE) if with_value else (N.DIST,)
+
+
+def _graph_outputs(spec: Any, with_value: bool) -> tuple[str, ...]:
+    """The graph outputs: `_outputs`, then the new state for a recurrent network."""
+    return _outputs(with_value) + ((N.STATE_OUT,) if spec.net.state_width else ())
 
 
 def build_onnx_model(spec: Any, flat: np.ndarray | None = None, with_value: bool = False,
@@ -154,7 +157,7 @@ def build_onnx_model(spec: Any, flat: np.ndarray | None = None, with_value: bool
     spec; refresh weights with OnnxWeightWriter.encode. ValueError on a wrong-size `flat`,
     OpsetError when `opset` cannot carry the network."""
     from onnx import TensorProto, helper, numpy_helper
-    net, outputs = spec.net, _outputs(spec, with_value)
+    net, outputs = spec.net, _graph_outputs(spec, with_value)
     params = spec.split_flat(np.zeros(spec.n_params(), np.float32) if flat is None else flat)
     consts: list = []
     nodes = [n for op in net.needed(outputs) if not isinstance(op, (N.Input, N.State))
@@ -192,7 +195,7 @@ class OnnxWeightWriter:
     def __init__(self, spec: Any, with_value: bool = False, opset: int = ONNX_OPSET) -> None:
         self.spec = spec
         self.model = build_onnx_model(spec, with_value=with_value, opset=opset)
-        self._names = spec.net.param_names(_outputs(spec, with_value))
+        self._names = spec.net.param_names(_graph_outputs(spec, with_value))
         self.template, self._targets = self._patchable_template()
 
     def _slices(self) -> dict[str, tuple[int, int]]:
