@@ -40,12 +40,12 @@ import numpy as np
 from rlinkd.client_lib.protocol.masking import MASKED_LOGIT as MASKED_LOGIT  # re-exported
 from rlinkd.client_lib.protocol.recurrent import CELLS as CELLS  # re-exported
 from rlinkd.client_lib.protocol.recurrent import GATES, state_width
+from rlinkd.client_lib.protocol.recurrent import STATE_IN as STATE_IN  # re-exported
+from rlinkd.client_lib.protocol.recurrent import STATE_OUT as STATE_OUT  # re-exported
 from rlinkd.client_lib.protocol.spaces import Box, Discrete, MultiBinary, MultiDiscrete
 
 DIST = "action_dist_inputs"   # the actor output (ONNX output name)
 VALUE = "value"               # the critic output [N, 1]
-STATE_IN = "state_in"         # a recurrent network's state before the step [N, state width]
-STATE_OUT = "state_out"       # ... and after it (see `recurrent` for the layout)
 ROOT_FLOAT_INPUT = "onnx::Gemm_0"  # the input name RLlib's JSON-era clients feed
 ACTIVATIONS = ("tanh", "relu")
 LOG_STD_RANGE = (-20.0, 2.0)  # a squashed Gaussian's log-std is clipped here (SAC)

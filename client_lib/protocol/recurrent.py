@@ -30,11 +30,22 @@ import numpy as np
 
 CELLS = ("lstm", "gru")
 GATES = {"lstm": 4, "gru": 3}
+STATE_IN = "state_in"         # the graph input (and later wire key) of the state before a step
+STATE_OUT = "state_out"       # ... and the output after it
 
 
 def state_width(cell: str, size: int) -> int:
     """S, the width of "state_in"/"state_out", for `cell` with hidden size `size`."""
     return 2 * size if cell == "lstm" else size
+
+
+def state_contract(cell: str, size: int) -> dict:
+    """The state's description as JSON-safe data (the export sidecar's "state"; additive
+    wire keys later): names, shape, column layout and the reset rule."""
+    return {"cell": cell, "recurrent_size": size, "input": STATE_IN, "output": STATE_OUT,
+            "shape": ["batch", state_width(cell, size)],
+            "columns": ["h", "c"] if cell == "lstm" else ["h"],
+            "reset": "zeros on the first step of every episode"}
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

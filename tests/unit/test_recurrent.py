@@ -165,7 +165,7 @@ def test_weight_writer_and_every_opset(cell):
     state = np.random.default_rng(7).normal(size=(4, spec.net.state_width)).astype(np.float32)
     assert OnnxWeightWriter(spec).encode(flat) == build_onnx_model(spec, flat).SerializeToString()
     expected = NumpyNet(spec, flat).run(obs, state)
-    for opset in range(11, max(IR_VERSION_OF_OPSET) + 1):
+    for opset in range(10, max(IR_VERSION_OF_OPSET) + 1):  # Slice: 10
         model = build_onnx_model(spec, flat, opset=opset)
         onnx.checker.check_model(model, full_check=True)
         got = ort.InferenceSession(model.SerializeToString()).run(
@@ -215,3 +215,40 @@ def test_the_c_client_refuses_a_recurrent_network(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3 and proc.stderr.startswith("RLK_E_UNSUPPORTED"), proc.stderr
     assert "recurrent (op State)" in proc.stderr and "server-side inference" in proc.stderr
+
+
+def test_gradients_flow_through_the_chunk_and_stop_at_a_reset():
+    spec = spec_of("lstm")
+    model = ActorCritic(spec)
+    obs_seq = sequence_obs(spec)
+    stacked = {k: torch.from_numpy(np.stack([o[k] for o in obs_seq[:4]])) for k in obs_seq[0]}
+    stacked["pos"].requires_grad_(True)
+    starts = torch.zeros(4, B)
+    starts[2, 0] = 1.0  # column 0 starts an episode at step 2
+    value = model.run_sequence(stacked, torch.zeros(B, spec.net.state_width), starts, (netops.VALUE,))[0]
+    value[3].sum().backward()
+    grad = stacked["pos"].grad.abs().sum(dim=2)                          # [T, B]
+    assert (grad[:2, 0] == 0).all() and (grad[:, 1:] > 0).all() and (grad[2:, 0] > 0).all()
+    assert model.tensor("rnn.weight_hh").grad.abs().sum() > 0
+
+
+def test_export_writes_the_state_contract(tmp_path):
+    from rlinkd.daemon import export
+    from tests.unit.test_export import write_ckpt
+    spec = PolicySpec(Box((3,)), Discrete(2), recurrent="lstm", recurrent_size=5)
+    _, _, flat = write_ckpt(tmp_path / "state", Box((3,)), Discrete(2), spec=spec)
+    export.export_policy(tmp_path / "p.onnx", tmp_path / "state")
+    meta = json.loads((tmp_path / "p.json").read_text())
+    assert meta["state"] == {"cell": "lstm", "recurrent_size": 5, "input": "state_in",
+                             "output": "state_out", "shape": ["batch", 10], "columns": ["h", "c"],
+                             "reset": "zeros on the first step of every episode"}
+    assert PolicySpec.from_json(meta["policy_spec"]) == spec
+    obs, state = np.ones((2, 3), np.float32), np.full((2, 10), 0.5, np.float32)
+    got = ort.InferenceSession(str(tmp_path / "p.onnx")).run(None, {"onnx::Gemm_0": obs, "state_in": state})
+    expected = NumpyNet(spec, flat, (netops.DIST,)).run({"": obs}, state)
+    np.testing.assert_allclose(got[0], expected[netops.DIST], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got[1], expected[netops.STATE_OUT], atol=1e-5, rtol=0)
+    plain = tmp_path / "plain"
+    write_ckpt(plain / "state", Box((3,)), Discrete(2))
+    export.export_policy(plain / "p.onnx", plain / "state")
+    assert "state" not in json.loads((plain / "p.json").read_text())
