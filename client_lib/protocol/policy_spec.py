@@ -21,7 +21,8 @@ from the MLP-only rlinkd; the torch, numpy and ONNX forwards all read this order
 Composite spaces add, per observation leaf and before `pi.*`: "<leaf>_mean"/"<leaf>_std"
 (normalised leaves), "<leaf>/conv.{i}.weight|bias" and "<leaf>/dense.weight|bias" (images),
 "<leaf>/mlp.{i}.weight|bias" (encoder_hidden_sizes), where <leaf> is "obs" for a root leaf,
-else "obs.<key>"; and per Box action leaf "log_std" (root) or "log_std.<key>".
+else "obs.<key>"; a recurrent spec then "rnn.weight_ih", "rnn.weight_hh", "rnn.bias_ih",
+"rnn.bias_hh" (`recurrent`); and per Box action leaf "log_std" (root) or "log_std.<key>".
 
 `action_dist_inputs` layout: per action leaf, in leaf order — Discrete: n logits;
 MultiDiscrete: nvec[0] logits, nvec[1] logits, ...; MultiBinary: n Bernoulli logits;

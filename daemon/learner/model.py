@@ -8,6 +8,8 @@ Parameters are registered under the layout names with "." replaced by ":" (torch
 dots; ":" never occurs in a layout name, so the mapping `torch_names` is one-to-one). The
 normalisers' statistics are buffers (not trained); everything else is an nn.Parameter,
 registered in layout order. `flat_weights()` / `load_flat()` round-trip `param_layout()`.
+A recurrent spec's cell (`learner.recurrent`) runs one step in `run(..., state)` and over
+[T, B] chunks with episode resets in `run_sequence`.
 """
 
 from __future__ import annotations
