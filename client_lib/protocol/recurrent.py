@@ -58,9 +58,9 @@ def lstm_step(x: np.ndarray, state: np.ndarray, w_ih_t: np.ndarray, w_hh_t: np.n
     size = w_hh_t.shape[0]
     h, c = state[:, :size], state[:, size:]
     gates = x @ w_ih_t + b_ih + h @ w_hh_t + b_hh                          # [N, 4H]
-    i, f, o = (_sigmoid(gates[:, k * size:(k + 1) * size]) for k in (0, 1, 3))
-    c_new = f * c + i * np.tanh(gates[:, 2 * size:3 * size])
-    return np.concatenate([o * np.tanh(c_new), c_new], axis=1)
+    s = _sigmoid(gates)                                                    # i, f, (unused), o
+    c_new = s[:, size:2 * size] * c + s[:, :size] * np.tanh(gates[:, 2 * size:3 * size])
+    return np.concatenate([s[:, 3 * size:] * np.tanh(c_new), c_new], axis=1)
 
 
 def gru_step(x: np.ndarray, state: np.ndarray, w_ih_t: np.ndarray, w_hh_t: np.ndarray,
