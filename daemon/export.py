@@ -20,6 +20,9 @@ Files written, for ``--out DIR/NAME.onnx``:
         action_space       space JSON
         policy_spec        PolicySpec JSON (``PolicySpec.from_json``)
         onnx               {file, sha256, input, output, output_layout, opset, ir_version}
+        state              a recurrent policy only: ``recurrent.state_contract`` (the extra
+                           input ``state_in`` / output ``state_out``, their shape, columns
+                           and when to reset them)
         weights_seq_no     the weights version the checkpoint holds
         checkpoint         {path, index}
         rlinkd_version     the version that exported it
@@ -46,6 +49,7 @@ import numpy as np
 
 from rlinkd.client_lib.protocol import netops
 from rlinkd.client_lib.protocol.onnx_opsets import IR_VERSION_OF_OPSET
+from rlinkd.client_lib.protocol.recurrent import state_contract
 from rlinkd.client_lib.protocol.policy_spec import (ONNX_OPSET, ONNX_OUTPUT_NAME,
                                                     OnnxWeightWriter, PolicySpec)
 from rlinkd.client_lib.protocol.spaces import Box, Discrete, Space, space_from_json
@@ -226,6 +230,8 @@ def sidecar(policy: LoadedPolicy, name: str, onnx_name: str, onnx_bytes: bytes,
     if len(inputs) == 1:
         onnx["input"] = next(iter(inputs))  # the one-input (RLlink-compatible) spelling
     description = policy_description(policy.obs_space, policy.act_space, policy.spec)
+    if policy.spec.recurrent != "none":  # (additive: feed-forward sidecars are unchanged)
+        description["state"] = state_contract(policy.spec.recurrent, policy.spec.recurrent_size)
     return dict(description, format_version=SIDECAR_FORMAT_VERSION, policy=name, onnx=onnx,
                 weights_seq_no=policy.weights_seq_no,
                 checkpoint={"path": str(policy.checkpoint.path), "index": policy.checkpoint.index},

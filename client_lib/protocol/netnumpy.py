@@ -15,6 +15,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from rlinkd.client_lib.protocol import netops as N
+from rlinkd.client_lib.protocol import recurrent as R
 
 Env = dict[str, np.ndarray]
 Step = Callable[[Env], np.ndarray]
@@ -73,11 +74,17 @@ def _compile(op: N.Op, p: Mapping[str, np.ndarray]) -> Step:
     if isinstance(op, N.Mask):
         masked = np.float32(N.MASKED_LOGIT)
         return lambda env: np.where(env[op.mask][:, op.start:op.stop] != 0, env[op.x], masked)
+    if isinstance(op, N.Recurrent):
+        step = R.STEPS[op.cell]
+        w_ih, w_hh = (np.ascontiguousarray(p[w].T) for w in (op.weight_ih, op.weight_hh))
+        b_ih, b_hh = p[op.bias_ih].copy(), p[op.bias_hh].copy()
+        return lambda env: step(env[op.x], env[op.state], w_ih, w_hh, b_ih, b_hh)
     raise TypeError(f"no numpy implementation of {type(op).__name__}")
 
 
 class NumpyNet:
-    """One weights version of a spec's network, compiled for `outputs`.
+    """One weights version of a spec's network, compiled for `outputs`. A recurrent network
+    (`recurrent`) also always outputs STATE_OUT and needs `state` in `run`.
 
     Built once per weights version (split + transposes + closures: tens of µs for an MLP);
     `run` is re-entrant but the object is not meant to be shared across threads.
@@ -86,19 +93,37 @@ class NumpyNet:
     def __init__(self, spec: Any, flat: np.ndarray,
                  outputs: tuple[str, ...] = (N.DIST, N.VALUE)) -> None:
         params = spec.split_flat(np.asarray(flat, np.float32))
+        if spec.net.states(outputs) and N.STATE_OUT not in outputs:
+            outputs = (*outputs, N.STATE_OUT)
         ops = spec.net.needed(outputs)
         self.outputs = outputs
         self.inputs = tuple(op for op in ops if isinstance(op, N.Input))
+        self.state_width = sum(op.width for op in ops if isinstance(op, N.State))
         self._steps = [(op.out, _compile(op, params))
-                       for op in ops if not isinstance(op, N.Input)]
+                       for op in ops if not isinstance(op, (N.Input, N.State))]
 
-    def run(self, obs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, obs: Mapping[str, np.ndarray], state: np.ndarray | None = None
+            ) -> dict[str, np.ndarray]:
         """Outputs (float32 [N, *]) for `obs`: leaf key -> [N, *record_shape] in record dtype
-        (float leaves may also arrive flattened). KeyError on a missing leaf."""
+        (float leaves may also arrive flattened). KeyError on a missing leaf. A recurrent
+        network reads `state` [N, state_width] (zeros at an episode start) and returns the
+        next one as STATE_OUT; ValueError when it is missing, misshapen or not finite, or
+        when a feed-forward network is given one."""
         env: Env = {}
         for inp in self.inputs:
             x = np.asarray(obs[inp.key])
             env[inp.out] = x.reshape(x.shape[0], *inp.shape) if x.ndim != 1 + len(inp.shape) else x
+        if self.state_width or state is not None:
+            env[N.STATE_IN] = self._state(state, env)
         for out, step in self._steps:
             env[out] = step(env)
         return {name: np.asarray(env[name], np.float32) for name in self.outputs}
+
+    def _state(self, state: np.ndarray | None, env: Env) -> np.ndarray:
+        if not self.state_width:
+            raise ValueError("a state was given to a feed-forward network")
+        if state is None:
+            raise ValueError(f"this network is recurrent: run needs a state "
+                             f"[N, {self.state_width}] (zeros at an episode start)")
+        rows = len(next(iter(env.values()))) if env else len(state)
+        return R.check_state(state, rows, self.state_width)

@@ -3,9 +3,12 @@
 Graph inputs: one per observation leaf the outputs need, named by `netops.input_name`
 ("onnx::Gemm_0" for a root float32 leaf, "obs" for another root leaf, "obs.<key>" otherwise;
 the action-mask leaf is an input too), shape ["batch", *record_shape], dtype = the leaf's
-record dtype (uint8 images are fed as uint8 and cast in the graph). Outputs:
-`action_dist_inputs` float32 ["batch", dist_size] and, with `with_value=True` (daemon-internal,
-the connector), `value` float32 ["batch", 1]. Initializers: the layout-named parameters the
+record dtype (uint8 images are fed as uint8 and cast in the graph); a recurrent network adds
+"state_in" float32 ["batch", S] (`recurrent`). Outputs: `action_dist_inputs` float32
+["batch", dist_size], with `with_value=True` (daemon-internal, the connector) `value` float32
+["batch", 1], and for a recurrent network "state_out" float32 ["batch", S] last. The cell is
+unrolled into Gemm/Add/Sigmoid/Tanh/Mul/Sub/Slice/Concat (its weights stay verbatim
+initializers, so OnnxWeightWriter patches them like any other). Initializers: the layout-named parameters the
 outputs read (raw float32 data, layout order), then small constants named "<value>/...".
 onnx is imported inside the functions: processes that never build a graph do not pay for it.
 
@@ -78,6 +81,8 @@ def _nodes(op: N.Op, consts: list) -> list:
         return [_slice(op.mask, f"{out}/mask", op.start, op.stop, consts),
                 node("Cast", [f"{out}/mask"], [f"{out}/legal"], to=TensorProto.BOOL),
                 node("Where", [f"{out}/legal", op.x, masked], [out])]
+    if isinstance(op, N.Recurrent):
+        return _cell_nodes(op, consts)
     raise TypeError(f"no ONNX implementation of {type(op).__name__}")
 
 
@@ -88,8 +93,61 @@ def _slice(x: str, out: str, start: int, stop: int, consts: list):
     return make_node("Slice", [x, *bounds], [out])
 
 
+def _cell_nodes(op: N.Recurrent, consts: list) -> list:
+    """One step of the cell (maths in `recurrent`) from Gemm, Add, Sigmoid, Tanh, Mul, Sub."""
+    from onnx.helper import make_node as node
+    out, size, lstm = op.out, op.size, op.cell == "lstm"
+    h = f"{out}/h_prev" if lstm else op.state
+    nodes = [_slice(op.state, h, 0, size, consts),
+             _slice(op.state, f"{out}/c_prev", size, 2 * size, consts)] if lstm else []
+    nodes += [node("Gemm", [op.x, op.weight_ih, op.bias_ih], [f"{out}/gi"], transB=1),
+              node("Gemm", [h, op.weight_hh, op.bias_hh], [f"{out}/gh"], transB=1)]
+    if lstm:  # LSTM: gate blocks of gi + gh; GRU: of gi and gh apart (n needs r * gh_n)
+        nodes.append(node("Add", [f"{out}/gi", f"{out}/gh"], [f"{out}/gates"]))
+        sources = [(f"{out}/gates", "ih")]
+    else:
+        sources = [(f"{out}/gi", "ih"), (f"{out}/gh", "hh")]
+    for k in range(4 if lstm else 3):
+        nodes += [_slice(src, f"{out}/{tag}{k}", k * size, (k + 1) * size, consts)
+                  for src, tag in sources]
+    return nodes + (_lstm_tail(out) if lstm else _gru_tail(out, h))
+
+
+def _lstm_tail(out: str) -> list:
+    from onnx.helper import make_node as node
+    g = [f"{out}/ih{k}" for k in range(4)]  # i, f, g, o pre-activations
+    return [node("Sigmoid", [g[0]], [f"{out}/i"]), node("Sigmoid", [g[1]], [f"{out}/f"]),
+            node("Tanh", [g[2]], [f"{out}/g"]), node("Sigmoid", [g[3]], [f"{out}/o"]),
+            node("Mul", [f"{out}/f", f"{out}/c_prev"], [f"{out}/fc"]),
+            node("Mul", [f"{out}/i", f"{out}/g"], [f"{out}/ig"]),
+            node("Add", [f"{out}/fc", f"{out}/ig"], [f"{out}/c"]),
+            node("Tanh", [f"{out}/c"], [f"{out}/tanh_c"]),
+            node("Mul", [f"{out}/o", f"{out}/tanh_c"], [f"{out}/h"]),
+            node("Concat", [f"{out}/h", f"{out}/c"], [out], axis=1)]
+
+
+def _gru_tail(out: str, h: str) -> list:
+    """h' = n + z * (h - n), which is (1 - z) * n + z * h."""
+    from onnx.helper import make_node as node
+    return [node("Add", [f"{out}/ih0", f"{out}/hh0"], [f"{out}/r_pre"]),
+            node("Sigmoid", [f"{out}/r_pre"], [f"{out}/r"]),
+            node("Add", [f"{out}/ih1", f"{out}/hh1"], [f"{out}/z_pre"]),
+            node("Sigmoid", [f"{out}/z_pre"], [f"{out}/z"]),
+            node("Mul", [f"{out}/r", f"{out}/hh2"], [f"{out}/r_hn"]),
+            node("Add", [f"{out}/ih2", f"{out}/r_hn"], [f"{out}/n_pre"]),
+            node("Tanh", [f"{out}/n_pre"], [f"{out}/n"]),
+            node("Sub", [h, f"{out}/n"], [f"{out}/h_minus_n"]),
+            node("Mul", [f"{out}/z", f"{out}/h_minus_n"], [f"{out}/z_diff"]),
+            node("Add", [f"{out}/n", f"{out}/z_diff"], [out])]
+
+
 def _outputs(with_value: bool) -> tuple[str, ...]:
     return (N.DIST, N.VALUE) if with_value else (N.DIST,)
+
+
+def _graph_outputs(spec: Any, with_value: bool) -> tuple[str, ...]:
+    """The graph outputs: `_outputs`, then the new state for a recurrent network."""
+    return _outputs(with_value) + ((N.STATE_OUT,) if spec.net.state_width else ())
 
 
 def build_onnx_model(spec: Any, flat: np.ndarray | None = None, with_value: bool = False,
@@ -99,10 +157,10 @@ def build_onnx_model(spec: Any, flat: np.ndarray | None = None, with_value: bool
     spec; refresh weights with OnnxWeightWriter.encode. ValueError on a wrong-size `flat`,
     OpsetError when `opset` cannot carry the network."""
     from onnx import TensorProto, helper, numpy_helper
-    net, outputs = spec.net, _outputs(with_value)
+    net, outputs = spec.net, _graph_outputs(spec, with_value)
     params = spec.split_flat(np.zeros(spec.n_params(), np.float32) if flat is None else flat)
     consts: list = []
-    nodes = [n for op in net.needed(outputs) if not isinstance(op, N.Input)
+    nodes = [n for op in net.needed(outputs) if not isinstance(op, (N.Input, N.State))
              for n in _nodes(op, consts)]
     check_opset([n.op_type for n in nodes], opset)
     inits = [numpy_helper.from_array(np.asarray(params[n], np.float32), name=n)
@@ -110,7 +168,9 @@ def build_onnx_model(spec: Any, flat: np.ndarray | None = None, with_value: bool
     inputs = [helper.make_tensor_value_info(
         op.out, helper.np_dtype_to_tensor_dtype(np.dtype(op.dtype)), ["batch", *op.shape])
         for op in net.inputs(outputs)]
-    widths = {N.DIST: spec.dist_size, N.VALUE: 1}
+    inputs += [helper.make_tensor_value_info(op.out, TensorProto.FLOAT, ["batch", op.width])
+               for op in net.states(outputs)]
+    widths = {N.DIST: spec.dist_size, N.VALUE: 1, N.STATE_OUT: net.state_width}
     outs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", widths[name]])
             for name in outputs]
     graph = helper.make_graph(nodes, "rlinkd_policy", inputs, outs, initializer=inits + consts)
@@ -135,7 +195,7 @@ class OnnxWeightWriter:
     def __init__(self, spec: Any, with_value: bool = False, opset: int = ONNX_OPSET) -> None:
         self.spec = spec
         self.model = build_onnx_model(spec, with_value=with_value, opset=opset)
-        self._names = spec.net.param_names(_outputs(with_value))
+        self._names = spec.net.param_names(_graph_outputs(spec, with_value))
         self.template, self._targets = self._patchable_template()
 
     def _slices(self) -> dict[str, tuple[int, int]]:

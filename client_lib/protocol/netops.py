@@ -17,7 +17,9 @@ Lowering (per observation leaf, in leaf order; the action-mask leaf is an input,
     MultiBinary(n)          Input [N,n] int8 -> Cast
     CNN                     ToNCHW -> (Conv -> relu)* -> Flatten -> Linear(dense) -> relu
     optional vector MLP     (encoder_hidden_sizes) Linear -> act, on every non-image leaf
-Then features = Concat(leaf features); actor `pi` and critic `vf` MLP trunks (hidden_sizes,
+Then features = Concat(leaf features); with `recurrent` ("lstm" | "gru", see `recurrent`) a
+State input and one Recurrent cell follow (features -> the cell's new hidden state, shared by
+actor and critic); actor `pi` and critic `vf` MLP trunks (hidden_sizes,
 `activation`) over the features; the actor head is one Linear whose columns are cut into the
 `action_dist_inputs` layout (see `PolicySpec`), Box leaves adding a log-std parameter tiled
 over the batch (squashed Gaussian: the head gives means and log-stds, the latter Clipped to
@@ -36,6 +38,10 @@ from typing import Any
 import numpy as np
 
 from rlinkd.client_lib.protocol.masking import MASKED_LOGIT as MASKED_LOGIT  # re-exported
+from rlinkd.client_lib.protocol.recurrent import CELLS as CELLS  # re-exported
+from rlinkd.client_lib.protocol.recurrent import GATES, state_width
+from rlinkd.client_lib.protocol.recurrent import STATE_IN as STATE_IN  # re-exported
+from rlinkd.client_lib.protocol.recurrent import STATE_OUT as STATE_OUT  # re-exported
 from rlinkd.client_lib.protocol.spaces import Box, Discrete, MultiBinary, MultiDiscrete
 
 DIST = "action_dist_inputs"   # the actor output (ONNX output name)
@@ -66,8 +72,9 @@ class Param:
 # ------------------------------------------------------------------------- ops
 # Every op names its output `out`; value inputs are the fields listed in VALUE_FIELDS,
 # parameter inputs those in PARAM_FIELDS. All intermediate values are float32 except Inputs.
-VALUE_FIELDS = ("x", "xs", "mask")
-PARAM_FIELDS = ("weight", "bias", "mean", "std", "param")
+VALUE_FIELDS = ("x", "xs", "mask", "state")
+PARAM_FIELDS = ("weight", "bias", "mean", "std", "param", "weight_ih", "weight_hh", "bias_ih",
+                "bias_hh")
 
 
 class Op:
@@ -215,6 +222,31 @@ class Mask(Op):
 
 
 @dataclass(frozen=True)
+class State(Op):
+    """The recurrent state carried from the previous step: float32 [N, width], a graph input
+    beside the observation leaves (all zeros at an episode start; see `recurrent`)."""
+    out: str
+    width: int
+
+
+@dataclass(frozen=True)
+class Recurrent(Op):
+    """One step of a recurrent cell ("lstm" | "gru", PyTorch's gate order and maths):
+    features x [N, F] and state [N, S] -> the new state [N, S] (layout: `recurrent`).
+    size is H; weight_ih [G*H, F], weight_hh [G*H, H], bias_ih/bias_hh [G*H]; G = 4 (LSTM)
+    or 3 (GRU)."""
+    out: str
+    x: str
+    state: str
+    cell: str
+    size: int
+    weight_ih: str
+    weight_hh: str
+    bias_ih: str
+    bias_hh: str
+
+
+@dataclass(frozen=True)
 class Net:
     """The lowered network: ops in execution order, params in flat-vector order."""
     ops: tuple[Op, ...]
@@ -231,6 +263,15 @@ class Net:
 
     def inputs(self, outputs: Iterable[str] = (DIST, VALUE)) -> tuple[Input, ...]:
         return tuple(op for op in self.needed(outputs) if isinstance(op, Input))
+
+    def states(self, outputs: Iterable[str] = (DIST, VALUE)) -> tuple[State, ...]:
+        """The State inputs `outputs` read: () for a feed-forward network."""
+        return tuple(op for op in self.needed(outputs) if isinstance(op, State))
+
+    @property
+    def state_width(self) -> int:
+        """Width of STATE_IN / STATE_OUT; 0 for a feed-forward network."""
+        return sum(op.width for op in self.ops if isinstance(op, State))
 
     def param_names(self, outputs: Iterable[str]) -> tuple[str, ...]:
         """Params read by the ops `outputs` depend on, in flat-vector order."""
@@ -449,6 +490,8 @@ def lower(spec: Any) -> Net:
         dtype, shape = np.dtype(leaf.space.record_dtype), tuple(leaf.space.record_shape)
         mask = b.flatten(b.op(Input(input_name(leaf.key, dtype), leaf.key, dtype.str, shape)),
                          leaf_name(leaf.key), shape)
+    if spec.recurrent != "none":
+        x = _recurrent_core(b, spec.recurrent, spec.recurrent_size, x)
     total = sum(head_width(leaf.space, spec.box_dist) for leaf in spec.act_space.leaves())
     head = b.mlp(x, "pi", spec.hidden_sizes, spec.activation, (total, 0.01, "pi.head"))
     pieces = _actor_pieces(b, spec, head, mask)
@@ -459,6 +502,18 @@ def lower(spec: Any) -> Net:
     b.mlp(x, "vf", spec.hidden_sizes, spec.activation, (1, 1.0, VALUE))
     _check_unique(b)
     return Net(tuple(b.ops), tuple(b.params))
+
+
+def _recurrent_core(b: _Builder, cell: str, size: int, x: str) -> str:
+    """State input, the cell (orthogonal weights gain 1, zero biases) and its hidden part."""
+    gates, width = GATES[cell], state_width(cell, size)
+    state = b.op(State(STATE_IN, width), width)
+    w_ih = b.param("rnn.weight_ih", (gates * size, b.width[x]), "orthogonal", 1.0)
+    w_hh = b.param("rnn.weight_hh", (gates * size, size), "orthogonal", 1.0)
+    b_ih = b.param("rnn.bias_ih", (gates * size,), "zeros")
+    b_hh = b.param("rnn.bias_hh", (gates * size,), "zeros")
+    b.op(Recurrent(STATE_OUT, x, state, cell, size, w_ih, w_hh, b_ih, b_hh), width)
+    return b.op(Slice("rnn.h", STATE_OUT, 0, size), size)
 
 
 def network_json(net: Net, comps: Sequence[Any], outputs: Iterable[str] = (DIST,)) -> dict:

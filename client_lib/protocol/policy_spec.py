@@ -21,7 +21,8 @@ from the MLP-only rlinkd; the torch, numpy and ONNX forwards all read this order
 Composite spaces add, per observation leaf and before `pi.*`: "<leaf>_mean"/"<leaf>_std"
 (normalised leaves), "<leaf>/conv.{i}.weight|bias" and "<leaf>/dense.weight|bias" (images),
 "<leaf>/mlp.{i}.weight|bias" (encoder_hidden_sizes), where <leaf> is "obs" for a root leaf,
-else "obs.<key>"; and per Box action leaf "log_std" (root) or "log_std.<key>".
+else "obs.<key>"; a recurrent spec then "rnn.weight_ih", "rnn.weight_hh", "rnn.bias_ih",
+"rnn.bias_hh" (`recurrent`); and per Box action leaf "log_std" (root) or "log_std.<key>".
 
 `action_dist_inputs` layout: per action leaf, in leaf order — Discrete: n logits;
 MultiDiscrete: nvec[0] logits, nvec[1] logits, ...; MultiBinary: n Bernoulli logits;
@@ -85,7 +86,9 @@ class PolicySpec:
     small one (16 3x3/1 [+ 32 3x3/1 when it fits], dense 128); cnn_strides empty = all 1;
     cnn_dense 0 = that default width. encoder_hidden_sizes: an MLP on each non-image leaf
     before the trunk (default none). action_mask_key: a top-level MultiBinary key of a Dict
-    observation masking the categorical action logits ("" = none).
+    observation masking the categorical action logits ("" = none). recurrent: "none" (a
+    feed-forward network), "lstm" or "gru": a cell of hidden size recurrent_size after the
+    encoders, with state inputs/outputs (`recurrent`, `netops.STATE_IN`/`STATE_OUT`).
     Construction raises ValueError (SpaceError is one) on an inconsistent description.
     """
 
@@ -101,6 +104,8 @@ class PolicySpec:
     encoder_hidden_sizes: tuple[int, ...] = ()
     action_mask_key: str = ""
     box_dist: str = "gaussian"
+    recurrent: str = "none"
+    recurrent_size: int = 64
 
     def __post_init__(self) -> None:
         for name in _TUPLE_FIELDS:
@@ -120,6 +125,11 @@ class PolicySpec:
                 self.cnn_strides and len(self.cnn_strides) != len(self.cnn_channels)):
             raise ValueError("cnn_kernels (and cnn_strides, if given) need one entry per "
                              "cnn_channels entry")
+        if self.recurrent not in ("none", *netops.CELLS):
+            raise ValueError(f"recurrent must be 'none' or one of {netops.CELLS}, "
+                             f"not {self.recurrent!r}")
+        if self.recurrent_size < 1:
+            raise ValueError("recurrent_size must be positive")
         mask_spec(self.obs_space, self.act_space, self.action_mask_key)
         if not self.feature_leaves():
             raise ValueError("the observation space has no leaf besides the action mask")
@@ -190,6 +200,8 @@ class PolicySpec:
             d[name] = getattr(self, name)
         if self.box_dist != "gaussian":  # (omitted by default: older clients read the rest)
             d["box_dist"] = self.box_dist
+        if self.recurrent != "none":  # (omitted when feed-forward, as box_dist)
+            d["recurrent"], d["recurrent_size"] = self.recurrent, self.recurrent_size
         return {**d, **{name: list(getattr(self, name)) for name in _TUPLE_FIELDS}}
 
     @classmethod

@@ -5,7 +5,8 @@ with numpy, ONNX and torch by construction of the same op list, and tests/unit/t
 checks it does. Every value becomes a float32 register [N, width]; observation leaves are
 converted to float32 on the way in (what ``Cast`` does; an integer leaf's values are exact in
 float32 up to 2**24, far beyond any Discrete or MultiDiscrete size). Images (``Conv``) are
-not supported: ``NativeNet`` raises ``Unsupported`` and the role times the other backends.
+not supported, nor is a recurrent cell: ``NativeNet`` raises ``Unsupported`` and the role
+times the other backends.
 
 Built once per weights version (weights transposed into the constants, ~tens of us);
 ``run`` costs a few microseconds for a batch-1 MLP (numpy and onnxruntime: ~13-20 us, nearly
@@ -28,7 +29,8 @@ except ImportError:  # (the optional extension was not compiled: see pyproject.t
 
 
 class Unsupported(ValueError):
-    """The network has an op the native interpreter lacks (a convolution), or no extension."""
+    """The network has an op the native interpreter lacks (a convolution, a recurrent cell),
+    or no extension."""
 
 
 def available() -> bool:
@@ -122,6 +124,9 @@ class NativeNet:
     def __init__(self, spec: Any, flat: np.ndarray, output: str = N.DIST) -> None:
         if _native is None:
             raise Unsupported("the _native extension is not built")
+        if spec.net.states((output,)):
+            raise Unsupported(f"the native backend does not run a recurrent network "
+                              f"({spec.recurrent}: state_in -> state_out)")
         ops = spec.net.needed((output,))
         low = _Lowering(spec.split_flat(np.asarray(flat, np.float32)))
         self.inputs = tuple(op for op in ops if isinstance(op, N.Input))

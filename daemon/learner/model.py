@@ -8,6 +8,8 @@ Parameters are registered under the layout names with "." replaced by ":" (torch
 dots; ":" never occurs in a layout name, so the mapping `torch_names` is one-to-one). The
 normalisers' statistics are buffers (not trained); everything else is an nn.Parameter,
 registered in layout order. `flat_weights()` / `load_flat()` round-trip `param_layout()`.
+A recurrent spec's cell (`learner.recurrent`) runs one step in `run(..., state)` and over
+[T, B] chunks with episode resets in `run_sequence`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch.nn import functional as F
 from rlinkd.client_lib.protocol import netops as N
 from rlinkd.client_lib.protocol.distributions import SQUASH_EDGE, Component
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.daemon.learner import recurrent as R
 
 _LOG_2PI = math.log(2.0 * math.pi)
 Obs = Mapping[str, torch.Tensor] | torch.Tensor
@@ -67,7 +70,16 @@ def _apply(op: N.Op, env: Env, p: Mapping[str, torch.Tensor]) -> torch.Tensor:
     if isinstance(op, N.Mask):  # where, not an addition: no gradient reaches a masked logit
         legal = env[op.mask][:, op.start:op.stop] != 0
         return torch.where(legal, env[op.x], torch.full_like(env[op.x], N.MASKED_LOGIT))
+    if isinstance(op, N.Recurrent):
+        weights = (p[op.weight_ih], p[op.weight_hh], p[op.bias_ih], p[op.bias_hh])
+        return R.STEPS[op.cell](env[op.x], env[op.state], weights)
     raise TypeError(f"no torch implementation of {type(op).__name__}")
+
+
+def _leaf(obs: Mapping[str, torch.Tensor], op: N.Input) -> torch.Tensor:
+    """Observation leaf `op.key` as [N, *op.shape] (float leaves may come flattened)."""
+    x = obs[op.key]
+    return x.reshape(x.shape[0], *op.shape) if x.dim() != 1 + len(op.shape) else x
 
 
 def _gaussian_logp(z: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
@@ -166,6 +178,9 @@ class ActorCritic(nn.Module):
                 self.register_buffer(self.torch_names[p.name], zeros)
         self._plans: dict[tuple[str, ...], tuple[N.Op, ...]] = {
             outs: spec.net.needed(outs) for outs in ((N.DIST,), (N.VALUE,), (N.DIST, N.VALUE))}
+        if spec.net.state_width:
+            self._plans.update({outs: spec.net.needed(outs) for outs in (
+                (N.DIST, N.STATE_OUT), (N.VALUE, N.STATE_OUT), (N.DIST, N.VALUE, N.STATE_OUT))})
         self.dist = TorchActionDist(spec.action_components, spec.action_size)
         self.load_flat(spec.init_flat(np.random.default_rng(init_seed)))
 
@@ -188,20 +203,47 @@ class ActorCritic(nn.Module):
         """The parameter or buffer of layout name `name` (KeyError if none)."""
         return self._layout_tensors()[name]
 
-    def run(self, obs: Obs, outputs: tuple[str, ...]) -> list[torch.Tensor]:
-        """The op list for `outputs` ((DIST,), (VALUE,) or (DIST, VALUE)); KeyError on a
-        missing observation leaf."""
+    def run(self, obs: Obs, outputs: tuple[str, ...], state: torch.Tensor | None = None
+            ) -> list[torch.Tensor]:
+        """The op list for `outputs` ((DIST,), (VALUE,) or (DIST, VALUE); a recurrent network
+        also accepts them with STATE_OUT last) for one step; KeyError on a missing
+        observation leaf. A recurrent network reads `state` [N, S] (ValueError if None)."""
         if not isinstance(obs, Mapping):
             obs = {"": obs}
         params, env = self._layout_tensors(), {}
         for op in self._plans[outputs]:
             if isinstance(op, N.Input):
-                x = obs[op.key]
-                env[op.out] = (x.reshape(x.shape[0], *op.shape)
-                               if x.dim() != 1 + len(op.shape) else x)
+                env[op.out] = _leaf(obs, op)
+            elif isinstance(op, N.State):
+                if state is None:
+                    raise ValueError(f"this network is recurrent: run needs a state [N, {op.width}]")
+                env[op.out] = state
             else:
                 env[op.out] = _apply(op, env, params)
         return [env[name] for name in outputs]
+
+    def run_sequence(self, obs: Obs, state0: torch.Tensor, starts: torch.Tensor,
+                     outputs: tuple[str, ...]) -> list[torch.Tensor]:
+        """A recurrent network over chunks: obs leaves [T, B, *shape], state0 [B, S] (the
+        state before step 0), starts [T, B] (1 where an episode begins: state zeroed first)
+        -> `outputs` as [T, B, *] (STATE_OUT: the state after each step). The encoders and
+        trunks run on all T*B rows at once, only the cell steps through time."""
+        if not isinstance(obs, Mapping):
+            obs = {"": obs}
+        t, b = starts.shape
+        flat = {k: v.reshape(t * b, *v.shape[2:]) for k, v in obs.items()}
+        params, env = self._layout_tensors(), {}
+        for op in self._plans[outputs]:
+            if isinstance(op, N.Input):
+                env[op.out] = _leaf(flat, op)
+            elif isinstance(op, N.Recurrent):
+                weights = (params[op.weight_ih], params[op.weight_hh], params[op.bias_ih],
+                           params[op.bias_hh])
+                x = env[op.x].reshape(t, b, -1)
+                env[op.out] = R.sequence(op.cell, x, state0, starts, weights).reshape(t * b, -1)
+            elif not isinstance(op, N.State):
+                env[op.out] = _apply(op, env, params)
+        return [env[name].reshape(t, b, *env[name].shape[1:]) for name in outputs]
 
     def dist_inputs(self, obs: Obs) -> torch.Tensor:
         """[N, dist_size] in the `action_dist_inputs` layout."""

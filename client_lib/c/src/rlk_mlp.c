@@ -239,6 +239,9 @@ static rlk_status read_op(parser *p, int o) {
     } else if (!strcmp(kind, "Flatten") || !strcmp(kind, "Normalize") || !strcmp(kind, "Act") ||
                !strcmp(kind, "Slice") || !strcmp(kind, "Clip") || !strcmp(kind, "Tile")) {
         st = read_unary(p, o, kind, q, &width);
+    } else if (!strcmp(kind, "State") || !strcmp(kind, "Recurrent")) {
+        return bad(p, RLK_E_UNSUPPORTED, "the policy network is recurrent (op %s): the C client does not "
+                   "carry its state (use server-side inference)", kind);
     } else {
         return bad(p, RLK_E_UNSUPPORTED, "the policy network uses op %s, which the C client does not run "
                    "(use server-side inference)", kind);
