@@ -71,12 +71,12 @@ def test_restart_resumes_counters_seq_no_and_policy(daemon_factory):
     assert resumed["weights_seq_no"] > before["weights_seq_no"]
 
 
-def test_periodic_checkpoints_and_fresh_start_ignores_them(daemon_factory):
+def test_periodic_checkpoints_and_fresh_start_sets_them_aside(daemon_factory):
     d = daemon_factory("--set", "checkpoint.checkpoint_interval_s=1.0", name="p")
     client = BackgroundClient(tcp(d)).start()
-    status = wait_for(lambda: (s := d.status())["checkpoints_written"] >= 3 and s, 60,
-                      what="three periodic checkpoints without any request")
-    assert status["last_checkpoint"]["weights_seq_no"] >= 1
+    wait_for(lambda: (s := d.status())["checkpoints_written"] >= 3
+             and s["last_checkpoint"]["weights_seq_no"] >= 1, 60,
+             what="three periodic checkpoints without any request, one of trained weights")
     client.stop()
     assert d.stop() == 0
     d.args += ["--fresh"]
@@ -84,7 +84,9 @@ def test_periodic_checkpoints_and_fresh_start_ignores_them(daemon_factory):
     d.start()
     fresh = d.status()
     assert fresh["weights_seq_no"] <= 0 and fresh["env_steps"] == 0 and fresh["episodes"] == 0, fresh
-    assert list((d.state_dir / "checkpoints").glob("ckpt-*"))  # ignored, not deleted
+    checkpoints = d.state_dir / "checkpoints"
+    assert not list(checkpoints.glob("ckpt-*"))                 # set aside, so never resumed,
+    assert list(checkpoints.glob("previous-*/ckpt-*"))          # and not deleted
 
 
 def test_sigkill_learner_is_restarted_and_clients_stay_connected(daemon):
