@@ -93,7 +93,7 @@ class GraphedStepper:
         assert self.graph is not None
         self.static_idx.copy_(idx, non_blocking=True)
         self.graph.replay()
-        return self.static_out
+        return self.static_out.clone()  # (the next replay overwrites static_out)
 
     def _capture(self, data: dict[str, Any], rows: int) -> None:
         """Static buffers for this layout, warm-up on a side stream, capture; the state a
