@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -228,8 +229,18 @@ class SACLearner:
             optimizer.param_groups[0]["lr"] = float(self.hp.lr)
         self.updates, self.trained_steps = int(d["updates"]), int(d["trained_steps"])
         self.env_steps = int(d["env_steps"])
-        self.noise.set_state(d["noise_rng"])
+        self._restore_noise(d["noise_rng"])
         return {"lr": float(d["optimizers"][0]["param_groups"][0]["lr"])}
+
+    def _restore_noise(self, state: torch.Tensor) -> None:
+        """The actor's noise generator as saved; a state saved on another kind of device (a
+        CUDA generator's state does not fit a CPU one) seeds this generator from its bytes:
+        the draws go on differently, deterministically."""
+        if state.numel() == self.noise.get_state().numel():
+            self.noise.set_state(state)
+        else:
+            digest = hashlib.sha256(state.numpy().tobytes()).digest()
+            self.noise.manual_seed(int.from_bytes(digest[:8], "little"))
 
 
 def _tensors(modules: Iterable[torch.nn.Module]) -> list[torch.Tensor]:

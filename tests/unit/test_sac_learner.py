@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.spaces import Box
@@ -74,7 +75,6 @@ def test_target_critics_trail_the_online_ones_by_tau():
 def test_log_pi_is_measured_on_the_unit_scale_whatever_the_bounds():
     """The entropy target -dim(A) means the same for any action bounds: SAC's log pi is the
     density of tanh(u), so two specs that differ only in their bounds give the same log pi."""
-    import torch
     narrow = PolicySpec(SPEC.obs_space, Box((1,), low=-0.1, high=0.1), hidden_sizes=(32, 32),
                         activation="relu", box_dist="squashed_gaussian")
     a, b = learner(), SACLearner(narrow, SACConfig(lr=3e-3, batch_size=64), device="cpu", seed=0)
@@ -140,3 +140,15 @@ def test_a_non_finite_step_is_skipped_on_the_device(max_grad_norm):
     np.testing.assert_array_equal(lr.critics[0].flat_weights(), critic)
     assert np.isfinite(lr.flat_weights()).all() and np.isfinite(lr.critics[0].flat_weights()).all()
     assert lr.updates == 1 and np.isfinite(actor).all()
+
+
+def test_a_state_saved_on_another_kind_of_device_resumes():
+    """A CUDA generator's state (16 bytes) does not fit a CPU generator: the resumed learner
+    seeds its noise from it instead, the same way every time."""
+    saved = learner().state_dict()
+    saved["noise_rng"] = torch.arange(16, dtype=torch.uint8)
+    a, b = learner(lr=0.5), learner(lr=0.5)
+    for resumed in (a, b):
+        resumed.load_state_dict(saved)
+    assert torch.equal(a.noise.get_state(), b.noise.get_state())
+    assert not torch.equal(a.noise.get_state(), learner().noise.get_state())
