@@ -15,7 +15,8 @@ import copy
 import dataclasses
 import hashlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -141,13 +142,10 @@ class SACLearner:
         loss_q, critic_stats = critic_loss_terms(q[0], q[1], targets)
         grad_norm = self._step(self.critic_opt, loss_q)
         pi_actions, logp_pi = self._sample(obs, data["noise"])                   # with gradients
-        for critic in self.critics:  # (the actor's gradient passes through them; theirs is not needed)
-            critic.requires_grad_(False)
-        q_pi = [c.value(self._q_input(obs, pi_actions)) for c in self.critics]
-        loss_pi, actor_stats = actor_loss_terms(q_pi[0], q_pi[1], logp_pi, alpha)
-        self._step(self.actor_opt, loss_pi)
-        for critic in self.critics:
-            critic.requires_grad_(True)
+        with _frozen(self.critics):  # (the actor's gradient passes through them; theirs is not needed)
+            q_pi = [c.value(self._q_input(obs, pi_actions)) for c in self.critics]
+            loss_pi, actor_stats = actor_loss_terms(q_pi[0], q_pi[1], logp_pi, alpha)
+            self._step(self.actor_opt, loss_pi)
         if self.alpha_opt is not None:
             self._step(self.alpha_opt, alpha_loss(self.log_alpha, logp_pi, self.target_entropy))
         polyak_update(*self._polyak_pairs, self.hp.tau)
@@ -241,6 +239,19 @@ class SACLearner:
         else:
             digest = hashlib.sha256(state.numpy().tobytes()).digest()
             self.noise.manual_seed(int.from_bytes(digest[:8], "little"))
+
+
+@contextmanager
+def _frozen(modules: list[ActorCritic]) -> Iterator[None]:
+    """Gradients off for ``modules`` inside, on again after (also when the step inside
+    raises, as a failed graph capture does)."""
+    for module in modules:
+        module.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.requires_grad_(True)
 
 
 def _tensors(modules: Iterable[torch.nn.Module]) -> list[torch.Tensor]:

@@ -221,3 +221,40 @@ def test_a_graphed_replay_checkpoint_resumes_on_the_gpu_and_the_cpu(spec):
         resumed.load_state_dict(state)
         for mine, theirs in zip(replay_weights(resumed), replay_weights(learner)):
             np.testing.assert_array_equal(mine, theirs)
+
+
+class _Stand:
+    """A stand-in for a CUDA stream or graph (the capture then runs its steps on the CPU)."""
+
+    def wait_stream(self, other) -> None:
+        pass
+
+
+def test_a_capture_failing_inside_the_sac_step_leaves_an_eager_learner_as_if_untried(monkeypatch):
+    """The failure comes from inside the step being captured (after the warm-up, halfway
+    through the actor's part): the learner logs it, puts back what the warm-up changed, and
+    its eager step then trains exactly as a learner that never tried."""
+    from contextlib import nullcontext
+
+    from rlinkd.daemon.learner import sac_learner
+    for name, stand in (("Stream", lambda device: _Stand()), ("current_stream", lambda device: _Stand()),
+                        ("stream", lambda s: nullcontext()), ("graph", lambda g: nullcontext()),
+                        ("CUDAGraph", _Stand), ("synchronize", lambda device: None)):
+        monkeypatch.setattr(graphed.torch.cuda, name, stand)
+    calls, real = [], sac_learner.actor_loss_terms
+
+    def uncapturable(*args):
+        calls.append(1)
+        if len(calls) == graphed.WARMUP_STEPS + 1:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return real(*args)
+    monkeypatch.setattr(sac_learner, "actor_loss_terms", uncapturable)
+    tried, untried = replay_learner(SAC_SPEC, "cpu"), replay_learner(SAC_SPEC, "cpu")
+    tried.stepper = graphed.GraphedStepper(tried._sgd_step, tried._step_state(), "sac")
+    with structlog.testing.capture_logs() as logs:
+        for i in range(2):
+            assert dict(tried.train_step(replay_rows(SAC_SPEC, seed=i))) == \
+                dict(untried.train_step(replay_rows(SAC_SPEC, seed=i)))
+    assert [e["what"] for e in logs if e["event"] == "step_graph_capture_failed"] == ["sac"]
+    for mine, theirs in zip(replay_weights(tried), replay_weights(untried)):
+        np.testing.assert_array_equal(mine, theirs)
