@@ -89,13 +89,13 @@ class Adam:
         """Steps applied so far (reads the device: for checkpoints and tests)."""
         return int(self.step_t.item())
 
-    def clip_grad_norm_(self, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scale the gradients to 2-norm <= ``max_norm`` (torch's clip_grad_norm_); return
-        (the norm before clipping, a 0-dim float gate: 1 when it is finite, else 0 with the
-        gradients zeroed). No value is read back to the host."""
+    def clip_grad_norm_(self, max_norm: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scale the gradients to 2-norm <= ``max_norm`` (torch's clip_grad_norm_; None: no
+        scaling); return (the norm before clipping, a 0-dim float gate: 1 when it is finite,
+        else 0 with the gradients zeroed). No value is read back to the host."""
         norm = torch.linalg.vector_norm(self.grad)
         gate = torch.isfinite(norm).float()
-        scale = torch.clamp(max_norm / (norm + GRAD_NORM_EPS), max=1.0) * gate
+        scale = gate if max_norm is None else torch.clamp(max_norm / (norm + GRAD_NORM_EPS), max=1.0) * gate
         self.grad.mul_(scale).nan_to_num_(0.0, 0.0, 0.0)  # (only a closed gate leaves any)
         return norm, gate
 

@@ -9,6 +9,7 @@ import copy
 from collections.abc import Mapping
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ from rlinkd.daemon.config import DQNConfig
 from rlinkd.daemon.learner.adam import Adam
 from rlinkd.daemon.learner.dqn import (DQN_STATS, double_q_targets, dqn_loss_terms, fan_in_uniform,
                                       linear_schedule)
+from rlinkd.daemon.learner.graphed import make_stepper
 from rlinkd.daemon.learner.learner import DeviceStats, seeded_model, to_device
 
 DQN_STATE_FORMAT = 1
@@ -34,13 +36,17 @@ class DQNLearner:
     ent_coef = 0.0  # (no entropy term)
 
     def __init__(self, spec: PolicySpec, hp: DQNConfig, device: str = "auto", seed: int = 0,
-                 torch_threads: int = 0) -> None:
+                 torch_threads: int = 0, graphs: bool = True) -> None:
         self.spec, self.hp = spec, hp
         self.device, self.model = seeded_model(spec, device, seed, torch_threads)
         if hp.weight_init == "uniform":
             self._uniform_init(seed)
         self.target = copy.deepcopy(self.model).requires_grad_(False)
         self.optimizer = Adam(self.model.parameters(), lr=hp.lr)
+        opt = self.optimizer
+        self.stepper = make_stepper(self.device, self._sgd_step, [opt.flat, opt.grad, opt.m, opt.v, opt.step_t],
+                                    graphs, "dqn")
+        self._no_idx = torch.zeros(0, dtype=torch.long, device=self.device)
         self.updates = 0
         self.trained_steps = 0   # transitions sampled, over all updates
         self.env_steps = 0       # transitions received
@@ -73,25 +79,35 @@ class DQNLearner:
         follows every ``target_update_interval_updates``. Returns loss, q_mean,
         td_abs_mean, grad_norm, read from the device when first looked at. A non-finite
         loss or gradient skips the step (on the device, without reading it back)."""
-        obs, next_obs = self._obs(rows["obs"]), self._obs(rows["next_obs"])
-        actions = self._tensor(rows["action"][:, 0])                         # [B]
-        rewards, discounts = self._tensor(rows["reward"]), self._tensor(rows["discount"])  # [B]
-        with torch.no_grad():
-            next_target = self.target.dist_inputs(next_obs)                   # [B, A]
-            next_online = self.model.dist_inputs(next_obs) if self.hp.double_q else next_target
-            targets = double_q_targets(rewards, discounts, next_online, next_target, self.hp.double_q)
-        loss, stats = dqn_loss_terms(self.model.dist_inputs(obs), actions, targets)
-        self.optimizer.zero_grad()
-        loss.backward()
-        grad_norm, gate = self.optimizer.clip_grad_norm_(self.hp.max_grad_norm)
-        self.optimizer.param_groups[0]["lr"] = self.lr
-        self.optimizer.step(gate * torch.isfinite(loss.detach()))  # non-finite: skipped
-        info = DeviceStats((*DQN_STATS, "grad_norm"), torch.cat([stats, grad_norm.reshape(1)]))
+        self.optimizer.param_groups[0]["lr"] = self.lr  # (copied into the tensor the step reads)
+        run = self.stepper.bind(self._to_tensors(rows), 0)
+        info = DeviceStats((*DQN_STATS, "grad_norm"), run(self._no_idx))
         self.updates += 1
         self.trained_steps += len(rows)
         if self.updates % self.hp.target_update_interval_updates == 0:
-            self.target.load_state_dict(self.model.state_dict())
+            self.target.load_state_dict(self.model.state_dict())  # (in place: a graph still reads it)
         return info
+
+    def _to_tensors(self, rows: np.ndarray) -> dict[str, Any]:
+        """The step's inputs on the device: observations, actions [B], rewards, discounts."""
+        return {"obs": self._obs(rows["obs"]), "next_obs": self._obs(rows["next_obs"]),
+                "action": self._tensor(rows["action"][:, 0]),
+                "reward": self._tensor(rows["reward"]), "discount": self._tensor(rows["discount"])}
+
+    def _sgd_step(self, data: dict[str, Any], idx: torch.Tensor) -> torch.Tensor:
+        """The gradient step on ``data`` (``idx`` unused: the whole sample); its statistics
+        [4] (``DQN_STATS``, grad_norm) as a device tensor. Reads nothing back to the host."""
+        with torch.no_grad():
+            next_target = self.target.dist_inputs(data["next_obs"])          # [B, A]
+            next_online = self.model.dist_inputs(data["next_obs"]) if self.hp.double_q else next_target
+            targets = double_q_targets(data["reward"], data["discount"], next_online, next_target,
+                                       self.hp.double_q)
+        loss, stats = dqn_loss_terms(self.model.dist_inputs(data["obs"]), data["action"], targets)
+        self.optimizer.zero_grad()
+        loss.backward()
+        grad_norm, gate = self.optimizer.clip_grad_norm_(self.hp.max_grad_norm)
+        self.optimizer.step(gate * torch.isfinite(loss.detach()))  # non-finite: skipped
+        return torch.cat([stats, grad_norm.reshape(1)])
 
     def _obs(self, structured: np.ndarray) -> dict[str, torch.Tensor]:
         return {k: self._tensor(v) for k, v in obs_columns(structured, self.spec.obs_space).items()}

@@ -3,7 +3,9 @@
 A step function ``step(data, idx) -> diagnostics`` (``Learner._sgd_step``) reads the update's
 tensors ``data`` (a dict of tensors, nested one level for observations) at the minibatch rows
 ``idx`` [b] and returns a diagnostics tensor; it must read nothing back to the host. Both
-steppers have one method, ``bind(data, rows) -> run(idx)``, called once per update.
+steppers have one method, ``bind(data, rows) -> run(idx)``, called once per update (the
+replay learners, ``DQNLearner`` and ``SACLearner``, bind each sample with ``rows`` 0 and
+run it once: their step trains on the whole sample). ``run`` returns a fresh tensor.
 
 ``GraphedStepper`` (CUDA): ``data`` is copied into static buffers (allocated at the first
 update and again whenever a shape or dtype changes, when the step is captured anew), each
@@ -93,7 +95,7 @@ class GraphedStepper:
         assert self.graph is not None
         self.static_idx.copy_(idx, non_blocking=True)
         self.graph.replay()
-        return self.static_out
+        return self.static_out.clone()  # (the next replay overwrites static_out)
 
     def _capture(self, data: dict[str, Any], rows: int) -> None:
         """Static buffers for this layout, warm-up on a side stream, capture; the state a

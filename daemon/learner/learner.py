@@ -73,6 +73,16 @@ class DeviceStats(Mapping[str, float]):
         return len(self.names)
 
 
+def mean_stats(steps: list[Mapping[str, float]]) -> dict[str, float]:
+    """Each statistic's mean over `steps` (one mapping per step, all with the same names):
+    steps of ``DeviceStats`` not yet read are averaged on the device and read in one go."""
+    unread = [s for s in steps if isinstance(s, DeviceStats) and s._floats is None]
+    if steps and len(unread) == len(steps):
+        values = torch.stack([s.tensor for s in unread]).double().mean(dim=0)
+        return dict(zip(unread[0].names, values.tolist()))
+    return {k: float(np.mean([s[k] for s in steps])) for k in steps[0]}
+
+
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """`array` as a tensor on `device`, in its dtype (a uint8 image stays uint8): on a GPU
     copied from pinned host memory without waiting; on the CPU sharing the array's memory."""

@@ -37,6 +37,11 @@ def torch_name(layout_name: str) -> str:
     return layout_name.replace(".", ":")
 
 
+def onehot_names(op: N.OneHot) -> tuple[str, str]:
+    """The names of a one-hot op's columns and values among the network's tensors."""
+    return f"{torch_name(op.out)}#columns", f"{torch_name(op.out)}#values"
+
+
 def _apply(op: N.Op, env: Env, p: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """One torch implementation per op (the numpy and ONNX ones are in client_lib)."""
     if isinstance(op, N.Cast):
@@ -45,10 +50,9 @@ def _apply(op: N.Op, env: Env, p: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return env[op.x] * op.factor
     if isinstance(op, N.Normalize):
         return (env[op.x] - p[op.mean]) / p[op.std]
-    if isinstance(op, N.OneHot):
-        x = env[op.x]
-        cols = torch.as_tensor(op.columns, dtype=torch.long, device=x.device)
-        return (x[:, cols] == torch.as_tensor(op.values, dtype=x.dtype, device=x.device)).float()
+    if isinstance(op, N.OneHot):  # (columns and values: the network's buffers, see onehot_names)
+        columns, values = (p[name] for name in onehot_names(op))
+        return (env[op.x][:, columns] == values).float()
     if isinstance(op, N.Flatten):
         return env[op.x].reshape(env[op.x].shape[0], -1)
     if isinstance(op, N.ToNCHW):
@@ -86,34 +90,46 @@ def _gaussian_logp(z: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
     return (-0.5 * z.square() - log_std - 0.5 * _LOG_2PI).sum(dim=1)
 
 
-class Squash:
+class Squash(nn.Module):
     """A squashed Gaussian component's map u -> a = low + (tanh(u) + 1) / 2 * (high - low),
-    torch side (the numpy one is `distributions.squash`; a test keeps them equal)."""
+    torch side (the numpy one is `distributions.squash`; a test keeps them equal). Its
+    constants are non-persistent buffers: they move with the network once (``.to``), so a
+    step copies nothing to the device and can be captured in a CUDA graph."""
+
+    low: torch.Tensor
+    half_range: torch.Tensor
+    log_half: torch.Tensor
 
     def __init__(self, c: Component) -> None:
-        self.low = torch.tensor(c.low, dtype=torch.float32)
-        self.half_range = torch.tensor([(h - lo) / 2 for lo, h in zip(c.low, c.high)], dtype=torch.float32)
+        super().__init__()
+        half_range = torch.tensor([(h - lo) / 2 for lo, h in zip(c.low, c.high)], dtype=torch.float32)
+        self.register_buffer("low", torch.tensor(c.low, dtype=torch.float32), persistent=False)
+        self.register_buffer("half_range", half_range, persistent=False)
+        self.register_buffer("log_half", torch.log(half_range), persistent=False)
 
-    def __call__(self, u: torch.Tensor) -> torch.Tensor:
-        return self.low.to(u.device) + (torch.tanh(u) + 1.0) * self.half_range.to(u.device)
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        return self.low + (torch.tanh(u) + 1.0) * self.half_range
 
     def inverse(self, a: torch.Tensor) -> torch.Tensor:
-        t = (a - self.low.to(a.device)) / self.half_range.to(a.device) - 1.0
+        t = (a - self.low) / self.half_range - 1.0
         return torch.atanh(t.clamp(-SQUASH_EDGE, SQUASH_EDGE))
 
     def log_det(self, u: torch.Tensor) -> torch.Tensor:
         """log |da/du| [N]: log(half range) + log(1 - tanh(u)^2), the latter computed as
         2 * (log 2 - u - softplus(-2u)) (stable for large |u|)."""
-        log_half = torch.log(self.half_range.to(u.device))
-        return (log_half + 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(dim=1)
+        return (self.log_half + 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(dim=1)
 
 
-class TorchActionDist:
-    """log-prob and entropy of the product distribution, torch (autograd) side."""
+class TorchActionDist(nn.Module):
+    """log-prob and entropy of the product distribution, torch (autograd) side (a module
+    only to carry the squashes' constants along with the network)."""
 
     def __init__(self, comps: tuple[Component, ...], action_size: int) -> None:
+        super().__init__()
         self.comps, self.action_size = comps, action_size
-        self.squash = {c.dist: Squash(c) for c in comps if c.kind == "squashed_gaussian"}
+        squashes = {c.dist: Squash(c) for c in comps if c.kind == "squashed_gaussian"}
+        self.squashes = nn.ModuleList(squashes.values())  # (registered: moved by .to)
+        self.squash = squashes
 
     def rsample(self, dist: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised draw of an all-squashed-Gaussian action (SAC): (actions [N, A],
@@ -176,6 +192,10 @@ class ActorCritic(nn.Module):
                 self.register_parameter(self.torch_names[p.name], nn.Parameter(zeros))
             else:
                 self.register_buffer(self.torch_names[p.name], zeros)
+        for op in spec.net.ops:  # constants as buffers: a step copies nothing to the device
+            if isinstance(op, N.OneHot):
+                for name, values in zip(onehot_names(op), (op.columns, op.values)):
+                    self.register_buffer(name, torch.tensor(values, dtype=torch.long), persistent=False)
         self._plans: dict[tuple[str, ...], tuple[N.Op, ...]] = {
             outs: spec.net.needed(outs) for outs in ((N.DIST,), (N.VALUE,), (N.DIST, N.VALUE))}
         if spec.net.state_width:
@@ -192,6 +212,7 @@ class ActorCritic(nn.Module):
         if cached is None:
             tensors = {**dict(self.named_parameters()), **dict(self.named_buffers())}
             cached = {name: tensors[tn] for name, tn in self.torch_names.items()}
+            cached.update((name, t) for name, t in tensors.items() if "#" in name)
             self.__dict__["_tensor_cache"] = cached
         return cached
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import time
+from collections.abc import Mapping
 
 import numpy as np
 import structlog
@@ -55,7 +56,7 @@ class ReplayLearner:
         self.resumed_from = ""
         self.seen_written = 0            # replay.written already counted in core.env_steps
         self.start: tuple[int, int] | None = None  # (written, updates) when learning started
-        self.pending: list[dict[str, float]] = []  # step stats since the last publication
+        self.pending: list[Mapping[str, float]] = []  # step stats since the last publication
         self.pending_s = 0.0
         self.report_interval_s = cfg.daemon.status_interval_s
         self.next_report = 0.0
@@ -129,7 +130,8 @@ class ReplayLearner:
         return max(0, min(due, to_publish))
 
     def _summary(self) -> m.TrainStats:
-        means = {k: float(np.mean([p[k] for p in self.pending])) for k in self.pending[0]}
+        from rlinkd.daemon.learner.learner import mean_stats  # (imports torch)
+        means = mean_stats(self.pending)  # (the steps' statistics, read from the device at once)
         means["n_rows"] = float(len(self.pending) * self.hp.batch_size)
         stats = m.off_policy_stats(means, len(self.pending), self.pending_s)
         self.pending, self.pending_s = [], 0.0

@@ -30,24 +30,44 @@ def soft_q_targets(rewards: torch.Tensor, discounts: torch.Tensor, next_q1: torc
     return rewards + discounts * soft_value                                 # [B]
 
 
-def critic_loss(q1: torch.Tensor, q2: torch.Tensor, targets: torch.Tensor
-                ) -> tuple[torch.Tensor, dict[str, float]]:
+CRITIC_STATS = ("critic_loss", "q_mean", "td_abs_mean")
+ACTOR_STATS = ("actor_loss", "entropy")
+
+
+def critic_loss_terms(q1: torch.Tensor, q2: torch.Tensor, targets: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of both critics' mean squared errors against the (detached) targets; q1, q2,
-    targets [B]. Returns (loss, {critic_loss, q_mean, td_abs_mean})."""
+    targets [B]. Returns (loss, detached [3] in ``CRITIC_STATS`` order); reads nothing back."""
     y = targets.detach()
     loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
     with torch.no_grad():
-        values = torch.stack([loss, q1.mean(), (q1 - y).abs().mean()])
-    return loss, dict(zip(("critic_loss", "q_mean", "td_abs_mean"), values.tolist()))
+        stats = torch.stack([loss, q1.mean(), (q1 - y).abs().mean()])
+    return loss, stats
+
+
+def critic_loss(q1: torch.Tensor, q2: torch.Tensor, targets: torch.Tensor
+                ) -> tuple[torch.Tensor, dict[str, float]]:
+    """``critic_loss_terms`` with its statistics as python floats by name (one device read)."""
+    loss, stats = critic_loss_terms(q1, q2, targets)
+    return loss, dict(zip(CRITIC_STATS, stats.tolist()))
+
+
+def actor_loss_terms(q1_pi: torch.Tensor, q2_pi: torch.Tensor, logp_pi: torch.Tensor,
+                     alpha: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """mean(alpha * log pi(a~|s) - min_i Q_i(s, a~)) for reparameterised a~ (gradients reach
+    the actor through a~ and log pi; alpha is a constant here). Returns (loss, detached [2]
+    in ``ACTOR_STATS`` order: actor_loss, entropy the batch estimate -mean(log pi))."""
+    loss = (alpha * logp_pi - torch.min(q1_pi, q2_pi)).mean()
+    with torch.no_grad():
+        stats = torch.stack([loss, -logp_pi.mean()])
+    return loss, stats
 
 
 def actor_loss(q1_pi: torch.Tensor, q2_pi: torch.Tensor, logp_pi: torch.Tensor,
                alpha: float | torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-    """mean(alpha * log pi(a~|s) - min_i Q_i(s, a~)) for reparameterised a~ (gradients reach
-    the actor through a~ and log pi; alpha is a constant here). Returns (loss, {actor_loss,
-    entropy}) with entropy the batch estimate -mean(log pi)."""
-    loss = (alpha * logp_pi - torch.min(q1_pi, q2_pi)).mean()
-    return loss, {"actor_loss": float(loss.detach()), "entropy": float(-logp_pi.detach().mean())}
+    """``actor_loss_terms`` with its statistics as python floats by name (one device read)."""
+    loss, stats = actor_loss_terms(q1_pi, q2_pi, logp_pi, alpha)
+    return loss, dict(zip(ACTOR_STATS, stats.tolist()))
 
 
 def alpha_loss(log_alpha: torch.Tensor, logp_pi: torch.Tensor, target_entropy: float

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,12 +27,15 @@ from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.client_lib.protocol.spaces import Box, Dict
 from rlinkd.daemon.config import SACConfig
 from rlinkd.daemon.learner.adam import Adam
-from rlinkd.daemon.learner.learner import _cpu_clone, seeded_model, to_device
+from rlinkd.daemon.learner.graphed import make_stepper
+from rlinkd.daemon.learner.learner import DeviceStats, _cpu_clone, seeded_model, to_device
 from rlinkd.daemon.learner.model import ActorCritic
-from rlinkd.daemon.learner.sac import (actor_loss, alpha_loss, critic_loss, polyak_update,
-                                       soft_q_targets)
+from rlinkd.daemon.learner.sac import (ACTOR_STATS, CRITIC_STATS, actor_loss_terms, alpha_loss,
+                                       critic_loss_terms, polyak_update, soft_q_targets)
 
 SAC_STATE_FORMAT = 1
+SAC_STATS = ("loss", *CRITIC_STATS, "grad_norm", *ACTOR_STATS, "alpha")
+"""A step's statistics, in the order the step returns them."""
 OBS_KEY, ACTION_KEY = "obs", "action"
 
 
@@ -56,7 +62,7 @@ class SACLearner:
     algorithm = "sac"
 
     def __init__(self, spec: PolicySpec, hp: SACConfig, device: str = "auto", seed: int = 0,
-                 torch_threads: int = 0) -> None:
+                 torch_threads: int = 0, graphs: bool = True) -> None:
         self.spec, self.hp = spec, hp
         self.device, self.model = seeded_model(spec, device, seed, torch_threads)   # the actor
         cspec = critic_spec(spec)
@@ -74,9 +80,16 @@ class SACLearner:
         self.critic_opt = Adam(self._critic_params(), lr=hp.lr)
         self.alpha_opt = Adam([self.log_alpha], lr=hp.lr) if hp.autotune_alpha else None
         self.noise = torch.Generator(device=self.device).manual_seed(seed)  # the actor's draws
+        self.stepper = make_stepper(self.device, self._sgd_step, self._step_state(), graphs, "sac")
+        self._no_idx = torch.zeros(0, dtype=torch.long, device=self.device)
         self.updates = 0
         self.trained_steps = 0   # transitions sampled, over all updates
         self.env_steps = 0       # transitions received
+
+    def _step_state(self) -> list[torch.Tensor]:
+        """The tensors a step changes (saved and restored around a capture)."""
+        return [t for o in self._optimizers() for t in (o.flat, o.grad, o.m, o.v, o.step_t)] \
+            + self._polyak_pairs[0]
 
     def _critic_params(self) -> list[torch.Tensor]:
         return [p for c in self.critics for p in c.parameters()]
@@ -96,59 +109,63 @@ class SACLearner:
         return None
 
     # ----------------------------------------------------------------- one gradient step
-    def train_step(self, rows: np.ndarray) -> dict[str, float]:
+    def train_step(self, rows: np.ndarray) -> Mapping[str, float]:
         """One critic, actor (and alpha) step on replay rows (``shm.replay`` dtype, [B]),
-        then the Polyak update of the target critics. Returns loss (the critics'),
-        critic_loss, actor_loss, entropy, alpha, q_mean, td_abs_mean, grad_norm. A step whose
-        loss or gradient is not finite is skipped (the update is still counted)."""
-        obs, next_obs = self._obs(rows["obs"]), self._obs(rows["next_obs"])
-        actions = self._tensor(rows["action"])                                   # [B, A]
-        rewards, discounts = self._tensor(rows["reward"]), self._tensor(rows["discount"])  # [B]
-        alpha = self.log_alpha.detach().exp()
-        with torch.no_grad():
-            next_actions, next_logp = self._sample(next_obs)                     # [B, A], [B]
-            next_q = [t.value(self._q_input(next_obs, next_actions)) for t in self.targets]
-            targets = soft_q_targets(rewards, discounts, next_q[0], next_q[1], next_logp, alpha)
-        q = [c.value(self._q_input(obs, actions)) for c in self.critics]        # 2 x [B]
-        loss_q, info = critic_loss(q[0], q[1], targets)
-        info["grad_norm"] = self._step(self.critic_opt, loss_q, self._critic_params())
-        pi_actions, logp_pi = self._sample(obs)                                  # with gradients
-        for critic in self.critics:  # (the actor's gradient passes through them; theirs is not needed)
-            critic.requires_grad_(False)
-        q_pi = [c.value(self._q_input(obs, pi_actions)) for c in self.critics]
-        loss_pi, actor_info = actor_loss(q_pi[0], q_pi[1], logp_pi, alpha)
-        self._step(self.actor_opt, loss_pi, list(self.model.parameters()))
-        for critic in self.critics:
-            critic.requires_grad_(True)
-        if self.alpha_opt is not None:
-            self._step(self.alpha_opt, alpha_loss(self.log_alpha, logp_pi, self.target_entropy),
-                       [self.log_alpha])
-        polyak_update(*self._polyak_pairs, self.hp.tau)
+        then the Polyak update of the target critics. Returns ``SAC_STATS`` (loss is the
+        critics'; grad_norm the critics' before clipping), read from the device when first
+        looked at. A step whose loss or gradient is not finite is skipped on the device, per
+        network, without reading it back (the update is still counted)."""
+        run = self.stepper.bind(self._to_tensors(rows), 0)
+        stats = DeviceStats(SAC_STATS, run(self._no_idx))
         self.updates += 1
         self.trained_steps += len(rows)
-        return {"loss": info["critic_loss"], **info, **actor_info, "alpha": float(alpha)}
+        return stats
 
-    def _step(self, optimizer: Adam, loss: torch.Tensor, params: list[torch.Tensor]) -> float:
-        """zero_grad, backward, optional clip, step unless not finite; the gradient norm."""
+    def _to_tensors(self, rows: np.ndarray) -> dict[str, Any]:
+        """The step's inputs on the device, with the actor's two noise draws [B, A] (drawn
+        here, outside the step, so that a captured step replays with fresh noise)."""
+        n, size = len(rows), self.spec.action_size
+        next_noise, noise = (torch.randn(n, size, device=self.device, generator=self.noise) for _ in "ab")
+        return {"obs": self._obs(rows["obs"]), "next_obs": self._obs(rows["next_obs"]),
+                "action": self._tensor(rows["action"]), "reward": self._tensor(rows["reward"]),
+                "discount": self._tensor(rows["discount"]), "next_noise": next_noise, "noise": noise}
+
+    def _sgd_step(self, data: dict[str, Any], idx: torch.Tensor) -> torch.Tensor:
+        """The gradient step on ``data`` (``idx`` unused: the whole sample); its statistics
+        [len(SAC_STATS)] as a device tensor. Reads nothing back to the host."""
+        obs, alpha = data["obs"], self.log_alpha.detach().exp()
+        with torch.no_grad():
+            next_actions, next_logp = self._sample(data["next_obs"], data["next_noise"])  # [B, A], [B]
+            next_q = [t.value(self._q_input(data["next_obs"], next_actions)) for t in self.targets]
+            targets = soft_q_targets(data["reward"], data["discount"], next_q[0], next_q[1], next_logp, alpha)
+        q = [c.value(self._q_input(obs, data["action"])) for c in self.critics]   # 2 x [B]
+        loss_q, critic_stats = critic_loss_terms(q[0], q[1], targets)
+        grad_norm = self._step(self.critic_opt, loss_q)
+        pi_actions, logp_pi = self._sample(obs, data["noise"])                   # with gradients
+        with _frozen(self.critics):  # (the actor's gradient passes through them; theirs is not needed)
+            q_pi = [c.value(self._q_input(obs, pi_actions)) for c in self.critics]
+            loss_pi, actor_stats = actor_loss_terms(q_pi[0], q_pi[1], logp_pi, alpha)
+            self._step(self.actor_opt, loss_pi)
+        if self.alpha_opt is not None:
+            self._step(self.alpha_opt, alpha_loss(self.log_alpha, logp_pi, self.target_entropy))
+        polyak_update(*self._polyak_pairs, self.hp.tau)
+        return torch.cat([critic_stats[:1], critic_stats, grad_norm.reshape(1), actor_stats,
+                          alpha.reshape(1)])
+
+    def _step(self, optimizer: Adam, loss: torch.Tensor) -> torch.Tensor:
+        """zero_grad, backward, optional clip, the step gated off (on the device) when the
+        loss or the gradient is not finite; the gradient norm before clipping."""
         optimizer.zero_grad()
         loss.backward()
-        live = [p for p in params if p.grad is not None]
-        if self.hp.max_grad_norm > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(live, self.hp.max_grad_norm))
-        else:  # (the norm for the report only: one fused kernel, no scaling pass)
-            grads = [p.grad for p in live if p.grad is not None]
-            norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
-        if math.isfinite(float(loss.detach())) and math.isfinite(norm):
-            optimizer.step()
+        norm, gate = optimizer.clip_grad_norm_(self.hp.max_grad_norm if self.hp.max_grad_norm > 0 else None)
+        optimizer.step(gate * torch.isfinite(loss.detach()))
         return norm
 
-    def _sample(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reparameterised actions [B, A] (in the bounds) and log pi [B] of them measured on
-        the [-1, 1] scale (a constant shift of the density in action units)."""
-        dist = self.model.dist_inputs(obs)
-        noise = torch.randn(dist.shape[0], self.spec.action_size, device=self.device,
-                            generator=self.noise)
-        actions, logp = self.model.dist.rsample(dist, noise)
+    def _sample(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised actions [B, A] (in the bounds) from standard normal ``noise``
+        [B, A], and log pi [B] of them measured on the [-1, 1] scale (a constant shift of
+        the density in action units)."""
+        actions, logp = self.model.dist.rsample(self.model.dist_inputs(obs), noise)
         return actions, logp + self.log_scale
 
     def _q_input(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -210,8 +227,31 @@ class SACLearner:
             optimizer.param_groups[0]["lr"] = float(self.hp.lr)
         self.updates, self.trained_steps = int(d["updates"]), int(d["trained_steps"])
         self.env_steps = int(d["env_steps"])
-        self.noise.set_state(d["noise_rng"])
+        self._restore_noise(d["noise_rng"])
         return {"lr": float(d["optimizers"][0]["param_groups"][0]["lr"])}
+
+    def _restore_noise(self, state: torch.Tensor) -> None:
+        """The actor's noise generator as saved; a state saved on another kind of device (a
+        CUDA generator's state does not fit a CPU one) seeds this generator from its bytes:
+        the draws go on differently, deterministically."""
+        if state.numel() == self.noise.get_state().numel():
+            self.noise.set_state(state)
+        else:
+            digest = hashlib.sha256(state.numpy().tobytes()).digest()
+            self.noise.manual_seed(int.from_bytes(digest[:8], "little"))
+
+
+@contextmanager
+def _frozen(modules: list[ActorCritic]) -> Iterator[None]:
+    """Gradients off for ``modules`` inside, on again after (also when the step inside
+    raises, as a failed graph capture does)."""
+    for module in modules:
+        module.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.requires_grad_(True)
 
 
 def _tensors(modules: Iterable[torch.nn.Module]) -> list[torch.Tensor]:

@@ -129,3 +129,16 @@ def test_a_non_finite_step_is_skipped(monkeypatch):
     stats = lr.train_step(batch)
     assert not np.isfinite(stats["loss"]) and lr.optimizer.step_count == 0
     np.testing.assert_array_equal(lr.model.flat_weights(), weights)
+
+
+def test_a_publication_reads_its_steps_stats_in_one_go(monkeypatch):
+    from rlinkd.daemon.learner.learner import mean_stats
+    from tests.unit.test_learner_step import SyncCounter
+    lr = learner()
+    stats = [lr.train_step(rows(32, i)) for i in range(5)]
+    counter = SyncCounter(monkeypatch)
+    counter.inside = True
+    means = mean_stats(stats)
+    assert counter.count == 1
+    expected = {k: np.mean([dict(s)[k] for s in stats]) for k in stats[0]}
+    assert means == pytest.approx(expected, rel=1e-6)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.spaces import Box
@@ -74,12 +75,12 @@ def test_target_critics_trail_the_online_ones_by_tau():
 def test_log_pi_is_measured_on_the_unit_scale_whatever_the_bounds():
     """The entropy target -dim(A) means the same for any action bounds: SAC's log pi is the
     density of tanh(u), so two specs that differ only in their bounds give the same log pi."""
-    import torch
     narrow = PolicySpec(SPEC.obs_space, Box((1,), low=-0.1, high=0.1), hidden_sizes=(32, 32),
                         activation="relu", box_dist="squashed_gaussian")
     a, b = learner(), SACLearner(narrow, SACConfig(lr=3e-3, batch_size=64), device="cpu", seed=0)
     obs = {"": torch.from_numpy(np.random.default_rng(5).uniform(-1, 1, (64, 2)).astype(np.float32))}
-    (actions_a, logp_a), (actions_b, logp_b) = a._sample(obs), b._sample(obs)
+    noise = torch.randn(64, 1, generator=torch.Generator().manual_seed(5))
+    (actions_a, logp_a), (actions_b, logp_b) = a._sample(obs, noise), b._sample(obs, noise)
     np.testing.assert_allclose(logp_a.detach().numpy(), logp_b.detach().numpy(), atol=1e-5)
     np.testing.assert_allclose(actions_a.detach().numpy() / 20, actions_b.detach().numpy(), atol=1e-6)
 
@@ -113,3 +114,41 @@ def test_state_dict_resumes_exactly():
         b.load_state_dict({"format": 1, "algorithm": "dqn"})
     with pytest.raises(ValueError, match="autotune"):
         learner(autotune_alpha=False).load_state_dict(state)
+
+
+def test_a_step_reads_nothing_back_until_its_stats_are_looked_at(monkeypatch):
+    from tests.unit.test_learner_step import SyncCounter
+    lr, rng = learner(max_grad_norm=1.0), np.random.default_rng(6)
+    batches = [bandit_rows(64, rng) for _ in range(5)]
+    counter = SyncCounter(monkeypatch)
+    counter.inside = True
+    stats = [lr.train_step(batch) for batch in batches]
+    assert counter.count == 0
+    assert stats[0]["critic_loss"] > 0 and counter.count == 1  # read once, when first looked at
+    assert set(stats[-1]) == {"loss", "critic_loss", "q_mean", "td_abs_mean", "grad_norm",
+                              "actor_loss", "entropy", "alpha"} and counter.count == 1
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.0, 1.0])
+def test_a_non_finite_step_is_skipped_on_the_device(max_grad_norm):
+    lr = learner(max_grad_norm=max_grad_norm)
+    batch = bandit_rows(64, np.random.default_rng(7))
+    batch["reward"][:] = np.inf
+    actor, critic = lr.flat_weights(), lr.critics[0].flat_weights()
+    stats = lr.train_step(batch)
+    assert not np.isfinite(stats["critic_loss"]) and lr.critic_opt.step_count == 0
+    np.testing.assert_array_equal(lr.critics[0].flat_weights(), critic)
+    assert np.isfinite(lr.flat_weights()).all() and np.isfinite(lr.critics[0].flat_weights()).all()
+    assert lr.updates == 1 and np.isfinite(actor).all()
+
+
+def test_a_state_saved_on_another_kind_of_device_resumes():
+    """A CUDA generator's state (16 bytes) does not fit a CPU generator: the resumed learner
+    seeds its noise from it instead, the same way every time."""
+    saved = learner().state_dict()
+    saved["noise_rng"] = torch.arange(16, dtype=torch.uint8)
+    a, b = learner(lr=0.5), learner(lr=0.5)
+    for resumed in (a, b):
+        resumed.load_state_dict(saved)
+    assert torch.equal(a.noise.get_state(), b.noise.get_state())
+    assert not torch.equal(a.noise.get_state(), learner().noise.get_state())
