@@ -159,6 +159,16 @@ class PPOConfig:
                                            "cnn_channels entry).")
     cnn_dense: int = setting(0, "Width of the dense layer after the convolutions; 0: the "
                              "default for the image size.", minimum=0)
+    recurrent: str = setting("none", "A policy with memory: `lstm` or `gru` runs a recurrent "
+                             "cell after the observation encoders, whose state the side that "
+                             "acts keeps per agent (docs/recurrent.md); `none`: feed-forward. "
+                             "PPO and APPO only.", choices=("none", "lstm", "gru"))
+    recurrent_size: int = setting(64, "Hidden size H of the recurrent cell (state width: 2H "
+                                  "for an LSTM, H for a GRU).", minimum=1, maximum=4096)
+    max_seq_len: int = setting(20, "Steps per training sequence of a recurrent policy "
+                               "(truncated back-propagation through time); a training fragment "
+                               "carries the actor's state every this many steps.", minimum=1,
+                               maximum=1000)
 
 
 @dataclass(frozen=True)

@@ -231,7 +231,8 @@ def sidecar(policy: LoadedPolicy, name: str, onnx_name: str, onnx_bytes: bytes,
         onnx["input"] = next(iter(inputs))  # the one-input (RLlink-compatible) spelling
     description = policy_description(policy.obs_space, policy.act_space, policy.spec)
     if policy.spec.recurrent != "none":  # (additive: feed-forward sidecars are unchanged)
-        description["state"] = state_contract(policy.spec.recurrent, policy.spec.recurrent_size)
+        description["state"] = state_contract(policy.spec.recurrent, policy.spec.recurrent_size,
+                                              policy.spec.max_seq_len)
     return dict(description, format_version=SIDECAR_FORMAT_VERSION, policy=name, onnx=onnx,
                 weights_seq_no=policy.weights_seq_no,
                 checkpoint={"path": str(policy.checkpoint.path), "index": policy.checkpoint.index},

@@ -80,6 +80,10 @@ def _define(cfg: Config, name: str, table: PolicyConfig,
     mask_key = table.action_mask_key or (cfg.env.action_mask_key if obs == env_spaces[0] else "")
     ppo, dqn, sac = table.ppo or cfg.ppo, table.dqn or cfg.dqn, table.sac or cfg.sac
     algorithm = table.algorithm or cfg.learner.algorithm
+    if algorithm in REPLAY_ALGORITHMS and ppo.recurrent != "none":
+        key = f"policies.{name}.ppo.recurrent" if table.ppo else "ppo.recurrent"
+        raise ConfigError(f"{key} = {ppo.recurrent!r}: {algorithm} policies are feed-forward "
+                          "(recurrent policies learn with ppo or appo)")
     nets: dict[str, PPOConfig | DQNConfig | SACConfig] = {"dqn": dqn, "sac": sac}
     net = nets.get(algorithm, ppo)
     box_dist = "squashed_gaussian" if algorithm == "sac" else "gaussian"
@@ -131,9 +135,12 @@ def make_policy_spec(ppo: PPOConfig, obs: Space, act: Space, mask_key: str,
     SAC's "squashed_gaussian" (ConfigError when a Box action has an infinite bound)."""
     hidden, activation = net or (ppo.hidden_sizes, ppo.activation)
     try:
+        cell = ppo.recurrent if section == "ppo" else "none"  # (replay algorithms refuse one)
         return PolicySpec(obs, act, hidden_sizes=hidden, activation=activation,
                           log_std_init=ppo.log_std_init, cnn_channels=ppo.cnn_channels,
                           cnn_kernels=ppo.cnn_kernels, cnn_strides=ppo.cnn_strides,
-                          cnn_dense=ppo.cnn_dense, action_mask_key=mask_key, box_dist=box_dist)
+                          cnn_dense=ppo.cnn_dense, action_mask_key=mask_key, box_dist=box_dist,
+                          recurrent=cell, recurrent_size=ppo.recurrent_size,
+                          max_seq_len=ppo.max_seq_len)
     except (SpaceError, ValueError) as exc:
         raise ConfigError(f"{where}/{section}: {exc}") from exc

@@ -31,6 +31,8 @@ class Fragment:
     agent_id: str | None = None    # None: a single-agent connection's only agent
     episode_id: str | None = None
     policy_id: str | None = None   # None: the policy mapping decides
+    state_in: np.ndarray | None = None  # [ceil(T / L), S] float32: a recurrent policy's
+    # state before steps 0, L, 2L, ... (L = max_seq_len; `protocol.recurrent`); None otherwise
 
     @property
     def num_steps(self) -> int:

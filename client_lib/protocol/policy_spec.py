@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -88,8 +88,10 @@ class PolicySpec:
     before the trunk (default none). action_mask_key: a top-level MultiBinary key of a Dict
     observation masking the categorical action logits ("" = none). recurrent: "none" (a
     feed-forward network), "lstm" or "gru": a cell of hidden size recurrent_size after the
-    encoders, with state inputs/outputs (`recurrent`, `netops.STATE_IN`/`STATE_OUT`).
-    Construction raises ValueError (SpaceError is one) on an inconsistent description.
+    encoders, with state inputs/outputs (`recurrent`, `netops.STATE_IN`/`STATE_OUT`);
+    max_seq_len L: the training chunk length of a recurrent policy, and so the grid on which
+    a training fragment carries the actor's state (before its steps 0, L, 2L, ...:
+    `recurrent.state_rows`). Construction raises ValueError (SpaceError is one) on an inconsistent description.
     """
 
     obs_space: Space
@@ -106,11 +108,16 @@ class PolicySpec:
     box_dist: str = "gaussian"
     recurrent: str = "none"
     recurrent_size: int = 64
+    max_seq_len: int = 20
 
     def __post_init__(self) -> None:
         for name in _TUPLE_FIELDS:
             object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
         object.__setattr__(self, "log_std_init", float(self.log_std_init))
+        if self.recurrent == "none":  # a feed-forward spec has no recurrent sizes to differ in
+            for f in fields(self):
+                if f.name in ("recurrent_size", "max_seq_len"):
+                    object.__setattr__(self, f.name, f.default)
         self._validate()
         object.__setattr__(self, "_dist", ActionDist(components(self.act_space, self.box_dist)))
         object.__setattr__(self, "_net", netops.lower(self))
@@ -130,6 +137,8 @@ class PolicySpec:
                              f"not {self.recurrent!r}")
         if self.recurrent_size < 1:
             raise ValueError("recurrent_size must be positive")
+        if self.max_seq_len < 1:
+            raise ValueError("max_seq_len must be positive")
         mask_spec(self.obs_space, self.act_space, self.action_mask_key)
         if not self.feature_leaves():
             raise ValueError("the observation space has no leaf besides the action mask")
@@ -202,6 +211,7 @@ class PolicySpec:
             d["box_dist"] = self.box_dist
         if self.recurrent != "none":  # (omitted when feed-forward, as box_dist)
             d["recurrent"], d["recurrent_size"] = self.recurrent, self.recurrent_size
+            d["max_seq_len"] = self.max_seq_len
         return {**d, **{name: list(getattr(self, name)) for name in _TUPLE_FIELDS}}
 
     @classmethod

@@ -14,6 +14,14 @@ batch is the only dynamic dimension. Reset contract: the side that acts feeds ze
 the "state_out" of that agent's previous step; the graph itself never resets. The actor and
 the critic share the cell (the trunks read its new h).
 
+Training data (a fragment of T steps of one episode, `fragments.Fragment.state_in`, wire key
+"state_in"): the actor's state before steps 0, L, 2L, ... of the fragment, L = the policy's
+`max_seq_len`: ceil(T / L) rows [K, S] (`state_rows`). The learner trains on chunks of at
+most L steps cut on that grid, each started from the state the actor really had (zeros where
+the chunk starts an episode); a fragment the daemon has to cut between two samples is cut
+on the grid, so no chunk ever needs a state nobody sent. Bytes: S floats per L steps (an LSTM
+of 64 with L = 20: 25.6 B per step), not S per step; exact however fragments are cut.
+
 Gate maths are PyTorch's (nn.LSTMCell / nn.GRUCell), weights in their layout:
     gates_ih = x @ weight_ih.T + bias_ih, gates_hh = h @ weight_hh.T + bias_hh
     LSTM (gate blocks i, f, g, o of H rows each):
@@ -39,13 +47,22 @@ def state_width(cell: str, size: int) -> int:
     return 2 * size if cell == "lstm" else size
 
 
-def state_contract(cell: str, size: int) -> dict:
-    """The state's description as JSON-safe data (the export sidecar's "state"; additive
-    wire keys later): names, shape, column layout and the reset rule."""
+def state_rows(num_steps: int, max_seq_len: int) -> int:
+    """K, the rows of a T-step fragment's "state_in": one per started chunk of max_seq_len."""
+    return -(-num_steps // max_seq_len)
+
+
+def state_contract(cell: str, size: int, max_seq_len: int) -> dict:
+    """The state's description as JSON-safe data (the export sidecar's "state", the
+    additive "state" key of SET_CONFIG/ATTACHED): names, shape, column layout, the reset
+    rule and the training fragments' state grid."""
     return {"cell": cell, "recurrent_size": size, "input": STATE_IN, "output": STATE_OUT,
             "shape": ["batch", state_width(cell, size)],
             "columns": ["h", "c"] if cell == "lstm" else ["h"],
-            "reset": "zeros on the first step of every episode"}
+            "reset": "zeros on the first step of every episode",
+            "max_seq_len": max_seq_len,
+            "fragment_state_in": "the state before steps 0, max_seq_len, 2*max_seq_len, ... "
+                                 "of the fragment"}
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

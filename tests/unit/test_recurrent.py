@@ -241,7 +241,8 @@ def test_export_writes_the_state_contract(tmp_path):
     meta = json.loads((tmp_path / "p.json").read_text())
     assert meta["state"] == {"cell": "lstm", "recurrent_size": 5, "input": "state_in",
                              "output": "state_out", "shape": ["batch", 10], "columns": ["h", "c"],
-                             "reset": "zeros on the first step of every episode"}
+                             "reset": "zeros on the first step of every episode",
+                             "max_seq_len": 20, "fragment_state_in": meta["state"]["fragment_state_in"]}
     assert PolicySpec.from_json(meta["policy_spec"]) == spec
     obs, state = np.ones((2, 3), np.float32), np.full((2, 10), 0.5, np.float32)
     got = ort.InferenceSession(str(tmp_path / "p.onnx")).run(None, {"onnx::Gemm_0": obs, "state_in": state})
@@ -252,3 +253,26 @@ def test_export_writes_the_state_contract(tmp_path):
     write_ckpt(plain / "state", Box((3,)), Discrete(2))
     export.export_policy(plain / "p.onnx", plain / "state")
     assert "state" not in json.loads((plain / "p.json").read_text())
+
+
+def test_state_rows_cover_every_started_chunk():
+    assert [R.state_rows(t, 4) for t in (1, 3, 4, 5, 8, 9)] == [1, 1, 1, 2, 2, 3]
+
+
+def test_ppo_config_makes_a_recurrent_spec_and_replay_algorithms_refuse_it():
+    from rlinkd.daemon.config import ConfigError, load_config
+    from rlinkd.daemon.policies import policy_defs
+    ppo = [("ppo", "recurrent", "gru"), ("ppo", "recurrent_size", 8), ("ppo", "max_seq_len", 16)]
+    spec = policy_defs(load_config(overrides=[("env", "id", "CartPole-v1"), *ppo],
+                                   resolve_dirs=False))["default"].spec
+    assert (spec.recurrent, spec.recurrent_size, spec.max_seq_len) == ("gru", 8, 16)
+    assert PolicySpec.from_json(spec.to_json()) == spec
+    for algorithm in ("dqn", "sac"):
+        env = "Pendulum-v1" if algorithm == "sac" else "CartPole-v1"
+        cfg = load_config(overrides=[("env", "id", env), ("learner", "algorithm", algorithm), *ppo],
+                          resolve_dirs=False)
+        with pytest.raises(ConfigError, match=r"^ppo\.recurrent = 'gru': " + algorithm):
+            policy_defs(cfg)
+    with pytest.raises(ConfigError, match=r"ppo\.recurrent: must be one of"):
+        load_config(overrides=[("env", "id", "CartPole-v1"), ("ppo", "recurrent", "rnn")],
+                    resolve_dirs=False)
