@@ -213,7 +213,8 @@ def build_topology(cfg: Config) -> Topology:
 
 def step_layout(d: PolicyDef) -> StepLayout:
     """The step-record layout of one policy's rings: a field per observation leaf."""
-    return StepLayout(record_fields(d.obs_space), d.act_space.action_size, d.spec.dist_size)
+    return StepLayout(record_fields(d.obs_space), d.act_space.action_size, d.spec.dist_size,
+                      d.spec.state_size)
 
 
 def _policy_segments(cfg: Config, d: PolicyDef, path) -> PolicyTopology:

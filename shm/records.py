@@ -12,7 +12,7 @@ counts::
                                                     bit3 FLUSH (marker, no step data),
                                                     bit4 HAS_LOGP, bit5 HAS_DIST,
                                                     bit6 STREAM_END (marker: the stream's
-                                                    client went away)
+                                                    client went away), bit7 HAS_STATE
     1           3              (pad)
     4           4              stream_id       u32  producer writes its agent slot (0: a single
                                                     agent); the daemon replaces it by its
@@ -27,7 +27,11 @@ counts::
     a = end of obs rounded up to a multiple of 4:
     a           4*A            action          f32[A]  (Discrete action: one float holding the index)
     a+4A        4*D            dist_inputs     f32[D]
-    a+4(A+D)                   pad to a multiple of 8 bytes
+    a+4(A+D)    4*S            state           f32[S]  (recurrent policies only, S = 0
+                                                    otherwise: the actor's state before this
+                                                    step where HAS_STATE is set; see
+                                                    ``client_lib.protocol.recurrent``)
+    a+4(A+D+S)                 pad to a multiple of 8 bytes
 
 Obs field dtypes: ``FIELD_DTYPES`` (float32, uint8, int8, int16, uint16,
 int32, int64, bool).  Records start 8-aligned in every buffer of this package
@@ -59,6 +63,7 @@ FLUSH = 1 << 3
 HAS_LOGP = 1 << 4
 HAS_DIST = 1 << 5
 STREAM_END = 1 << 6
+HAS_STATE = 1 << 7
 """Marker (daemon-internal): the stream's client went away; no step data."""
 
 STEP_HEADER = struct.Struct("<B3xIqQff")
@@ -95,20 +100,25 @@ class StepLayout:
     non-empty sequence of (name, dtype, shape): names printable ASCII without
     spaces, 1..64 chars, unique; dtype anything ``np.dtype`` turns into one of
     ``FIELD_DTYPES``; shape a tuple of ints >= 1 (``()`` for a scalar).
-    ``action_size`` >= 1, ``dist_size`` >= 0.  ValueError otherwise.
+    ``action_size`` >= 1, ``dist_size`` >= 0, ``state_size`` >= 0 (0: no state field, the
+    record of a feed-forward policy, byte-identical to the layout before state existed).
+    ValueError otherwise.
     """
 
-    def __init__(self, obs_fields, action_size: int, dist_size: int) -> None:
+    def __init__(self, obs_fields, action_size: int, dist_size: int, state_size: int = 0) -> None:
         self.obs_fields: tuple[ObsField, ...] = _check_fields(obs_fields)
-        if not _is_int(action_size) or not _is_int(dist_size) or action_size < 1 or dist_size < 0:
-            raise ValueError(f"bad step layout sizes action={action_size!r} dist={dist_size!r}")
-        self.action_size, self.dist_size = int(action_size), int(dist_size)
+        sizes = (action_size, dist_size, state_size)
+        if not all(map(_is_int, sizes)) or action_size < 1 or dist_size < 0 or state_size < 0:
+            raise ValueError(f"bad step layout sizes action={action_size!r} dist={dist_size!r} "
+                             f"state={state_size!r}")
+        self.action_size, self.dist_size, self.state_size = map(int, sizes)
         self.obs_offset = STEP_HEADER_BYTES
         self.field_offsets, obs_end = _field_offsets(self.obs_fields, self.obs_offset)
         """Absolute byte offset of each obs field, in ``obs_fields`` order."""
         self.action_offset = _align(obs_end, 4)
         self.dist_offset = self.action_offset + 4 * self.action_size
-        payload_end = self.dist_offset + 4 * self.dist_size
+        self.state_offset = self.dist_offset + 4 * self.dist_size
+        payload_end = self.state_offset + 4 * self.state_size
         self.record_bytes = _align(payload_end, 8)
         if self.record_bytes > MAX_RECORD_BYTES:
             raise ValueError(f"step record of {self.record_bytes} bytes exceeds {MAX_RECORD_BYTES}")
@@ -118,11 +128,12 @@ class StepLayout:
         self.dtype = self._numpy_dtype()
 
     @classmethod
-    def flat(cls, obs_size: int, action_size: int, dist_size: int, name: str = "obs") -> StepLayout:
+    def flat(cls, obs_size: int, action_size: int, dist_size: int, name: str = "obs",
+             state_size: int = 0) -> StepLayout:
         """One float32 obs field of ``obs_size`` values: byte-identical to the float-only record."""
         if not _is_int(obs_size) or obs_size < 1:
             raise ValueError(f"bad step layout sizes obs={obs_size!r}")
-        return cls(((name, "<f4", (int(obs_size),)),), action_size, dist_size)
+        return cls(((name, "<f4", (int(obs_size),)),), action_size, dist_size, state_size)
 
     def _struct_format(self, payload_end: int) -> str:
         parts, pos = [STEP_HEADER.format], self.obs_offset
@@ -130,7 +141,8 @@ class StepLayout:
             parts += [_pad(offset - pos), f"{math.prod(shape)}{FIELD_DTYPES[dtype]}"]
             pos = offset + _field_bytes(dtype, shape)
         parts += [_pad(self.action_offset - pos), f"{self.action_size}f"]
-        parts += [f"{self.dist_size}f" if self.dist_size else "", _pad(self.record_bytes - payload_end)]
+        parts += [f"{self.dist_size}f" if self.dist_size else ""]
+        parts += [f"{self.state_size}f" if self.state_size else "", _pad(self.record_bytes - payload_end)]
         return "".join(parts)
 
     def _numpy_dtype(self) -> np.dtype:
@@ -142,6 +154,10 @@ class StepLayout:
         formats = [fmt for _, fmt, _ in _HEADER_FIELDS] + [
             obs, ("<f4", (self.action_size,)), ("<f4", (self.dist_size,))]
         offsets = [off for _, _, off in _HEADER_FIELDS] + [self.obs_offset, self.action_offset, self.dist_offset]
+        if self.state_size:  # (no "state" field at all in a feed-forward policy's records)
+            names.append("state")
+            formats.append(("<f4", (self.state_size,)))
+            offsets.append(self.state_offset)
         return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": self.record_bytes})
 
     def empty(self, n_records: int) -> np.ndarray:
@@ -169,13 +185,15 @@ class StepLayout:
             np.copyto(target, src, casting="unsafe")
 
     def to_json(self) -> dict:
-        """JSON form: {"obs_fields": [[name, dtype, [dims]], ...], "action_size", "dist_size", "record_bytes"}."""
-        return {
+        """JSON form: {"obs_fields": [[name, dtype, [dims]], ...], "action_size", "dist_size",
+        "record_bytes"}, plus "state_size" when it is not 0 (additive)."""
+        d = {
             "obs_fields": [[name, dtype, list(shape)] for name, dtype, shape in self.obs_fields],
             "action_size": self.action_size,
             "dist_size": self.dist_size,
             "record_bytes": self.record_bytes,
         }
+        return {**d, "state_size": self.state_size} if self.state_size else d
 
     @classmethod
     def from_json(cls, spec: object) -> StepLayout:
@@ -183,20 +201,21 @@ class StepLayout:
         bools): ValueError on anything malformed or if ``record_bytes`` (optional) disagrees."""
         if not isinstance(spec, dict):
             raise ValueError(f"step layout must be a JSON object, got {type(spec).__name__}")
-        unknown = set(spec) - {"obs_fields", "action_size", "dist_size", "record_bytes"}
+        unknown = set(spec) - {"obs_fields", "action_size", "dist_size", "record_bytes", "state_size"}
         missing = {"obs_fields", "action_size", "dist_size"} - set(spec)
         if unknown or missing:
             raise ValueError(f"step layout keys: unknown {sorted(unknown)}, missing {sorted(missing)}")
-        layout = cls(_fields_from_json(spec["obs_fields"]), spec["action_size"], spec["dist_size"])
+        layout = cls(_fields_from_json(spec["obs_fields"]), spec["action_size"], spec["dist_size"],
+                     spec.get("state_size", 0))
         if "record_bytes" in spec and spec["record_bytes"] != layout.record_bytes:
             raise ValueError(f"record_bytes {spec['record_bytes']!r} does not match the fields in {spec} "
                              f"({layout.record_bytes})")
         return layout
 
-    def sizes(self) -> tuple[tuple[ObsField, ...], int, int]:
+    def sizes(self) -> tuple[tuple[ObsField, ...], int, int, int]:
         """The constructor arguments: ``StepLayout(*layout.sizes()) == layout``; picklable
         plain data (what a ``Topology`` carries across processes)."""
-        return (self.obs_fields, self.action_size, self.dist_size)
+        return (self.obs_fields, self.action_size, self.dist_size, self.state_size)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, StepLayout) and self.sizes() == other.sizes()
@@ -208,7 +227,9 @@ class StepLayout:
         return (StepLayout, self.sizes())
 
     def __repr__(self) -> str:
-        return f"StepLayout({self.obs_fields!r}, action_size={self.action_size}, dist_size={self.dist_size})"
+        state = f", state_size={self.state_size}" if self.state_size else ""
+        return (f"StepLayout({self.obs_fields!r}, action_size={self.action_size}, "
+                f"dist_size={self.dist_size}{state})")
 
 
 def _is_int(value: object) -> bool:

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from rlinkd.client_lib.protocol import netops
+from rlinkd.client_lib.protocol import netops, recurrent
 from rlinkd.client_lib.protocol.distributions import ActionDist, Component, components
 from rlinkd.client_lib.protocol.masking import mask_spec
 from rlinkd.client_lib.protocol.netnumpy import NumpyNet
@@ -189,6 +189,14 @@ class PolicySpec:
     def dist_size(self) -> int:
         """Width of `action_dist_inputs` (the layout is in the module docstring)."""
         return int(self.act_space.dist_size)
+
+    @property
+    def state_size(self) -> int:
+        """S, the width of a recurrent policy's state ("state_in"/"state_out"); 0 when
+        feed-forward (also the width of the step records' state field)."""
+        if self.recurrent == "none":
+            return 0
+        return recurrent.state_width(self.recurrent, self.recurrent_size)
 
     @property
     def obs_size(self) -> int:

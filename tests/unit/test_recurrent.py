@@ -276,3 +276,12 @@ def test_ppo_config_makes_a_recurrent_spec_and_replay_algorithms_refuse_it():
     with pytest.raises(ConfigError, match=r"ppo\.recurrent: must be one of"):
         load_config(overrides=[("env", "id", "CartPole-v1"), ("ppo", "recurrent", "rnn")],
                     resolve_dirs=False)
+
+
+def test_state_size_is_the_record_state_field():
+    sizes = [PolicySpec(Box((3,)), Discrete(2), recurrent=cell, recurrent_size=6).state_size
+             for cell in ("none", "lstm", "gru")]
+    assert sizes == [0, 12, 6]
+    from rlinkd.shm.records import StepLayout
+    layout = StepLayout.flat(3, 1, 2, state_size=sizes[1])
+    assert layout.dtype["state"].shape == (12,) and layout.record_bytes == 32 + 4 * (3 + 1 + 2 + 12)

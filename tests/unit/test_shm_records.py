@@ -17,8 +17,9 @@ field_lists = st.lists(
     st.tuples(st.sampled_from(sorted(FIELD_DTYPES)), st.lists(st.integers(1, 4), max_size=3).map(tuple)),
     min_size=1, max_size=6)
 mixed_layouts = st.builds(
-    lambda fields, a, d: StepLayout(tuple((f"f{i}.x", dt, shape) for i, (dt, shape) in enumerate(fields)), a, d),
-    field_lists, st.integers(1, 6), st.integers(0, 12))
+    lambda fields, a, d, s: StepLayout(tuple((f"f{i}.x", dt, shape) for i, (dt, shape) in enumerate(fields)),
+                                       a, d, s),
+    field_lists, st.integers(1, 6), st.integers(0, 12), st.sampled_from([0, 0, 1, 5, 16]))
 
 IMAGE = StepLayout((("camera", "|u1", (84, 84, 3)), ("vec", "<f4", (3,)), ("count", "<i8", ()),
                     ("action_mask", "|i1", (5,))), 2, 7)
@@ -65,12 +66,14 @@ def test_struct_packed_record_reads_back_through_the_dtype(layout, seed):
     obs = {name: random_values(dtype, shape, rng) for name, dtype, shape in layout.obs_fields}
     action = rng.standard_normal(layout.action_size).astype(np.float32)
     dist = rng.standard_normal(layout.dist_size).astype(np.float32)
+    state = rng.standard_normal(layout.state_size).astype(np.float32)
     scalars = (int(rng.integers(0, 64)), int(rng.integers(0, 2**32)), int(rng.integers(-1, 2**62)),
                int(rng.integers(0, 2**63)), float(np.float32(rng.standard_normal())),
                float(np.float32(rng.standard_normal())))
     flat_obs = [v for name, _, _ in layout.obs_fields for v in obs[name].reshape(-1).tolist()]
     buffer = bytearray(layout.record_bytes)
-    layout.struct.pack_into(buffer, 0, *scalars, *flat_obs, *action.tolist(), *dist.tolist())
+    layout.struct.pack_into(buffer, 0, *scalars, *flat_obs, *action.tolist(), *dist.tolist(),
+                            *state.tolist())
     record = np.frombuffer(buffer, layout.dtype)[0]
     assert tuple(record[name].item() for name in
                  ("flags", "stream_id", "weights_seq_no", "ingest_id", "reward", "logp")) == scalars
@@ -80,6 +83,10 @@ def test_struct_packed_record_reads_back_through_the_dtype(layout, seed):
         np.testing.assert_array_equal(got, obs[name])
     np.testing.assert_array_equal(record["action"], action)
     np.testing.assert_array_equal(record["dist"], dist)
+    if layout.state_size:
+        np.testing.assert_array_equal(record["state"], state)
+    else:
+        assert "state" not in layout.dtype.names
 
 
 @settings(max_examples=100, deadline=None)
@@ -96,7 +103,10 @@ def test_sizes_agree_and_every_field_is_aligned(layout):
     assert layout.action_offset % 4 == 0 and 0 <= layout.action_offset - pos < 4
     assert layout.dtype.fields["action"][1] == layout.action_offset
     assert layout.dtype.fields["dist"][1] == layout.dist_offset == layout.action_offset + 4 * layout.action_size
-    assert 0 <= layout.record_bytes - (layout.dist_offset + 4 * layout.dist_size) < 8
+    assert layout.state_offset == layout.dist_offset + 4 * layout.dist_size
+    if layout.state_size:
+        assert layout.dtype.fields["state"][1] == layout.state_offset
+    assert 0 <= layout.record_bytes - (layout.state_offset + 4 * layout.state_size) < 8
     assert StepLayout.from_json(layout.to_json()) == layout
     assert pickle.loads(pickle.dumps(layout)) == layout
 
