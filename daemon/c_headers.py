@@ -5,7 +5,8 @@ a header here, never copied by hand.
 - ``daemon/inference/native/declared.h``: the inference role's extension (direct.c, step.c):
   the order of the layout tuples ``fastpath`` and ``lonestep`` pass, the limits direct.c
   checks, the message types and keys of its plain-step grammar and replies.
-- ``client_lib/c/src/rlk_declared.h``: the C client: the lane area (``shm.lanes``), the step
+- ``client_lib/c/src/rlk_declared.h``: the C client: message types, the default policy's
+  name, the actor output's name, the daemon's STEP_BATCH limit, the lane area (``shm.lanes``), the step
   record flags (``shm.records``), the step ring's and the weights board's headers
   (``shm.ring``, ``shm.board``).
 
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from rlinkd.client_lib.protocol import agents, codec, serving, spaces
+from rlinkd.client_lib.protocol import agents, codec, netops, serving, spaces
 from rlinkd.client_lib.protocol.wire import MessageType
 from rlinkd.daemon.inference import fastpath, lonestep
 from rlinkd.shm import board, lanes, records, ring
@@ -141,6 +142,11 @@ def client_header() -> str:
            define("RLK_FD_BYTE", codec.RING_FD_BYTE[0], "codec.RING_FD_BYTE: the byte carrying descriptors"),
            "\n/* message types (codec.MessageType) */\n",
            *(define(f"RLK_MSG_{t.name}", t.value, f"MessageType.{t.name}") for t in MessageType),
+           "\n/* names and limits the client shares with the daemon */\n",
+           define("RLK_DEFAULT_POLICY", agents.DEFAULT_POLICY, "agents.DEFAULT_POLICY"),
+           define("RLK_DIST_NAME", netops.DIST, "netops.DIST: the actor output"),
+           unsigned("RLK_SERVING_MAX_BATCH_STEPS", serving.MAX_BATCH_STEPS,
+                    "serving.MAX_BATCH_STEPS: rlinkd.h's RLK_MAX_AGENTS must equal it"),
            "\n/* the lane area (shm.lanes) */\n",
            define("RLK_LANE_MAGIC", lanes.LANE_MAGIC.decode(), "lanes.LANE_MAGIC"),
            unsigned("RLK_LANE_LAYOUT_VERSION", lanes.LANE_LAYOUT_VERSION, "lanes.LANE_LAYOUT_VERSION"),

@@ -75,3 +75,60 @@ def test_a_layout_key_the_message_does_not_declare_is_refused(monkeypatch):
 def test_the_built_extension_agrees_with_python():
     native = pytest.importorskip("rlinkd.daemon.inference._native", reason="extension not built")
     assert native.DIRECT_MAX_EPISODES == fastpath.DIRECT_MAX_EPISODES
+
+
+# Keys the C client reads that Python writes as plain dict keys (not message fields or
+# rendered layouts): each with the one Python file that writes it.
+DICT_KEYS = {"epsilon": "daemon/collector/weights.py", "pid": "daemon/supervisor.py",
+             "unix_socket": "daemon/supervisor.py"}
+C_KEY_READS = re.compile(r'(?:rlk_json_get\([^;]*?|\b(?:str|value|param|size)_field\(\w+, \w+, )"(\w+)"')
+
+
+def python_json_keys() -> set[str]:
+    """Every key Python puts into what the C client reads: message fields (plus "type"),
+    the rendered network, spaces, step and lane layouts."""
+    import dataclasses as dc
+
+    from rlinkd.client_lib.protocol import codec, netops, serving
+    from rlinkd.client_lib.protocol.distributions import components
+    from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+    from rlinkd.client_lib.protocol.spaces import Box, Dict, Discrete, MultiDiscrete
+    from rlinkd.shm.records import StepLayout
+
+    keys = {"type"}
+    for module in (codec, serving):
+        for obj in vars(module).values():
+            if isinstance(obj, type) and dc.is_dataclass(obj):
+                keys |= {f.name for f in dc.fields(obj)}
+    spec = PolicySpec(Box((3,), low=-1.0, high=1.0),  # (a mixed action: Slice, Tile, Clip ops)
+                      Dict({"a": Discrete(2), "b": Box((2,), low=-1.0, high=1.0)}))
+    step = StepLayout.flat(3, 2, 4)
+    rendered = [netops.network_json(spec.net, components(spec.act_space)), step.to_json(),
+                lanes.LaneLayout(step).to_json(), Discrete(3).to_json(),
+                MultiDiscrete((2, 3)).to_json(), spec.obs_space.to_json()]
+    return keys | set().union(*(_keys_of(r) for r in rendered))
+
+
+def _keys_of(value) -> set[str]:
+    if isinstance(value, dict):
+        return set(value).union(*(_keys_of(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(_keys_of(v) for v in value))
+    return set()
+
+
+def c_client_key_reads() -> dict[str, set[str]]:
+    return {p.name: set(C_KEY_READS.findall(p.read_text()))
+            for p in sorted((REPO / "client_lib/c/src").glob("*.c"))}
+
+
+def test_every_key_the_c_client_reads_is_one_python_writes():
+    reads = c_client_key_reads()
+    assert sum(map(len, reads.values())) >= 40  # (the pattern finds the C client's lookups)
+    declared = python_json_keys()
+    for key, path in DICT_KEYS.items():
+        assert f'"{key}"' in (REPO / path).read_text(), f"{path} no longer writes {key!r}"
+    unknown = {(name, key) for name, keys in reads.items() for key in keys
+               if key not in declared and key not in DICT_KEYS}
+    assert unknown == set()
+    assert "weights_seq_numbers" not in declared  # (a renamed or misspelled key would be caught)

@@ -25,6 +25,10 @@
 #include "rlk_net.h"
 #include "rlk_proto.h"
 
+/* rlinkd.h's public limit is the daemon's STEP_BATCH limit (generated from serving.py): a
+ * mismatch makes this array's size negative and the build fails (C99 has no static assert). */
+typedef char rlk_max_agents_is_the_daemons[RLK_MAX_AGENTS == RLK_SERVING_MAX_BATCH_STEPS ? 1 : -1];
+
 enum { ENTRY_START, ENTRY_STEP, ENTRY_END };
 
 typedef struct {

@@ -37,6 +37,11 @@
 #define RLK_MSG_SERVE_DIRECT "SERVE_DIRECT"  /* MessageType.SERVE_DIRECT */
 #define RLK_MSG_SERVE_DIRECT_READY "SERVE_DIRECT_READY"  /* MessageType.SERVE_DIRECT_READY */
 
+/* names and limits the client shares with the daemon */
+#define RLK_DEFAULT_POLICY "default"  /* agents.DEFAULT_POLICY */
+#define RLK_DIST_NAME "action_dist_inputs"  /* netops.DIST: the actor output */
+#define RLK_SERVING_MAX_BATCH_STEPS 4096u  /* serving.MAX_BATCH_STEPS: rlinkd.h's RLK_MAX_AGENTS must equal it */
+
 /* the lane area (shm.lanes) */
 #define RLK_LANE_MAGIC "RLKLANE1"  /* lanes.LANE_MAGIC */
 #define RLK_LANE_LAYOUT_VERSION 3u  /* lanes.LANE_LAYOUT_VERSION */

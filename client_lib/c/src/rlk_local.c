@@ -11,9 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "rlk_declared.h"  /* RLK_DEFAULT_POLICY */
 #include "rlk_net.h"
-
-#define DEFAULT_POLICY "default"
 
 typedef struct {
     int open, ready;
@@ -73,7 +72,7 @@ rlk_status rlk_parse_attached(const char *s, size_t len, rlk_jtok *toks, int max
         return fail(info, RLK_E_PROTOCOL, "ATTACHED without usable paths or sample size");
     out->env_steps_per_sample = (long)steps;
     if (str_of(s, toks, rlk_json_get(s, toks, 0, "policy"), out->policy, sizeof out->policy) || !out->policy[0])
-        snprintf(out->policy, sizeof out->policy, "%s", DEFAULT_POLICY);
+        snprintf(out->policy, sizeof out->policy, "%s", RLK_DEFAULT_POLICY);
     if (!out->board_path[0])
         return fail(info, RLK_E_UNSUPPORTED, "this policy has no board weights (a frozen model): use server-side inference");
     int network = rlk_json_get(s, toks, 0, "network");

@@ -7,8 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rlk_declared.h"  /* RLK_DIST_NAME */
+
 #define MAX_CONCAT 16
-#define DIST_NAME "action_dist_inputs"
 
 typedef enum { OP_INPUT, OP_FLATTEN, OP_NORMALIZE, OP_LINEAR, OP_TANH, OP_RELU, OP_SLICE, OP_TILE,
                OP_CLIP, OP_CONCAT } op_kind;
@@ -266,7 +267,7 @@ static rlk_status read_ops(parser *p, int arr) {
         rlk_status st = read_op(p, i);
         if (st != RLK_OK) return st;
     }
-    p->m->output = find_value(p->m, DIST_NAME);
+    p->m->output = find_value(p->m, RLK_DIST_NAME);
     if (p->m->input < 0 || p->m->output < 0 || width_of(p->m, p->m->output) != p->m->dist_size)
         return bad(p, RLK_E_PROTOCOL, "%s", "the network does not map the observation to the distribution inputs");
     return RLK_OK;
