@@ -23,12 +23,9 @@ C_DIR = REPO / "client_lib" / "c"
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """build/c with the optimised and the sanitized example (a compiler error fails here)."""
-    out = tmp_path_factory.mktemp("c-build")
-    subprocess.run(["make", "-s", "-C", str(C_DIR), f"OUT={out}", "all", f"{out}/san/cartpole"],
-                   check=True, capture_output=True, timeout=180)
-    return out
+def built(c_build):
+    """The optimised and the sanitized example (a compiler error fails here)."""
+    return c_build("all", "san/cartpole")
 
 
 def run_cartpole(binary, address: str, *args: str, timeout_s: float = 240.0) -> dict:
