@@ -43,7 +43,7 @@ c-client:
 	$(MAKE) -C client_lib/c
 
 c-check: native-check
-	$(MAKE) -C client_lib/c check
+	$(MAKE) -C client_lib/c -j$$(nproc) check
 
 # The inference role's extension (daemon/inference/native/) built with AddressSanitizer and
 # UndefinedBehaviorSanitizer into build/native-asan/, and its tests run against that build.
