@@ -2,14 +2,18 @@
 with exit 0 and left no child process and no shared-memory segment behind."""
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import tempfile
+from pathlib import Path
 
 import pytest
 
 from tests.helpers import REPO, DaemonProcess
 
 BENCH_RESULTS = REPO / "bench" / "results"
+C_DIR = REPO / "client_lib" / "c"
 
 
 def _results_snapshot() -> dict[str, tuple[int, int]]:
@@ -84,3 +88,19 @@ def shm_dir(request):
     directory = tempfile.mkdtemp(prefix=f"rlkt-{module}-", dir="/dev/shm")
     yield directory
     shutil.rmtree(directory)
+
+
+@pytest.fixture(scope="session")
+def c_build(tmp_path_factory):
+    """``c_build(*targets)``: the C client's Makefile targets (``all``, or paths under OUT such
+    as ``san/cartpole``) built into one temporary OUT directory shared by the session, which
+    is returned. make builds each object once for every test that needs it, on every core; a
+    compiler error fails the test that asked."""
+    out = tmp_path_factory.mktemp("c-build")
+
+    def build(*targets: str) -> Path:
+        names = [t if t == "all" else str(out / t) for t in targets]
+        subprocess.run(["make", "-s", f"-j{os.cpu_count() or 1}", "-C", str(C_DIR), f"OUT={out}",
+                        *names], check=True, capture_output=True, timeout=180)
+        return out
+    return build

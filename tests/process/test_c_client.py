@@ -23,12 +23,9 @@ C_DIR = REPO / "client_lib" / "c"
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """build/c with the optimised and the sanitized example (a compiler error fails here)."""
-    out = tmp_path_factory.mktemp("c-build")
-    subprocess.run(["make", "-s", "-C", str(C_DIR), f"OUT={out}", "all", f"{out}/san/cartpole"],
-                   check=True, capture_output=True, timeout=180)
-    return out
+def built(c_build):
+    """The optimised and the sanitized example (a compiler error fails here)."""
+    return c_build("all", "san/cartpole")
 
 
 def run_cartpole(binary, address: str, *args: str, timeout_s: float = 240.0) -> dict:
@@ -113,6 +110,9 @@ def test_a_one_agent_tcp_client_is_served_by_the_native_direct_path(daemon_facto
              20, what=f"most of {run['steps']} steps served natively ({run['episodes']} episodes)")
 
 
+RESTART_MAX_STEPS = 4000
+
+
 def test_c_client_survives_a_daemon_restart(daemon_factory, built, tmp_path):
     """Every variant at once; the daemon is SIGKILLed mid-run and a new one started on the
     same port and socket path (the sanitized build: real traffic under ASan + UBSan)."""
@@ -120,8 +120,11 @@ def test_c_client_survives_a_daemon_restart(daemon_factory, built, tmp_path):
     runtime = ("--set", f"daemon.runtime_dir={tmp_path / 'run'}")  # (the same socket path twice)
     d = daemon_factory("--port", str(port), *runtime, check_clean_exit=False)  # (killed below)
     results: dict[str, dict] = {}
+    # (each client stops after MAX_STEPS of its own, at the latest after 25 s: the kill comes
+    # at 2,000 steps of all three together, so each does thousands more on the new daemon)
     runner = threading.Thread(target=lambda: results.update(run_all(
-        built / "san" / "cartpole", d, "--agents", "4", "--target", "1e9", "--max-seconds", "25")))
+        built / "san" / "cartpole", d, "--agents", "4", "--target", "1e9",
+        "--max-steps", str(RESTART_MAX_STEPS), "--max-seconds", "25")))
     runner.start()
     wait_for(lambda: d.status()["env_steps"] > 2000, 60, what="the C clients training")
     d.signal(signal.SIGKILL)  # the supervisor dies at once; its children follow it

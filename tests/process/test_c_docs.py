@@ -27,15 +27,13 @@ def programs() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """The library (OUT= a temporary dir) and the page's programs built against it."""
-    out = tmp_path_factory.mktemp("c-docs")
-    subprocess.run(["make", "-s", "-C", str(C_DIR), f"OUT={out}", f"{out}/librlinkd.a"],
-                   check=True, capture_output=True, timeout=180)
+def built(c_build, tmp_path_factory):
+    """The library (the session's C build) and the page's programs built against it."""
+    lib, out = c_build("librlinkd.a") / "librlinkd.a", tmp_path_factory.mktemp("c-docs")
     for name, source in programs().items():
         (out / name).write_text(source)
         subprocess.run(["cc", "-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", f"-I{C_DIR / 'include'}",
-                        str(out / name), str(out / "librlinkd.a"), "-lm", "-pthread", "-o",
+                        str(out / name), str(lib), "-lm", "-pthread", "-o",
                         str(out / name.removesuffix(".c"))], check=True, capture_output=True, timeout=120)
     return out
 

@@ -1,4 +1,8 @@
-"""CI versions of the soak (60 s, 64 TCP + 8 shm clients) and chaos (6 kills) runs."""
+"""CI versions of the soak (30 s, 64 TCP + 8 shm clients) and chaos (6 kills) runs.
+
+The soak's full run (600 s) is a benchmark (bench.scenarios.soak); the CI version checks
+the same things on a shorter run: every acknowledged step ingested, RSS flat after the
+warm-up (6-9 s against the last 3 s), no error line in the log."""
 from __future__ import annotations
 
 import json
@@ -22,8 +26,8 @@ def run_bench(tmp_path, module: str, *args: str, timeout_s: float) -> dict:
     return json.loads(out.read_text())
 
 
-def test_soak_60s_sent_equals_ingested_rss_flat_no_errors(tmp_path):
-    r = run_bench(tmp_path, "soak", "--duration-s", "60", timeout_s=600)
+def test_soak_30s_sent_equals_ingested_rss_flat_no_errors(tmp_path):
+    r = run_bench(tmp_path, "soak", "--duration-s", "30", timeout_s=600)
     assert r["passed"] and r["steps_sent"] == r["steps_ingested"] > 0
     assert len(r["clients"]) == 72 and not r["mismatched_clients"]
     assert r["rss_growth"] <= 0.10 and r["error_log_lines"] == []

@@ -79,8 +79,10 @@ def test_recorded_client_trains_beside_a_json_client_on_one_port(daemon, version
     seed.close()
 
 
-def test_hostile_msgpack_gets_a_msgpack_error_and_costs_only_its_connection(daemon):
-    d = daemon
+def test_hostile_msgpack_gets_a_msgpack_error_and_costs_only_its_connection(shared_daemon):
+    """(Counts from ``before``: the module's daemon is shared with the next test, which
+    sends no steps.)"""
+    d = shared_daemon
     before = d.status()["protocol_errors"]
     hostile = mf.encode({"type": "EPISODES", "episodes": [{"observations": {
         b"nd": True, b"type": "|O", b"kind": b"O", b"shape": [1], b"data": b"cos\nsystem\n."}}]})
@@ -95,10 +97,12 @@ def test_hostile_msgpack_gets_a_msgpack_error_and_costs_only_its_connection(daem
     wait_for(lambda: d.status()["protocol_errors"] == before + 1, 10, what="the error counted")
 
 
-def test_msgpack_state_equals_the_json_models_forward(daemon):
+def test_msgpack_state_equals_the_json_models_forward(shared_daemon):
     """Without ray: rlinkd's RLlib-named weights, run as RLlib's module would, give the
-    logits of the ONNX model JSON clients get for the same weights version."""
-    d = daemon
+    logits of the ONNX model JSON clients get for the same weights version. (On the
+    module's shared daemon: no client of it sends steps, so no update comes between the
+    two GET_STATEs.)"""
+    d = shared_daemon
     rllib, seed = raw_connect(d.port), raw_connect(d.port)
     rllib.sendall(mf.encode({"type": "GET_STATE"}))
     state = recv_msgpack(rllib)["state"]

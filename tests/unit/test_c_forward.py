@@ -22,11 +22,8 @@ SAMPLES = 4000
 
 
 @pytest.fixture(scope="module")
-def checker(tmp_path_factory):
-    out = tmp_path_factory.mktemp("c-forward")
-    subprocess.run(["make", "-s", "-C", str(C_DIR), f"OUT={out}", f"{out}/san/forward_check"],
-                   check=True, capture_output=True, timeout=180)
-    return out / "san" / "forward_check"
+def checker(c_build):
+    return c_build("san/forward_check") / "san" / "forward_check"
 
 
 def box(shape, low=-1.0, high=1.0) -> dict:

@@ -200,11 +200,8 @@ def test_the_native_backend_refuses_a_recurrent_network(cell):
         netnative.NativeNet(spec, spec.init_flat(np.random.default_rng(0)))
 
 
-def test_the_c_client_refuses_a_recurrent_network(tmp_path):
-    from tests.unit.test_c_forward import C_DIR
-    out = tmp_path / "build"
-    subprocess.run(["make", "-s", "-C", str(C_DIR), f"OUT={out}", f"{out}/san/forward_check"],
-                   check=True, capture_output=True, timeout=180)
+def test_the_c_client_refuses_a_recurrent_network(tmp_path, c_build):
+    out = c_build("san/forward_check")
     spec = PolicySpec(Box((3,)), Discrete(2), recurrent="gru", recurrent_size=4)
     case = {"network": netops.network_json(spec.net, spec.action_components),
             "weights": spec.init_flat(np.random.default_rng(0)).tolist(), "obs": [0.0] * 3,
