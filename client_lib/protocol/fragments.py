@@ -51,15 +51,17 @@ class Fragment:
             obs=to_wire(self.obs, obs_space, compact), actions=actions, rewards=self.rewards,
             is_terminated=self.is_terminated, is_truncated=self.is_truncated,
             action_logp=self.action_logp, action_dist_inputs=self.action_dist_inputs,
-            agent_id=self.agent_id, episode_id=self.episode_id, policy_id=self.policy_id)
+            agent_id=self.agent_id, episode_id=self.episode_id, policy_id=self.policy_id,
+            state_in=self.state_in)
 
 
 def from_wire(frag: EpisodeFragment, obs_space: Space, act_space: Space, where: str) -> Fragment:
     """Convert and validate a received fragment's observations and actions against the
-    spaces; raises ``spaces.InvalidValue`` naming the leaf (``where`` prefixes the path)."""
+    spaces; raises ``spaces.InvalidValue`` naming the leaf (``where`` prefixes the path).
+    ``state_in`` passes as received (float64); the collector checks it against the policy."""
     t = frag.num_steps
     obs = to_columns(frag.obs, obs_space, t + 1, f"{where}.obs")
     actions = action_vector(to_columns(frag.actions, act_space, t, f"{where}.actions"), act_space)
     return Fragment(obs, actions, frag.rewards, frag.is_terminated, frag.is_truncated,
                     frag.action_logp, frag.action_dist_inputs, frag.agent_id, frag.episode_id,
-                    frag.policy_id)
+                    frag.policy_id, frag.state_in)
