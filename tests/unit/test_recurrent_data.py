@@ -4,18 +4,23 @@ transports (TCP fragments, shared-memory ring records): ERROR to that client onl
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from rlinkd.client_lib.links import server_config
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.codec import EpisodeFragment
 from rlinkd.client_lib.protocol.compact import encode_compact
 from rlinkd.client_lib.protocol.fragments import Fragment, from_wire
 from rlinkd.client_lib.protocol.records import fragment_records, read_state
+from rlinkd.client_lib.protocol.recurrent import state_contract
 from rlinkd.client_lib.protocol.spaces import Box, Discrete
+from rlinkd.client_lib.transport import RLlinkError
 from rlinkd.daemon.collector.core import CollectorCore, single_policy
-from rlinkd.daemon.collector.ingest import InvalidEpisode, Limits, Spaces, validate_fragment
+from rlinkd.daemon.collector.ingest import (InvalidEpisode, Limits, PolicyInfo, Spaces,
+                                            validate_fragment)
 from rlinkd.daemon.collector.shm_clients import ShmClients
 from rlinkd.daemon.config import load_config
 from rlinkd.shm.records import FINAL_OBS, HAS_STATE, TERMINATED, StepLayout
@@ -179,3 +184,17 @@ def test_ring_records_off_the_state_grid_refuse_that_client(case):
         write_and_read(c, rec)
     assert c.sessions[1].refused and not c.readable()
     c.close()
+
+
+def test_set_config_announces_a_recurrent_policys_state_and_client_lib_reads_it():
+    contract = state_contract("gru", S, L)
+    policies = {"default": PolicyInfo(RNN, RNN_LAYOUT, state=contract),
+                "plain": PolicyInfo(FF, FF_LAYOUT)}
+    core = CollectorCore(load_config(resolve_dirs=False), policies)
+    reply = codec.decode_body(core.handle(core.open_session("p", "tcp"), codec.GetConfig()).reply[8:])
+    assert reply.state == contract and reply.policies["default"]["state"] == contract
+    assert "state" not in reply.policies["plain"]
+    cfg = server_config(reply)
+    assert cfg.policies["default"].max_seq_len == L and cfg.policies["plain"].max_seq_len == 0
+    with pytest.raises(RLlinkError, match="malformed state"):
+        server_config(replace(reply, state={"cell": "gru"}, policies=None))
