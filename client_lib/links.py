@@ -95,7 +95,7 @@ def _state(value: object) -> dict | None:
     if value is None:
         return None
     seq = value.get("max_seq_len") if isinstance(value, dict) else None
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+    if not isinstance(value, dict) or not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
         raise RLlinkError(f"SET_CONFIG: malformed state {str(value)[:200]}")
     return value
 

@@ -105,7 +105,7 @@ class VectorClient:
             raise ValueError("act() again before step(): every act needs its step")
         x = obs_columns(obs_batch, self.obs_space, self.n, "obs", batched=True)
         explore = self.explore if explore is None else explore
-        if self.state is not None:
+        if self.state is not None and self.states is not None:
             self.state[self.fresh] = 0.0          # a copy starting an episode: zeros
             self.states[self.t] = self.state
         self._forward(x, explore)
@@ -132,7 +132,7 @@ class VectorClient:
                 state = None if self.state is None else self.state[rows]
                 d, state_out = forward(local.net, {k: v[rows] for k, v in x.items()}, state)
                 self.actions[t, rows], self.logp[t, rows] = local.chooser.choose_batch(d, explore, _epsilon(local))
-                if state_out is not None:
+                if self.state is not None and state_out is not None:
                     self.state[rows] = state_out
                 parts.append((rows, d))
             dist = np.empty((self.n, parts[0][1].shape[1]), np.float32)

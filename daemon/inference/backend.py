@@ -300,7 +300,7 @@ class PolicyRunner:
         self.step = step = STEP_MAKERS[name](self.spec, self.flat)
         if not self.batch1_s:  # (the serving turn's gather wait is scaled by it)
             zeros = np.zeros((1, self.spec.state_size), np.float32)
-            self.batch1_s = time_backend(lambda obs: step(obs, zeros), self._sample_obs(1))
+            self.batch1_s = time_backend(lambda obs: step(obs, zeros)[0], self._sample_obs(1))
         self.weights_seq_no = seq
         return True
 
