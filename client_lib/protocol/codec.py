@@ -112,8 +112,8 @@ class EpisodeFragment:
     agent_id: str | None = None    # multi-agent extension: whose episode (None: the only agent)
     episode_id: str | None = None  # multi-agent extension: which of that agent's episodes
     policy_id: str | None = None   # multi-agent extension: the policy that acted (None: mapping)
-    state_in: np.ndarray | None = None  # recurrent policies: [K, S], the actor's state before
-    #                                     steps 0, L, 2L, ... (``protocol.recurrent``)
+    state_in: Any = None  # recurrent policies: [K, S], the actor's state before steps 0, L,
+    #                       2L, ... (``protocol.recurrent``); an array once decoded
 
     @property
     def num_steps(self) -> int:

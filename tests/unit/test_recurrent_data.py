@@ -62,6 +62,12 @@ def test_fragment_to_wire_and_back_keeps_the_state_rows():
         episodes=(frag.to_wire(OBS, ACT, compact=True),)))[8:]).episodes[0], OBS, ACT, "e")
     np.testing.assert_array_equal(back.state_in, states(3))
     assert validate_fragment(wire_fragment(7), FF, LIMITS, "e").to_wire(OBS, ACT, False).state_in is None
+    wide = Spaces(OBS, ACT, dist_size=3, state_size=128, max_seq_len=L)  # 1.5 KB: compact
+    rows = np.random.default_rng(0).normal(size=(3, 128)).astype(np.float32)
+    sent = validate_fragment(wire_fragment(7, rows), wide, LIMITS, "e").to_wire(OBS, ACT, compact=True)
+    assert "b64" in sent.state_in
+    got = codec.decode_body(codec.encode(codec.Episodes(episodes=(sent,)))[8:]).episodes[0]
+    np.testing.assert_array_equal(validate_fragment(got, wide, LIMITS, "e").state_in, rows)
     assert "state_in" not in wire_fragment(7).to_json()       # feed-forward: nothing new
 
 
