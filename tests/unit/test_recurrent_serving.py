@@ -15,7 +15,7 @@ from rlinkd.client_lib.protocol.netnumpy import NumpyNet
 from rlinkd.client_lib.protocol.netops import STATE_OUT
 from rlinkd.daemon import policies as P
 from rlinkd.daemon.config import load_config
-from rlinkd.daemon.inference.backend import PolicyRunner
+from rlinkd.daemon.inference.backend import STEP_MAKERS, PolicyRunner, recurrent_backend
 from rlinkd.daemon.inference.episodes import SlotPool
 from rlinkd.daemon.inference.lonestep import LoneStepper
 from rlinkd.daemon.inference.server import InferenceServer, PolicyServing, ServedArea
@@ -143,3 +143,16 @@ def test_the_native_step_is_never_used_for_a_recurrent_policy():
     d = recurrent_def("gru")
     assert LoneStepper.maybe(PolicyRunner("p", d.spec, d.obs_space, d.act_space, None, "native"),
                              LaneLayout(step_layout(d))) is None
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_every_recurrent_backend_agrees_with_numpy(cell):
+    d = recurrent_def(cell)
+    flat = np.random.default_rng(1).normal(size=d.spec.n_params()).astype(np.float32) * 0.5
+    obs_rows = {"": np.stack([obs(0, i) for i in range(3)])}
+    state = np.random.default_rng(2).normal(size=(3, d.spec.state_size)).astype(np.float32)
+    want = STEP_MAKERS["numpy"](d.spec, flat)(obs_rows, state)
+    for name in ("onnxruntime", "torch"):
+        for got, ref in zip(STEP_MAKERS[name](d.spec, flat)(obs_rows, state), want):
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5, err_msg=name)
+    assert recurrent_backend(d.spec, "auto") == recurrent_backend(d.spec, "native") == "numpy"
