@@ -22,7 +22,7 @@ import numpy as np
 
 from rlinkd.client_lib.reporting import EvalTally, MetricBuffer
 from rlinkd.client_lib.links import TcpLink
-from rlinkd.client_lib.policy import ActionChooser
+from rlinkd.client_lib.policy import ActionChooser, forward, state_size
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.columns import Columns, obs_columns
 from rlinkd.client_lib.protocol.fragments import Fragment
@@ -35,23 +35,38 @@ from rlinkd.client_lib.transport import parse_address
 @dataclass
 class FragmentBuffer:
     """Steps of the episode in progress since the last send: observation columns of one
-    row each, float32 action vectors, rewards, log-probs and dist inputs."""
+    row each, float32 action vectors, rewards, log-probs and dist inputs; for a recurrent
+    policy (``max_seq_len`` L > 0) also the state the actor fed before each step."""
 
     obs: list = field(default_factory=list)
     actions: list = field(default_factory=list)
     rewards: list = field(default_factory=list)
     logp: list = field(default_factory=list)
     dist: list = field(default_factory=list)
+    states: list = field(default_factory=list)
+    max_seq_len: int = 0
 
     def record(self, pending: tuple, reward: float, next_obs: Columns) -> None:
-        """One step: the (action, logp, dist) chosen by ``act``, its reward and the observation
-        after it (columns of one row)."""
-        action, logp, dist = pending
+        """One step: the (action, logp, dist, state before the step or None) chosen by
+        ``act``, its reward and the observation after it (columns of one row)."""
+        action, logp, dist, state = pending
         self.actions.append(action)
         self.logp.append(logp)
         self.dist.append(dist)
+        if state is not None:
+            self.states.append(state)
         self.rewards.append(float(reward))
         self.obs.append(next_obs)
+
+    def restart(self) -> FragmentBuffer:
+        """The buffer that continues this episode after a cut (from its last observation)."""
+        return FragmentBuffer(obs=[self.obs[-1]], max_seq_len=self.max_seq_len)
+
+    def state_in(self) -> np.ndarray | None:
+        """The fragment's state rows: the states before its steps 0, L, 2L, ... [K, S]."""
+        if not self.max_seq_len:
+            return None
+        return np.stack(self.states[::self.max_seq_len]).astype(np.float32)
 
     def to_fragment(self, terminated: bool, truncated: bool, agent_id: str | None = None,
                     episode_id: str | None = None, policy_id: str | None = None) -> Fragment:
@@ -61,7 +76,21 @@ class FragmentBuffer:
             rewards=np.asarray(self.rewards, np.float64), is_terminated=terminated,
             is_truncated=truncated, action_logp=np.asarray(self.logp, np.float32),
             action_dist_inputs=np.stack(self.dist).astype(np.float32),
-            agent_id=agent_id, episode_id=episode_id, policy_id=policy_id)
+            agent_id=agent_id, episode_id=episode_id, policy_id=policy_id,
+            state_in=self.state_in())
+
+
+class EpisodeMemory:
+    """The state of one agent's recurrent policy between steps ([1, S]; None when the
+    policy is feed-forward): zeros when an episode starts, then each step's state_out."""
+
+    def __init__(self, state_size: int) -> None:
+        self.state_size = state_size
+        self.state: np.ndarray | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.state = np.zeros((1, self.state_size), np.float32) if self.state_size else None
 
 
 class Agent:
@@ -94,7 +123,9 @@ class Agent:
         default = cfg.policies.get(DEFAULT_POLICY)
         self.chooser = ActionChooser(self.act_space, seed,
                                      box_dist=default.box_dist if default else "gaussian")
-        self.buffer = FragmentBuffer()
+        self.max_seq_len = default.max_seq_len if default else 0
+        self.memory = EpisodeMemory(state_size(self.policy))
+        self.buffer = FragmentBuffer(max_seq_len=self.max_seq_len)
         self.done_fragments: list[Fragment] = []
         self.pending: tuple | None = None
         self.steps_since_send = 0
@@ -111,7 +142,8 @@ class Agent:
         fit the observation space. ``explore=False``: the greedy action; a training agent does
         not train on that step (its episode's fragment is cut there)."""
         x = obs_columns([obs], self.obs_space, 1, "obs")
-        dist = self.policy.dist_inputs(x)
+        state = self.memory.state
+        dist, self.memory.state = forward(self.policy, x, state)
         if self.evaluate or explore is False:
             action, _ = self.chooser.choose(dist, False)
             self.pending = ()  # a greedy step: never training data
@@ -119,7 +151,7 @@ class Agent:
         action, logp = self.chooser.choose(dist, True, getattr(self.policy, "epsilon", None))
         if not self.buffer.obs:
             self.buffer.obs.append(x)
-        self.pending = (action, logp, dist[0])
+        self.pending = (action, logp, dist[0], None if state is None else state[0])
         return self.chooser.to_env(action)
 
     def step(self, reward: float, next_obs, terminated: bool, truncated: bool) -> None:
@@ -127,6 +159,8 @@ class Agent:
         if self.pending is None:
             raise RuntimeError("step() must follow act()")
         pending, self.pending = self.pending, None
+        if terminated or truncated:
+            self.memory.reset()  # the next act starts an episode: zeros
         if self.evaluate:
             self._evaluation_step(reward, bool(terminated or truncated))
             return
@@ -138,7 +172,7 @@ class Agent:
         self.steps_since_send += 1
         if terminated or truncated:
             self.done_fragments.append(b.to_fragment(bool(terminated), bool(truncated)))
-            self.buffer = FragmentBuffer()
+            self.buffer = FragmentBuffer(max_seq_len=self.max_seq_len)
         if self.steps_since_send >= self.env_steps_per_sample:
             self.sync()
 
@@ -147,7 +181,7 @@ class Agent:
         steps bootstrap from the greedy step's observation) and go on from ``next_obs``."""
         if self.buffer.actions:
             self.done_fragments.append(self.buffer.to_fragment(False, False))
-        self.buffer = FragmentBuffer()
+        self.buffer = FragmentBuffer(max_seq_len=self.max_seq_len)
         if not ended:
             self.buffer.obs.append(obs_columns([next_obs], self.obs_space, 1, "next_obs"))
 
@@ -173,7 +207,7 @@ class Agent:
             return
         policy = self.link.submit(fragments, self.policy.weights_seq_no)
         if policy is not None:
-            self.policy = policy
+            self.policy = policy  # (the state carries over: new weights, same episode)
         self.steps_synced += sum(f.num_steps for f in fragments)
         self.steps_since_send = 0
 
@@ -181,7 +215,7 @@ class Agent:
         fragments, self.done_fragments = self.done_fragments, []
         if self.buffer.actions:  # cut mid-episode: continue it in the next message
             fragments.append(self.buffer.to_fragment(False, False))
-            self.buffer = FragmentBuffer(obs=[self.buffer.obs[-1]])
+            self.buffer = self.buffer.restart()
         return fragments
 
     def close(self) -> None:

@@ -42,6 +42,12 @@ class PolicyInfo:
     act_space: Space
     trainable: bool = True
     box_dist: str = "gaussian"  # SAC policies: "squashed_gaussian"
+    state: dict | None = None   # a recurrent policy: SET_CONFIG's "state" (``recurrent.state_contract``)
+
+    @property
+    def max_seq_len(self) -> int:
+        """L, the grid of a recurrent policy's fragment state rows; 0 when feed-forward."""
+        return int(self.state["max_seq_len"]) if self.state else 0
 
 
 @dataclass
@@ -70,7 +76,8 @@ def server_config(cfg: codec.SetConfig) -> LinkConfig:
     except (MappingError, KeyError, TypeError) as exc:
         raise RLlinkError(f"malformed SET_CONFIG policies: {exc}") from None
     if obs is not None and act is not None:
-        policies.setdefault(DEFAULT_POLICY, PolicyInfo(obs, act, True, _box_dist(cfg.box_dist)))
+        policies.setdefault(DEFAULT_POLICY, PolicyInfo(obs, act, True, _box_dist(cfg.box_dist),
+                                                       _state(cfg.state)))
     return LinkConfig(cfg.env_steps_per_sample, cfg.force_on_policy, obs, act,
                       bool(cfg.compact_arrays), policies, mapping, cfg.max_agents_per_connection)
 
@@ -78,8 +85,19 @@ def server_config(cfg: codec.SetConfig) -> LinkConfig:
 def _policies(raw: dict) -> dict[str, PolicyInfo]:
     return {name: PolicyInfo(space_from_json(p["observation_space"]),
                              space_from_json(p["action_space"]), bool(p.get("trainable", True)),
-                             _box_dist(p.get("box_dist")))
+                             _box_dist(p.get("box_dist")), _state(p.get("state")))
             for name, p in raw.items()}
+
+
+def _state(value: object) -> dict | None:
+    """SET_CONFIG's ``state`` (absent: a feed-forward policy); RLlinkError when it has no
+    positive integer ``max_seq_len``."""
+    if value is None:
+        return None
+    seq = value.get("max_seq_len") if isinstance(value, dict) else None
+    if not isinstance(value, dict) or not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise RLlinkError(f"SET_CONFIG: malformed state {str(value)[:200]}")
+    return value
 
 
 def _box_dist(value: object) -> str:

@@ -2,7 +2,8 @@
 
 ``OnnxPolicy`` runs the model a SET_STATE carries (base64 of gzip of ONNX) with
 onnxruntime; ``BoardPolicy`` (shared memory) runs the same network with numpy from
-the weights board. Both give distribution inputs; ``ActionChooser`` samples from
+the weights board. Both give distribution inputs (``forward``: and, for a recurrent policy,
+the state after the step, see ``protocol.recurrent``); ``ActionChooser`` samples from
 them while training (or takes the mode with ``explore=False``) and reports the
 log-probability the learner needs. No torch anywhere here.
 """
@@ -22,7 +23,7 @@ from rlinkd.client_lib.protocol.masking import MASKED_LOGIT
 from rlinkd.client_lib.protocol.netnumpy import NumpyNet
 from rlinkd.client_lib.protocol.netonnx import OnnxWeightWriter
 from rlinkd.client_lib.protocol import netops
-from rlinkd.client_lib.protocol.netops import DIST
+from rlinkd.client_lib.protocol.netops import DIST, STATE_IN, STATE_OUT
 from rlinkd.client_lib.protocol.policy_spec import ONNX_OUTPUT_NAME, PolicySpec
 from rlinkd.client_lib.protocol.spaces import Discrete, Space
 
@@ -65,23 +66,51 @@ def session(model: bytes, threads: int = 1):
 class OnnxPolicy:
     """An onnxruntime session on one weights version. Inputs are matched to observation
     leaves by name (``onnx_input_key``); a model with one input of another name (trained
-    elsewhere, served for a frozen policy) gets the only observation leaf."""
+    elsewhere, served for a frozen policy) gets the only observation leaf. A recurrent model
+    (an input "state_in" [batch, S]) has ``state_size`` S, else 0."""
 
     def __init__(self, msg: codec.SetState, policy: str = "default") -> None:
         self.session = session(decode_onnx(msg))
         self.epsilon = codec.epsilon_of(msg.exploration, policy)  # DQN: epsilon-greedy
         self.output = self.session.get_outputs()[0].name
-        names = [i.name for i in self.session.get_inputs()]
-        self.inputs = {name: _input_key(name, len(names)) for name in names}
+        graph_inputs = {i.name: i for i in self.session.get_inputs()}
+        state = graph_inputs.pop(STATE_IN, None)
+        self.state_size = int(state.shape[1]) if state is not None else 0
+        self.inputs = {name: _input_key(name, len(graph_inputs)) for name in graph_inputs}
         self.weights_seq_no = msg.weights_seq_no
+
+    def forward(self, obs: Columns | np.ndarray, state: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+        """(dist inputs [N, D], state after the step [N, S]) from observation columns and
+        the state before it (a recurrent model; None and None for a feed-forward one)."""
+        if not self.state_size:
+            return self.dist_inputs(obs), None
+        feed = self._feed(obs)
+        feed[STATE_IN] = np.asarray(state, np.float32)
+        dist, state_out = self.session.run([self.output, STATE_OUT], feed)
+        return dist, state_out
 
     def dist_inputs(self, obs: Columns | np.ndarray) -> np.ndarray:
         """[N, dist_size] for observation columns (leaf key -> [N, ...], record dtypes; a
         bare array for a root leaf)."""
+        return self.session.run([self.output], self._feed(obs))[0]
+
+    def _feed(self, obs: Columns | np.ndarray) -> dict[str, np.ndarray]:
         obs = obs if isinstance(obs, Mapping) else {"": obs}
-        feed = {name: obs[key] if key is not None else next(iter(obs.values()))
+        return {name: obs[key] if key is not None else next(iter(obs.values()))
                 for name, key in self.inputs.items()}
-        return self.session.run([self.output], feed)[0]
+
+
+def forward(net, obs: Columns | np.ndarray, state: np.ndarray | None
+            ) -> tuple[np.ndarray, np.ndarray | None]:
+    """One step of any local policy: (dist inputs, state after the step); a feed-forward
+    policy (``state`` None) only needs ``dist_inputs``."""
+    return (net.dist_inputs(obs), None) if state is None else net.forward(obs, state)
+
+
+def state_size(net) -> int:
+    """S of a local policy's state (0: feed-forward, or a policy that does not say)."""
+    return int(getattr(net, "state_size", 0))
 
 
 def _input_key(name: str, n_inputs: int) -> str | None:
@@ -105,11 +134,27 @@ class BoardPolicy:
         self.spec, self.flat, self.weights_seq_no = spec, flat, weights_seq_no
         self.epsilon = epsilon  # DQN: epsilon-greedy (from WEIGHTS_READY)
         self.conv = has_conv(spec)
+        self.state_size = spec.state_size
         if self.conv:
             self._onnx = session(OnnxWeightWriter(spec).encode(flat))
-            self._names = {i.name: onnx_input_key(i.name) for i in self._onnx.get_inputs()}
+            self._names = {i.name: onnx_input_key(i.name) for i in self._onnx.get_inputs()
+                           if i.name != STATE_IN}
         else:
-            self._net = NumpyNet(spec, flat, (DIST,))
+            self._net = NumpyNet(spec, flat, (DIST, STATE_OUT) if self.state_size else (DIST,))
+
+    def forward(self, obs: Columns | np.ndarray, state: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+        """As ``OnnxPolicy.forward``: (dist inputs, state after the step or None)."""
+        if not self.state_size:
+            return self.dist_inputs(obs), None
+        obs = obs if isinstance(obs, Mapping) else {"": obs}
+        if self.conv:
+            feed = {name: obs[key] for name, key in self._names.items()}
+            feed[STATE_IN] = np.asarray(state, np.float32)
+            dist, state_out = self._onnx.run([ONNX_OUTPUT_NAME, STATE_OUT], feed)
+            return dist, state_out
+        out = self._net.run(obs, state)
+        return out[DIST], out[STATE_OUT]
 
     def dist_inputs(self, obs: Columns | np.ndarray) -> np.ndarray:
         """[N, dist_size] for observation columns (or a bare array for a root leaf)."""

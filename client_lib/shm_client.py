@@ -53,6 +53,11 @@ class RingAttachment:
     spec: PolicySpec
     layout: StepLayout
 
+    @property
+    def max_seq_len(self) -> int:
+        """The fragment state grid L of a recurrent policy's records (0: feed-forward)."""
+        return self.spec.max_seq_len if self.layout.state_size else 0
+
     def close(self) -> None:
         self.ring.close()
         if self.board is not None:
@@ -220,8 +225,8 @@ class ShmLink(ReconnectingLink):
 
     def _submit(self, fragments, seq_no: int, get_state: bool) -> LocalNet | None:
         part = self._attachment(None)
-        records = concat_records([fragment_records(f, part.layout, 0, seq_no) for f in fragments],
-                                 part.layout.dtype)
+        records = concat_records([fragment_records(f, part.layout, 0, seq_no, part.max_seq_len)
+                                  for f in fragments], part.layout.dtype)
         part.ring.write_batch(records, timeout_s=WRITE_TIMEOUT_S)
         reply = self._sample_ready(sum(f.num_steps for f in fragments), get_state)
         if reply is None:
@@ -235,8 +240,8 @@ class ShmLink(ReconnectingLink):
         for name, pairs in by_policy.items():
             part = self._attachment(name)
             seq = held.get(name, -1)
-            records = concat_records([fragment_records(f, part.layout, slot, seq) for slot, f in pairs],
-                                     part.layout.dtype)
+            records = concat_records([fragment_records(f, part.layout, slot, seq, part.max_seq_len)
+                                      for slot, f in pairs], part.layout.dtype)
             part.ring.write_batch(records, timeout_s=WRITE_TIMEOUT_S)
         reply = self._sample_ready(sum(f.num_steps for _, f in sends), get_state)
         if reply is None:

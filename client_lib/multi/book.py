@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rlinkd.client_lib.links import LinkConfig
-from rlinkd.client_lib.policy import ActionChooser
+from rlinkd.client_lib.policy import ActionChooser, state_size
 from rlinkd.client_lib.protocol.agents import id_error
 from rlinkd.client_lib.protocol.spaces import Space
 
@@ -53,10 +53,20 @@ class LocalPolicy:
     act_space: Space
     net: Any  # OnnxPolicy | BoardPolicy: dist_inputs(columns) -> [N, D], weights_seq_no
     chooser: ActionChooser
+    max_seq_len: int = 0  # a recurrent policy's fragment state grid L (0: feed-forward)
 
     @property
     def weights_seq_no(self) -> int:
         return self.net.weights_seq_no
+
+    @property
+    def state_size(self) -> int:
+        """S of the policy's state (0: feed-forward)."""
+        return state_size(self.net)
+
+    def zero_states(self, rows: int) -> np.ndarray | None:
+        """The state of ``rows`` agents starting an episode (None: feed-forward)."""
+        return np.zeros((rows, self.state_size), np.float32) if self.state_size else None
 
 
 class PolicyBook:
@@ -85,7 +95,8 @@ class PolicyBook:
                 raise ValueError(f"policy {name!r} is not one the server declared "
                                  f"({sorted(self.cfg.policies)})")
             local = LocalPolicy(name, info.obs_space, info.act_space, self.link.policy(name),
-                                ActionChooser(info.act_space, rng=self.rng, box_dist=info.box_dist))
+                                ActionChooser(info.act_space, rng=self.rng, box_dist=info.box_dist),
+                                info.max_seq_len)
             self.local[name] = local
         return local
 

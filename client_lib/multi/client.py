@@ -24,9 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 
 from rlinkd.client_lib.agent import FragmentBuffer
 from rlinkd.client_lib.links import Sends
+from rlinkd.client_lib.policy import forward
 from rlinkd.client_lib.multi.book import (EpisodeIds, LocalPolicy, PolicyBook, SlotPool,
                                           check_agent_id, check_multi_config)
 from rlinkd.client_lib.protocol.columns import Columns, obs_columns, to_columns
@@ -42,7 +44,8 @@ class AgentEpisode:
     episode_id: str
     slot: int
     buffer: FragmentBuffer = field(default_factory=FragmentBuffer)
-    pending: tuple | None = None  # (action vector, logp, dist row) of the last act
+    pending: tuple | None = None  # (action vector, logp, dist row, state or None) of the last act
+    state: np.ndarray | None = None  # recurrent policy: [S], the state for the next act
 
     def fragment(self, terminated: bool, truncated: bool):
         return self.buffer.to_fragment(terminated, truncated, self.agent_id, self.episode_id,
@@ -86,19 +89,32 @@ class MultiAgentClient:
         for name, ids in self._by_policy(obs).items():
             local = self.book.get(name)
             x = self._columns(local, ids, obs, "obs")
-            dist = local.net.dist_inputs(x)
+            state = self._states(local, ids)
+            dist, state_out = forward(local.net, x, state)
             actions, logp = local.chooser.choose_batch(dist, explore, getattr(local.net, "epsilon", None))
-            chosen.append((local, ids, x, dist, actions, logp))
+            chosen.append((local, ids, x, dist, actions, logp, state, state_out))
         out: dict[str, Any] = {}
-        for local, ids, x, dist, actions, logp in chosen:
+        for local, ids, x, dist, actions, logp, state, state_out in chosen:
             native = local.chooser.to_env_rows(actions)
             for i, agent_id in enumerate(ids):
-                ep = self.episodes.get(agent_id) or self._start(agent_id, local.name)
+                ep = self.episodes.get(agent_id) or self._start(agent_id, local)
                 if not ep.buffer.obs:
                     ep.buffer.obs.append({k: v[i:i + 1] for k, v in x.items()})
-                ep.pending = (actions[i], float(logp[i]), dist[i])
+                ep.pending = (actions[i], float(logp[i]), dist[i], None if state is None else state[i])
+                ep.state = None if state_out is None else state_out[i]
                 out[agent_id] = native[i]
         return out
+
+    def _states(self, local: LocalPolicy, ids: list[str]) -> np.ndarray | None:
+        """The agents' states before this act [len(ids), S]: zeros for an agent starting an
+        episode (a new id, or one whose episode ended); None for a feed-forward policy."""
+        states = local.zero_states(len(ids))
+        if states is not None:
+            for i, agent_id in enumerate(ids):
+                ep = self.episodes.get(agent_id)
+                if ep is not None and ep.state is not None:
+                    states[i] = ep.state
+        return states
 
     def _check_act(self, obs: Mapping[str, Any]) -> None:
         new = 0
@@ -114,8 +130,9 @@ class MultiAgentClient:
                 raise ValueError(f"act(): agent {agent_id!r} already has a pending action "
                                  "(call step() first)")
 
-    def _start(self, agent_id: str, policy: str) -> AgentEpisode:
-        ep = AgentEpisode(agent_id, policy, self.ids.next(), self.slots.acquire())
+    def _start(self, agent_id: str, local: LocalPolicy) -> AgentEpisode:
+        ep = AgentEpisode(agent_id, local.name, self.ids.next(), self.slots.acquire(),
+                          FragmentBuffer(max_seq_len=local.max_seq_len))
         self.episodes[agent_id] = ep
         return ep
 
@@ -221,7 +238,7 @@ class MultiAgentClient:
         for ep in self.episodes.values():
             if ep.buffer.actions:
                 sends.append((ep.slot, ep.fragment(False, False)))
-                ep.buffer = FragmentBuffer(obs=[ep.buffer.obs[-1]])
+                ep.buffer = ep.buffer.restart()
         return sends
 
     def close(self) -> None:

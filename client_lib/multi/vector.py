@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from rlinkd.client_lib.links import Sends
+from rlinkd.client_lib.policy import forward
 from rlinkd.client_lib.multi.book import (EpisodeIds, PolicyBook, check_agent_id,
                                           check_multi_config)
 from rlinkd.client_lib.protocol.columns import Columns, obs_columns
@@ -63,12 +64,14 @@ class VectorClient:
                        for name in dict.fromkeys(names)]
         first = self.groups[0][0]
         for local, _ in self.groups[1:]:
-            if (local.obs_space.to_json(), local.act_space.to_json()) != (
-                    first.obs_space.to_json(), first.act_space.to_json()):
+            if (local.obs_space.to_json(), local.act_space.to_json(), local.state_size,
+                    local.max_seq_len) != (first.obs_space.to_json(), first.act_space.to_json(),
+                                           first.state_size, first.max_seq_len):
                 raise ValueError(f"policies {first.name!r} and {local.name!r} have different "
-                                 "spaces: one vectorized env cannot act with both")
+                                 "spaces or states: one vectorized env cannot act with both")
         self.obs_space, self.act_space = first.obs_space, first.act_space
         self.chooser = first.chooser
+        self.state_size, self.max_seq_len = first.state_size, first.max_seq_len
 
     def _allocate(self) -> None:
         t, n = self.horizon, self.n
@@ -82,6 +85,9 @@ class VectorClient:
         self.truncated = np.zeros((t, n), bool)
         self.finals: list[tuple[int, np.ndarray, Columns]] = []  # (row, copies, final obs)
         self.fresh = np.ones(n, bool)         # copies whose next act starts an episode
+        s = self.state_size                   # recurrent: the state before each step, and now
+        self.states = np.zeros((t, n, s), np.float32) if s else None
+        self.state = np.zeros((n, s), np.float32) if s else None
         self.episode_base = np.zeros(n, np.int64)  # episode number of row 0's piece
         self.t = 0
         self.pending = False
@@ -99,6 +105,9 @@ class VectorClient:
             raise ValueError("act() again before step(): every act needs its step")
         x = obs_columns(obs_batch, self.obs_space, self.n, "obs", batched=True)
         explore = self.explore if explore is None else explore
+        if self.state is not None and self.states is not None:
+            self.state[self.fresh] = 0.0          # a copy starting an episode: zeros
+            self.states[self.t] = self.state
         self._forward(x, explore)
         t, fresh = self.t, self.fresh
         if fresh.any():
@@ -113,13 +122,18 @@ class VectorClient:
         t = self.t
         if len(self.groups) == 1:
             local = self.groups[0][0]
-            dist = local.net.dist_inputs(x)
+            dist, state_out = forward(local.net, x, self.state)
             self.actions[t], self.logp[t] = local.chooser.choose_batch(dist, explore, _epsilon(local))
+            if state_out is not None:
+                self.state = state_out
         else:
             parts = []
             for local, rows in self.groups:
-                d = local.net.dist_inputs({k: v[rows] for k, v in x.items()})
+                state = None if self.state is None else self.state[rows]
+                d, state_out = forward(local.net, {k: v[rows] for k, v in x.items()}, state)
                 self.actions[t, rows], self.logp[t, rows] = local.chooser.choose_batch(d, explore, _epsilon(local))
+                if self.state is not None and state_out is not None:
+                    self.state[rows] = state_out
                 parts.append((rows, d))
             dist = np.empty((self.n, parts[0][1].shape[1]), np.float32)
             for rows, d in parts:
@@ -215,7 +229,9 @@ class VectorClient:
                         is_truncated=trunc, action_logp=self.logp[steps, i],
                         action_dist_inputs=self.dist[steps, i],
                         agent_id=self.agent_ids[i], episode_id=f"{self.nonce}-{number}",
-                        policy_id=self.policy_names[i])
+                        policy_id=self.policy_names[i],
+                        state_in=None if self.states is None
+                        else self.states[start:stop:self.max_seq_len, i])
 
     def close(self) -> None:
         """Send any remaining steps (without waiting for weights) and disconnect."""

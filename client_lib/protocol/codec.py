@@ -16,7 +16,8 @@ Messages are frozen dataclasses keyed by ``MessageType``; the core never passes
 bare dicts. Extensions only ever *add* keys to the seed's messages (SET_CONFIG:
 ``observation_space``, ``action_space``, ``protocol_version``, ``compact_arrays``, ``policies``,
 ``policy_mapping``, ``max_agents_per_connection``, ``box_dist``; SET_STATE: ``onnx_sha256``, ``policies``;
-episodes: ``agent_id``, ``episode_id``, ``policy_id``; PING: ``token``) or add new message types that a plain client
+episodes: ``agent_id``, ``episode_id``, ``policy_id``, ``state_in``; SET_CONFIG and
+ATTACHED: ``state`` for a recurrent policy; PING: ``token``) or add new message types that a plain client
 never receives unless it sends them first, so a client written from the seed
 alone works unchanged.
 """
@@ -71,6 +72,7 @@ class SetConfig(Message):
     policy_mapping: list | None = None    # [[agent-id pattern, policy name], ...]
     max_agents_per_connection: int | None = None
     box_dist: str | None = None  # "squashed_gaussian": SAC's Box actions (absent: "gaussian")
+    state: dict | None = None  # recurrent default policy: ``recurrent.state_contract`` (absent: none)
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ class EpisodeFragment:
     agent_id: str | None = None    # multi-agent extension: whose episode (None: the only agent)
     episode_id: str | None = None  # multi-agent extension: which of that agent's episodes
     policy_id: str | None = None   # multi-agent extension: the policy that acted (None: mapping)
+    state_in: Any = None  # recurrent policies: [K, S], the actor's state before steps 0, L,
+    #                       2L, ... (``protocol.recurrent``); an array once decoded
 
     @property
     def num_steps(self) -> int:
@@ -123,6 +127,8 @@ class EpisodeFragment:
             d["action_logp"] = _json_array(self.action_logp)
         if self.action_dist_inputs is not None:
             d["action_dist_inputs"] = _json_array(self.action_dist_inputs)
+        if self.state_in is not None:
+            d["state_in"] = _json_array(self.state_in)
         for key in ("agent_id", "episode_id", "policy_id"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
@@ -210,6 +216,7 @@ class Attached(Message):
     policy: str | None = None  # the policy whose ring, board and network these are
     network: dict | None = None  # the actor's lowered ops + the flat parameter layout
     #                              (``netops.network_json``): for clients that interpret it
+    state: dict | None = None  # recurrent policy: ``recurrent.state_contract`` (absent: none)
 
 
 RING_FD_BYTE = b"\x01"
@@ -357,7 +364,8 @@ def decode_fragment(obj: Any, index: int) -> EpisodeFragment:
         action_dist_inputs=_optional_array(obj, "action_dist_inputs", where),
         agent_id=_optional_id(obj, "agent_id", where),
         episode_id=_optional_id(obj, "episode_id", where),
-        policy_id=_optional_id(obj, "policy_id", where))
+        policy_id=_optional_id(obj, "policy_id", where),
+        state_in=_optional_array(obj, "state_in", where))
     check_lengths(frag, where)
     return frag
 
@@ -446,7 +454,7 @@ _FIELD_KINDS: dict[str, tuple[type, ...]] = {
     "board_path": (str,), "doorbell_path": (str,), "layout": (dict,), "policy_spec": (dict,), "env_steps": (int,),
     "get_state": (bool,), "policies": (dict,), "policy_mapping": (list,),
     "max_agents_per_connection": (int,), "weights_seq_nos": (dict,), "policy": (str,),
-    "exploration": (dict,), "box_dist": (str,), "network": (dict,),
+    "exploration": (dict,), "box_dist": (str,), "network": (dict,), "state": (dict,),
 }
 
 _DECODERS: dict[MessageType, Any] = {

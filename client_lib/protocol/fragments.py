@@ -8,11 +8,13 @@ the steps it recorded and either writes it into its shared-memory ring
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from rlinkd.client_lib.protocol.codec import EpisodeFragment
 from rlinkd.client_lib.protocol.columns import Columns, action_vector, to_columns, to_wire
+from rlinkd.client_lib.protocol.compact import COMPACT_MIN_BYTES, encode_compact
 from rlinkd.client_lib.protocol.spaces import Space
 
 
@@ -51,15 +53,24 @@ class Fragment:
             obs=to_wire(self.obs, obs_space, compact), actions=actions, rewards=self.rewards,
             is_terminated=self.is_terminated, is_truncated=self.is_truncated,
             action_logp=self.action_logp, action_dist_inputs=self.action_dist_inputs,
-            agent_id=self.agent_id, episode_id=self.episode_id, policy_id=self.policy_id)
+            agent_id=self.agent_id, episode_id=self.episode_id, policy_id=self.policy_id,
+            state_in=_state_wire(self.state_in, compact))
+
+
+def _state_wire(state_in: np.ndarray | None, compact: bool) -> Any:
+    """``state_in`` as sent: compact when the server reads it and it is large enough."""
+    if state_in is None or not compact or state_in.nbytes < COMPACT_MIN_BYTES:
+        return state_in
+    return encode_compact(np.ascontiguousarray(state_in, np.float32))
 
 
 def from_wire(frag: EpisodeFragment, obs_space: Space, act_space: Space, where: str) -> Fragment:
     """Convert and validate a received fragment's observations and actions against the
-    spaces; raises ``spaces.InvalidValue`` naming the leaf (``where`` prefixes the path)."""
+    spaces; raises ``spaces.InvalidValue`` naming the leaf (``where`` prefixes the path).
+    ``state_in`` passes as received (float64); the collector checks it against the policy."""
     t = frag.num_steps
     obs = to_columns(frag.obs, obs_space, t + 1, f"{where}.obs")
     actions = action_vector(to_columns(frag.actions, act_space, t, f"{where}.actions"), act_space)
     return Fragment(obs, actions, frag.rewards, frag.is_terminated, frag.is_truncated,
                     frag.action_logp, frag.action_dist_inputs, frag.agent_id, frag.episode_id,
-                    frag.policy_id)
+                    frag.policy_id, frag.state_in)

@@ -198,6 +198,13 @@ class PolicySpec:
             return 0
         return recurrent.state_width(self.recurrent, self.recurrent_size)
 
+    def state_contract(self) -> dict | None:
+        """The additive "state" key of SET_CONFIG/ATTACHED and the export sidecar
+        (`recurrent.state_contract`); None for a feed-forward policy (the key is absent)."""
+        if self.recurrent == "none":
+            return None
+        return recurrent.state_contract(self.recurrent, self.recurrent_size, self.max_seq_len)
+
     @property
     def obs_size(self) -> int:
         """Elements of one observation over the feature leaves (flat Box: its size).

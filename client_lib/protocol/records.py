@@ -10,12 +10,17 @@ import numpy as np
 from rlinkd.client_lib.protocol.columns import Columns
 from rlinkd.client_lib.protocol.fragments import Fragment
 from rlinkd.client_lib.protocol.spaces import Space, field_name
-from rlinkd.shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED, StepLayout
+from rlinkd.shm.records import (FINAL_OBS, HAS_DIST, HAS_LOGP, HAS_STATE, TERMINATED, TRUNCATED,
+                                StepLayout)
 
 
 def fragment_records(frag: Fragment, layout: StepLayout, stream_id: int = 0,
-                     weights_seq_no: int = -1) -> np.ndarray:
+                     weights_seq_no: int = -1, max_seq_len: int = 0) -> np.ndarray:
     """T step records + 1 FINAL_OBS record for a validated fragment (ingest ids unset).
+
+    A recurrent policy's layout (``state_size`` S) with ``max_seq_len`` L: ``frag.state_in``
+    [ceil(T/L), S] goes into the "state" field of rows 0, L, 2L, ..., flagged HAS_STATE
+    (the fragment state grid, ``protocol.recurrent``); ValueError when it is missing.
 
     ``frag.obs``: an array [T+1, ...] of the single obs field's values (any shape with that
     many values per step), or a mapping {field name: array [T+1, *field shape]}.
@@ -38,9 +43,35 @@ def fragment_records(frag: Fragment, layout: StepLayout, stream_id: int = 0,
         rec["dist"][:t] = frag.action_dist_inputs
         step_flags |= HAS_DIST
     rec["flags"][:t] = step_flags
+    if layout.state_size:
+        write_state(rec[:t], frag.state_in, max_seq_len)
     end_flags = (TERMINATED if frag.is_terminated else 0) | (TRUNCATED if frag.is_truncated else 0)
     rec["flags"][t] = FINAL_OBS | end_flags
     return rec
+
+
+def write_state(steps: np.ndarray, state_in: np.ndarray | None, max_seq_len: int) -> None:
+    """Write a fragment's state rows into its step records' grid rows (0, L, 2L, ...) and
+    flag them HAS_STATE; the other rows keep a zero state and no flag."""
+    grid = grid_rows(len(steps), max_seq_len)
+    if state_in is None or len(state_in) != len(grid):
+        raise ValueError(f"a recurrent fragment of {len(steps)} steps needs {len(grid)} "
+                         f"state_in rows (max_seq_len={max_seq_len})")
+    steps["state"][grid] = state_in
+    steps["flags"][grid] |= HAS_STATE
+
+
+def read_state(steps: np.ndarray) -> np.ndarray:
+    """The state rows of one fragment's step records (its HAS_STATE rows, in order): the
+    inverse of ``write_state``, [K, S] float32."""
+    return steps["state"][(steps["flags"] & HAS_STATE) != 0]
+
+
+def grid_rows(num_steps: int, max_seq_len: int) -> np.ndarray:
+    """Fragment positions that carry the actor's state: 0, L, 2L, ... below T."""
+    if max_seq_len < 1:
+        raise ValueError(f"max_seq_len must be positive, not {max_seq_len}")
+    return np.arange(0, num_steps, max_seq_len)
 
 
 def write_obs(rec: np.ndarray, obs: Columns) -> None:

@@ -95,13 +95,17 @@ class Session:
 def policy_info(d: PolicyDef) -> PolicyInfo:
     """What the collector checks a policy's episodes against (spaces, mask, record layout)."""
     spaces = Spaces(d.obs_space, d.act_space, d.spec.dist_size,
-                    mask_spec(d.obs_space, d.act_space, d.mask_key))
-    return PolicyInfo(spaces, step_layout(d), d.trainable, d.off_policy, d.spec.box_dist)
+                    mask_spec(d.obs_space, d.act_space, d.mask_key),
+                    d.spec.state_size, d.spec.max_seq_len if d.spec.state_size else 0)
+    return PolicyInfo(spaces, step_layout(d), d.trainable, d.off_policy, d.spec.box_dist,
+                      d.spec.state_contract())
 
 
-def _box_dist_key(p: PolicyInfo) -> dict[str, str]:
-    """SET_CONFIG's additive ``box_dist`` key: present only for SAC's squashed Gaussian."""
-    return {} if p.box_dist == "gaussian" else {"box_dist": p.box_dist}
+def _box_dist_key(p: PolicyInfo) -> dict[str, Any]:
+    """SET_CONFIG's additive ``box_dist`` and ``state`` keys: present only for SAC's squashed
+    Gaussian and for a recurrent policy."""
+    return ({} if p.box_dist == "gaussian" else {"box_dist": p.box_dist}) | (
+        {} if p.state is None else {"state": p.state})
 
 
 def single_policy(spaces: Spaces, layout: StepLayout) -> dict[str, PolicyInfo]:
@@ -355,7 +359,8 @@ class CollectorCore:
             if info.trainable:
                 seq = self._behaviour_seq(session, msg, c.policy)
                 parts.setdefault(c.policy, []).append(
-                    fragment_records(c.frag, info.layout, session.stream_id, seq))
+                    fragment_records(c.frag, info.layout, session.stream_id, seq,
+                                     info.spaces.max_seq_len))
         session.is_sampler = True
         return {p: concat_records(v, self.policies[p].layout.dtype) for p, v in parts.items()}
 

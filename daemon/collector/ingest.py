@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -18,11 +18,10 @@ from rlinkd.client_lib.protocol.codec import BadMessage, EpisodeFragment
 from rlinkd.client_lib.protocol.columns import Columns
 from rlinkd.client_lib.protocol.fragments import Fragment, from_wire
 from rlinkd.client_lib.protocol.masking import MaskSpec, check_actions, check_masks
+from rlinkd.client_lib.protocol.recurrent import check_state, state_rows
 from rlinkd.client_lib.protocol.spaces import InvalidValue, Space
 from rlinkd.client_lib.protocol.wire import F32_MAX
 from rlinkd.shm.records import StepLayout
-
-
 
 
 class InvalidEpisode(BadMessage):
@@ -43,6 +42,8 @@ class Spaces:
     act: Space
     dist_size: int
     mask: MaskSpec | None = None
+    state_size: int = 0       # S of a recurrent policy's state (0: feed-forward)
+    max_seq_len: int = 0      # L, the fragment state grid of a recurrent policy
 
     @property
     def obs_elements(self) -> int:
@@ -60,6 +61,7 @@ class PolicyInfo:
     trainable: bool = True
     off_policy: bool = False  # DQN, SAC, APPO: its clients never wait for training
     box_dist: str = "gaussian"  # SAC: "squashed_gaussian" (announced in SET_CONFIG)
+    state: dict | None = None  # recurrent: ``recurrent.state_contract`` (SET_CONFIG "state")
 
 
 def validate_fragment(frag: EpisodeFragment, spaces: Spaces, limits: Limits,
@@ -85,7 +87,30 @@ def validate_fragment(frag: EpisodeFragment, spaces: Spaces, limits: Limits,
              or _check_mask(canonical, spaces.mask, where))
     if error:
         raise InvalidEpisode(error)
-    return canonical
+    return _with_state(canonical, spaces, where)
+
+
+def _with_state(frag: Fragment, spaces: Spaces, where: str) -> Fragment:
+    """The fragment with its ``state_in`` checked against the policy (float32 [K, S], K =
+    ``state_rows(T, L)``, finite): required for a recurrent policy, refused for a
+    feed-forward one."""
+    if not spaces.state_size:
+        if frag.state_in is not None:
+            raise InvalidEpisode(f"{where}.state_in: the policy is feed-forward (no state)")
+        return frag
+    if frag.state_in is None:
+        raise InvalidEpisode(f"{where}: the policy is recurrent: state_in (the state before "
+                             f"steps 0, {spaces.max_seq_len}, ...) is required")
+    rows = state_rows(frag.num_steps, spaces.max_seq_len)
+    if rows == 0 and np.size(frag.state_in) == 0:  # (a fragment of no steps has no state)
+        return replace(frag, state_in=np.zeros((0, spaces.state_size), np.float32))
+    try:
+        state = check_state(frag.state_in, rows, spaces.state_size)
+    except ValueError as exc:
+        raise InvalidEpisode(f"{where}.{exc}") from None
+    if np.abs(state).max(initial=0.0) > F32_MAX:
+        raise InvalidEpisode(f"{where}.state_in: values beyond the float32 range")
+    return replace(frag, state_in=state)
 
 
 def _check_mask(frag: Fragment, mask: MaskSpec | None, where: str) -> str | None:

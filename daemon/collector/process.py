@@ -174,8 +174,14 @@ def attached_info(topo: Topology) -> dict[str, dict]:
                    "layout": p.layout_json,
                    "policy_spec": p.spec.to_json(), "network": network_json(p.spec.net, p.spec.action_components),
                    "env_steps_per_sample": s.env_steps_per_sample,
-                   "force_on_policy": s.force_on_policy and not p.off_policy}
+                   "force_on_policy": s.force_on_policy and not p.off_policy,
+                   **_state_key(p.spec.state_contract())}
             for name, p in topo.policies.items()}
+
+
+def _state_key(contract: dict | None) -> dict[str, dict]:
+    """ATTACHED's additive "state" key: present only for a recurrent policy."""
+    return {} if contract is None else {"state": contract}
 
 
 def weights_cache(policy: PolicyTopology, board: WeightsBoard) -> WeightsCache:

@@ -28,7 +28,7 @@ from rlinkd.client_lib.protocol.masking import MaskSpec, check_actions, check_ma
 from rlinkd.client_lib.protocol.records import read_obs
 from rlinkd.client_lib.protocol.spaces import Space
 from rlinkd.daemon.collector.ingest import InvalidEpisode, Spaces
-from rlinkd.shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, TERMINATED, TRUNCATED
+from rlinkd.shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, HAS_STATE, TERMINATED, TRUNCATED
 from rlinkd.shm.ring import StepRing, arm_sleep
 
 CLIENT_FLAGS = FINAL_OBS | TERMINATED | TRUNCATED | HAS_LOGP | HAS_DIST
@@ -45,6 +45,8 @@ class PolicyRing:
     streams: np.ndarray            # agent slot -> our stream id (-1: not seen yet)
     open_return: np.ndarray        # agent slot -> return of its episode so far
     open_length: np.ndarray        # agent slot -> steps of its episode so far
+    frag_pos: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    #                                agent slot -> position in its open fragment (state grid)
     last_ingest_id: int = 0
     unsent: bool = False           # records since the last SAMPLE_READY
 
@@ -165,6 +167,9 @@ class ShmClients:
             raise InvalidEpisode(f"ring record agent slot {hi} is not below "
                                  f"server.max_agents_per_connection={self.max_agents}")
         _make_room(pr, hi)
+        max_seq_len = self.policies[pr.policy].spaces.max_seq_len
+        if max_seq_len:
+            check_state_grid(rec["flags"], slots, pr.frag_pos, max_seq_len)
         if lo == hi:
             done = _slot_episodes(pr, hi, rec)
             if pr.streams[hi] < 0:
@@ -248,6 +253,7 @@ def _make_room(pr: PolicyRing, slot: int) -> None:
     size = max(slot + 1, 2 * len(pr.streams))
     pr.streams = _grown(pr.streams, size, -1)
     pr.open_return, pr.open_length = _grown(pr.open_return, size, 0), _grown(pr.open_length, size, 0)
+    pr.frag_pos = _grown(pr.frag_pos, size, 0)
 
 
 def _grown(values: np.ndarray, size: int, fill) -> np.ndarray:
@@ -298,11 +304,12 @@ def validate_records(rec: np.ndarray, spaces: Spaces) -> None:
     leaf checks are the spaces' own (the same ones TCP episodes pass).
     """
     flags = rec["flags"]
-    if np.any(flags & np.uint8(0xFF ^ CLIENT_FLAGS)):
+    allowed = CLIENT_FLAGS | (HAS_STATE if spaces.state_size else 0)
+    if np.any(flags & np.uint8(0xFF ^ allowed)):
         raise InvalidEpisode("ring record with unknown or reserved flags")
     if np.any(((flags & (TERMINATED | TRUNCATED)) != 0) & ((flags & FINAL_OBS) == 0)):
         raise InvalidEpisode("TERMINATED/TRUNCATED set on a record that is not FINAL_OBS")
-    for name in ("reward", "logp", "action", "dist"):
+    for name in ("reward", "logp", "action", "dist") + (("state",) if spaces.state_size else ()):
         if not np.isfinite(rec[name]).all():
             raise InvalidEpisode(f"ring record {name} contains NaN or Inf")
     is_step = (flags & FINAL_OBS) == 0  # select fields, never whole records (image copies)
@@ -313,6 +320,30 @@ def validate_records(rec: np.ndarray, spaces: Spaces) -> None:
              or _check_ring_mask(obs, is_step, actions, spaces.mask))
     if error:
         raise InvalidEpisode(error)
+
+
+def check_state_grid(flags: np.ndarray, slots: np.ndarray, frag_pos: np.ndarray,
+                     max_seq_len: int) -> None:
+    """A recurrent policy's ring records: HAS_STATE on exactly the step records at fragment
+    positions 0, L, 2L, ... of each agent slot (``frag_pos[slot]``: the slot's position in
+    its open fragment, carried across reads and updated here). InvalidEpisode otherwise."""
+    order = np.argsort(slots, kind="stable")
+    s, f = slots[order], flags[order]
+    final = (f & FINAL_OBS) != 0
+    group_start = np.ones(len(s), bool)
+    group_start[1:] = s[1:] != s[:-1]
+    piece_start = group_start.copy()
+    piece_start[1:] |= final[:-1]                                # a fragment ends at FINAL_OBS
+    piece = np.cumsum(piece_start) - 1
+    first = np.flatnonzero(piece_start)
+    base = np.where(group_start[first], frag_pos[s[first]], 0) - first   # [pieces]
+    pos = np.arange(len(s)) + base[piece]                        # position in the fragment
+    expected = ~final & (pos % max_seq_len == 0)
+    if np.any(((f & HAS_STATE) != 0) != expected):
+        raise InvalidEpisode(f"ring records: HAS_STATE must flag exactly the fragment "
+                             f"positions 0, {max_seq_len}, ... (the state grid)")
+    last = np.append(group_start[1:], True)                      # each slot's last record
+    frag_pos[s[last]] = np.where(final[last], 0, pos[last] + 1)
 
 
 def _check_obs(obs: Columns, space: Space) -> str | None:

@@ -11,6 +11,11 @@ torch on CUDA timed beside them when a GPU is present (``inference.backend`` for
 (never during one: a batch never mixes weight versions), ``act`` samples (or takes the mode)
 with the client library's own distributions, so a served action is distributed exactly as a
 client-side one.
+
+A recurrent policy (``PolicySpec.recurrent``) runs a ``Step`` instead, (obs, state) ->
+(dist inputs, state out), on numpy (default), onnxruntime (forced, or for convolutions) or
+torch (forced): the native interpreter refuses recurrent cells, so it is never chosen for
+one, and nothing is timed. The caller (``LaneBook``) keeps each lane's state.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from rlinkd.client_lib.policy import ActionChooser, has_conv, onnx_input_key, se
 from rlinkd.client_lib.protocol.distributions import categorical_one
 from rlinkd.client_lib.protocol.netnumpy import NumpyNet
 from rlinkd.client_lib.protocol.netonnx import OnnxWeightWriter
-from rlinkd.client_lib.protocol.netops import DIST
+from rlinkd.client_lib.protocol.netops import DIST, STATE_IN, STATE_OUT
 from rlinkd.client_lib.protocol.policy_spec import ONNX_OUTPUT_NAME, PolicySpec
 from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.client_lib.protocol.spaces import Box, Space, field_name
@@ -35,6 +40,8 @@ from rlinkd.shm.board import WeightsBoard
 log = structlog.get_logger("inference")
 BACKENDS = ("auto", "native", "numpy", "onnxruntime", "torch")
 Forward = Callable[[Mapping[str, np.ndarray]], np.ndarray]
+Step = Callable[[Mapping[str, np.ndarray], np.ndarray], tuple[np.ndarray, np.ndarray]]
+"""A recurrent network's forward: (obs columns, state [N, S]) -> (dist [N, D], state out [N, S])."""
 
 
 def numpy_forward(spec: PolicySpec, flat: np.ndarray) -> Forward:
@@ -64,6 +71,58 @@ def torch_forward(spec: PolicySpec, flat: np.ndarray) -> Forward:
             x = {k: torch.as_tensor(np.ascontiguousarray(v), device=device) for k, v in obs.items()}
             return model.dist_inputs(x).float().cpu().numpy()
     return run
+
+
+def numpy_step(spec: PolicySpec, flat: np.ndarray) -> Step:
+    net = NumpyNet(spec, flat, (DIST, STATE_OUT))
+
+    def run(obs: Mapping[str, np.ndarray], state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = net.run(obs, state)
+        return out[DIST], out[STATE_OUT]
+    return run
+
+
+def onnx_step(spec: PolicySpec, flat: np.ndarray) -> Step:
+    sess = session(OnnxWeightWriter(spec).encode(flat), threads=1)
+    names = {i.name: onnx_input_key(i.name) for i in sess.get_inputs() if i.name != STATE_IN}
+
+    def run(obs: Mapping[str, np.ndarray], state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        feed = {n: np.ascontiguousarray(obs[k]) for n, k in names.items()}
+        dist, state_out = sess.run([ONNX_OUTPUT_NAME, STATE_OUT], {**feed, STATE_IN: state})
+        return dist, state_out
+    return run
+
+
+def torch_step(spec: PolicySpec, flat: np.ndarray) -> Step:
+    """The learner's module (as ``torch_forward``) one step at a time (imports torch)."""
+    import torch
+
+    from rlinkd.daemon.learner.model import ActorCritic
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = ActorCritic(spec).to(device)
+    model.load_flat(flat)
+    model.train(False)
+
+    def run(obs: Mapping[str, np.ndarray], state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        with torch.inference_mode():
+            x = {k: torch.as_tensor(np.ascontiguousarray(v), device=device) for k, v in obs.items()}
+            dist, state_out = model.run(x, (DIST, STATE_OUT), torch.as_tensor(state, device=device))
+            return dist.float().cpu().numpy(), state_out.float().cpu().numpy()
+    return run
+
+
+STEP_MAKERS: dict[str, Callable[[PolicySpec, np.ndarray], Step]] = {
+    "numpy": numpy_step, "onnxruntime": onnx_step, "torch": torch_step}
+
+
+def recurrent_backend(spec: PolicySpec, wanted: str) -> str:
+    """The backend of a recurrent policy: ``wanted`` when it runs one (numpy, onnxruntime,
+    torch), else onnxruntime for convolutions and numpy otherwise (never native)."""
+    if wanted in STEP_MAKERS:
+        return wanted
+    if wanted == "native":
+        log.warning("inference_backend_unavailable", wanted=wanted, reason="a recurrent network")
+    return "onnxruntime" if has_conv(spec) else "numpy"
 
 
 def native_forward(spec: PolicySpec, flat: np.ndarray) -> Forward:
@@ -160,6 +219,7 @@ class PolicyRunner:
         self.weights_seq_no = -1
         self.flat = np.empty(spec.n_params(), np.float32)
         self.forwards: tuple[Forward, Forward] | None = None
+        self.step: Step | None = None  # a recurrent policy's forward (``forwards`` stays None)
         self.native_small: netnative.NativeNet | None = None
         self.timings: dict[str, float] = {}
         self.batch1_s = 0.0  # one batch-1 forward pass of the small-batch backend (measured once)
@@ -203,7 +263,7 @@ class PolicyRunner:
 
     @property
     def ready(self) -> bool:
-        return self.forwards is not None
+        return self.forwards is not None or self.step is not None
 
     @property
     def backend(self) -> str:
@@ -216,6 +276,8 @@ class PolicyRunner:
         if latest < 0 or latest == self.weights_seq_no:
             return False
         seq, _ = self.board.read(self.flat)
+        if self.spec.state_size:
+            return self._load_step(seq)
         if not self.backends[0]:
             self.backends, self.timings = choose_backend(self.spec, self.flat, self.wanted, self._sample_obs)
             log.info("inference_backend", policy=self.name, backend=self.backend,
@@ -230,6 +292,18 @@ class PolicyRunner:
         self.weights_seq_no = seq
         return True
 
+    def _load_step(self, seq: int) -> bool:
+        name = recurrent_backend(self.spec, self.wanted)
+        if self.backends[0] != name:
+            self.backends = (name, name)
+            log.info("inference_backend", policy=self.name, backend=name, recurrent=self.spec.recurrent)
+        self.step = step = STEP_MAKERS[name](self.spec, self.flat)
+        if not self.batch1_s:  # (the serving turn's gather wait is scaled by it)
+            zeros = np.zeros((1, self.spec.state_size), np.float32)
+            self.batch1_s = time_backend(lambda obs: step(obs, zeros)[0], self._sample_obs(1))
+        self.weights_seq_no = seq
+        return True
+
     def _sample_obs(self, rows: int) -> Mapping[str, np.ndarray]:
         from rlinkd.shm.records import StepLayout
         from rlinkd.client_lib.protocol.spaces import record_fields
@@ -239,9 +313,19 @@ class PolicyRunner:
     def act(self, obs_rows: np.ndarray, explore: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(actions [N, A] f32, logp [N] f32, dist inputs [N, D] f32) for obs rows (the lane
         records' structured obs), sampling where ``explore`` and taking the mode elsewhere."""
-        assert self.forwards is not None, "refresh() first"
+        assert self.forwards is not None, "refresh() first (a recurrent policy: act_with_state)"
         forward = self.forwards[0 if len(obs_rows) < SMALL_BATCH else 1]
-        dist = np.asarray(forward(self.columns(obs_rows)), np.float32)
+        return self._choose(np.asarray(forward(self.columns(obs_rows)), np.float32), explore)
+
+    def act_with_state(self, obs_rows: np.ndarray, explore: np.ndarray, state: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``act`` for a recurrent policy: also the lanes' states before the step [N, S]
+        in, and their states after it out (actions, logp, dist, state out)."""
+        assert self.step is not None, "refresh() first"
+        dist, state_out = self.step(self.columns(obs_rows), np.ascontiguousarray(state, np.float32))
+        return (*self._choose(np.asarray(dist, np.float32), explore), np.asarray(state_out, np.float32))
+
+    def _choose(self, dist: np.ndarray, explore: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if len(dist) == 1 and self.categorical and self.epsilon is None:
             return self._one_categorical(dist, bool(explore[0]))
         if explore.all():

@@ -10,6 +10,14 @@ observation and no done flag: the next fragment of that episode starts with the 
 step, as a continued client-side fragment does. Evaluation lanes (EVALUATE on START)
 produce no records: only their return and length, reported when they end.
 
+A recurrent policy's lanes also keep a state (``LaneBook.state``): zeros at START, the
+network's state out after each answered step. The pending step remembers the state fed
+before it; when it completes at fragment position 0, L, 2L, ... (L = max_seq_len; the
+position counts from the last cut) its record carries that state flagged HAS_STATE, on other
+positions a zero state unflagged: the fragment state grid of ``protocol.recurrent``, also
+for fragments that ``cut`` opens mid-episode. The state lives only in this process: a role
+restart loses it with the lanes' episodes (their next STEP is answered STATUS_LOST).
+
 Records carry the lane's *stream slot* (``SlotPool``), the agent slot of the inference
 role's ring of that policy, held while the episode is open.
 """
@@ -21,7 +29,7 @@ import numpy as np
 
 from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_RELEASE, OP_START, OP_STEP, STATUS_BAD_OBS,
                               STATUS_BAD_OP, STATUS_LOST, STATUS_OK, TERMINATED, TRUNCATED)
-from rlinkd.shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, StepLayout
+from rlinkd.shm.records import FINAL_OBS, HAS_DIST, HAS_LOGP, HAS_STATE, StepLayout
 from rlinkd.shm.records import TERMINATED as REC_TERMINATED, TRUNCATED as REC_TRUNCATED
 
 STEP_FLAGS = np.uint8(HAS_LOGP | HAS_DIST)
@@ -97,8 +105,10 @@ class LaneBook:
     process; ``apply`` is called once per batch with that area's pending requests, then
     ``remember`` with the actions chosen."""
 
-    def __init__(self, capacity: int, layout: StepLayout, slots: SlotPool) -> None:
+    def __init__(self, capacity: int, layout: StepLayout, slots: SlotPool, max_seq_len: int = 0) -> None:
         self.layout, self.slots = layout, slots
+        self.max_seq_len = max_seq_len if layout.state_size else 0  # L (0: feed-forward)
+        self.state = np.zeros((capacity, layout.state_size), np.float32)  # before the next step
         self.open = np.zeros(capacity, bool)
         self.evaluate = np.zeros(capacity, bool)
         self.slot = np.full(capacity, -1, np.int64)
@@ -124,6 +134,9 @@ class LaneBook:
         pending = self.layout.empty(capacity)
         pending[:old] = self.pending
         self.pending = pending
+        state = np.zeros((capacity, self.layout.state_size), np.float32)
+        state[:old] = self.state
+        self.state = state
 
     def open_training_lanes(self) -> int:
         return int(np.count_nonzero(self.open & ~self.evaluate))
@@ -169,6 +182,8 @@ class LaneBook:
             if not evaluate and self.has_pending[lane]:
                 rec = self.pending[lane:lane + 1].copy()
                 rec["reward"] = reward
+                if self.max_seq_len:
+                    self._grid(rec, self.fragment_steps[lane:lane + 1])
                 out.append(rec)
                 self.fragment_steps[lane] += 1
                 steps = 1
@@ -195,13 +210,17 @@ class LaneBook:
 
     def _start_one(self, lane: int, evaluate: bool) -> None:
         self.open[lane], self.evaluate[lane] = True, evaluate
+        self.state[lane] = 0.0
         self.ret[lane], self.length[lane], self.fragment_steps[lane] = 0.0, 0, 0
         if not evaluate:
             self.slot[lane] = self.slots.take()
 
     def remember_one(self, lane: int, obs: np.ndarray, action: np.ndarray, logp: float,
-                     dist: np.ndarray, seq: int) -> None:
+                     dist: np.ndarray, seq: int, state_out: np.ndarray | None = None) -> None:
         p = self.pending[lane]
+        if state_out is not None:  # (a recurrent policy: the state before and after the step)
+            p["state"] = self.state[lane]
+            self.state[lane] = state_out
         p["obs"] = obs
         p["action"] = action
         p["logp"] = logp
@@ -222,9 +241,18 @@ class LaneBook:
         train = ~self.evaluate[lanes] & self.has_pending[lanes]
         rec = self.pending[lanes[train]].copy()
         rec["reward"] = rewards[train]
+        if self.max_seq_len:
+            self._grid(rec, self.fragment_steps[lanes[train]])
         self.fragment_steps[lanes[train]] += 1
         self.has_pending[lanes] = False
         return rec
+
+    def _grid(self, rec: np.ndarray, positions: np.ndarray) -> None:
+        """Completed steps at fragment ``positions``: on the state grid (0, L, 2L, ...) they
+        keep their state, flagged HAS_STATE; elsewhere the state field is zeroed."""
+        on_grid = positions % self.max_seq_len == 0
+        rec["flags"][on_grid] |= HAS_STATE
+        rec["state"][~on_grid] = 0.0
 
     def _end(self, req: Requests, rows: np.ndarray, parts: list[np.ndarray]) -> list[EvalEnd]:
         lanes = req.lanes[rows]
@@ -269,14 +297,19 @@ class LaneBook:
         self.ret[lanes] = 0.0
         self.length[lanes] = 0
         self.fragment_steps[lanes] = 0
+        self.state[lanes] = 0.0
         for i in lanes[~self.evaluate[lanes]]:
             self.slot[i] = self.slots.take()
 
     def remember(self, req: Requests, rows: np.ndarray, actions: np.ndarray, logp: np.ndarray,
-                 dist: np.ndarray, seq: int) -> None:
-        """The actions chosen for requests ``rows``: they are the lanes' pending steps."""
+                 dist: np.ndarray, seq: int, state_out: np.ndarray | None = None) -> None:
+        """The actions chosen for requests ``rows``: they are the lanes' pending steps (a
+        recurrent policy: ``state_out`` [n, S] is the lanes' state after them)."""
         lanes = req.lanes[rows]
         p = self.pending
+        if state_out is not None:
+            p["state"][lanes] = self.state[lanes]
+            self.state[lanes] = state_out
         p["obs"][lanes] = req.obs[rows]
         p["action"][lanes] = actions
         p["logp"][lanes] = logp

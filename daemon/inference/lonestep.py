@@ -62,9 +62,11 @@ class LoneStepper:
 
     @classmethod
     def maybe(cls, runner: PolicyRunner, lane_layout: LaneLayout) -> LoneStepper | None:
-        """A stepper when the policy's spaces are the common case and the extension is built."""
+        """A stepper when the policy's spaces are the common case and the extension is built;
+        None for a recurrent policy (the native step keeps no state)."""
         step, bounds = lane_layout.step, runner.float_bounds
         if (native_module() is None or not step.is_flat or bounds is None or len(bounds) != 1
+                or step.state_size  # (a recurrent policy: its lanes' states are kept in Python)
                 or not isinstance(runner.act_space, Discrete) or step.action_size != 1
                 or step.dist_size != runner.act_space.n):
             return None

@@ -45,9 +45,9 @@ class PolicyLanes:
     """Every area of one policy in one ``LaneRegion``: one lane index space, one ``LaneBook``
     over it, and the lanes left pending at the last scan (``deferred``)."""
 
-    def __init__(self, layout: LaneLayout, slots: SlotPool) -> None:
+    def __init__(self, layout: LaneLayout, slots: SlotPool, max_seq_len: int = 0) -> None:
         self.region = LaneRegion(layout)
-        self.book = LaneBook(0, layout.step, slots)
+        self.book = LaneBook(0, layout.step, slots, max_seq_len)
         self.deferred = np.zeros(0, bool)
         self.any_deferred = False
         self.by_slot: dict[int, ServedArea] = {}

@@ -104,7 +104,8 @@ class InferenceServer:
         into the policy's region. ``ShmError`` when the region is full."""
         if served.policy not in self.lanes:
             policy = self.policies[served.policy]
-            self.lanes[served.policy] = PolicyLanes(served.area.layout, policy.slots)
+            self.lanes[served.policy] = PolicyLanes(served.area.layout, policy.slots,
+                                                    policy.runner.spec.max_seq_len)
             policy.lone = LoneStepper.maybe(policy.runner, served.area.layout)
         self.remove(served.area_id)
         self.lanes[served.policy].place(fd, served)
@@ -349,10 +350,10 @@ class InferenceServer:
         wants = out.wants_action
         n = int(np.count_nonzero(wants))
         if n:
-            actions, logp, dist = runner.act(req.obs[wants], out.explore[wants])
             sel = req.lanes[wants]
+            actions, logp, dist, state_out = act(runner, pl.book, req.obs[wants], out.explore[wants], sel)
             lanes["action"][sel], lanes["logp"][sel] = actions, logp
-            pl.book.remember(req, wants, actions, logp, dist, seq)
+            pl.book.remember(req, wants, actions, logp, dist, seq, state_out)
             self.stats.batch(n)
             self.stats.actions += n
         lanes["status"][req.lanes], lanes["weights_seq_no"][req.lanes] = out.status, seq
@@ -373,9 +374,10 @@ class InferenceServer:
             lane, int(req.ops[0]), int(req.flags[0]), float(req.rewards[0]), req.obs[0], bad, out)
         row = pl.region.lanes[lane]
         if wants:
-            actions, logp, dist = runner.act(req.obs, np.array([explore]))
+            actions, logp, dist, state_out = act(runner, book, req.obs, np.array([explore]), req.lanes)
             row["action"], row["logp"] = actions[0], logp[0]
-            book.remember_one(lane, req.obs[0], actions[0], float(logp[0]), dist[0], runner.weights_seq_no)
+            book.remember_one(lane, req.obs[0], actions[0], float(logp[0]), dist[0], runner.weights_seq_no,
+                              None if state_out is None else state_out[0])
             self.stats.batch(1)
             self.stats.actions += 1
         row["status"], row["weights_seq_no"] = status, runner.weights_seq_no
@@ -431,6 +433,15 @@ class InferenceServer:
             if policy.eval_ends and links:
                 links[0].send_eval(policy.eval_ends)
                 policy.eval_ends = []
+
+
+def act(runner: PolicyRunner, book: LaneBook, obs_rows: np.ndarray, explore: np.ndarray,
+        lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """(actions, logp, dist, state out or None) for the lanes' observations: a recurrent
+    policy's forward is fed the lanes' states (``LaneBook.state``)."""
+    if not book.max_seq_len:
+        return (*runner.act(obs_rows, explore), None)
+    return runner.act_with_state(obs_rows, explore, book.state[lanes])
 
 
 def native_limit(batch1_s: float) -> int:

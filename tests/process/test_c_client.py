@@ -138,3 +138,20 @@ def test_c_client_survives_a_daemon_restart(daemon_factory, built, tmp_path):
         assert result["status"] == "RLK_OK" and result["reconnects"] >= 1, (variant, result["stderr"][-800:], result)
         assert "runtime error" not in result["stderr"] and "AddressSanitizer" not in result["stderr"]
 
+
+
+def test_c_client_acts_server_side_with_a_recurrent_policy(daemon_factory, built):
+    """A GRU policy: server-side actions (TCP and shared-memory lanes) work unchanged, the
+    inference role keeping each episode's state; client-side inference is refused, naming
+    the recurrent cell. Acting only (force_on_policy off: nothing waits for training)."""
+    d = daemon_factory("--set", "ppo.recurrent=gru", "--set", "ppo.recurrent_size=8",
+                       "--set", "sampling.force_on_policy=false")
+    runs = {v: run_cartpole(built / "cartpole", *variant_args(d, v), "--agents", "2", "--target", "1e9",
+                            "--max-steps", "600", timeout_s=60) for v in ("tcp", "shm")}
+    for variant, run in runs.items():
+        assert run["status"] == "RLK_OK" and run["steps"] >= 600, (variant, run)
+    refused = subprocess.run([str(built / "cartpole"), *variant_args(d, "shm-client"), "--max-steps", "10"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "RLK_E_UNSUPPORTED" in refused.stderr, refused
+    assert "recurrent" in refused.stderr and "server-side" in refused.stderr, refused.stderr
+    assert d.status()["protocol_errors"] == 0

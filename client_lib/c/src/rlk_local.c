@@ -75,6 +75,9 @@ rlk_status rlk_parse_attached(const char *s, size_t len, rlk_jtok *toks, int max
         snprintf(out->policy, sizeof out->policy, "%s", RLK_DEFAULT_POLICY);
     if (!out->board_path[0])
         return fail(info, RLK_E_UNSUPPORTED, "this policy has no board weights (a frozen model): use server-side inference");
+    if (rlk_json_get(s, toks, 0, "state") >= 0)  /* (a recurrent policy's state contract) */
+        return fail(info, RLK_E_UNSUPPORTED, "the policy is recurrent (ATTACHED has a \"state\"): the C client "
+                    "does not run recurrent networks, use server-side inference");
     int network = rlk_json_get(s, toks, 0, "network");
     if (network < 0 || toks[network].type != RLK_J_OBJECT)
         return fail(info, RLK_E_UNSUPPORTED, "ATTACHED without a network description (an older rlinkd?)");

@@ -1,0 +1,158 @@
+"""Tier 1: server-side actions with a recurrent policy. The inference role keeps a state per
+lane (zeros at START, the network's state out after each answered step), feeds it to its
+Python forward (never the native step), and the step records it writes carry the states on
+the fragment grid, also for fragments a sample boundary cut mid-episode. A role restart
+loses the lanes' episodes and their states: their next STEP is answered STATUS_LOST."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import orjson
+import pytest
+
+from rlinkd.client_lib.protocol.netnumpy import NumpyNet
+from rlinkd.client_lib.protocol.netops import STATE_OUT
+from rlinkd.daemon import policies as P
+from rlinkd.daemon.config import load_config
+from rlinkd.daemon.inference.backend import STEP_MAKERS, PolicyRunner, recurrent_backend
+from rlinkd.daemon.inference.episodes import SlotPool
+from rlinkd.daemon.inference.lonestep import LoneStepper
+from rlinkd.daemon.inference.server import InferenceServer, PolicyServing, ServedArea
+from rlinkd.daemon.wiring import step_layout
+from rlinkd.shm.board import WeightsBoard
+from rlinkd.shm.doorbell import Doorbell
+from rlinkd.shm.lanes import OP_END, OP_START, OP_STEP, STATUS_LOST, STATUS_OK, TERMINATED, LaneArea, LaneLayout
+from rlinkd.shm.records import FINAL_OBS, HAS_STATE
+from tests.unit.test_inference_server import FakeLink
+from tests.unit.test_inference_server import request as publish
+
+L = 3
+OBS = np.array([0.01, 0.02, 0.03, 0.04], np.float32)
+
+
+def recurrent_def(cell: str):
+    cfg = load_config(None, [("ppo", "recurrent", cell), ("ppo", "recurrent_size", 4),
+                             ("ppo", "max_seq_len", L)])
+    return P.policy_defs(cfg)["default"]
+
+
+@pytest.fixture(params=["lstm", "gru"])
+def served(request, tmp_path):
+    d = recurrent_def(request.param)
+    board = WeightsBoard.create(str(tmp_path / "board"), d.spec.n_params(), orjson.dumps(d.spec.to_json()))
+    flat = np.random.default_rng(0).normal(size=d.spec.n_params()).astype(np.float32) * 0.5
+    board.publish(5, flat)
+    layout = step_layout(d)
+    runner = PolicyRunner("default", d.spec, d.obs_space, d.act_space, board, "native", seed=0)
+    link = FakeLink(layout)
+    policy = PolicyServing(runner, d.obs_space, SlotPool(), link, sample_steps=4)
+    server = InferenceServer({"default": policy}, max_batch=64, max_wait_s=0.0, on_policy=False)
+    path = str(tmp_path / "lanes")
+    area = LaneArea.create(path, LaneLayout(layout), 4)
+    server.add(ServedArea(0, area, "default", Doorbell.create()), fd := os.open(path, os.O_RDWR))
+    os.close(fd)
+    yield server, area, link, NumpyNet(d.spec, flat), policy
+    server.close()
+
+
+def obs(lane: int, i: int) -> np.ndarray:
+    return OBS * (1 + lane) + 0.01 * i
+
+
+def run_episodes(server, area, lengths: dict[int, int]) -> None:
+    """Lanes step in lockstep (batched turns while two are open, lone turns after)."""
+    for i in range(max(lengths.values()) + 1):
+        for lane, n in lengths.items():
+            if i == 0:
+                publish(area, lane, OP_START, obs(lane, 0))
+            elif i < n:
+                publish(area, lane, OP_STEP, obs(lane, i), reward=1.0)
+            elif i == n:
+                publish(area, lane, OP_END, obs(lane, i), reward=1.0, flags=TERMINATED)
+        server.serve_once()
+        assert all(area.lanes["status"][lane] == STATUS_OK for lane in lengths), (i, area.lanes["status"])
+
+
+def expected_states(net: NumpyNet, lane: int, steps: int) -> np.ndarray:
+    """The states before each step of an episode, from zeros (hand-run)."""
+    state, out = np.zeros((1, net.state_width), np.float32), []
+    for i in range(steps):
+        out.append(state[0])
+        state = net.run({"": obs(lane, i)[None]}, state)[STATE_OUT]
+    return np.stack(out)
+
+
+def fragments(rec: np.ndarray, stream: int) -> list[np.ndarray]:
+    """One stream's step records, split into fragments (FINAL_OBS ends one)."""
+    mine = rec[rec["stream_id"] == stream]
+    ends = np.flatnonzero(mine["flags"] & FINAL_OBS)
+    return [mine[a:b] for a, b in zip(np.concatenate(([0], ends[:-1] + 1)), ends)]
+
+
+def test_served_episodes_carry_the_lane_states_on_the_grid_across_cuts(served):
+    server, area, link, net, policy = served
+    run_episodes(server, area, {0: 8, 1: 5})
+    assert policy.lone is None and policy.runner.backends == ("numpy", "numpy")  # ("native" asked)
+    rec = link.all
+    for lane, steps in ((0, 8), (1, 5)):
+        want = expected_states(net, lane, steps)
+        stream = int(rec["stream_id"][np.flatnonzero(np.isclose(rec["obs"]["obs"][:, 0], obs(lane, 0)[0]))[0]])
+        position = 0
+        frags = fragments(rec, stream)
+        assert sum(len(f) for f in frags) == steps
+        for frag in frags:                   # (sample_steps=4: cut mid-episode more than once)
+            flagged = np.flatnonzero(frag["flags"] & HAS_STATE)
+            assert flagged.tolist() == list(range(0, len(frag), L))
+            np.testing.assert_allclose(frag["state"][flagged], want[position + flagged], atol=1e-6)
+            assert not frag["state"][np.setdiff1d(np.arange(len(frag)), flagged)].any()
+            position += len(frag)
+    assert len(fragments(rec, stream)) > 1
+
+
+def test_a_new_episode_on_a_lane_starts_from_zeros(served):
+    server, area, link, net, _ = served
+    run_episodes(server, area, {2: 2})
+    first = len(link.all)
+    run_episodes(server, area, {2: 4})
+    again = link.all[first:]
+    steps = again[(again["flags"] & FINAL_OBS) == 0]           # the episode's 4 steps in order
+    flagged = np.flatnonzero(steps["flags"] & HAS_STATE)
+    assert flagged[0] == 0 and not steps["state"][0].any()
+    np.testing.assert_allclose(steps["state"][flagged], expected_states(net, 2, 4)[flagged], atol=1e-6)
+
+
+def test_a_role_restart_loses_the_episodes_in_progress(served, tmp_path):
+    server, area, _, _, policy = served
+    publish(area, 0, OP_START, obs(0, 0))
+    server.serve_once()
+    restarted = InferenceServer({"default": policy}, max_batch=64, max_wait_s=0.0, on_policy=False)
+    path = str(tmp_path / "lanes")
+    restarted.add(ServedArea(0, area, "default", Doorbell.create()), fd := os.open(path, os.O_RDWR))
+    os.close(fd)
+    publish(area, 0, OP_STEP, obs(0, 1), reward=1.0)
+    restarted.serve_once()
+    assert area.lanes["status"][0] == STATUS_LOST
+    publish(area, 0, OP_START, obs(0, 0))          # what the client does next: a new episode
+    restarted.serve_once()
+    lanes = restarted.lanes["default"]
+    assert area.lanes["status"][0] == STATUS_OK and lanes.book.state[lanes.book.open].any()
+
+
+def test_the_native_step_is_never_used_for_a_recurrent_policy():
+    d = recurrent_def("gru")
+    assert LoneStepper.maybe(PolicyRunner("p", d.spec, d.obs_space, d.act_space, None, "native"),
+                             LaneLayout(step_layout(d))) is None
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_every_recurrent_backend_agrees_with_numpy(cell):
+    d = recurrent_def(cell)
+    flat = np.random.default_rng(1).normal(size=d.spec.n_params()).astype(np.float32) * 0.5
+    obs_rows = {"": np.stack([obs(0, i) for i in range(3)])}
+    state = np.random.default_rng(2).normal(size=(3, d.spec.state_size)).astype(np.float32)
+    want = STEP_MAKERS["numpy"](d.spec, flat)(obs_rows, state)
+    for name in ("onnxruntime", "torch"):
+        for got, ref in zip(STEP_MAKERS[name](d.spec, flat)(obs_rows, state), want):
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5, err_msg=name)
+    assert recurrent_backend(d.spec, "auto") == recurrent_backend(d.spec, "native") == "numpy"
