@@ -75,3 +75,25 @@ def fragment_records(spec: PolicySpec, ep: ActedEpisode, begin: int, end: int, s
     rec["state"][grid] = ep.states[begin + grid]
     rec["flags"][t] = FINAL_OBS | (TERMINATED if terminated else 0)
     return rec
+
+
+def pipeline_batch(spec: PolicySpec, flat: np.ndarray, algorithm: str = "ppo", episodes: int = 6,
+                   fragment_steps: int = 7, seed: int = 0) -> dict:
+    """A train batch the connector's pipeline builds from acted episodes (lengths 5..24), each
+    sent in fragments of ``fragment_steps`` steps (so cut off the state grid's period)."""
+    from rlinkd.daemon.connector.pipeline import LearnerPipeline, PipelineContext, pipeline_for
+    from rlinkd.daemon.connector.segments import SegmentAssembler
+
+    rng = np.random.default_rng(seed)
+    segments, ingest = [], 1
+    for e in range(episodes):
+        steps = int(rng.integers(5, 25))
+        ep = act_episode(spec, flat, steps, seed=seed * 100 + e)
+        for begin in range(0, steps, fragment_steps):
+            end = min(begin + fragment_steps, steps)
+            rec = fragment_records(spec, ep, begin, end, e, end == steps, ingest)
+            ingest += len(rec)
+            segments += SegmentAssembler().add(rec)
+    names = ("observations", "columns", "old_logp", "values", "gae", "normalize_advantages")
+    ctx = PipelineContext(Box((3,)), Discrete(2), spec, flat, 0, 0.9, 0.8, True)
+    return LearnerPipeline(pipeline_for(names, algorithm, recurrent=True))(segments, ctx)
