@@ -149,8 +149,11 @@ class Learner:
         self.optimizer = _make_adam(self.model, hp.lr)
         self.ent_coef_t = torch.tensor(float(hp.ent_coef), device=self.device)  # reloadable
         opt = self.optimizer
+        # a recurrent policy's update data changes shape with its chunk count every batch (a
+        # capture per update would cost more than it saves): its steps run eagerly
         self.stepper = make_stepper(self.device, lambda data, idx: self._sgd_step(data, idx),
-                                    [opt.flat, opt.grad, opt.m, opt.v, opt.step_t], graphs, "ppo")
+                                    [opt.flat, opt.grad, opt.m, opt.v, opt.step_t],
+                                    graphs and not spec.state_size, "ppo")
         self.normalizers = ({n.key: ObsNormalizer(math.prod(n.shape)) for n in spec.normalizers()}
                             if hp.normalize_observations else {})
         self.updates = 0
