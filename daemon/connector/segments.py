@@ -93,17 +93,18 @@ def split_segment(seg: Segment, steps: int) -> list[Segment]:
     head = replace(seg, obs=seg.obs[:steps + 1], actions=seg.actions[:steps],
                    rewards=seg.rewards[:steps], logp=seg.logp[:steps],
                    has_logp=seg.has_logp[:steps], terminated=False, truncated=False,
-                   ingest_ids=seg.ingest_ids[:steps + 1], **_state_slice(seg, slice(None, steps)))
+                   ingest_ids=seg.ingest_ids[:steps + 1], states=_rows(seg.states, slice(None, steps)),
+                   has_state=_rows(seg.has_state, slice(None, steps)))
     tail = replace(seg, obs=seg.obs[steps:], actions=seg.actions[steps:],
                    rewards=seg.rewards[steps:], logp=seg.logp[steps:],
                    has_logp=seg.has_logp[steps:], ingest_ids=seg.ingest_ids[steps:],
-                   **_state_slice(seg, slice(steps, None)))
+                   states=_rows(seg.states, slice(steps, None)),
+                   has_state=_rows(seg.has_state, slice(steps, None)))
     return [head, tail]
 
 
-def _state_slice(seg: Segment, rows: slice) -> dict[str, np.ndarray | None]:
-    return {"states": None if seg.states is None else seg.states[rows],
-            "has_state": None if seg.has_state is None else seg.has_state[rows]}
+def _rows(column: np.ndarray | None, rows: slice) -> np.ndarray | None:
+    return None if column is None else column[rows]
 
 
 class SegmentAssembler:
