@@ -44,12 +44,14 @@ def runs():
                         eval_episodes=5, stop_when_solved=False) for cell in ("lstm", "none")}
 
 
+@pytest.mark.slow  # (about 30 s on 2 shared cores: two 12,288-step runs)
 def test_recurrent_ppo_learns_what_feed_forward_ppo_cannot(runs):
     memory, plain = runs["lstm"].curve[-1][1], runs["none"].curve[-1][1]
     assert memory >= 60.0, runs["lstm"].curve
     assert memory > 1.5 * plain, (runs["lstm"].curve, runs["none"].curve)
 
 
+@pytest.mark.slow
 def test_a_trained_checkpoint_exports_a_model_that_acts_with_its_state(runs, tmp_path):
     learner = runs["lstm"].learner
     spec, flat = learner.spec, learner.flat_weights()
