@@ -26,12 +26,12 @@ def noisy_weights(spec: PolicySpec, seed: int = 0) -> np.ndarray:
 
 
 def layout_of(spec: PolicySpec) -> StepLayout:
-    return StepLayout.flat(3, spec.action_size, spec.dist_size, state_size=spec.state_size)
+    return StepLayout.flat(spec.obs_size, spec.action_size, spec.dist_size, state_size=spec.state_size)
 
 
 @dataclass
 class ActedEpisode:
-    obs: np.ndarray         # [T+1, 3]
+    obs: np.ndarray         # [T+1, obs_size]
     actions: np.ndarray     # [T]
     states: np.ndarray      # [T, S] the actor's state BEFORE each step
     values: np.ndarray      # [T] V(s_t) the actor's network computed
@@ -42,7 +42,7 @@ def act_episode(spec: PolicySpec, flat: np.ndarray, steps: int, seed: int) -> Ac
     """One episode acted step by step from a zero state (the acting side's contract)."""
     rng = np.random.default_rng(seed)
     net = NumpyNet(spec, flat, (netops.DIST, netops.VALUE))
-    obs = rng.normal(size=(steps + 1, 3)).astype(np.float32)
+    obs = rng.uniform(-0.1, 0.1, (steps + 1, spec.obs_size)).astype(np.float32)  # (inside CartPole's box)
     state = np.zeros((1, spec.state_size), np.float32)
     states, values, actions, logp = [], [], [], []
     for t in range(steps):
