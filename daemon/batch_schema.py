@@ -45,15 +45,31 @@ COLUMN_NAMES = (OBS, *(c.name for c in COLUMNS))
 """Every key a train batch holds (``OBS`` maps to a dict of leaf columns)."""
 PER_ROW_COLUMNS = tuple(c.name for c in COLUMNS if c.width is None)
 
+SEQUENCE_COLUMNS = (
+    Column("seq_start", None, "1.0 on the first row of a training sequence (chunk), else 0.0"),
+    Column("seq_state", lambda spec: spec.state_size,
+           "the actor's state before the step on a chunk's first row (zeros elsewhere)"),
+    Column("episode_start", None, "1.0 where an episode begins (the state is zeroed before it)"),
+)
+"""A recurrent policy's batch also holds these (``connector.sequences``); a feed-forward
+policy's slot has none of them."""
+SEQUENCE_COLUMN_NAMES = tuple(c.name for c in SEQUENCE_COLUMNS)
+
+
+def columns_for(spec: PolicySpec) -> tuple[Column, ...]:
+    """The declared columns of ``spec``'s batches: COLUMNS, then SEQUENCE_COLUMNS when the
+    policy is recurrent."""
+    return COLUMNS + SEQUENCE_COLUMNS if spec.state_size else COLUMNS
+
 
 def slot_columns(spec: PolicySpec) -> dict[str, tuple[tuple[int, ...], str]]:
     """``{name: (per-row shape, dtype)}`` in slot layout order, for ``BatchSlots.create``:
     one column per observation leaf in the leaf's record dtype (a uint8 image stays uint8),
-    then the declared COLUMNS."""
+    then the declared columns (``columns_for``)."""
     obs = {OBS_PREFIX + field_name(leaf.key): (leaf.space.record_shape, leaf.space.record_dtype.str)
            for leaf in spec.obs_space.leaves()}
     return {**obs, **{c.name: (() if c.width is None else (c.width(spec),), DTYPE)
-                      for c in COLUMNS}}
+                      for c in columns_for(spec)}}
 
 
 def write_columns(views: dict[str, np.ndarray], batch: dict[str, Any], spec: PolicySpec) -> int:
@@ -63,7 +79,7 @@ def write_columns(views: dict[str, np.ndarray], batch: dict[str, Any], spec: Pol
     rows = len(batch["actions"])
     for leaf in spec.obs_space.leaves():
         views[OBS_PREFIX + field_name(leaf.key)][:rows] = batch[OBS][leaf.key]
-    for c in COLUMNS:
+    for c in columns_for(spec):
         target = views[c.name][:rows]
         target[...] = np.asarray(batch[c.name]).reshape(target.shape)
     return rows
@@ -74,7 +90,7 @@ def read_columns(views: dict[str, np.ndarray], rows: int, spec: PolicySpec) -> d
     released, and may be refilled, while the copies are still in use)."""
     obs = {leaf.key: np.array(views[OBS_PREFIX + field_name(leaf.key)][:rows])
            for leaf in spec.obs_space.leaves()}
-    return {OBS: obs, **{c.name: np.array(views[c.name][:rows]) for c in COLUMNS}}
+    return {OBS: obs, **{c.name: np.array(views[c.name][:rows]) for c in columns_for(spec)}}
 
 
 @dataclass(frozen=True)

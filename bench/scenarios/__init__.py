@@ -59,4 +59,7 @@ SUITE = {
     "learner_device": Scenario("bench.scenarios.learner_device", "learner_device.json",
                                ("--runs", "{runs}"),
                                ("--quick", "--out", "{results}/learner_device-quick.json")),
+    "memory_cartpole": Scenario("bench.scenarios.memory_cartpole", "memory_cartpole.json",
+                                ("--runs", "{runs}"),
+                                ("--quick", "--out", "{results}/memory_cartpole-quick.json")),
 }

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlinkd.daemon.connector.segments import Segment, split_segment
+from rlinkd.daemon.connector.segments import Segment, grid_cut, split_segment
 
 
 @dataclass
@@ -73,10 +73,11 @@ class BatchBuilder:
         return flush_requested and (self.buffered_steps > 0 or consumed_id > self.last_cutoff)
 
     def take(self, current_seq: int, consumed_id: int) -> BuildPlan:
-        """Remove up to ``capacity_rows`` steps of fresh-enough segments from the buffer."""
+        """Remove up to ``capacity_rows`` steps of fresh-enough segments from the buffer (a
+        longer segment is cut, on a recurrent policy's state grid: ``segments.grid_cut``)."""
         fresh, dropped = self._drop_stale(current_seq)
         if fresh and fresh[0].num_steps > self.capacity_rows:
-            fresh[0:1] = split_segment(fresh[0], self.capacity_rows)
+            fresh[0:1] = split_segment(fresh[0], grid_cut(fresh[0].has_state, self.capacity_rows))
         chosen, rows = [], 0
         while fresh and rows + fresh[0].num_steps <= self.capacity_rows:
             seg = fresh.pop(0)

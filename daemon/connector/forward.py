@@ -2,10 +2,11 @@
 recomputed log-probs). Pure: numpy and onnxruntime, no torch.
 
 MLP-only networks run the spec's numpy forward (``NumpyNet``, bound once per version).
-Networks with convolutions run in onnxruntime on the actor-critic graph with a value output
-(``OnnxWeightWriter(spec, with_value=True)``): a numpy im2col convolution of a 2,048-frame
-84x84 batch would need ~0.6 GB of scratch and several seconds. Batches are fed in chunks of
-``CHUNK_ROWS`` rows to bound memory either way.
+A recurrent network runs step by step over the batch's chunks (``run_sequences``: numpy,
+convolutions included). Other networks with convolutions run in onnxruntime on the
+actor-critic graph with a value output (``OnnxWeightWriter(spec, with_value=True)``): a
+numpy im2col convolution of a 2,048-frame 84x84 batch would need ~0.6 GB of scratch and
+several seconds. Batches are fed in chunks of ``CHUNK_ROWS`` rows to bound memory either way.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 from rlinkd.client_lib.policy import has_conv, onnx_input_key, session
 from rlinkd.client_lib.protocol.netnumpy import NumpyNet
 from rlinkd.client_lib.protocol.netonnx import OnnxWeightWriter
-from rlinkd.client_lib.protocol.netops import DIST, VALUE
+from rlinkd.client_lib.protocol.netops import DIST, STATE_OUT, VALUE
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 
 CHUNK_ROWS = 1024
@@ -51,6 +52,30 @@ class BatchForward:
             dist, value = out[DIST], out[VALUE]
         return dist.astype(np.float32, copy=False), value[:, 0].astype(np.float32, copy=False)
 
+    def run_sequences(self, obs: Mapping[str, np.ndarray], index: np.ndarray, state0: np.ndarray,
+                      starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A recurrent network over chunks: observation columns [N, ...], index [C, L] (rows,
+        -1 padding: ``sequences.chunk_index``), state0 [C, S] (the state before each chunk's
+        first step), starts [N] (1 where an episode begins: the state is zeroed first) ->
+        (dist inputs [N, D], values [N], state after each step [N, S]), float32."""
+        rows = len(starts)
+        dist = np.zeros((rows, self.spec.dist_size), np.float32)
+        values = np.zeros(rows, np.float32)
+        after = np.zeros((rows, state0.shape[1]), np.float32)
+        state = np.array(state0, np.float32)                                # [C, S]
+        for t in range(index.shape[1]):
+            live = np.flatnonzero(index[:, t] >= 0)                         # chunks still running
+            r = index[live, t]                                              # [c] their rows
+            state_in = state[live] * (1.0 - np.asarray(starts, np.float32)[r])[:, None]
+            out = self._net.run({k: v[r] for k, v in obs.items()}, state_in)
+            state[live] = after[r] = out[STATE_OUT]
+            dist[r], values[r] = out[DIST], out[VALUE][:, 0]
+        return dist, values, after
+
+    def final_values(self, obs: Mapping[str, np.ndarray], state: np.ndarray) -> np.ndarray:
+        """V(obs) [M] from the states [M, S] (a recurrent network's bootstrap values)."""
+        return self._net.run(obs, state)[VALUE][:, 0].astype(np.float32, copy=False)
+
 
 class ForwardCache:
     """The BatchForward of the newest version the connector used (one ONNX template per
@@ -58,7 +83,8 @@ class ForwardCache:
 
     def __init__(self, spec: PolicySpec) -> None:
         self.spec = spec
-        self._writer = OnnxWeightWriter(spec, with_value=True) if has_conv(spec) else None
+        onnx = has_conv(spec) and not spec.state_size  # (a recurrent network: numpy, by chunks)
+        self._writer = OnnxWeightWriter(spec, with_value=True) if onnx else None
         self._seq: int | None = None
         self._forward: BatchForward | None = None
 

@@ -14,7 +14,10 @@ values and log-probs come from the weights board via ``client_lib.protocol.polic
 Batch columns produced (rows = steps): obs (leaf key -> [N, *leaf shape], each leaf in its
 record dtype), actions [N, A], rewards [N], logp [N], values [N], next_values [N],
 terminated [N], segment_end [N], advantages [N], value_targets [N]; final_obs (leaf key ->
-[S, ...]: the bootstrap observation of each segment).
+[S, ...]: the bootstrap observation of each segment). A recurrent policy's pipeline also runs
+``sequences`` after ``columns`` (``pipeline_for``): seq_start [N], seq_state [N, S],
+episode_start [N] (``connector.sequences``), and the network then runs over those chunks
+from the stored states (values, recomputed log-probs, V-trace's pi, the bootstrap values).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from rlinkd.client_lib.protocol import policy_spec as ps
 from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.client_lib.protocol.spaces import Space
 from rlinkd.daemon.connector.forward import BatchForward
+from rlinkd.daemon.connector import sequences as seqs
 from rlinkd.daemon.connector.gae import compute_gae
 from rlinkd.daemon.connector.vtrace import compute_vtrace
 from rlinkd.daemon.connector.segments import Segment
@@ -90,23 +94,57 @@ def add_columns(batch: Batch, segments: list[Segment], ctx: PipelineContext) -> 
     return batch
 
 
+def add_sequences(batch: Batch, segments: list[Segment], ctx: PipelineContext) -> Batch:
+    """A recurrent policy's chunks (``connector.sequences``): seq_start [N], seq_state [N, S]
+    (the actor's state before each chunk), episode_start [N], as float32 columns."""
+    has_state = np.concatenate([s.has_state for s in segments])
+    states = np.concatenate([s.states for s in segments])
+    start = seqs.chunk_starts(batch["segment_lengths"], has_state, ctx.spec.max_seq_len)
+    batch["seq_state"] = seqs.start_states(states, has_state, start)
+    batch["episode_start"] = seqs.episode_starts(batch["segment_lengths"], batch["seq_state"]
+                                                 ).astype(np.float32)
+    batch["seq_start"] = start.astype(np.float32)
+    return batch
+
+
+def recurrent_outputs(batch: Batch, ctx: PipelineContext) -> dict[str, np.ndarray]:
+    """A recurrent network's dist inputs [N, D], values [N] and bootstrap values [S] over the
+    batch's chunks (``add_sequences`` ran), computed once per batch and kept in it."""
+    if "recurrent_outputs" not in batch:
+        index = seqs.chunk_index(batch["seq_start"], ctx.spec.max_seq_len)       # [C, L]
+        dist, values, after = ctx.net().run_sequences(
+            batch["obs"], index, batch["seq_state"][index[:, 0]], batch["episode_start"])
+        final = ctx.net().final_values(batch["final_obs"], after[batch["segment_end"]])
+        batch["recurrent_outputs"] = {"dist": dist, "values": values, "final_values": final}
+    return batch["recurrent_outputs"]
+
+
+def _dist(batch: Batch, rows: np.ndarray, ctx: PipelineContext) -> np.ndarray:
+    """Dist inputs [n, D] of the rows ``rows`` (a bool mask) under the context's weights."""
+    if ctx.spec.state_size:
+        return recurrent_outputs(batch, ctx)["dist"][rows]
+    return ctx.net().run({k: v[rows] for k, v in batch["obs"].items()})[0]
+
+
 def add_old_logp(batch: Batch, segments: list[Segment], ctx: PipelineContext) -> Batch:
     """Behaviour log-probs from the clients; recomputed with current weights where absent."""
     logp = np.concatenate([s.logp for s in segments]).astype(np.float32)
     has = np.concatenate([s.has_logp for s in segments])
     if not has.all():
         missing = ~has
-        obs = {k: v[missing] for k, v in batch["obs"].items()}
-        dist, _ = ctx.net().run(obs)
-        logp[missing] = ctx.spec.log_prob(dist, batch["actions"][missing])
+        logp[missing] = ctx.spec.log_prob(_dist(batch, missing, ctx), batch["actions"][missing])
     batch["logp"] = logp
     return batch
 
 
 def add_values(batch: Batch, segments: list[Segment], ctx: PipelineContext) -> Batch:
     """values [N] = V(s_t); next_values [N] = V(s_{t+1}), V(final obs) at segment ends."""
-    values = ctx.net().run(batch["obs"])[1]
-    final_values = ctx.net().run(batch["final_obs"])[1]
+    if ctx.spec.state_size:
+        out = recurrent_outputs(batch, ctx)
+        values, final_values = out["values"], out["final_values"]
+    else:
+        values = ctx.net().run(batch["obs"])[1]
+        final_values = ctx.net().run(batch["final_obs"])[1]
     next_values = np.empty_like(values)
     next_values[:-1] = values[1:]
     next_values[batch["segment_end"]] = final_values
@@ -125,7 +163,7 @@ def add_vtrace(batch: Batch, segments: list[Segment], ctx: PipelineContext) -> B
     """APPO's replacement of ``gae``: advantages and value targets by V-trace, the clients'
     log-probs (mu) kept as behaviour_logp, ``logp`` set to the current weights' (pi: the
     PPO ratio of the update's first minibatch is then 1)."""
-    dist, _ = ctx.net().run(batch["obs"])
+    dist = _dist(batch, np.ones(len(batch["actions"]), bool), ctx)
     target_logp = ctx.spec.log_prob(dist, batch["actions"]).astype(np.float32)
     batch["advantages"], batch["value_targets"] = compute_vtrace(
         batch["rewards"], batch["values"], batch["next_values"], batch["terminated"],
@@ -143,17 +181,22 @@ def normalize_advantages(batch: Batch, segments: list[Segment], ctx: PipelineCon
 
 
 BUILTIN_PIECES: dict[str, Piece] = {
-    "observations": add_observations, "columns": add_columns, "old_logp": add_old_logp,
+    "observations": add_observations, "columns": add_columns, "sequences": add_sequences,
+    "old_logp": add_old_logp,
     "values": add_values, "gae": add_gae, "vtrace": add_vtrace,
     "normalize_advantages": normalize_advantages,
 }
 
 
-def pipeline_for(names: tuple[str, ...], algorithm: str) -> tuple[str, ...]:
-    """The configured pieces, with ``gae`` replaced by ``vtrace`` for an APPO policy."""
-    if algorithm != "appo":
-        return names
-    return tuple("vtrace" if name == "gae" else name for name in names)
+def pipeline_for(names: tuple[str, ...], algorithm: str, recurrent: bool = False) -> tuple[str, ...]:
+    """The configured pieces, with ``gae`` replaced by ``vtrace`` for an APPO policy, and
+    ``sequences`` after ``columns`` for a recurrent one."""
+    if algorithm == "appo":
+        names = tuple("vtrace" if name == "gae" else name for name in names)
+    if recurrent and "sequences" not in names:
+        at = names.index("columns") + 1 if "columns" in names else 0
+        names = (*names[:at], "sequences", *names[at:])
+    return names
 
 
 def load_piece(name: str) -> Piece:

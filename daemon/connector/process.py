@@ -61,7 +61,8 @@ class PolicyConnector:
         self.lag_unsent = self.paced  # (a first report: a restarted collector starts from it)
         self.builder = BatchBuilder(cfg.sampling.train_batch_size, self.slots.capacity_rows, lag,
                                     freshest=appo and not self.paced)
-        self.pipeline = LearnerPipeline(pipeline_for(cfg.connector.pipeline, policy.definition.algorithm))
+        self.pipeline = LearnerPipeline(pipeline_for(cfg.connector.pipeline, policy.definition.algorithm,
+                                                     recurrent=bool(policy.spec.state_size)))
         self.weights = np.empty(policy.spec.n_params(), np.float32)
 
     def wants_records(self) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from rlinkd.shm.records import FINAL_OBS, FLUSH, HAS_LOGP, STREAM_END, TERMINATED, TRUNCATED
+from rlinkd.shm.records import FINAL_OBS, FLUSH, HAS_LOGP, HAS_STATE, STREAM_END, TERMINATED, TRUNCATED
 
 NO_SEQ = np.iinfo(np.int64).max  # (no known behaviour version among a run's steps)
 
@@ -31,6 +31,8 @@ class Segment:
     truncated: bool
     behaviour_seq_no: int    # oldest policy version that acted in it (-1 unknown)
     ingest_ids: np.ndarray   # [T+1] collector-assigned ids of its records
+    states: np.ndarray | None = None     # [T, S] the records' state field (recurrent policies)
+    has_state: np.ndarray | None = None  # [T] bool: HAS_STATE (the actor's state before the step)
 
     @property
     def num_steps(self) -> int:
@@ -55,6 +57,7 @@ def segments_from_runs(rec: np.ndarray, stops: np.ndarray) -> list[Segment]:
     flags, ids = rec["flags"], rec["ingest_id"].copy()
     obs, actions, logp = rec["obs"].copy(), rec["action"].copy(), rec["logp"].copy()
     rewards, has_logp = rec["reward"].astype(np.float32), (flags & HAS_LOGP) != 0
+    states, has_state = _states(rec)
     seqs = rec["weights_seq_no"].astype(np.int64)
     seqs[(seqs < 0) | ((flags & FINAL_OBS) != 0)] = NO_SEQ                       # steps' known versions
     oldest = np.minimum.reduceat(seqs, starts)                                     # [runs]
@@ -62,9 +65,27 @@ def segments_from_runs(rec: np.ndarray, stops: np.ndarray) -> list[Segment]:
     return [Segment(stream_id=stream, obs=obs[a:b], actions=actions[a:b - 1], rewards=rewards[a:b - 1],
                     logp=logp[a:b - 1], has_logp=has_logp[a:b - 1], terminated=bool(f & TERMINATED),
                     truncated=bool(f & TRUNCATED), behaviour_seq_no=-1 if old == NO_SEQ else old,
-                    ingest_ids=ids[a:b])
+                    ingest_ids=ids[a:b], states=states[a:b - 1], has_state=has_state[a:b - 1])
             for stream, a, b, f, old in zip(rec["stream_id"][stops - 1].tolist(), starts.tolist(),
                                             stops.tolist(), final.tolist(), oldest.tolist())]
+
+
+def _states(rec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([N, S] state field, [N] HAS_STATE) of records; S = 0 without a state field."""
+    has_state = (rec["flags"] & HAS_STATE) != 0
+    if rec.dtype.names is not None and "state" in rec.dtype.names:
+        return rec["state"].copy(), has_state
+    return np.zeros((len(rec), 0), np.float32), has_state
+
+
+def grid_cut(has_state: np.ndarray | None, steps: int) -> int:
+    """Where to cut a run of steps at most ``steps`` in so that the continuation starts on a
+    row carrying the actor's state: the last HAS_STATE row in (0, steps], or ``steps`` when
+    the run has none (a feed-forward policy: any row will do)."""
+    if has_state is None or steps < 1:
+        return steps
+    rows = np.flatnonzero(has_state[1:steps + 1]) + 1
+    return int(rows[-1]) if len(rows) else steps
 
 
 def split_segment(seg: Segment, steps: int) -> list[Segment]:
@@ -72,11 +93,18 @@ def split_segment(seg: Segment, steps: int) -> list[Segment]:
     head = replace(seg, obs=seg.obs[:steps + 1], actions=seg.actions[:steps],
                    rewards=seg.rewards[:steps], logp=seg.logp[:steps],
                    has_logp=seg.has_logp[:steps], terminated=False, truncated=False,
-                   ingest_ids=seg.ingest_ids[:steps + 1])
+                   ingest_ids=seg.ingest_ids[:steps + 1], states=_rows(seg.states, slice(None, steps)),
+                   has_state=_rows(seg.has_state, slice(None, steps)))
     tail = replace(seg, obs=seg.obs[steps:], actions=seg.actions[steps:],
                    rewards=seg.rewards[steps:], logp=seg.logp[steps:],
-                   has_logp=seg.has_logp[steps:], ingest_ids=seg.ingest_ids[steps:])
+                   has_logp=seg.has_logp[steps:], ingest_ids=seg.ingest_ids[steps:],
+                   states=_rows(seg.states, slice(steps, None)),
+                   has_state=_rows(seg.has_state, slice(steps, None)))
     return [head, tail]
+
+
+def _rows(column: np.ndarray | None, rows: slice) -> np.ndarray | None:
+    return None if column is None else column[rows]
 
 
 class SegmentAssembler:
@@ -198,7 +226,9 @@ class SegmentAssembler:
         """Bound memory: an open run longer than max_open_steps becomes a cut segment.
 
         The last record stays open (its obs is both the cut's bootstrap observation and
-        the first observation of the continuation), as an RLlink fragment cut would. The
+        the first observation of the continuation), as an RLlink fragment cut would. A
+        recurrent policy's run is cut on its state grid (``grid_cut``): the continuation
+        starts on a HAS_STATE row, so its first chunk starts from the actor's state. The
         per-stream count is taken only once enough records came for some run to pass it.
         """
         self.recheck_in -= added
@@ -210,8 +240,9 @@ class SegmentAssembler:
         out = []
         for stream in streams[counts > self.max_open_steps].tolist():
             rows = self._rows(stream)
-            rec = pool[rows]  # (the last row stays alive: it continues the run)
-            self._take(rows[:-1])
+            keep = grid_cut((pool["flags"][rows] & HAS_STATE) != 0, len(rows) - 1)
+            rec = pool[rows[:keep + 1]]  # (row ``keep`` stays alive: it continues the run)
+            self._take(rows[:keep])
             rec["flags"][-1] = FINAL_OBS
             out.append(segment_from_records(rec))
         kept = counts[counts <= self.max_open_steps]

@@ -20,6 +20,7 @@ from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.columns import check_action_vector
 from rlinkd.daemon.batch_schema import COLUMN_NAMES, OBS, PER_ROW_COLUMNS
 from rlinkd.daemon.config import PPOConfig
+from rlinkd.daemon.learner import bptt
 from rlinkd.daemon.learner.adam import Adam
 from rlinkd.daemon.learner.graphed import make_stepper
 from rlinkd.daemon.learner.minibatch import update_plan
@@ -148,8 +149,11 @@ class Learner:
         self.optimizer = _make_adam(self.model, hp.lr)
         self.ent_coef_t = torch.tensor(float(hp.ent_coef), device=self.device)  # reloadable
         opt = self.optimizer
+        # a recurrent policy's update data changes shape with its chunk count every batch (a
+        # capture per update would cost more than it saves): its steps run eagerly
         self.stepper = make_stepper(self.device, lambda data, idx: self._sgd_step(data, idx),
-                                    [opt.flat, opt.grad, opt.m, opt.v, opt.step_t], graphs, "ppo")
+                                    [opt.flat, opt.grad, opt.m, opt.v, opt.step_t],
+                                    graphs and not spec.state_size, "ppo")
         self.normalizers = ({n.key: ObsNormalizer(math.prod(n.shape)) for n in spec.normalizers()}
                             if hp.normalize_observations else {})
         self.updates = 0
@@ -166,7 +170,9 @@ class Learner:
 
         `batch` holds numpy arrays (see ``batch_schema.COLUMNS``): obs (leaf key -> [N, ...]), actions
         [N] or [N, A], logp, advantages (already normalised), value_targets, values, each [N].
-        Minibatches follow ``minibatch``'s static-shape rule. Stops after the epoch whose mean
+        Minibatches follow ``minibatch``'s static-shape rule. A recurrent policy's batch also
+        holds its chunks (``batch_schema.SEQUENCE_COLUMNS``): its minibatches are sets of
+        whole chunks, trained by truncated BPTT with padding masked (``bptt``). Stops after the epoch whose mean
         approx_kl exceeds hp.target_kl (0 = never); at least one epoch always runs. The device
         is read once per epoch for target_kl and once at the end, never inside an epoch.
         Raises ValueError on missing keys, wrong shapes or non-finite data (the model and
@@ -176,7 +182,7 @@ class Learner:
         data = self._to_tensors(batch)
         backup = self.model.flat_weights()
         n_rows = data["actions"].shape[0]
-        plan = update_plan(self._rng, n_rows, self.hp.minibatch_size, self.hp.num_epochs)
+        plan = update_plan(self._rng, *self._plan_units(data), self.hp.num_epochs)
         run = self.stepper.bind(data, plan.shape[-1])
         sums, steps, epochs = self._epochs(run, self._tensor(plan), on_step)
         if not np.all(np.isfinite(self.model.flat_weights())):
@@ -210,6 +216,14 @@ class Learner:
                 break
         return sums, steps, epochs
 
+    def _plan_units(self, data: dict[str, Any]) -> tuple[int, int]:
+        """(units, units per minibatch): rows and minibatch_size, or for a recurrent policy
+        chunks and as many whole chunks as minibatch_size rows hold."""
+        if bptt.SEQ in data:
+            return (data[bptt.SEQ]["rows"].shape[0],
+                    bptt.chunks_per_minibatch(self.hp.minibatch_size, self.spec.max_seq_len))
+        return data["actions"].shape[0], self.hp.minibatch_size
+
     def _restore(self, flat: np.ndarray) -> None:
         """Back to the weights before a failed update, with fresh optimizer moments."""
         self.model.load_flat(flat)
@@ -221,18 +235,17 @@ class Learner:
         return bool(target_kl) and epoch_kl > target_kl  # 0: never stop early
 
     def _sgd_step(self, data: dict[str, Any], idx: torch.Tensor) -> torch.Tensor:
-        """One clipped Adam step on the rows `idx` [b]; its diagnostics [_STEP_SLOTS]
-        (STAT_NAMES, grad norm when applied, 1 when applied). A non-finite loss or gradient
-        skips the step on the device (no read back): extreme data must not poison the model."""
-        mb = {k: v[idx] for k, v in data.items() if k != OBS}
-        obs = {k: v[idx] for k, v in data[OBS].items()}
-        new_logp, entropy, new_values = self.model.evaluate(obs, mb["actions"])  # [b] each
+        """One clipped Adam step on the rows (or a recurrent policy's chunks) `idx` [b]; its
+        diagnostics [_STEP_SLOTS] (STAT_NAMES, grad norm when applied, 1 when applied). A
+        non-finite loss or gradient skips the step on the device (no read back): extreme data
+        must not poison the model."""
+        mb, (new_logp, entropy, new_values), mask = self._minibatch(data, idx)  # [B] each
         hp = self.hp
         loss, stats = ppo_loss_terms(new_logp, mb["logp"], mb["advantages"], new_values,
                                      mb["value_targets"], entropy, clip_coef=hp.clip_coef,
                                      vf_coef=hp.vf_coef, ent_coef=self.ent_coef_t,
                                      old_values=mb["values"],
-                                     vf_clip=hp.clip_coef if hp.clip_vloss else None)
+                                     vf_clip=hp.clip_coef if hp.clip_vloss else None, mask=mask)
         self.optimizer.zero_grad()
         loss.backward()
         norm, gate = self.optimizer.clip_grad_norm_(hp.max_grad_norm)
@@ -240,6 +253,17 @@ class Learner:
         self.optimizer.step(gate)
         applied_norm = torch.where(gate > 0, norm, 0.0)
         return torch.cat([stats, applied_norm.reshape(1), gate.reshape(1)])
+
+    def _minibatch(self, data: dict[str, Any], idx: torch.Tensor
+                   ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...], torch.Tensor | None]:
+        """(per-row columns [B], (log-prob, entropy, value) [B] under the current weights,
+        padding mask [B] or None): B = b rows, or L*b steps of b chunks (BPTT)."""
+        if bptt.SEQ in data:
+            mb, obs, chunk = bptt.gather(data, idx, OBS)
+            return mb, bptt.evaluate_sequences(self.model, obs, chunk, mb["actions"]), chunk["mask"]
+        mb = {k: v[idx] for k, v in data.items() if k != OBS}
+        obs = {k: v[idx] for k, v in data[OBS].items()}
+        return mb, self.model.evaluate(obs, mb["actions"]), None
 
     def _to_tensors(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Validate and move the whole batch to the device once (observation leaves in
@@ -258,6 +282,9 @@ class Learner:
                 raise ValueError(f"batch[{key!r}] contains NaN or inf")
         tensors: dict[str, Any] = {k: self._tensor(v) for k, v in arrays.items()}
         tensors[OBS] = {k: self._tensor(v) for k, v in obs.items()}
+        if self.spec.state_size:
+            tensors[bptt.SEQ] = {k: self._tensor(v) for k, v in
+                                 bptt.sequence_arrays(batch, self.spec, n).items()}
         return tensors
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
