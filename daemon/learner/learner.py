@@ -11,7 +11,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -19,12 +19,16 @@ import torch
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.columns import check_action_vector
 from rlinkd.daemon.batch_schema import COLUMN_NAMES, OBS, PER_ROW_COLUMNS
+from rlinkd.daemon.cluster.steps import job_steps
 from rlinkd.daemon.config import PPOConfig
 from rlinkd.daemon.learner.adam import Adam
 from rlinkd.daemon.learner.graphed import make_stepper
 from rlinkd.daemon.learner.minibatch import update_plan
 from rlinkd.daemon.learner.model import ActorCritic, ObsNormalizer
 from rlinkd.daemon.learner.ppo import STAT_NAMES, ppo_loss_terms
+
+if TYPE_CHECKING:  # the job is built (and torch.distributed imported) only in a job of N > 1
+    from rlinkd.daemon.cluster.job import Job
 
 STATE_FORMAT_VERSION = 2  # 2: per-leaf normalisers, networks described by spaces
 _KL = STAT_NAMES.index("approx_kl")
@@ -139,11 +143,16 @@ class Learner:
     changes lr and ent_coef live. `device`, `seed` and `torch_threads` (<= 0 keeps torch's
     default) are the [learner] settings. Construction seeds the process-global torch and
     python RNGs with `seed` (the learner owns its process).
+
+    `job` (None: a learner alone) makes this learner one rank of a data-parallel job: each
+    update agrees its steps with the other ranks and averages every step's gradient across
+    them (``daemon.cluster.steps``); eager steps only (no graph holds the collective).
     """
 
     def __init__(self, spec: PolicySpec, hp: PPOConfig, device: str = "auto", seed: int = 0,
-                 torch_threads: int = 0, graphs: bool = True) -> None:
-        self.spec, self.hp = spec, hp
+                 torch_threads: int = 0, graphs: bool = True, job: Job | None = None) -> None:
+        self.spec, self.hp, self.job = spec, hp, job
+        graphs = graphs and job is None
         self.device, self.model = seeded_model(spec, device, seed, torch_threads)
         self.optimizer = _make_adam(self.model, hp.lr)
         self.ent_coef_t = torch.tensor(float(hp.ent_coef), device=self.device)  # reloadable
@@ -172,6 +181,8 @@ class Learner:
         Raises ValueError on missing keys, wrong shapes or non-finite data (the model and
         normaliser are then untouched).
         """
+        if self.job is not None:
+            return self._job_update(self.job, batch, on_step)
         start = time.perf_counter()
         data = self._to_tensors(batch)
         backup = self.model.flat_weights()
@@ -192,23 +203,87 @@ class Learner:
         return stats
 
     def _epochs(self, run: Callable[[torch.Tensor], torch.Tensor], plan: torch.Tensor,
-                on_step: Callable[[], None]) -> tuple[torch.Tensor, int, int]:
+                on_step: Callable[[], None], job_steps: int = 0) -> tuple[torch.Tensor, int, int]:
         """Up to hp.num_epochs passes over `plan` [E, K, b], `run(idx)` a step (eager or a
         graph replay); (device sums [_STEP_SLOTS] of the steps' diagnostics, steps run,
-        epochs run)."""
+        epochs run). In a job each epoch is `job_steps` >= K steps, the last ones idle."""
         sums = torch.zeros(_STEP_SLOTS, device=self.device)
         steps = epochs = 0
         for epoch_plan in plan:
             epochs += 1
             kl_before = sums[_KL].clone()
-            for idx in epoch_plan:
-                sums += run(idx)
+            per_epoch = job_steps or len(epoch_plan)
+            for k in range(per_epoch):
+                sums += run(epoch_plan[k]) if k < len(epoch_plan) else self._idle_step()
                 on_step()
-            steps += len(epoch_plan)
-            if self._kl_exceeded(float(sums[_KL] - kl_before) / len(epoch_plan)
+            steps += per_epoch
+            if self._kl_exceeded(float(sums[_KL] - kl_before) / per_epoch
                                  if self.hp.target_kl else 0.0):
                 break
         return sums, steps, epochs
+
+    def _job_update(self, job: Job, batch: dict[str, np.ndarray] | None,
+                    on_step: Callable[[], None]) -> dict[str, float]:
+        """`update` as one rank of a job, in lockstep with the other ranks (the same
+        collectives in the same order, see ``daemon.cluster.steps``). `batch` None: this rank
+        has no rows this time. A batch this rank refuses joins as no rows, and its
+        ValueError is raised after the update. Returns {} when no rank had rows."""
+        start, collective_start = time.perf_counter(), job.collective_s
+        data, refused = None, None
+        try:
+            data = None if batch is None else self._to_tensors(batch)
+        except ValueError as exc:
+            refused = exc
+        n_rows = 0 if data is None else int(data["actions"].shape[0])
+        rows = job.rows_per_rank(n_rows)
+        steps_per_epoch = job_steps(rows, self.hp.minibatch_size)
+        if steps_per_epoch == 0:
+            if refused is not None:
+                raise refused
+            return {}
+        epochs = self.hp.num_epochs
+        plan = (update_plan(self._rng, n_rows, self.hp.minibatch_size, epochs) if data is not None
+                else np.zeros((epochs, 0, 0), np.int64))
+        run = self.stepper.bind(data, plan.shape[-1]) if data is not None else self._no_rows
+        backup = self.model.flat_weights()
+        sums, steps, epochs = self._epochs(run, self._tensor(plan), on_step, steps_per_epoch)
+        if not np.all(np.isfinite(self.model.flat_weights())):  # (the same on every rank)
+            self._restore(backup)
+            raise ValueError("the update produced non-finite weights; batch rejected")
+        self._fold_into_normalizers(self._obs_columns(batch[OBS]) if data is not None and batch
+                                    else {k: np.zeros((0, n.size)) for k, n in self.normalizers.items()})
+        self.updates += 1
+        self.trained_steps += sum(rows)
+        if refused is not None:
+            raise refused
+        stats = _mean_stats(sums.tolist(), steps)
+        stats["explained_variance"] = (explained_variance(batch["values"], batch["value_targets"])
+                                       if batch is not None else math.nan)
+        stats.update(epochs=float(epochs), n_rows=float(n_rows), job_rows=float(sum(rows)),
+                     collective_time_s=job.collective_s - collective_start)
+        stats["update_time_s"] = time.perf_counter() - start
+        return stats
+
+    def take_job_state(self) -> None:
+        """Rank 0's training state onto this rank (every rank calls it once on joining, so a
+        rank that (re)joins trains from the job's weights, moments, normaliser statistics and
+        counters; the hyperparameters stay each rank's config)."""
+        assert self.job is not None
+        opt = self.optimizer
+        counters = torch.tensor([self.updates, self.trained_steps], dtype=torch.int64)
+        moments = [torch.from_numpy(np.concatenate([[n.count], n.mean, n.m2]))
+                   for _, n in sorted(self.normalizers.items())]
+        self.job.broadcast_([opt.flat, opt.m, opt.v, opt.step_t, counters, *moments])
+        self.updates, self.trained_steps = (int(v) for v in counters.tolist())
+        for (key, normalizer), moment in zip(sorted(self.normalizers.items()), moments):
+            values = moment.numpy()
+            normalizer.count, d = int(values[0]), normalizer.size
+            normalizer.mean, normalizer.m2 = values[1:1 + d].copy(), values[1 + d:].copy()
+            self.model.set_normalizer(key, normalizer.mean, normalizer.std)
+
+    @staticmethod
+    def _no_rows(idx: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("a rank without rows has no minibatch to run")
 
     def _restore(self, flat: np.ndarray) -> None:
         """Back to the weights before a failed update, with fresh optimizer moments."""
@@ -224,6 +299,32 @@ class Learner:
         """One clipped Adam step on the rows `idx` [b]; its diagnostics [_STEP_SLOTS]
         (STAT_NAMES, grad norm when applied, 1 when applied). A non-finite loss or gradient
         skips the step on the device (no read back): extreme data must not poison the model."""
+        loss, stats = self._minibatch_loss(data, idx)
+        self.optimizer.zero_grad()
+        loss.backward()
+        return self._apply_step(stats, torch.isfinite(loss.detach()), len(idx))
+
+    def _idle_step(self) -> torch.Tensor:
+        """A job's step this rank has no minibatch for: no rows, no gradient of its own."""
+        self.optimizer.zero_grad()
+        stats = torch.zeros(len(STAT_NAMES), device=self.device)
+        return self._apply_step(stats, torch.ones((), device=self.device), 0)
+
+    def _apply_step(self, stats: torch.Tensor, finite: torch.Tensor, rows: int) -> torch.Tensor:
+        """Clip and apply the gradient (in a job, first averaged across the ranks by one
+        all-reduce, which also averages `stats` [S]); the step's diagnostics."""
+        gate = finite.float()
+        if self.job is not None:
+            gate = self.job.average(self.optimizer.grad, stats, float(rows), finite)
+        norm, clip_gate = self.optimizer.clip_grad_norm_(self.hp.max_grad_norm)
+        gate = clip_gate * gate
+        self.optimizer.step(gate)
+        applied_norm = torch.where(gate > 0, norm, 0.0)
+        return torch.cat([stats, applied_norm.reshape(1), gate.reshape(1)])
+
+    def _minibatch_loss(self, data: dict[str, Any], idx: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The PPO loss on the rows `idx` [b] and its diagnostics [len(STAT_NAMES)]."""
         mb = {k: v[idx] for k, v in data.items() if k != OBS}
         obs = {k: v[idx] for k, v in data[OBS].items()}
         new_logp, entropy, new_values = self.model.evaluate(obs, mb["actions"])  # [b] each
@@ -233,13 +334,7 @@ class Learner:
                                      vf_coef=hp.vf_coef, ent_coef=self.ent_coef_t,
                                      old_values=mb["values"],
                                      vf_clip=hp.clip_coef if hp.clip_vloss else None)
-        self.optimizer.zero_grad()
-        loss.backward()
-        norm, gate = self.optimizer.clip_grad_norm_(hp.max_grad_norm)
-        gate = gate * torch.isfinite(loss.detach())
-        self.optimizer.step(gate)
-        applied_norm = torch.where(gate > 0, norm, 0.0)
-        return torch.cat([stats, applied_norm.reshape(1), gate.reshape(1)])
+        return loss, stats
 
     def _to_tensors(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Validate and move the whole batch to the device once (observation leaves in
@@ -336,8 +431,12 @@ class Learner:
         around the baseline the values really came from. Moving the normaliser first would
         make every batch look off-policy by the normaliser's shift. The new statistics then
         ship with the weights published after this update, so the next batch is consistent."""
-        for key, normalizer in self.normalizers.items():
-            normalizer.update(np.asarray(obs[key], np.float64).reshape(len(obs[key]), -1))
+        for key, normalizer in sorted(self.normalizers.items()):  # (a job's ranks: one order)
+            x = np.asarray(obs[key], np.float64).reshape(len(obs[key]), normalizer.size)
+            if self.job is None:
+                normalizer.update(x)
+            else:
+                normalizer.fold(*self.job.merge_moments(torch.from_numpy(x)))
             self.model.set_normalizer(key, normalizer.mean, normalizer.std)
 
     # ----------------------------------------------------------------- checkpointing
