@@ -54,8 +54,12 @@ class Job:
 
     def rows_per_rank(self, rows: int) -> list[int]:
         """Every rank's row count for the coming update (one all-reduce)."""
+        return self.gather(rows)
+
+    def gather(self, value: int) -> list[int]:
+        """Every rank's `value` (an int64), in rank order (one all-reduce)."""
         vector = torch.zeros(self.world_size, dtype=torch.int64, device=self.device)
-        vector[self.rank] = rows
+        vector[self.rank] = value
         self._all_reduce(vector)
         return [int(n) for n in vector.tolist()]
 
@@ -73,12 +77,12 @@ class Job:
         self._all_reduce(buffer)
         return unpack_moments(buffer)
 
-    def broadcast_(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Rank 0's values into ``tensors`` on every rank (in place, in order)."""
+    def broadcast_(self, tensors: Sequence[torch.Tensor], source: int = 0) -> None:
+        """Rank `source`'s values into ``tensors`` on every rank (in place, in order)."""
         start = time.perf_counter()
         for tensor in tensors:
             staged = tensor.to(self.device)
-            dist.broadcast(staged, src=0)
+            dist.broadcast(staged, src=source)
             tensor.copy_(staged)
         self.collective_s += time.perf_counter() - start
 

@@ -166,8 +166,8 @@ class Learner:
         self._rng = np.random.default_rng((seed, 1))  # minibatch shuffling
 
     # ----------------------------------------------------------------- training
-    def update(self, batch: dict[str, np.ndarray],
-               on_step: Callable[[], None] = _no_progress) -> dict[str, float]:
+    def update(self, batch: dict[str, np.ndarray] | None,
+               on_step: Callable[[], None] = _no_progress) -> dict[str, Any]:
         """Run PPO epochs of minibatch SGD on one batch, then fold its observations into the
         normaliser; return mean stats over the steps. Called by the learner process once per
         train batch; `on_step()` after every minibatch step (the process heart-beats from it,
@@ -179,10 +179,11 @@ class Learner:
         approx_kl exceeds hp.target_kl (0 = never); at least one epoch always runs. The device
         is read once per epoch for target_kl and once at the end, never inside an epoch.
         Raises ValueError on missing keys, wrong shapes or non-finite data (the model and
-        normaliser are then untouched).
+        normaliser are then untouched). In a job, see `_job_update` (`batch` may be None).
         """
         if self.job is not None:
             return self._job_update(self.job, batch, on_step)
+        assert batch is not None, "a learner alone trains on a batch"
         start = time.perf_counter()
         data = self._to_tensors(batch)
         backup = self.model.flat_weights()
@@ -226,8 +227,9 @@ class Learner:
                     on_step: Callable[[], None]) -> dict[str, float]:
         """`update` as one rank of a job, in lockstep with the other ranks (the same
         collectives in the same order, see ``daemon.cluster.steps``). `batch` None: this rank
-        has no rows this time. A batch this rank refuses joins as no rows, and its
-        ValueError is raised after the update. Returns {} when no rank had rows."""
+        has no rows this time. A batch this rank refuses joins as no rows (the job's update
+        still counts here: stats["refused"] holds the reason, "" when none). Returns {} when
+        no rank had rows; ValueError (on every rank alike) when the update went non-finite."""
         start, collective_start = time.perf_counter(), job.collective_s
         data, refused = None, None
         try:
@@ -238,9 +240,7 @@ class Learner:
         rows = job.rows_per_rank(n_rows)
         steps_per_epoch = job_steps(rows, self.hp.minibatch_size)
         if steps_per_epoch == 0:
-            if refused is not None:
-                raise refused
-            return {}
+            return {"refused": str(refused)} if refused is not None else {}
         epochs = self.hp.num_epochs
         plan = (update_plan(self._rng, n_rows, self.hp.minibatch_size, epochs) if data is not None
                 else np.zeros((epochs, 0, 0), np.int64))
@@ -254,26 +254,26 @@ class Learner:
                                     else {k: np.zeros((0, n.size)) for k, n in self.normalizers.items()})
         self.updates += 1
         self.trained_steps += sum(rows)
-        if refused is not None:
-            raise refused
-        stats = _mean_stats(sums.tolist(), steps)
+        stats: dict[str, Any] = _mean_stats(sums.tolist(), steps)
         stats["explained_variance"] = (explained_variance(batch["values"], batch["value_targets"])
-                                       if batch is not None else math.nan)
+                                       if data is not None and batch is not None else math.nan)
+        stats["refused"] = "" if refused is None else str(refused)
         stats.update(epochs=float(epochs), n_rows=float(n_rows), job_rows=float(sum(rows)),
+                     rows_per_rank=rows,
                      collective_time_s=job.collective_s - collective_start)
         stats["update_time_s"] = time.perf_counter() - start
         return stats
 
-    def take_job_state(self) -> None:
-        """Rank 0's training state onto this rank (every rank calls it once on joining, so a
-        rank that (re)joins trains from the job's weights, moments, normaliser statistics and
-        counters; the hyperparameters stay each rank's config)."""
+    def take_job_state(self, source: int = 0) -> None:
+        """Rank `source`'s training state onto this rank (every rank calls it once on joining,
+        so a rank that (re)joins trains from the job's weights, moments, normaliser statistics
+        and counters; the hyperparameters stay each rank's config)."""
         assert self.job is not None
         opt = self.optimizer
         counters = torch.tensor([self.updates, self.trained_steps], dtype=torch.int64)
         moments = [torch.from_numpy(np.concatenate([[n.count], n.mean, n.m2]))
                    for _, n in sorted(self.normalizers.items())]
-        self.job.broadcast_([opt.flat, opt.m, opt.v, opt.step_t, counters, *moments])
+        self.job.broadcast_([opt.flat, opt.m, opt.v, opt.step_t, counters, *moments], source)
         self.updates, self.trained_steps = (int(v) for v in counters.tolist())
         for (key, normalizer), moment in zip(sorted(self.normalizers.items()), moments):
             values = moment.numpy()
