@@ -453,6 +453,9 @@ class ClusterConfig:
                                  "wait: after it, it joins the job's update with no rows "
                                  "(so a rank without clients never stalls the job).",
                                  minimum=0.01)
+    reform_window_s: float = setting(2.0, "When a member is lost, rank 0 waits this long "
+                                     "for the others to re-form the group without it (a rank "
+                                     "asking to join ends the wait early).", minimum=0.1)
     insecure_remote: bool = setting(False, "Allow a non-loopback `master` (the collective "
                                     "port has no authentication or encryption).")
 

@@ -65,27 +65,28 @@ class JobLearner(PolicyLearner):
         self.job: Any = None
         super().__init__(policy, cfg, ctx)
         self.next_round = 0.0
+        self.detached = False  # a rank other than 0 that lost rank 0: serves its last weights
         self.rows_per_rank: list[int] = []
         self.collective_s = 0.0
         self.digest = ""
 
     def _make_learner(self, policy: PolicyTopology, cfg: Config) -> Any:
-        """Join the job first (the learner core is built with it)."""
+        """Reach the job's store first (rank 0 serves it); the core is built with the job."""
         import torch
 
         from rlinkd.daemon.cluster.job import Job
         from rlinkd.daemon.learner.learner import Learner
         first_join = self._first_join(policy)
         try:
-            self.job = Job.join(self.cluster, torch.device(self.placement.device))
+            self.job = Job.connect(self.cluster, torch.device(self.placement.device))
         except (RuntimeError, ValueError) as exc:
             if first_join:
                 raise ConfigError(f"cluster.master = {self.cluster.master!r}: rank "
-                                  f"{self.cluster.rank} could not join the job of "
-                                  f"{self.cluster.world_size} within "
-                                  f"{self.cluster.collective_timeout_s:g} s ({exc})") from None
+                                  f"{self.cluster.rank} could not "
+                                  f"{'serve' if self.cluster.rank == 0 else 'reach'} the job's "
+                                  f"rendezvous within {self.cluster.collective_timeout_s:g} s "
+                                  f"({exc})") from None
             raise
-        self._check_same_job(policy)
         return Learner(policy.spec, policy.definition.ppo, device=self.placement.device,
                        seed=cfg.learner.seed + self.cluster.rank,
                        torch_threads=cfg.learner.torch_threads, job=self.job)
@@ -99,51 +100,106 @@ class JobLearner(PolicyLearner):
         finally:
             board.close()
 
-    def _check_same_job(self, policy: PolicyTopology) -> None:
-        prints = self.job.gather(job_fingerprint(policy))
+    def _check_same_job(self) -> None:
+        prints = self.job.gather(job_fingerprint(self.policy))
         if len(set(prints)) > 1:
-            others = [r for r, p in enumerate(prints) if p != prints[self.cluster.rank]]
+            mine = prints[self.job.index]
+            others = [self.job.members[i] for i, p in enumerate(prints) if p != mine]
             self.job.close()
             raise ConfigError(f"cluster.world_size: rank {self.cluster.rank} and rank(s) {others} "
                               "train different spaces, networks, learner.algorithm or ppo."
                               f"{'/'.join(STEP_SETTINGS)}: every rank's config must agree")
 
-    # ------------------------------------------------------------ start
+    # ------------------------------------------------------------ membership
     def boot(self, checkpoint: str) -> None:
-        """Resume and adopt the board as a daemon alone does, then take the newest rank's
-        state and sequence number, and publish."""
+        """Resume and adopt the board as a daemon alone does, then enter the job (rank 0
+        waits up to the collective timeout for every rank the first time)."""
         super().boot(checkpoint)
+        self._enter(self.cluster.collective_timeout_s)
+
+    def _enter(self, window_s: float) -> None:
+        """Form the next generation's group, check it trains one thing, take the newest
+        member's state and sequence number, publish."""
+        self.job.enter(window_s, self.ctx.heartbeat)
+        self._check_same_job()
         seq_nos = self.job.gather(self.seq_no)
         source = seq_nos.index(max(seq_nos))
         self.learner.take_job_state(source)
         self.seq_no = max(seq_nos)
         self._publish()
         self._tell_collector(-1, None)
+        self.detached = False
         log.info("joined_job", policy=self.name, rank=self.cluster.rank,
-                 world_size=self.cluster.world_size, seq_no=self.seq_no, state_from_rank=source)
+                 generation=self.job.generation, members=self.job.members, seq_no=self.seq_no,
+                 state_from_rank=self.job.members[source])
+
+    def _reform(self, reason: str) -> None:
+        """Re-form after a lost member or for a newcomer. A rank that cannot reach rank 0's
+        store any more detaches: it serves its last weights and asks again every
+        ``peer_wait_s``."""
+        log.warning("job_reforming", policy=self.name, rank=self.cluster.rank, reason=reason,
+                    generation=self.job.generation, members=self.job.members)
+        try:
+            self._enter(self.cluster.reform_window_s)
+        except RuntimeError as exc:
+            if self.cluster.rank == 0:
+                raise
+            self.job.leave_group()
+            if not self.detached:
+                log.warning("job_detached", policy=self.name, rank=self.cluster.rank,
+                            error=str(exc).splitlines()[0] if str(exc) else "")
+            self.detached = True
+
+    def _rejoin(self) -> None:
+        try:
+            self.job.reconnect(timeout_s=min(1.0, self.cluster.peer_wait_s * 2))
+        except RuntimeError:
+            return
+        self._reform("rank 0 reachable again")
 
     # ------------------------------------------------------------ training
     def train_ready(self) -> bool:
         """Enter the job's next round with the oldest ready batch, or with none once
-        ``peer_wait_s`` has passed since this rank's last round; True if it had a batch."""
+        ``peer_wait_s`` has passed since this rank's last round; True if it had a batch.
+        Detached, a batch is released untrained (its clients go on with the last weights)."""
         slot = self.slots.take_ready()
         if slot is None and time.monotonic() < self.next_round:
             return False
         self.next_round = time.monotonic() + self.cluster.peer_wait_s
-        self.train_slot(slot)
+        if self.detached:
+            if slot is not None:
+                self._release_untrained(slot)
+            self._rejoin()
+            return slot is not None
+        self.job.reform_wanted = self.cluster.rank == 0 and self.job.newcomers_waiting()
+        try:
+            self.train_slot(slot)
+        except RuntimeError as exc:  # a member is gone (its sockets closed, or the timeout)
+            if slot is not None:
+                self._release_untrained(slot)
+            self._reform(f"collective failed: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+            return True
+        if self.job.reform_agreed:
+            self.job.reform_agreed = False
+            self._reform("a rank asks to join")
         return slot is not None
+
+    def _release_untrained(self, slot: int) -> None:
+        meta = BatchMeta.from_slot_meta(self.slots.meta(slot))
+        self.slots.release(slot)
+        self._tell_collector(meta.ingest_cutoff, None)
 
     def redo_orphans(self) -> None:
         """A batch a killed predecessor left in TRAINING is released untrained: the job has
         moved on since, and a round must be entered by every rank."""
         for slot in self.slots.in_training():
             log.warning("releasing_orphaned_batch", policy=self.name, slot=slot)
-            self.slots.release(slot)
-            self._tell_collector(BatchMeta.from_slot_meta(self.slots.meta(slot)).ingest_cutoff, None)
+            self._release_untrained(slot)
 
     def train_slot(self, slot: int | None) -> None:  # type: ignore[override]
         """One round of the job: this rank's batch in `slot` (None or an empty flush: no
-        rows); publish when the job trained, release the slot, notify the collector."""
+        rows); publish when the job trained, release the slot, notify the collector.
+        RuntimeError (slot still taken) when a collective fails."""
         rows = self.slots.rows(slot) if slot is not None else 0
         meta = BatchMeta.from_slot_meta(self.slots.meta(slot)) if slot is not None else None
         batch = read_columns(self.slots.columns(slot), rows, self.policy.spec) if rows else None
@@ -161,7 +217,7 @@ class JobLearner(PolicyLearner):
             self.seq_no += 1
             self._publish()
             self.collective_s = float(stats["collective_time_s"])
-            self.rows_per_rank = [int(n) for n in stats["rows_per_rank"]]
+            self.rows_per_rank = self._by_daemon_rank(stats["rows_per_rank"])
             lag = meta.policy_lag(trained_from) if meta is not None and rows else (None, None)
             update = m.train_stats({k: float(v) for k, v in stats.items()
                                     if isinstance(v, (int, float))}, *lag)
@@ -170,6 +226,13 @@ class JobLearner(PolicyLearner):
         if slot is not None or update is not None:
             self._tell_collector(meta.ingest_cutoff if meta is not None else -1, update)
         self.ctx.heartbeat()
+
+    def _by_daemon_rank(self, rows: list[int]) -> list[int]:
+        """Rows per member (group order) as rows per daemon rank (0 for a non-member)."""
+        out = [0] * self.cluster.world_size
+        for member, n in zip(self.job.members, rows):
+            out[member] = int(n)
+        return out
 
     def _publish(self) -> None:
         flat = self.learner.flat_weights()
@@ -183,7 +246,7 @@ class JobLearner(PolicyLearner):
     def cluster_report(self) -> m.ClusterState:
         job = self.job
         return m.ClusterState(world_size=self.cluster.world_size, rank=self.cluster.rank,
-                              members=tuple(range(job.world_size)) if job is not None else (),
+                              members=tuple(job.members) if job is not None else (),
                               generation=job.generation if job is not None else 0,
                               collective_time_s=self.collective_s,
                               rows_per_rank=tuple(self.rows_per_rank), weights_digest=self.digest)

@@ -246,7 +246,11 @@ class Learner:
                 else np.zeros((epochs, 0, 0), np.int64))
         run = self.stepper.bind(data, plan.shape[-1]) if data is not None else self._no_rows
         backup = self.model.flat_weights()
-        sums, steps, epochs = self._epochs(run, self._tensor(plan), on_step, steps_per_epoch)
+        try:
+            sums, steps, epochs = self._epochs(run, self._tensor(plan), on_step, steps_per_epoch)
+        except RuntimeError:  # a member lost halfway: no half-trained weights stay
+            self.model.load_flat(backup)
+            raise
         if not np.all(np.isfinite(self.model.flat_weights())):  # (the same on every rank)
             self._restore(backup)
             raise ValueError("the update produced non-finite weights; batch rejected")

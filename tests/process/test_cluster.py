@@ -5,7 +5,9 @@ Only rank 0 has a client: rank 1, without clients, joins every update with no ro
 ``weights_seq_no`` and the same weights (status learner.cluster.weights_digest)."""
 from __future__ import annotations
 
+import signal
 import socket
+import time
 
 import pytest
 
@@ -68,5 +70,40 @@ def test_two_daemons_train_one_job_and_a_rank_without_clients_does_not_stall(tmp
             assert cluster["generation"] >= 1 and cluster["collective_time_s"] > 0
         assert a["learner"]["cluster"]["rows_per_rank"][1] == 0  # rank 1 contributed no rows
         assert a["learner"]["updates"] == b["learner"]["updates"] >= 4
+    finally:
+        pool.close()
+
+
+def test_a_killed_rank_is_left_out_within_the_bound_and_rejoins_with_the_jobs_weights(tmp_path):
+    pool = DaemonPool(tmp_path)
+    try:
+        rank0, rank1 = job_of_two(tmp_path, pool, "--set", "cluster.reform_window_s=1")
+        client = BackgroundClient(f"tcp://127.0.0.1:{rank0.port}").start()
+        wait_for(lambda: rank1.status()["weights_seq_no"] >= 2, 60, what="the job training")
+        rank1.check_clean_exit = False
+        rank1.stop(sig=signal.SIGKILL)  # the whole daemon; its roles die with it
+        killed_at = time.monotonic()
+        wait_for(lambda: cluster_of(rank0).get("members") == [0], 30,
+                 what="rank 0 re-forming without rank 1")
+        reformed_s = time.monotonic() - killed_at
+        seq = rank0.status()["weights_seq_no"]
+        wait_for(lambda: rank0.status()["weights_seq_no"] >= seq + 2, 30, what="rank 0 training alone")
+        assert client.error is None, client.error
+
+        again = DaemonProcess(rank1.state_dir, rank1.args)
+        again.check_clean_exit = True
+        pool.started.append(again)
+        again.launch().wait_ready(60)
+        again.remember_children()
+
+        def in_step() -> dict | None:
+            a, b = cluster_of(rank0), cluster_of(again)
+            return (a.get("members") == b.get("members") == [0, 1]
+                    and a["weights_digest"] == b["weights_digest"]
+                    and rank0.status()["weights_seq_no"] == again.status()["weights_seq_no"] and b)
+        joined = wait_for(in_step, 60, what="rank 1 back in the job with the job's weights")
+        client.stop()
+        assert joined["generation"] >= 3  # formed, re-formed without rank 1, re-formed with it
+        assert reformed_s < 1 + 10, reformed_s  # the window plus detection, on a loaded box
     finally:
         pool.close()

@@ -56,7 +56,8 @@ def rank_main(rank: int, port: int, results: multiprocessing.Queue) -> None:
     torch.set_num_threads(1)
     cluster = ClusterConfig(world_size=2, rank=rank, master=f"127.0.0.1:{port}",
                             collective_timeout_s=30.0)
-    job = Job.join(cluster, torch.device("cpu"))
+    job = Job.connect(cluster, torch.device("cpu"))
+    job.enter(window_s=30.0, beat=lambda: None)
     learner = Learner(SPEC, HP, device="cpu", seed=SEEDS[rank], job=job)
     learner.take_job_state()
     for batch in batches(rank):
