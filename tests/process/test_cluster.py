@@ -107,3 +107,40 @@ def test_a_killed_rank_is_left_out_within_the_bound_and_rejoins_with_the_jobs_we
         assert reformed_s < 1 + 10, reformed_s  # the window plus detection, on a loaded box
     finally:
         pool.close()
+
+
+def exit_code(d: DaemonProcess, timeout_s: float = 60.0) -> int:
+    code = d.proc.wait(timeout_s)
+    d.check_clean_exit = False  # (checked here: 78)
+    return code
+
+
+def test_an_unreachable_master_is_a_config_error_naming_it(tmp_path):
+    pool = DaemonPool(tmp_path)
+    try:
+        d = DaemonProcess(tmp_path / "rank1", [
+            "--set", "cluster.world_size=2", "--set", "cluster.rank=1",
+            "--set", f"cluster.master=127.0.0.1:{free_port()}", "--set", "cluster.collective_timeout_s=1"])
+        pool.started.append(d)
+        assert exit_code(d.launch()) == 78, d.log()
+        assert "cluster.master = '127.0.0.1:" in d.log() and "could not reach" in d.log()
+    finally:
+        pool.close()
+
+
+def test_ranks_training_different_spaces_both_exit_78(tmp_path):
+    pool = DaemonPool(tmp_path)
+    master = f"127.0.0.1:{free_port()}"
+    try:
+        ranks = [DaemonProcess(tmp_path / f"rank{rank}", [
+            "--set", "cluster.world_size=2", "--set", f"cluster.rank={rank}",
+            "--set", f"cluster.master={master}", "--set", "cluster.collective_timeout_s=20",
+            *(("--set", "env.id=Acrobot-v1") if rank else ())]) for rank in (0, 1)]
+        for d in ranks:
+            pool.started.append(d)
+            d.launch()
+        for rank, d in enumerate(ranks):
+            assert exit_code(d) == 78, d.log()
+            assert f"cluster.world_size: rank {rank} and rank(s) [{1 - rank}] train different" in d.log()
+    finally:
+        pool.close()
