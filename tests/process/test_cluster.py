@@ -25,13 +25,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def job_of_two(tmp_path, pool: DaemonPool, *extra: str) -> list[DaemonProcess]:
+def job_of_two(tmp_path, pool: DaemonPool, *extra: str, dirs=None) -> list[DaemonProcess]:
     """Launch rank 0 and rank 1 at once (each one's learner waits for the other), then wait
-    until both are ready."""
+    until both are ready (and have joined: their first publication is the job's)."""
     master = f"127.0.0.1:{free_port()}"
     ranks = []
     for rank in (0, 1):
-        d = DaemonProcess(tmp_path / f"rank{rank}", [
+        d = DaemonProcess(dirs[rank] if dirs else tmp_path / f"rank{rank}", [
             "--set", "cluster.world_size=2", "--set", f"cluster.rank={rank}",
             "--set", f"cluster.master={master}", "--set", "cluster.collective_timeout_s=20",
             *SMALL_UPDATES, *extra])
@@ -41,6 +41,8 @@ def job_of_two(tmp_path, pool: DaemonPool, *extra: str) -> list[DaemonProcess]:
     for d in ranks:
         d.wait_ready(60)
         d.remember_children()
+    for d in ranks:
+        wait_for(lambda d=d: cluster_of(d).get("members") == [0, 1], 60, what="the job formed")
     return ranks
 
 
@@ -142,5 +144,39 @@ def test_ranks_training_different_spaces_both_exit_78(tmp_path):
         for rank, d in enumerate(ranks):
             assert exit_code(d) == 78, d.log()
             assert f"cluster.world_size: rank {rank} and rank(s) [{1 - rank}] train different" in d.log()
+    finally:
+        pool.close()
+
+
+def test_a_jobs_checkpoint_resumes_a_daemon_alone_and_a_daemons_starts_a_job(tmp_path):
+    pool = DaemonPool(tmp_path)
+    try:
+        rank0, rank1 = job_of_two(tmp_path, pool)
+        client = BackgroundClient(f"tcp://127.0.0.1:{rank0.port}").start()
+        wait_for(lambda: rank1.status()["weights_seq_no"] >= 2, 60, what="the job training")
+        rank1.signal(signal.SIGUSR1)  # any rank's checkpoint holds the job's learner state
+        saved = wait_for(lambda: rank1.status()["last_checkpoint"] or None, 30,
+                         what="rank 1's checkpoint")["weights_seq_no"]
+        client.stop()
+        for d in (rank0, rank1):
+            assert d.stop() == 0, d.log()
+
+        alone = DaemonProcess(rank1.state_dir, [*SMALL_UPDATES])  # the job's, as a daemon alone
+        alone.check_clean_exit = True
+        pool.started.append(alone)
+        alone.start(60)
+        assert alone.status()["weights_seq_no"] >= saved and '"event": "resuming"' in alone.log()
+        client = BackgroundClient(f"tcp://127.0.0.1:{alone.port}").start()
+        wait_for(lambda: alone.status()["weights_seq_no"] >= saved + 2, 60, what="training alone")
+        client.stop()
+        final = alone.status()["weights_seq_no"]
+        assert alone.stop() == 0  # with its final checkpoint
+
+        # the daemon alone's checkpoint starts a job: rank 0 resumes it, rank 1 starts fresh
+        rank0, rank1 = job_of_two(tmp_path, pool, dirs=(rank1.state_dir, tmp_path / "fresh"))
+        statuses = [d.status() for d in (rank0, rank1)]
+        assert statuses[0]["weights_seq_no"] == statuses[1]["weights_seq_no"] >= final
+        digests = {s["learner"]["cluster"]["weights_digest"] for s in statuses}
+        assert len(digests) == 1, digests
     finally:
         pool.close()
