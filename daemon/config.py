@@ -756,7 +756,7 @@ def _validate_policies(cfg: Config) -> None:
                               "sampling.train_batch_size")
 
 
-CLUSTER_ALGORITHMS = ("ppo",)
+CLUSTER_ALGORITHMS = ("ppo", "appo")
 """Algorithms a job of several daemons trains (the others train on one daemon)."""
 
 

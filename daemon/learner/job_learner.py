@@ -10,12 +10,18 @@ rank and any rank's clients get the job's newest policy. A rank without clients 
 others at most ``peer_wait_s`` plus one idle inbox wait (``process.IDLE_WAIT_S``) per
 update.
 
-Joining: the process group forms at boot (rank 0 serves the rendezvous); the ranks check
-that they train the same thing (spaces, network, algorithm, minibatch settings: a mismatch
-is a ConfigError, exit 78, on every rank); then the rank with the newest weights (highest
-``weights_seq_no``, the lowest such rank on a tie) broadcasts its training state and sequence
-number. A first join that fails (no rendezvous within ``cluster.collective_timeout_s``) is a
-ConfigError naming ``cluster.master``; a later one (a restarted learner) is a crash, retried.
+Joining: every formation of the group (``daemon.cluster.membership``: rank 0 serves the
+store and decides each generation's members) checks that the members train the same thing
+(spaces, network, algorithm, minibatch settings: a mismatch is a ConfigError, exit 78, on
+every rank); then the member with the newest weights (highest ``weights_seq_no``, the first
+such member on a tie) broadcasts its training state and sequence number. A first start that
+cannot serve or reach the store within ``cluster.collective_timeout_s`` is a ConfigError
+naming ``cluster.master``; a restarted learner's failure is a crash, retried.
+
+Faults: a failed collective (a member gone) makes the survivors re-form without it after
+``cluster.reform_window_s``; rank 0 sees a rank asking to join before a round and the group
+re-forms with it after that round. A rank that cannot reach rank 0's store detaches: it
+serves its last weights, releases batches untrained, and asks again every ``peer_wait_s``.
 """
 from __future__ import annotations
 

@@ -50,10 +50,11 @@ def cluster_of(d: DaemonProcess) -> dict:
     return d.status()["learner"].get("cluster") or {}
 
 
-def test_two_daemons_train_one_job_and_a_rank_without_clients_does_not_stall(tmp_path):
+@pytest.mark.parametrize("algorithm", ["ppo", "appo"])
+def test_two_daemons_train_one_job_and_a_rank_without_clients_does_not_stall(tmp_path, algorithm):
     pool = DaemonPool(tmp_path)
     try:
-        rank0, rank1 = job_of_two(tmp_path, pool)
+        rank0, rank1 = job_of_two(tmp_path, pool, "--set", f"learner.algorithm={algorithm}")
         client = BackgroundClient(f"tcp://127.0.0.1:{rank0.port}").start()
         wait_for(lambda: rank1.status()["weights_seq_no"] >= 4, 60,
                  what="four updates of the job, clients on rank 0 only")
@@ -166,9 +167,6 @@ def test_a_jobs_checkpoint_resumes_a_daemon_alone_and_a_daemons_starts_a_job(tmp
         pool.started.append(alone)
         alone.start(60)
         assert alone.status()["weights_seq_no"] >= saved and '"event": "resuming"' in alone.log()
-        client = BackgroundClient(f"tcp://127.0.0.1:{alone.port}").start()
-        wait_for(lambda: alone.status()["weights_seq_no"] >= saved + 2, 60, what="training alone")
-        client.stop()
         final = alone.status()["weights_seq_no"]
         assert alone.stop() == 0  # with its final checkpoint
 
