@@ -202,13 +202,14 @@ class JobLearner(PolicyLearner):
             log.warning("releasing_orphaned_batch", policy=self.name, slot=slot)
             self._release_untrained(slot)
 
-    def train_slot(self, slot: int | None) -> None:  # type: ignore[override]
+    def train_slot(self, slot: int | None) -> None:
         """One round of the job: this rank's batch in `slot` (None or an empty flush: no
         rows); publish when the job trained, release the slot, notify the collector.
         RuntimeError (slot still taken) when a collective fails."""
         rows = self.slots.rows(slot) if slot is not None else 0
         meta = BatchMeta.from_slot_meta(self.slots.meta(slot)) if slot is not None else None
-        batch = read_columns(self.slots.columns(slot), rows, self.policy.spec) if rows else None
+        batch = (read_columns(self.slots.columns(slot), rows, self.policy.spec)
+                 if slot is not None and rows else None)
         update, trained_from = None, self.seq_no
         try:
             stats = self.learner.update(batch, on_step=self.ctx.heartbeat)

@@ -224,7 +224,7 @@ class Learner:
         return sums, steps, epochs
 
     def _job_update(self, job: Job, batch: dict[str, np.ndarray] | None,
-                    on_step: Callable[[], None]) -> dict[str, float]:
+                    on_step: Callable[[], None]) -> dict[str, Any]:
         """`update` as one rank of a job, in lockstep with the other ranks (the same
         collectives in the same order, see ``daemon.cluster.steps``). `batch` None: this rank
         has no rows this time. A batch this rank refuses joins as no rows (the job's update
