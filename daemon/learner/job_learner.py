@@ -151,6 +151,7 @@ class JobLearner(PolicyLearner):
             if self.cluster.rank == 0:
                 raise
             self.job.leave_group()
+            self.job.members = []
             if not self.detached:
                 log.warning("job_detached", policy=self.name, rank=self.cluster.rank,
                             error=str(exc).splitlines()[0] if str(exc) else "")

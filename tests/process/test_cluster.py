@@ -112,6 +112,38 @@ def test_a_killed_rank_is_left_out_within_the_bound_and_rejoins_with_the_jobs_we
         pool.close()
 
 
+def test_without_rank_0_a_rank_serves_its_weights_and_rejoins_giving_the_newest(tmp_path):
+    pool = DaemonPool(tmp_path)
+    try:
+        rank0, rank1 = job_of_two(tmp_path, pool)
+        client = BackgroundClient(f"tcp://127.0.0.1:{rank1.port}").start()
+        wait_for(lambda: rank0.status()["weights_seq_no"] >= 2, 60, what="the job training")
+        rank0.check_clean_exit = False
+        rank0.stop(sig=signal.SIGKILL)
+        wait_for(lambda: cluster_of(rank1).get("members") == [], 30, what="rank 1 detached")
+        held = rank1.status()["weights_seq_no"]
+        steps = client.steps
+        wait_for(lambda: client.steps > steps + 300, 30, what="rank 1 serving its client")
+        assert rank1.status()["weights_seq_no"] == held  # serves its last weights, trains nothing
+        assert client.error is None, client.error
+
+        again = DaemonProcess(rank0.state_dir, rank0.args)  # rank 0 back, with nothing newer
+        again.check_clean_exit = True
+        pool.started.append(again)
+        again.launch().wait_ready(60)
+        again.remember_children()
+
+        def in_step() -> dict | None:
+            a, b = cluster_of(again), cluster_of(rank1)
+            return (a.get("members") == b.get("members") == [0, 1]
+                    and a["weights_digest"] == b["weights_digest"] and a)
+        wait_for(in_step, 60, what="the job re-formed around rank 0")
+        client.stop()
+        assert again.status()["weights_seq_no"] >= held  # rank 1's newer weights won
+    finally:
+        pool.close()
+
+
 def exit_code(d: DaemonProcess, timeout_s: float = 60.0) -> int:
     code = d.proc.wait(timeout_s)
     d.check_clean_exit = False  # (checked here: 78)
