@@ -44,6 +44,7 @@ class Job:
         self.members: list[int] = []
         self.reform_wanted = False   # rank 0 sets it before a round when a rank asks to join
         self.reform_agreed = False   # set by the round's first collective, on every member
+        self.leader_hparams = (0.0, 0.0)  # rank 0's (lr, ent_coef), from the same collective
 
     @classmethod
     def connect(cls, cluster: ClusterConfig, device: torch.device) -> Job:
@@ -126,16 +127,20 @@ class Job:
         self._all_reduce(vector)
         return [int(n) for n in vector.tolist()]
 
-    def rows_per_rank(self, rows: int) -> list[int]:
-        """Every member's row count for the coming update, in group order, and (the same
-        all-reduce) whether rank 0 asks the group to re-form after this round."""
-        vector = torch.zeros(len(self.members) + 1, dtype=torch.int64, device=self.device)
+    def rows_per_rank(self, rows: int, hparams: tuple[float, float] = (0.0, 0.0)) -> list[int]:
+        """Every member's row count for the coming update, in group order; in the same
+        all-reduce (float64: counts stay exact below 2**53) whether rank 0 asks the group to
+        re-form after this round, and rank 0's live (lr, ent_coef), kept in
+        ``leader_hparams``: a reload on rank 0 governs every rank from this update on."""
+        n = len(self.members)
+        vector = torch.zeros(n + 3, dtype=torch.float64, device=self.device)
         vector[self.index] = rows
-        vector[-1] = int(self.rank == 0 and self.reform_wanted)
+        if self.rank == 0:
+            vector[n:] = torch.tensor([float(self.reform_wanted), *hparams], dtype=torch.float64)
         self._all_reduce(vector)
-        *counts, reform = vector.tolist()
-        self.reform_agreed = bool(reform)
-        return [int(n) for n in counts]
+        *counts, reform, lr, ent_coef = vector.tolist()
+        self.reform_agreed, self.leader_hparams = bool(reform), (lr, ent_coef)
+        return [int(c) for c in counts]
 
     def average(self, grad: torch.Tensor, stats: torch.Tensor, rows: float,
                 finite: torch.Tensor) -> torch.Tensor:

@@ -237,7 +237,9 @@ class Learner:
         except ValueError as exc:
             refused = exc
         n_rows = 0 if data is None else int(data["actions"].shape[0])
-        rows = job.rows_per_rank(n_rows)
+        rows = job.rows_per_rank(n_rows, (self.hp.lr, self.hp.ent_coef))
+        if job.leader_hparams != (self.hp.lr, self.hp.ent_coef):  # rank 0's reload governs
+            self.set_hparams(*job.leader_hparams)
         steps_per_epoch = job_steps(rows, self.hp.minibatch_size)
         if steps_per_epoch == 0:
             return {"refused": str(refused)} if refused is not None else {}

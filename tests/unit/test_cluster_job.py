@@ -1,14 +1,15 @@
 """A job of two learners on gloo over loopback (two spawned processes): after N updates both
 ranks hold bit-identical weights, optimizer state and normaliser statistics, and these equal
 ONE learner's (within 1e-5) trained on the concatenated batches with the union minibatches
-``daemon.cluster.steps`` describes. The batches differ in size per rank, and one update has a
-rank without rows."""
+``daemon.cluster.steps`` describes. The batches differ in size per rank, one update has a
+rank without rows, and rank 1's lr and ent_coef differ (rank 0's govern the job)."""
 from __future__ import annotations
 
 import multiprocessing
 import queue
 import socket
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -58,7 +59,8 @@ def rank_main(rank: int, port: int, results: multiprocessing.Queue) -> None:
                             collective_timeout_s=30.0)
     job = Job.connect(cluster, torch.device("cpu"))
     job.enter(window_s=30.0, beat=lambda: None)
-    learner = Learner(SPEC, HP, device="cpu", seed=SEEDS[rank], job=job)
+    hp = HP if rank == 0 else replace(HP, lr=1e-3, ent_coef=0.01)  # rank 0's govern the job
+    learner = Learner(SPEC, hp, device="cpu", seed=SEEDS[rank], job=job)
     learner.take_job_state()
     for batch in batches(rank):
         stats = learner.update(batch) if batch is not None else learner._job_update(job, None, lambda: None)
