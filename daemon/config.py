@@ -446,9 +446,13 @@ class ClusterConfig:
                           "no authentication).")
     backend: str = setting("auto", "Collective backend: `auto` is `nccl` when the learner "
                            "is on CUDA, else `gloo`.", choices=("auto", "gloo", "nccl"))
-    collective_timeout_s: float = setting(60.0, "A collective (or the rendezvous) that does "
-                                          "not complete within this time fails the learner "
-                                          "(it then restarts and joins again).", minimum=1.0)
+    collective_timeout_s: float = setting(20.0, "A collective that does not complete within "
+                                          "this time counts its missing members as lost (the "
+                                          "group re-forms without them); also the longest wait "
+                                          "for the rendezvous at start. Below "
+                                          "`daemon.heartbeat_timeout_s`, so a peer that hangs "
+                                          "is left out before this learner is taken for hung.",
+                                          minimum=1.0)
     peer_wait_s: float = setting(0.5, "Longest a rank without a train batch lets the others "
                                  "wait: after it, it joins the job's update with no rows "
                                  "(so a rank without clients never stalls the job).",
@@ -769,6 +773,10 @@ def _validate_cluster(cfg: Config) -> None:
     if c.world_size == 1:
         return
     cluster_address(c)
+    if c.collective_timeout_s >= cfg.daemon.heartbeat_timeout_s:
+        raise ConfigError(f"cluster.collective_timeout_s ({c.collective_timeout_s:g}) must be below "
+                          f"daemon.heartbeat_timeout_s ({cfg.daemon.heartbeat_timeout_s:g}): a "
+                          "learner waiting on a hung peer would be killed as hung itself")
     if c.backend == "nccl" and cfg.learner.device == "cpu":
         raise ConfigError("cluster.backend = 'nccl' needs a CUDA learner (learner.device = 'cpu')")
     trainable = [name for name, p in cfg.policies.items() if p.trainable and name != DEFAULT_POLICY]

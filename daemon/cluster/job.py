@@ -75,7 +75,7 @@ class Job:
         if self.rank == 0:
             generation = store.current() + 1
             required = sorted(set(self.members) | set(store.newcomers(generation, self.members)))
-            members = store.form(generation, window_s, [r for r in required if r != 0])
+            members = store.form(generation, window_s, [r for r in required if r != 0], beat)
         else:
             generation, members = self._ask_until_member(beat)
         self._form_group(generation, members)

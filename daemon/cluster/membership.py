@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Callable
 
 from torch.distributed import TCPStore
 
@@ -52,11 +53,14 @@ class Membership:
         """The newest generation formed (0 before the first)."""
         return int(self.store.get(GENERATION)) if self.store.check([GENERATION]) else 0
 
-    def form(self, generation: int, window_s: float, required: list[int]) -> list[int]:
+    def form(self, generation: int, window_s: float, required: list[int],
+             beat: Callable[[], None]) -> list[int]:
         """Rank 0: decide generation `generation`'s members from the wishes that arrive
-        within `window_s` (early once every rank, or every rank in `required`, has asked)."""
+        within `window_s` (early once every rank, or every rank in `required`, has asked);
+        `beat()` while it waits."""
         deadline = time.monotonic() + window_s
         while True:
+            beat()
             wanted = [r for r in range(1, self.world_size)
                       if self.store.check([want_key(generation, r)])]
             done = len(wanted) == self.world_size - 1 or (required and set(required) <= set(wanted))

@@ -623,6 +623,8 @@ def test_cluster_defaults_to_a_daemon_alone():
     ([("cluster", "world_size", 2), ("learner", "algorithm", "dqn")],
      r"learner\.algorithm = 'dqn': a job of several daemons"),
     ([("cluster", "backend", "mpi")], r"cluster\.backend: must be one of auto, gloo, nccl"),
+    ([("cluster", "world_size", 2), ("cluster", "collective_timeout_s", 30.0)],
+     r"cluster\.collective_timeout_s \(30\) must be below daemon\.heartbeat_timeout_s \(30\)"),
     ([("cluster", "collective_timeout_s", 0.5)], r"cluster\.collective_timeout_s: must be >= 1"),
 ])
 def test_bad_cluster_config_names_the_key(overrides, pattern):
