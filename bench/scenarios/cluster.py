@@ -48,8 +48,11 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out) -
         job = Job.connect(ClusterConfig(world_size=world, rank=rank, master=f"127.0.0.1:{port}"),
                           torch.device("cpu"))
         job.enter(60.0, lambda: None)
-    learner = Learner(spec, HP, device="cpu", seed=rank, torch_threads=args.threads, job=job)
-    if job is not None:
+    if job is None:
+        learner = Learner(spec, HP, device="cpu", seed=rank, torch_threads=args.threads)
+    else:
+        from rlinkd.daemon.learner.job_core import JobRankLearner
+        learner = JobRankLearner(spec, HP, job, device="cpu", seed=rank, torch_threads=args.threads)
         learner.take_job_state()
     times = []
     for i in range(args.updates + 1):

@@ -29,7 +29,7 @@ import dataclasses
 import hashlib
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,6 +42,9 @@ from rlinkd.daemon.errors import ConfigError
 from rlinkd.daemon.learner.policy_learner import PolicyLearner
 from rlinkd.daemon.roles import RoleContext
 from rlinkd.daemon.wiring import PolicyTopology
+
+if TYPE_CHECKING:
+    from rlinkd.daemon.learner.job_core import JobRankLearner
 
 log = structlog.get_logger("learner")
 STEP_SETTINGS = ("minibatch_size", "num_epochs", "target_kl", "normalize_observations")
@@ -66,6 +69,8 @@ def job_fingerprint(policy: PolicyTopology) -> int:
 class JobLearner(PolicyLearner):
     """A ``PolicyLearner`` whose updates are the job's (see the module docstring)."""
 
+    learner: JobRankLearner
+
     def __init__(self, policy: PolicyTopology, cfg: Config, ctx: RoleContext) -> None:
         self.cluster = cfg.cluster
         self.job: Any = None
@@ -81,7 +86,7 @@ class JobLearner(PolicyLearner):
         import torch
 
         from rlinkd.daemon.cluster.job import Job
-        from rlinkd.daemon.learner.learner import Learner
+        from rlinkd.daemon.learner.job_core import JobRankLearner
         first_join = self._first_join(policy)
         try:
             self.job = Job.connect(self.cluster, torch.device(self.placement.device))
@@ -93,9 +98,9 @@ class JobLearner(PolicyLearner):
                                   f"rendezvous within {self.cluster.collective_timeout_s:g} s "
                                   f"({exc})") from None
             raise
-        return Learner(policy.spec, policy.definition.ppo, device=self.placement.device,
-                       seed=cfg.learner.seed + self.cluster.rank,
-                       torch_threads=cfg.learner.torch_threads, job=self.job)
+        return JobRankLearner(policy.spec, policy.definition.ppo, self.job,
+                              device=self.placement.device, seed=cfg.learner.seed + self.cluster.rank,
+                              torch_threads=cfg.learner.torch_threads)
 
     @staticmethod
     def _first_join(policy: PolicyTopology) -> bool:

@@ -54,16 +54,17 @@ def state_of(learner: Learner) -> dict[str, np.ndarray]:
 
 def rank_main(rank: int, port: int, results: multiprocessing.Queue) -> None:
     from rlinkd.daemon.cluster.job import Job
+    from rlinkd.daemon.learner.job_core import JobRankLearner
     torch.set_num_threads(1)
     cluster = ClusterConfig(world_size=2, rank=rank, master=f"127.0.0.1:{port}",
                             collective_timeout_s=30.0)
     job = Job.connect(cluster, torch.device("cpu"))
     job.enter(window_s=30.0, beat=lambda: None)
     hp = HP if rank == 0 else replace(HP, lr=1e-3, ent_coef=0.01)  # rank 0's govern the job
-    learner = Learner(SPEC, hp, device="cpu", seed=SEEDS[rank], job=job)
+    learner = JobRankLearner(SPEC, hp, job, device="cpu", seed=SEEDS[rank])
     learner.take_job_state()
     for batch in batches(rank):
-        stats = learner.update(batch) if batch is not None else learner._job_update(job, None, lambda: None)
+        stats = learner.update(batch)
         assert stats["job_rows"] > 0
     results.put((rank, state_of(learner)))
     job.close()
