@@ -47,8 +47,10 @@ if TYPE_CHECKING:
     from rlinkd.daemon.learner.job_core import JobRankLearner
 
 log = structlog.get_logger("learner")
-STEP_SETTINGS = ("minibatch_size", "num_epochs", "target_kl", "normalize_observations")
-"""[ppo] keys every rank must share: they decide the collectives an update runs."""
+STEP_SETTINGS = ("minibatch_size", "num_epochs", "target_kl", "normalize_observations",
+                 "max_grad_norm")
+"""[ppo] keys every rank must share: they decide the collectives an update runs, or (the
+gradient clip) how the averaged gradient is applied."""
 
 
 def weights_digest(flat: np.ndarray) -> str:
