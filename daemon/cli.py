@@ -239,10 +239,20 @@ def format_status(s: dict) -> str:
                          f"{'trained' if p.get('trainable') else 'frozen'}  env_steps "
                          f"{p.get('env_steps')}  episodes {p.get('episodes')}  return mean "
                          f"{p.get('episode_return_mean')}")
-    lines += _device_lines(policies)
+    lines += _device_lines(policies) + _cluster_lines((s.get("learner") or {}).get("cluster"))
     for role, c in (s.get("children") or {}).items():
         lines.append(f"  {role:<12} pid {c.get('pid')}  restarts {c.get('restarts')}")
     return "\n".join(lines)
+
+
+def _cluster_lines(cluster: dict | None) -> list[str]:
+    """A rank of a job: its place, the members, the last update's collective time and rows."""
+    if not cluster:
+        return []
+    return [f"cluster rank {cluster['rank']} of {cluster['world_size']}  members "
+            f"{cluster['members']}  generation {cluster['generation']}  collective "
+            f"{1000 * cluster['collective_time_s']:.1f} ms/update  rows per rank "
+            f"{cluster['rows_per_rank']}  weights {cluster['weights_digest']}"]
 
 
 def _device_lines(policies: dict) -> list[str]:

@@ -442,6 +442,39 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """[cluster]: one training job across several daemons (data-parallel learners on
+    torch.distributed). `world_size = 1` is a daemon on its own, as without this section."""
+
+    world_size: int = setting(1, "Daemons (ranks) training one job; 1: this daemon trains "
+                              "alone and torch.distributed is never loaded.", minimum=1,
+                              maximum=1024)
+    rank: int = setting(0, "This daemon's rank in the job, 0 .. world_size - 1; rank 0 serves "
+                        "the rendezvous at `master`.", minimum=0)
+    master: str = setting("127.0.0.1:29500", "`HOST:PORT` of the job's rendezvous, served by "
+                          "rank 0 (torch.distributed TCPStore: trusted networks only, it has "
+                          "no authentication).")
+    backend: str = setting("auto", "Collective backend: `auto` is `nccl` when the learner "
+                           "is on CUDA, else `gloo`.", choices=("auto", "gloo", "nccl"))
+    collective_timeout_s: float = setting(20.0, "A collective that does not complete within "
+                                          "this time counts its missing members as lost (the "
+                                          "group re-forms without them); also the longest wait "
+                                          "for the rendezvous at start. Below "
+                                          "`daemon.heartbeat_timeout_s`, so a peer that hangs "
+                                          "is left out before this learner is taken for hung.",
+                                          minimum=1.0)
+    peer_wait_s: float = setting(0.5, "Longest a rank without a train batch lets the others "
+                                 "wait: after it, it joins the job's update with no rows "
+                                 "(so a rank without clients never stalls the job).",
+                                 minimum=0.01)
+    reform_window_s: float = setting(2.0, "When a member is lost, rank 0 waits this long "
+                                     "for the others to re-form the group without it (a rank "
+                                     "asking to join ends the wait early).", minimum=0.1)
+    insecure_remote: bool = setting(False, "Allow a non-loopback `master` (the collective "
+                                    "port has no authentication or encryption).")
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration. Build it with ``load_config``."""
 
@@ -458,6 +491,7 @@ class Config:
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     policies: dict[str, PolicyConfig] = field(default_factory=dict, metadata={
         "doc": "Named policies ([policies.NAME] tables); `default` always exists."})
     policy_mapping: PolicyMapping = field(default_factory=PolicyMapping, metadata={
@@ -482,7 +516,8 @@ SECTIONS: dict[str, type] = {"server": ServerConfig, "env": EnvConfig, "sampling
             "ppo": PPOConfig, "appo": APPOConfig, "dqn": DQNConfig, "sac": SACConfig,
             "learner": LearnerConfig,
             "connector": ConnectorConfig, "checkpoint": CheckpointConfig,
-            "inference": InferenceConfig, "daemon": DaemonConfig, "metrics": MetricsConfig}
+            "inference": InferenceConfig, "daemon": DaemonConfig, "metrics": MetricsConfig,
+            "cluster": ClusterConfig}
 
 
 # ---------------------------------------------------------------- value coercion
@@ -717,6 +752,7 @@ def validate(cfg: Config) -> None:
                           "or cuda:N")
     metrics_address(cfg.metrics)
     _validate_policies(cfg)
+    _validate_cluster(cfg)
 
 
 def _validate_policies(cfg: Config) -> None:
@@ -732,6 +768,56 @@ def _validate_policies(cfg: Config) -> None:
         if p.ppo is not None and p.ppo.minibatch_size > cfg.sampling.train_batch_size:
             raise ConfigError(f"policies.{name}.ppo.minibatch_size must not exceed "
                               "sampling.train_batch_size")
+
+
+CLUSTER_ALGORITHMS = ("ppo", "appo")
+"""Algorithms a job of several daemons trains (the others train on one daemon)."""
+
+
+def _validate_cluster(cfg: Config) -> None:
+    """[cluster] against itself and the learner: rank inside the world, a reachable form of
+    master, a backend the device can use, one feed-forward PPO/APPO policy while
+    world_size > 1."""
+    c = cfg.cluster
+    if c.rank >= c.world_size:
+        raise ConfigError(f"cluster.rank ({c.rank}) must be < cluster.world_size ({c.world_size})")
+    if c.world_size == 1:
+        return
+    cluster_address(c)
+    if c.collective_timeout_s >= cfg.daemon.heartbeat_timeout_s:
+        raise ConfigError(f"cluster.collective_timeout_s ({c.collective_timeout_s:g}) must be below "
+                          f"daemon.heartbeat_timeout_s ({cfg.daemon.heartbeat_timeout_s:g}): a "
+                          "learner waiting on a hung peer would be killed as hung itself")
+    if c.backend == "nccl" and cfg.learner.device == "cpu":
+        raise ConfigError("cluster.backend = 'nccl' needs a CUDA learner (learner.device = 'cpu')")
+    trainable = [name for name, p in cfg.policies.items() if p.trainable and name != DEFAULT_POLICY]
+    if trainable:
+        raise ConfigError(f"cluster.world_size > 1 trains one policy: policies.{trainable[0]} "
+                          "is a second trainable policy")
+    algorithm = cfg.policies.get(DEFAULT_POLICY, PolicyConfig()).algorithm or cfg.learner.algorithm
+    if algorithm not in CLUSTER_ALGORITHMS:
+        raise ConfigError(f"learner.algorithm = {algorithm!r}: a job of several daemons "
+                          f"(cluster.world_size > 1) trains {', '.join(CLUSTER_ALGORITHMS)}")
+    ppo = cfg.policies.get(DEFAULT_POLICY, PolicyConfig()).ppo or cfg.ppo
+    if ppo.recurrent != "none":  # (a job weights each rank's gradient by rows, not chunks)
+        raise ConfigError(f"ppo.recurrent = {ppo.recurrent!r}: a job of several daemons "
+                          "(cluster.world_size > 1) trains feed-forward policies")
+
+
+def cluster_address(cluster: ClusterConfig) -> tuple[str, int]:
+    """``cluster.master`` as (host, port); ConfigError for a form HOST:PORT does not describe,
+    port 0, or a non-loopback host without ``cluster.insecure_remote``."""
+    try:
+        address = parse_address(cluster.master, default_port=0)
+    except ValueError as exc:
+        raise ConfigError(f"cluster.master: {exc}") from None
+    if address.kind != "tcp" or not 0 < address.port < 65536:
+        raise ConfigError(f"cluster.master = {cluster.master!r}: expected HOST:PORT with a port")
+    if not is_loopback(address.host) and not cluster.insecure_remote:
+        raise ConfigError(f"cluster.master = {cluster.master!r} is not a loopback address: set "
+                          "cluster.insecure_remote = true on a trusted network (the collective "
+                          "port has no authentication)")
+    return address.host, address.port
 
 
 METRICS_DEFAULT_PORT = 9464  # the port commonly used for exporters of this kind

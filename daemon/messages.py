@@ -46,6 +46,21 @@ class Reload:
 
 # ---------------------------------------------------------------- learner reports
 @dataclass(frozen=True)
+class ClusterState:
+    """A rank's view of its job (``rlinkd status``: learner.cluster): ranks in the group now,
+    groups this learner formed, the last update's seconds in collectives and rows per rank,
+    and the digest of the weights it published last (equal on every rank in step)."""
+
+    world_size: int
+    rank: int
+    members: tuple[int, ...]
+    generation: int
+    collective_time_s: float
+    rows_per_rank: tuple[int, ...]
+    weights_digest: str
+
+
+@dataclass(frozen=True)
 class LearnerState:
     """The learner's live hyperparameters and counters (with every WeightsPublished)."""
 
@@ -61,6 +76,7 @@ class LearnerState:
     device: str = ""                 # where the policy trains ("cpu", "cuda:0")
     device_choice: str = ""          # why: fixed, only_cpu, measured, cached (device_choice)
     device_step_s: dict[str, float] = field(default_factory=dict)  # auto: s per SGD step by device
+    cluster: ClusterState | None = None  # one rank of a job ([cluster] world_size > 1)
 
 
 @dataclass(frozen=True)

@@ -54,11 +54,25 @@ POLICY_SCALARS = {
 def scalars_from_status(status: CollectorStatus) -> dict[str, float]:
     """The TensorBoard scalars in one status report (missing values are left out): the
     default policy's under the plain tags, every other policy's under ``policy/<name>/``."""
-    out = _scalars(status, SCALARS, "") | _device_scalars(status.learner, "")
+    out = (_scalars(status, SCALARS, "") | _device_scalars(status.learner, "")
+           | _cluster_scalars(status.learner))
     for name, digest in status.policies.items():
         out |= _scalars(digest, POLICY_SCALARS, f"policy/{name}/")
         out |= _device_scalars(digest.learner, f"policy/{name}/")
     return out | status.scalars
+
+
+def _cluster_scalars(learner: LearnerState | None) -> dict[str, float]:
+    """``cluster/world_size``, ``cluster/rank``, ``cluster/members``, ``cluster/generation``,
+    ``cluster/collective_time_s`` and ``cluster/rows/<rank>`` for a rank of a job."""
+    cluster = learner.cluster if learner is not None else None
+    if cluster is None:
+        return {}
+    out = {"cluster/world_size": float(cluster.world_size), "cluster/rank": float(cluster.rank),
+           "cluster/members": float(len(cluster.members)),
+           "cluster/generation": float(cluster.generation),
+           "cluster/collective_time_s": cluster.collective_time_s}
+    return out | {f"cluster/rows/{rank}": float(n) for rank, n in enumerate(cluster.rows_per_rank)}
 
 
 def _device_scalars(learner: LearnerState | None, prefix: str) -> dict[str, float]:

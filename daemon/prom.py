@@ -129,7 +129,7 @@ def families(scrape: Scrape) -> list[Metric]:
                                            value=int(scrape.collector_up))]
     out += _plain(report)
     for build in (_state, _protocol_errors, _clients, _slots, _children, _config, _latency,
-                  _policies, _learner_devices):
+                  _policies, _learner_devices, _cluster):
         out += build(report)
     out += _processes(scrape.processes)
     return out
@@ -307,6 +307,34 @@ def _learner_devices(report: Mapping[str, Any]) -> list[Metric]:
         for device, seconds in (learner.get("device_step_s") or {}).items():
             step.add_metric([policy, device], seconds)
     return [family for family in (chosen, step) if family.samples]
+
+
+CLUSTER_GAUGES: dict[str, tuple[str, str]] = {
+    "rlinkd_cluster_world_size": ("world_size", "Ranks of the training job ([cluster] "
+                                  "world_size; absent for a daemon alone)."),
+    "rlinkd_cluster_rank": ("rank", "This daemon's rank in the job."),
+    "rlinkd_cluster_members": ("members", "Ranks in the job's process group now."),
+    "rlinkd_cluster_generation": ("generation", "Process groups this learner has formed."),
+    "rlinkd_cluster_collective_seconds": ("collective_time_s", "Seconds the last update "
+                                          "spent in collectives (all-reduce, broadcast)."),
+}
+
+
+def _cluster(report: Mapping[str, Any]) -> list[Metric]:
+    """The default policy's job (``learner.cluster`` of ``rlinkd status``), when in one; rows
+    per rank of the last update labelled by ``rank``."""
+    cluster = (report.get("learner") or {}).get("cluster")
+    if not cluster:
+        return []
+    out: list[Metric] = []
+    for name, (key, doc) in CLUSTER_GAUGES.items():
+        value = cluster[key]
+        out.append(GaugeMetricFamily(name, doc, value=len(value) if key == "members" else value))
+    rows = GaugeMetricFamily("rlinkd_cluster_update_rows", "Rows each rank contributed to "
+                             "the job's last update.", labels=["rank"])
+    for rank, n in enumerate(cluster["rows_per_rank"]):
+        rows.add_metric([str(rank)], n)
+    return [*out, rows]
 
 
 def _policies(report: Mapping[str, Any]) -> list[Metric]:

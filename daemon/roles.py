@@ -105,7 +105,7 @@ def run_role(role: str, topo: Topology, ctx: RoleContext) -> int:
         return int(module.run(topo, ctx))
     except (BootError, ConfigError) as exc:
         log.error("boot_error", error=str(exc))
-        return int(ExitCode.BOOT_ERROR)
+        return int(ExitCode.CONFIG if isinstance(exc, ConfigError) else ExitCode.BOOT_ERROR)
     except Exception:  # the process boundary: log it, exit CRASH, get restarted
         log.exception("role_crashed")
         return int(ExitCode.CRASH)

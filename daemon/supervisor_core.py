@@ -156,7 +156,8 @@ class SupervisorCore:
             return []
         if is_boot_error(code):
             log.error("boot_error_stopping", child=role, exit_code=code)
-            return self.begin_shutdown(f"{role} failed to start", ExitCode.BOOT_ERROR, now)
+            reason = ExitCode.CONFIG if code == ExitCode.CONFIG else ExitCode.BOOT_ERROR
+            return self.begin_shutdown(f"{role} failed to start", reason, now)
         return self._plan_restart(state, now)
 
     def _plan_restart(self, state: RoleState, now: float) -> list[Action]:

@@ -11,7 +11,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ from rlinkd.daemon.learner.graphed import make_stepper
 from rlinkd.daemon.learner.minibatch import update_plan
 from rlinkd.daemon.learner.model import ActorCritic, ObsNormalizer
 from rlinkd.daemon.learner.ppo import STAT_NAMES, ppo_loss_terms
+
+if TYPE_CHECKING:  # the job is built (and torch.distributed imported) only in a job of N > 1
+    from rlinkd.daemon.cluster.job import Job
 
 STATE_FORMAT_VERSION = 2  # 2: per-leaf normalisers, networks described by spaces
 _KL = STAT_NAMES.index("approx_kl")
@@ -140,11 +143,17 @@ class Learner:
     changes lr and ent_coef live. `device`, `seed` and `torch_threads` (<= 0 keeps torch's
     default) are the [learner] settings. Construction seeds the process-global torch and
     python RNGs with `seed` (the learner owns its process).
+
+    `job` (None: a learner alone) is given by ``job_core.JobRankLearner``, the learner as one
+    rank of a data-parallel job: each step's gradient is then averaged across the ranks
+    before it is applied (``_apply_step``), normalisers merge the ranks' moments, and steps
+    run eagerly (no graph holds the collective).
     """
 
     def __init__(self, spec: PolicySpec, hp: PPOConfig, device: str = "auto", seed: int = 0,
-                 torch_threads: int = 0, graphs: bool = True) -> None:
-        self.spec, self.hp = spec, hp
+                 torch_threads: int = 0, graphs: bool = True, job: Job | None = None) -> None:
+        self.spec, self.hp, self.job = spec, hp, job
+        graphs = graphs and job is None
         self.device, self.model = seeded_model(spec, device, seed, torch_threads)
         self.optimizer = _make_adam(self.model, hp.lr)
         self.ent_coef_t = torch.tensor(float(hp.ent_coef), device=self.device)  # reloadable
@@ -162,7 +171,7 @@ class Learner:
 
     # ----------------------------------------------------------------- training
     def update(self, batch: dict[str, np.ndarray],
-               on_step: Callable[[], None] = _no_progress) -> dict[str, float]:
+               on_step: Callable[[], None] = _no_progress) -> dict[str, Any]:
         """Run PPO epochs of minibatch SGD on one batch, then fold its observations into the
         normaliser; return mean stats over the steps. Called by the learner process once per
         train batch; `on_step()` after every minibatch step (the process heart-beats from it,
@@ -176,7 +185,7 @@ class Learner:
         approx_kl exceeds hp.target_kl (0 = never); at least one epoch always runs. The device
         is read once per epoch for target_kl and once at the end, never inside an epoch.
         Raises ValueError on missing keys, wrong shapes or non-finite data (the model and
-        normaliser are then untouched).
+        normaliser are then untouched). In a job, see ``job_core.JobRankLearner.update``.
         """
         start = time.perf_counter()
         data = self._to_tensors(batch)
@@ -198,20 +207,21 @@ class Learner:
         return stats
 
     def _epochs(self, run: Callable[[torch.Tensor], torch.Tensor], plan: torch.Tensor,
-                on_step: Callable[[], None]) -> tuple[torch.Tensor, int, int]:
+                on_step: Callable[[], None], job_steps: int = 0) -> tuple[torch.Tensor, int, int]:
         """Up to hp.num_epochs passes over `plan` [E, K, b], `run(idx)` a step (eager or a
         graph replay); (device sums [_STEP_SLOTS] of the steps' diagnostics, steps run,
-        epochs run)."""
+        epochs run). In a job each epoch is `job_steps` >= K steps, the last ones idle."""
         sums = torch.zeros(_STEP_SLOTS, device=self.device)
         steps = epochs = 0
         for epoch_plan in plan:
             epochs += 1
             kl_before = sums[_KL].clone()
-            for idx in epoch_plan:
-                sums += run(idx)
+            per_epoch = job_steps or len(epoch_plan)
+            for k in range(per_epoch):
+                sums += run(epoch_plan[k]) if k < len(epoch_plan) else self._idle_step()
                 on_step()
-            steps += len(epoch_plan)
-            if self._kl_exceeded(float(sums[_KL] - kl_before) / len(epoch_plan)
+            steps += per_epoch
+            if self._kl_exceeded(float(sums[_KL] - kl_before) / per_epoch
                                  if self.hp.target_kl else 0.0):
                 break
         return sums, steps, epochs
@@ -239,6 +249,32 @@ class Learner:
         diagnostics [_STEP_SLOTS] (STAT_NAMES, grad norm when applied, 1 when applied). A
         non-finite loss or gradient skips the step on the device (no read back): extreme data
         must not poison the model."""
+        loss, stats = self._minibatch_loss(data, idx)
+        self.optimizer.zero_grad()
+        loss.backward()
+        return self._apply_step(stats, torch.isfinite(loss.detach()), len(idx))
+
+    def _idle_step(self) -> torch.Tensor:
+        """A job's step this rank has no minibatch for: no rows, no gradient of its own."""
+        self.optimizer.zero_grad()
+        stats = torch.zeros(len(STAT_NAMES), device=self.device)
+        return self._apply_step(stats, torch.ones((), device=self.device), 0)
+
+    def _apply_step(self, stats: torch.Tensor, finite: torch.Tensor, rows: int) -> torch.Tensor:
+        """Clip and apply the gradient (in a job, first averaged across the ranks by one
+        all-reduce, which also averages `stats` [S]); the step's diagnostics."""
+        gate = finite.float()
+        if self.job is not None:
+            gate = self.job.average(self.optimizer.grad, stats, float(rows), finite)
+        norm, clip_gate = self.optimizer.clip_grad_norm_(self.hp.max_grad_norm)
+        gate = clip_gate * gate
+        self.optimizer.step(gate)
+        applied_norm = torch.where(gate > 0, norm, 0.0)
+        return torch.cat([stats, applied_norm.reshape(1), gate.reshape(1)])
+
+    def _minibatch_loss(self, data: dict[str, Any], idx: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The PPO loss on the rows (or chunks) `idx` [b] and its diagnostics [len(STAT_NAMES)]."""
         mb, (new_logp, entropy, new_values), mask = self._minibatch(data, idx)  # [B] each
         hp = self.hp
         loss, stats = ppo_loss_terms(new_logp, mb["logp"], mb["advantages"], new_values,
@@ -246,13 +282,7 @@ class Learner:
                                      vf_coef=hp.vf_coef, ent_coef=self.ent_coef_t,
                                      old_values=mb["values"],
                                      vf_clip=hp.clip_coef if hp.clip_vloss else None, mask=mask)
-        self.optimizer.zero_grad()
-        loss.backward()
-        norm, gate = self.optimizer.clip_grad_norm_(hp.max_grad_norm)
-        gate = gate * torch.isfinite(loss.detach())
-        self.optimizer.step(gate)
-        applied_norm = torch.where(gate > 0, norm, 0.0)
-        return torch.cat([stats, applied_norm.reshape(1), gate.reshape(1)])
+        return loss, stats
 
     def _minibatch(self, data: dict[str, Any], idx: torch.Tensor
                    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...], torch.Tensor | None]:
@@ -363,8 +393,12 @@ class Learner:
         around the baseline the values really came from. Moving the normaliser first would
         make every batch look off-policy by the normaliser's shift. The new statistics then
         ship with the weights published after this update, so the next batch is consistent."""
-        for key, normalizer in self.normalizers.items():
-            normalizer.update(np.asarray(obs[key], np.float64).reshape(len(obs[key]), -1))
+        for key, normalizer in sorted(self.normalizers.items()):  # (a job's ranks: one order)
+            x = np.asarray(obs[key], np.float64).reshape(len(obs[key]), normalizer.size)
+            if self.job is None:
+                normalizer.update(x)
+            else:
+                normalizer.fold(*self.job.merge_moments(torch.from_numpy(x)))
             self.model.set_normalizer(key, normalizer.mean, normalizer.std)
 
     # ----------------------------------------------------------------- checkpointing

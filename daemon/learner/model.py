@@ -337,9 +337,18 @@ class ObsNormalizer:
         if len(x) == 0:
             return
         batch_mean = x.mean(axis=0)
-        delta, total = batch_mean - self.mean, self.count + len(x)
-        self.m2 += ((x - batch_mean) ** 2).sum(axis=0) + delta**2 * self.count * len(x) / total
-        self.mean += delta * len(x) / total
+        self.fold(len(x), batch_mean, ((x - batch_mean) ** 2).sum(axis=0))
+
+    def fold(self, n: int, batch_mean: np.ndarray | torch.Tensor,
+             batch_m2: np.ndarray | torch.Tensor) -> None:
+        """Fold a batch known by its moments: `n` rows, their mean [size] and sum of squared
+        deviations from it [size] (a job merges its ranks' batches this way); n = 0: no-op."""
+        if n == 0:
+            return
+        batch_mean, batch_m2 = np.asarray(batch_mean, np.float64), np.asarray(batch_m2, np.float64)
+        delta, total = batch_mean - self.mean, self.count + n
+        self.m2 += batch_m2 + delta**2 * self.count * n / total
+        self.mean += delta * n / total
         self.count = total
 
     @property

@@ -599,3 +599,48 @@ def test_appo_pacing_below_a_train_batch_is_refused():
                                           r"sampling\.train_batch_size \(512\)"):
         load_config(overrides=[("appo", "max_lead_steps", 100)], resolve_dirs=False)
     assert load_config(overrides=[("appo", "max_lead_steps", 512)], resolve_dirs=False).appo.max_lead_steps == 512
+
+
+# ---------------------------------------------------------------- [cluster]
+def test_cluster_defaults_to_a_daemon_alone():
+    cluster = load_config(resolve_dirs=False).cluster
+    assert (cluster.world_size, cluster.rank, cluster.backend) == (1, 0, "auto")
+
+
+@pytest.mark.parametrize("overrides, pattern", [
+    ([("cluster", "rank", 2), ("cluster", "world_size", 2)],
+     r"cluster\.rank \(2\) must be < cluster\.world_size \(2\)"),
+    ([("cluster", "rank", 1)], r"cluster\.rank \(1\) must be < cluster\.world_size \(1\)"),
+    ([("cluster", "world_size", 0)], r"cluster\.world_size: must be >= 1"),
+    ([("cluster", "world_size", 2), ("cluster", "master", "127.0.0.1")],
+     r"cluster\.master = '127\.0\.0\.1': expected HOST:PORT with a port"),
+    ([("cluster", "world_size", 2), ("cluster", "master", "unix:///tmp/x")],
+     r"cluster\.master = 'unix:///tmp/x': expected HOST:PORT"),
+    ([("cluster", "world_size", 2), ("cluster", "master", "10.1.2.3:29500")],
+     r"cluster\.master = '10\.1\.2\.3:29500' is not a loopback address.*insecure_remote"),
+    ([("cluster", "world_size", 2), ("cluster", "backend", "nccl"), ("learner", "device", "cpu")],
+     r"cluster\.backend = 'nccl' needs a CUDA learner"),
+    ([("cluster", "world_size", 2), ("learner", "algorithm", "dqn")],
+     r"learner\.algorithm = 'dqn': a job of several daemons"),
+    ([("cluster", "world_size", 2), ("ppo", "recurrent", "lstm")],
+     r"ppo\.recurrent = 'lstm': a job of several daemons .* trains feed-forward policies"),
+    ([("cluster", "backend", "mpi")], r"cluster\.backend: must be one of auto, gloo, nccl"),
+    ([("cluster", "world_size", 2), ("cluster", "collective_timeout_s", 30.0)],
+     r"cluster\.collective_timeout_s \(30\) must be below daemon\.heartbeat_timeout_s \(30\)"),
+    ([("cluster", "collective_timeout_s", 0.5)], r"cluster\.collective_timeout_s: must be >= 1"),
+])
+def test_bad_cluster_config_names_the_key(overrides, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(overrides=overrides, resolve_dirs=False)
+
+
+def test_a_second_trainable_policy_is_refused_in_a_job(tmp_path):
+    with pytest.raises(ConfigError, match=r"policies\.red is a second trainable policy"):
+        load_text(tmp_path, "[cluster]\nworld_size = 2\n[policies.red]\n")
+
+
+def test_remote_master_with_insecure_remote_is_accepted():
+    cfg = load_config(overrides=[("cluster", "world_size", 4), ("cluster", "rank", 3),
+                                 ("cluster", "master", "10.1.2.3:29500"),
+                                 ("cluster", "insecure_remote", True)], resolve_dirs=False)
+    assert C.cluster_address(cfg.cluster) == ("10.1.2.3", 29500)

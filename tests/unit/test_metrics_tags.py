@@ -51,3 +51,12 @@ def test_the_device_trained_on_and_its_timings_are_scalars():
     assert tags["policy/red/learner/cuda_index"] == 1.0
     assert tags["policy/red/learner/sgd_step_s/cuda1"] == 0.001
     assert tags["policy/red/learner/sgd_step_s/cpu"] == 0.004
+
+
+def test_a_rank_of_a_job_writes_the_cluster_tags():
+    rank = dataclasses.replace(STATE, cluster=m.ClusterState(2, 0, (0, 1), 1, 0.05, (256, 128), "ab"))
+    tags = scalars_from_status(dataclasses.replace(status(), learner=rank))
+    assert (tags["cluster/world_size"], tags["cluster/rank"], tags["cluster/members"]) == (2.0, 0.0, 2.0)
+    assert tags["cluster/collective_time_s"] == 0.05 and tags["cluster/generation"] == 1.0
+    assert (tags["cluster/rows/0"], tags["cluster/rows/1"]) == (256.0, 128.0)
+    assert not any(t.startswith("cluster/") for t in scalars_from_status(status()))

@@ -58,7 +58,8 @@ def status_report() -> dict:
     builder.message_latency.observe("PING", 50.0)  # above every bound: +Inf only
     state = m.LearnerState(lr=0.001, ent_coef=0.0, updates=2, trained_steps=1024,
                            rejected_batches=0, device="cuda:0", device_choice="measured",
-                           device_step_s={"cpu": 0.004, "cuda:0": 0.001})
+                           device_step_s={"cpu": 0.004, "cuda:0": 0.001},
+                           cluster=m.ClusterState(2, 1, (0, 1), 3, 0.02, (512, 0), "ab12"))
     stats = {"loss": 0.5, "policy_loss": -0.01, "value_loss": 1.2, "entropy": 0.69,
              "approx_kl": 0.004, "clip_frac": 0.1, "grad_norm": 0.4,
              "explained_variance": float("nan"), "epochs": 10, "n_rows": 512,
@@ -243,3 +244,12 @@ def test_the_learner_device_and_its_timings_are_labelled_by_policy(full):
     untimed = {"policies": {"default": {"learner": {"device": "cpu", "device_choice": "only_cpu",
                                                     "device_step_s": {}}}}}
     assert [f.name for f in prom._learner_devices(untimed)] == ["rlinkd_learner_device"]
+
+
+def test_the_cluster_is_exported_for_a_rank_of_a_job(full):
+    assert value(full, "rlinkd_cluster_world_size") == 2 and value(full, "rlinkd_cluster_rank") == 1
+    assert value(full, "rlinkd_cluster_members") == 2 and value(full, "rlinkd_cluster_generation") == 3
+    assert value(full, "rlinkd_cluster_collective_seconds") == 0.02
+    rows = {s.labels["rank"]: s.value for s in full["rlinkd_cluster_update_rows"].samples}
+    assert rows == {"0": 512, "1": 0}
+    assert prom._cluster({"learner": {"cluster": None}}) == []  # a daemon alone: absent

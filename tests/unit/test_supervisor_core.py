@@ -212,7 +212,7 @@ def test_sigint_after_sigterm_forces_exit_too():
 
 # ---------------------------------------------------------------- boot errors
 @pytest.mark.parametrize("code", [ExitCode.BOOT_ERROR, ExitCode.CONFIG])
-def test_boot_error_stops_the_daemon_with_boot_error(code):
+def test_boot_error_stops_the_daemon_with_its_code(code):
     core = make_core()
     with capture_logs() as logs:
         actions = core.child_exited("learner", int(code), 3.0)
@@ -223,7 +223,7 @@ def test_boot_error_stops_the_daemon_with_boot_error(code):
     assert len(sent(core.tick(3.1, fresh()), m.Stop)) == len(ROLES)
     for role in ("collector", "connector", "checkpointer", "inference"):
         core.child_exited(role, 0, 3.5)
-    assert core.tick(3.6, fresh()) == [Exit(ExitCode.BOOT_ERROR)]
+    assert core.tick(3.6, fresh()) == [Exit(code)]  # a config error stays exit 78
 
 
 def test_boot_error_during_shutdown_changes_nothing():

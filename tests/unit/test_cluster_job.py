@@ -1,0 +1,133 @@
+"""A job of two learners on gloo over loopback (two spawned processes): after N updates both
+ranks hold bit-identical weights, optimizer state and normaliser statistics, and these equal
+ONE learner's (within 1e-5) trained on the concatenated batches with the union minibatches
+``daemon.cluster.steps`` describes. The batches differ in size per rank, one update has a
+rank without rows, and rank 1's lr and ent_coef differ (rank 0's govern the job)."""
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import socket
+import time
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.client_lib.protocol.spaces import Box, Discrete
+from rlinkd.daemon.cluster.steps import job_steps
+from rlinkd.daemon.config import ClusterConfig, PPOConfig
+from rlinkd.daemon.learner.learner import Learner
+from rlinkd.daemon.learner.minibatch import update_plan
+
+SPEC = PolicySpec(Box((4,)), Discrete(2), hidden_sizes=(16, 16))
+HP = PPOConfig(lr=3e-3, num_epochs=2, minibatch_size=64, normalize_observations=True)
+ROWS = [(300, 40), (200, None), (100, 140)]  # per update: rank 0's rows, rank 1's (None: none)
+SEEDS = (3, 11)
+TOLERANCE = 1e-5
+
+
+def make_batch(n: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    obs = (rng.standard_normal((n, 4)) * 2 + 1).astype(np.float32)
+    flat = Learner(SPEC, HP, device="cpu", seed=SEEDS[0]).flat_weights()
+    dist = SPEC.actor_forward(flat, obs)
+    actions = SPEC.sample_actions(dist, rng)
+    return {"obs": obs, "actions": actions, "logp": SPEC.log_prob(dist, actions),
+            "advantages": rng.standard_normal(n).astype(np.float32),
+            "value_targets": rng.standard_normal(n).astype(np.float32),
+            "values": SPEC.value_forward(flat, obs)}
+
+
+def batches(rank: int) -> list[dict | None]:
+    return [None if rows[rank] is None else make_batch(rows[rank], 100 * u + rank)
+            for u, rows in enumerate(ROWS)]
+
+
+def state_of(learner: Learner) -> dict[str, np.ndarray]:
+    norm = learner.normalizers[""]
+    return {"weights": learner.flat_weights(), "m": learner.optimizer.m.numpy().copy(),
+            "v": learner.optimizer.v.numpy().copy(), "norm_mean": norm.mean.copy(),
+            "norm_m2": norm.m2.copy(), "counters": np.array([learner.updates, learner.trained_steps])}
+
+
+def rank_main(rank: int, port: int, results: multiprocessing.Queue) -> None:
+    from rlinkd.daemon.cluster.job import Job
+    from rlinkd.daemon.learner.job_core import JobRankLearner
+    torch.set_num_threads(1)
+    cluster = ClusterConfig(world_size=2, rank=rank, master=f"127.0.0.1:{port}",
+                            collective_timeout_s=30.0)
+    job = Job.connect(cluster, torch.device("cpu"))
+    job.enter(window_s=30.0, beat=lambda: None)
+    hp = HP if rank == 0 else replace(HP, lr=1e-3, ent_coef=0.01)  # rank 0's govern the job
+    learner = JobRankLearner(SPEC, hp, job, device="cpu", seed=SEEDS[rank])
+    learner.take_job_state()
+    for batch in batches(rank):
+        stats = learner.update(batch)
+        assert stats["job_rows"] > 0
+    results.put((rank, state_of(learner)))
+    job.close()
+
+
+def one_learner_on_the_union() -> dict[str, np.ndarray]:
+    """The oracle: one learner stepping on the unions of the ranks' minibatches."""
+    learner = Learner(SPEC, HP, device="cpu", seed=SEEDS[0])
+    rngs = [np.random.default_rng((seed, 1)) for seed in SEEDS]
+    for parts in zip(batches(0), batches(1)):
+        present = [b for b in parts if b is not None]
+        union = {k: np.concatenate([b[k] for b in present]) for k in present[0]}
+        data = learner._to_tensors(union)
+        plans, offset = [], 0
+        for rng, b in zip(rngs, parts):
+            if b is not None:
+                plans.append(update_plan(rng, len(b["obs"]), HP.minibatch_size, HP.num_epochs) + offset)
+                offset += len(b["obs"])
+        steps = job_steps([len(b["obs"]) for b in present], HP.minibatch_size)
+        for epoch in range(HP.num_epochs):
+            for k in range(steps):
+                idx = np.concatenate([p[epoch, k] for p in plans if k < p.shape[1]])
+                learner._sgd_step(data, torch.from_numpy(idx))
+        learner._fold_into_normalizers({"": union["obs"]})
+        learner.updates += 1
+        learner.trained_steps += len(union["obs"])
+    return state_of(learner)
+
+
+def wait_for_result(results: multiprocessing.Queue, procs: list, deadline_s: float = 90.0):
+    """The next rank's result; AssertionError at once when a rank died, or at the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            return results.get(timeout=0.2)
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            assert not dead, f"a rank exited with {dead}"
+    raise AssertionError(f"the ranks did not finish within {deadline_s} s")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ranks_train_as_one_learner_on_the_concatenated_batches():
+    ctx = multiprocessing.get_context("spawn")
+    results, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=rank_main, args=(rank, port, results)) for rank in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(wait_for_result(results, procs) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    for key in got[0]:
+        np.testing.assert_array_equal(got[0][key], got[1][key], err_msg=key)
+    assert got[0]["counters"].tolist() == [3, 300 + 40 + 200 + 100 + 140]
+    expected = one_learner_on_the_union()
+    for key, value in expected.items():
+        np.testing.assert_allclose(got[0][key], value, rtol=TOLERANCE, atol=TOLERANCE, err_msg=key)
