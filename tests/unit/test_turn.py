@@ -3,6 +3,8 @@ past bugs broke (old weights after a sample cut; a START taking a slot before an
 as properties of the admit and order stages."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlinkd.daemon.inference import turn
 from rlinkd.daemon.inference.lonestep import MAX_RECORDS
@@ -105,3 +107,43 @@ def test_a_native_run_stops_at_the_sample_boundary():
     assert turn.steps_to_boundary(128, 100, True) == 28
     assert turn.steps_to_boundary(128, 130, True) == 1
     assert turn.steps_to_boundary(128, 100, False) == MAX_RECORDS
+
+
+ROWS = st.lists(st.tuples(st.sampled_from([OP_START, OP_STEP, OP_END, OP_RELEASE]), st.sampled_from([0, EVALUATE]),
+                          st.integers(0, 3), st.integers(1, 3), st.integers(0, 2), st.booleans(), st.booleans()),
+                min_size=1, max_size=24)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ROWS, st.booleans())
+def test_admit_never_lets_training_through_while_held_nor_splits_a_group(rows, held):
+    lanes, owner = lanes_of(*(r[:5] for r in rows))
+    open_ = np.array([r[5] for r in rows], bool)
+    evaluate = np.array([r[6] for r in rows], bool)
+    pending = np.arange(len(rows), dtype=np.int64)
+    got = turn.admit(lanes, owner, pending, held, open_, evaluate)
+    assert set(got.tolist()) <= set(pending.tolist())
+    ops, flags = lanes["op"][got], lanes["flags"][got]
+    if held:
+        training = (((ops == OP_START) & ((flags & EVALUATE) == 0))
+                    | ((ops == OP_STEP) & ~(open_[got] & evaluate[got])))
+        assert not training.any()
+    key = (owner << 32) | lanes["group"].astype(np.int64)
+    for k in set(key[got][lanes["group"][got] != 0].tolist()):  # a group answered whole
+        assert set(np.flatnonzero(key == k).tolist()) <= set(got.tolist())
+
+
+@settings(max_examples=200, deadline=None)
+@given(ROWS)
+def test_lone_order_is_the_lone_lanes_with_every_end_first_in_scan_order(rows):
+    lanes, _ = lanes_of(*(r[:5] for r in rows))
+    idx_ = np.arange(len(rows), dtype=np.int64)
+    order, grouped = turn.lone_order(lanes, idx_)
+    assert sorted(order.tolist() + grouped.tolist()) == idx_.tolist()
+    ends = order[lanes["op"][order] == OP_END].tolist()
+    assert order.tolist() == ends + [i for i in order.tolist() if i not in ends]
+    rest = [i for i in order.tolist() if i not in ends]
+    assert ends == sorted(ends) and rest == sorted(rest)
+    if len(rows) > 1:  # (a single request is lone whatever its group)
+        several = (lanes["group"] != 0) & (lanes["group_size"] > 1)
+        assert grouped.tolist() == np.flatnonzero(several).tolist()
