@@ -7,7 +7,9 @@ into the lane and published; the inference role answers in the lane and rings th
 response doorbell, on which this module resolves the waiting request. A connection has at
 most ``server.max_agents_per_connection`` episodes open, each with at most one request in
 flight: that bounds what one client can ask; a client that does not read its replies stalls
-only its own connection (``server.read_timeout_s`` on the write closes it).
+only its own connection (``server.read_timeout_s`` on the write closes it). Framing and read
+timeouts are the collector server's (collector/server.py) until SERVE_DIRECT, the inference
+role's (inference/direct.py) after it: docs/serving.md, "Who owns which socket".
 
 Shared-memory action clients (SERVE_ATTACH on the Unix socket): a sealed memfd lane area of
 their own plus a response doorbell, handed to the client with the request doorbell, and to

@@ -20,6 +20,13 @@ that path does not do (``_hand_over``, ``_take_back``). ``expire``
 (about once a second) closes connections past ``server.idle_timeout_s`` /
 ``server.read_timeout_s``. A refused message: ERROR to that client, then its connection
 closes (its episodes end, truncated), as in the collector. Nothing here blocks.
+
+Socket ownership: from the hand-over on, this module is the connection's only owner -- it
+frames it (``server.max_message_bytes``), limits it (``server.max_connections``) and times
+it out (``expire``, the one place for a direct connection, native-held ones included:
+native/direct.c keeps their clocks and never decides to close). The collector closes its
+copy of the socket at the hand-over and enforces the same rule on the connections it keeps
+(collector/server.py). docs/serving.md, "Who owns which socket", has the table.
 """
 from __future__ import annotations
 

@@ -137,6 +137,24 @@ class PolicyLanes:
         pend = self.pending() if pend is None else pend
         return len(pend) if not held else int(np.count_nonzero(~self.deferred[pend]))
 
+    def keep_pending(self, pending: np.ndarray, admitted: np.ndarray) -> None:
+        """After the admit stage: exactly the ``pending`` lanes not ``admitted`` are left
+        pending (``deferred``: the next turn scans every area for them)."""
+        if len(admitted) < len(pending):
+            self.deferred[:] = False
+            self.deferred[pending] = True
+            self.deferred[admitted] = False
+            self.any_deferred = True
+        elif self.any_deferred:
+            self.deferred[:] = False
+            self.any_deferred = False
+
+    def defer(self, lanes: np.ndarray) -> None:
+        """Leave these admitted lanes pending too (no weights yet, or a sample cut)."""
+        if len(lanes):
+            self.deferred[lanes] = True
+            self.any_deferred = True
+
     def wake(self, idx: np.ndarray) -> None:
         """After answering lanes ``idx``: ring each of their areas whose client sleeps."""
         owner, words = self.region.owner, self.region.headers[:, WAITING_OFFSET // 4]

@@ -2,13 +2,16 @@
 
 Every area of a policy is mapped into one ``LaneRegion`` (one array of all their lanes), so
 a turn costs a few numpy calls however many clients there are, not Python work per client.
-``InferenceServer.serve_once`` is one turn: find pending requests (one vectorised scan per
-policy), wait up to ``inference.max_wait_us`` for more unless ``max_batch`` are pending or
-every open episode has a request in, then per policy: one ``refresh`` of the weights
-(between batches, never within one: a batch never mixes weight versions), the lane
-bookkeeping (``LaneBook.apply`` over the policy's whole lane index space), one forward pass,
-the answers written into the lanes, the step records handed to the policy's ``PolicyLink``,
-and a response doorbell rung for each area whose client sleeps.
+``InferenceServer.serve_once`` is one turn, the shell around the stages of ``turn`` (turn.py:
+scan -> gather -> admit -> route -> order -> execute -> publish, each decision a pure
+function there): find pending requests (one vectorised scan per policy), wait up to
+``inference.max_wait_us`` for more unless ``max_batch`` are pending or every open episode
+has a request in, then per policy: one ``refresh`` of the weights (between batches, never
+within one: a batch never mixes weight versions), the admitted lanes either through the
+native lone step in ``turn.lone_order`` or through the batch path (``LaneBook.apply`` over
+the policy's lane index space, one forward pass), the answers written into the lanes, the
+step records handed to the policy's ``PolicyLink``, and a response doorbell rung for each
+area whose client sleeps.
 
 Owned by ``inference.process`` (which adds areas, sleeps, reconnects links, reports stats).
 Nothing here blocks except ``PolicyLink.write`` when the collector's ring is full.
@@ -28,20 +31,14 @@ from rlinkd.client_lib.protocol.spaces import Space
 from rlinkd.daemon.inference.backend import PolicyRunner
 from rlinkd.daemon.inference.episodes import LaneBook, Requests, SlotPool, concat
 from rlinkd.daemon.inference.link import PolicyLink
-from rlinkd.daemon.inference.lonestep import END, EVAL_END, MAX_RECORDS, START, LoneStepper
+from rlinkd.daemon.inference import turn
+from rlinkd.daemon.inference.lonestep import END, EVAL_END, START, LoneStepper
 from rlinkd.daemon.inference.policy_lanes import PolicyLanes, ServedArea
 from rlinkd.shm.errors import ShmError
-from rlinkd.shm.lanes import EVALUATE, OP_END, OP_RELEASE, OP_START, SLEEPING_OFFSET, complete_groups
+from rlinkd.shm.lanes import SLEEPING_OFFSET
 
 log = structlog.get_logger("inference")
 WAIT_SLICE_S = 50e-6
-NATIVE_BUDGET_S = 1e-3  # a turn's lone requests go through the native step one by one while their
-NATIVE_MIN_REQUESTS = 16  # batch-1 passes take about this long in all, but at least this many (a
-NATIVE_MAX_REQUESTS = 1024  # slow net's 16 may take longer) and at most this many (a CartPole MLP's
-                            # ~3 us: ~290; for a net that small one by one is cheaper even at 1,024:
-                            # 2.6 against 3.8 us a request in-process)
-GATHER_FORWARDS = 2.0  # a turn's first request waits for others at most this many batch-1 passes
-MIN_GATHER_S = 50e-6  # ... and not at all when that is less than this
 HISTOGRAM_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -168,10 +165,8 @@ class InferenceServer:
                                          for pl in self.lanes.values()):
             return 0
         full, self.scan_due = self.scan_due, False
-        pend = {}  # (one scan per turn: of the areas whose request counter moved, unless
-        for name, pl in self.lanes.items():  # a full scan is due or lanes were left pending)
-            moved = pl.snapshot()
-            pend[name] = pl.pending(None if full or pl.any_deferred else moved)
+        pend = {name: pl.pending(turn.scan_scope(full, pl.any_deferred, pl.snapshot()))
+                for name, pl in self.lanes.items()}  # (one scan per turn)
         arrived = sum(pl.arrivals(self.policies[name].held, pend[name]) for name, pl in self.lanes.items())
         if not arrived:
             return 0
@@ -179,7 +174,7 @@ class InferenceServer:
             pend = {name: pl.pending() for name, pl in self.lanes.items()}
         answered = 0
         for name, pl in self.lanes.items():
-            idx = self._ready(name, pl, pend[name])
+            idx = self._admit(name, pl, pend[name])
             if len(idx):
                 answered += self._serve_policy(name, pl, idx)
         return answered
@@ -190,10 +185,8 @@ class InferenceServer:
         less than the wait allowed (``gather_limit_s``). True if it waited (more may have
         arrived)."""
         limit = self.gather_limit_s()
-        if limit < MIN_GATHER_S:
-            return False
-        want = min(self.max_batch, max(1, self.open_lanes()))
-        if arrived >= want:
+        want = turn.gather_want(limit, self.max_batch, self.open_lanes(), arrived)
+        if not want:
             return False
         deadline = time.perf_counter() + limit
         waited = False
@@ -207,32 +200,15 @@ class InferenceServer:
         return waited
 
     def gather_limit_s(self) -> float:
-        """How long the first request of a turn may wait for others: ``max_wait_s``, but at
-        most GATHER_FORWARDS batch-1 forward passes of the slowest policy (what batching two
-        requests saves is about one pass: a CartPole MLP's few microseconds are not worth a
-        200 us wait, which halved the rate of two lockstep clients; an image network's or a
-        GPU's hundreds are). Below MIN_GATHER_S there is no wait at all (one look at the
-        lanes costs about that much)."""
-        forward = max((p.runner.batch1_s for p in self.policies.values()), default=0.0)
-        return min(self.max_wait_s, GATHER_FORWARDS * forward)
+        """``turn.gather_limit_s`` over every policy's batch-1 pass."""
+        return turn.gather_limit_s(self.max_wait_s, (p.runner.batch1_s for p in self.policies.values()))
 
-    def _ready(self, name: str, pl: PolicyLanes, pending: np.ndarray) -> np.ndarray:
-        """Lanes to answer now (of this turn's ``pending()`` lanes): their group complete,
-        and (while the policy is held) only what may go on; the rest are left pending
-        (``deferred``)."""
-        lanes, owner = pl.region.lanes, pl.region.owner
-        lone = len(pending) == 1 and not lanes["group"][pending[0]]  # (a lone client's request)
-        idx = pending if lone else complete_groups(lanes, pending, owner)
-        if self.policies[name].held and len(idx):
-            idx = serveable_while_held(lanes, owner, pl.book, idx)
-        if len(idx) < len(pending):
-            pl.deferred[:] = False
-            pl.deferred[pending] = True
-            pl.deferred[idx] = False
-            pl.any_deferred = True
-        elif pl.any_deferred:
-            pl.deferred[:] = False
-            pl.any_deferred = False
+    def _admit(self, name: str, pl: PolicyLanes, pending: np.ndarray) -> np.ndarray:
+        """The admit stage (``turn.admit``) over this turn's ``pending()`` lanes; the rest
+        are left pending (``deferred``)."""
+        idx = turn.admit(pl.region.lanes, pl.region.owner, pending, self.policies[name].held,
+                         pl.book.open, pl.book.evaluate)
+        pl.keep_pending(pending, idx)
         return idx
 
     # ------------------------------------------------------------ one policy
@@ -245,11 +221,10 @@ class InferenceServer:
         if not policy.held or not runner.ready:  # (held: keep the version it sampled with)
             runner.refresh()
         if not runner.ready:  # no weights yet (learner booting): leave them pending
-            pl.deferred[idx] = True
-            pl.any_deferred = True
+            pl.defer(idx)
             return 0
         served = 0
-        if policy.lone is not None and len(idx) <= native_limit(runner.batch1_s) and policy.lone.ready(runner):
+        if turn.route_natively(len(idx), runner.batch1_s, policy.lone is not None and policy.lone.ready(runner)):
             idx, served = self._serve_natively(name, policy, pl, idx)
             if not len(idx):
                 return served
@@ -264,51 +239,43 @@ class InferenceServer:
 
     def _serve_natively(self, name: str, policy: PolicyServing, pl: PolicyLanes,
                         idx: np.ndarray) -> tuple[np.ndarray, int]:
-        """The requests of lone clients (not in a group), one by one in the scan's order but
-        ENDs first (an END gives back the agent slot a START in the same turn then takes, as
-        ``LaneBook.apply`` orders a batch), as that many turns of one request would: runs of
-        them in one native call (``LoneStepper.serve``:
-        a forward pass of batch 1 each, the records they write handed on after the run,
-        which ends at the policy's sample boundary and where an episode starts or ends:
-        ``_native_event``), ``_serve_one`` for a request the native step declines. Returns
-        (the grouped lanes, left to the batch path; requests served here). A group of more
-        than one is never split: it is answered in one pass, as documented for vector
-        clients."""
+        """The order and execute stages for lone clients' requests: in ``turn.lone_order``
+        (ENDs first), runs of them per native call (``_lone_run``) until done or until a
+        sample cut holds the policy, which leaves the rest (``turn.after_cut``) for the next
+        turns, as that many turns of one request would. Returns (the grouped lanes, left to
+        the batch path; requests served here)."""
+        order, left = turn.lone_order(pl.region.lanes, idx)
+        was_held, pos = policy.held, 0
+        while pos < len(order) and not (policy.held and not was_held):
+            pos = self._lone_run(name, policy, pl, order, pos)
+        if policy.held and not was_held:  # (a sample cut: nothing more with these weights)
+            pl.defer(turn.after_cut(order, pos, left))
+            left = left[:0]
+        if pos:
+            pl.wake(order[:pos])
+        return left, pos
+
+    def _lone_run(self, name: str, policy: PolicyServing, pl: PolicyLanes, order: np.ndarray, pos: int) -> int:
+        """One native call from ``order[pos]`` (``LoneStepper.serve``: it stops at the sample
+        boundary and where an episode starts or ends, ``_native_event``), its records handed
+        on, then ``_serve_one`` for a request it declined. Returns the next position."""
         lone, runner, lanes = policy.lone, policy.runner, pl.region.lanes
         assert lone is not None
-        if len(idx) > 1:  # (a group of one, e.g. the C client's STEP_BATCH: lone)
-            grouped = (lanes["group"][idx] != 0) & (lanes["group_size"][idx] > 1)
-            order, left = idx[~grouped].astype(np.int64), idx[grouped]
-            later = lanes["op"][order] != OP_END
-            if not later.all():
-                order = order[np.argsort(later, kind="stable")]
-        else:
-            order, left = idx.astype(np.int64), idx[:0]
-        held, pos, n = policy.held, 0, len(order)
-        while pos < n:
-            if policy.held and not held:  # (a sample boundary held the policy: the rest wait
-                self._defer(pl, order[pos:].tolist())  # for the next turns, as separate turns would)
-                n = pos
-                break
-            nxt, records, steps, declined, event = lone.serve(lanes, order, pos, pl.book, runner,
-                                                              self._steps_to_boundary(policy))
-            answered = nxt - pos
-            if event is not None:
-                answered -= self._native_event(name, policy, pl, int(order[nxt - 1]), event)
-            self.stats.lone(answered)
-            if records or steps:
-                self._send(name, lone.records[:records], steps)
-            if declined:  # (the Python path, for this one request)
-                req = Requests.read(lanes, order[nxt:nxt + 1])
-                self._serve_one(name, policy, pl, req, bool(runner.bad_rows(req.obs)[0]))
-                nxt += 1
-            pos = nxt
-        if policy.held and not held and len(left):  # (the groups too: none is served after the cut)
-            self._defer(pl, left.tolist())
-            left = left[:0]
-        if n:
-            pl.wake(order[:n])
-        return left, n
+        link = policy.link
+        cutting = link is not None and link.connected and not link.held
+        max_steps = turn.steps_to_boundary(policy.sample_steps, 0 if link is None else link.steps, cutting)
+        nxt, records, steps, declined, event = lone.serve(lanes, order, pos, pl.book, runner, max_steps)
+        answered = nxt - pos
+        if event is not None:
+            answered -= self._native_event(name, policy, pl, int(order[nxt - 1]), event)
+        self.stats.lone(answered)
+        if records or steps:
+            self._send(name, lone.records[:records], steps)
+        if declined:  # (the Python path, for this one request)
+            req = Requests.read(lanes, order[nxt:nxt + 1])
+            self._serve_one(name, policy, pl, req, bool(runner.bad_rows(req.obs)[0]))
+            nxt += 1
+        return nxt
 
     def _native_event(self, name: str, policy: PolicyServing, pl: PolicyLanes, lane: int, event: tuple) -> int:
         """What ``LoneStepper.serve`` left to Python about ``lane``'s episode (see there).
@@ -326,22 +293,6 @@ class InferenceServer:
             if event[1] >= 0:  # (the training episode's slot goes back)
                 pl.book.slots.give(int(event[1]))
         return 1
-
-    @staticmethod
-    def _steps_to_boundary(policy: PolicyServing) -> int:
-        """Train steps the policy takes before its next sample boundary (``_send`` cuts
-        there): a native run stops at it, as a turn per request would."""
-        link = policy.link
-        if link is None or not link.connected or link.held:
-            return MAX_RECORDS
-        return max(1, policy.sample_steps - link.steps)
-
-    @staticmethod
-    def _defer(pl: PolicyLanes, lanes: list[int]) -> None:
-        """Leave these pending lanes for a later turn (``_ready`` looks at them again)."""
-        if lanes:
-            pl.deferred[lanes] = True
-            pl.any_deferred = True
 
     def _serve_many(self, name: str, policy: PolicyServing, pl: PolicyLanes, req: Requests,
                     bad: np.ndarray) -> None:
@@ -442,22 +393,3 @@ def act(runner: PolicyRunner, book: LaneBook, obs_rows: np.ndarray, explore: np.
     if not book.max_seq_len:
         return (*runner.act(obs_rows, explore), None)
     return runner.act_with_state(obs_rows, explore, book.state[lanes])
-
-
-def native_limit(batch1_s: float) -> int:
-    """How many pending lanes a turn may serve through the native step (more: the batch path)."""
-    fits = NATIVE_BUDGET_S / batch1_s if batch1_s > 0 else NATIVE_MAX_REQUESTS
-    return int(min(NATIVE_MAX_REQUESTS, max(NATIVE_MIN_REQUESTS, fits)))
-
-
-def serveable_while_held(lanes: np.ndarray, owner: np.ndarray, book: LaneBook,
-                         idx: np.ndarray) -> np.ndarray:
-    """While a policy waits for weights: ends, releases and evaluation lanes go on (a group
-    goes whole or waits whole)."""
-    ops, flags = lanes["op"][idx], lanes["flags"][idx]
-    ok = ((ops == OP_END) | (ops == OP_RELEASE) | ((ops == OP_START) & ((flags & EVALUATE) != 0))
-          | ((ops != OP_START) & book.open[idx] & book.evaluate[idx]))
-    groups = lanes["group"][idx]
-    key = (owner[idx] << 32) | groups.astype(np.int64)
-    held = np.unique(key[~ok & (groups != 0)])
-    return idx[ok & ~np.isin(key, held)]

@@ -18,8 +18,8 @@ from rlinkd.daemon.inference import netnative
 from rlinkd.daemon.inference.backend import PolicyRunner
 from rlinkd.daemon.inference.episodes import SlotPool
 from rlinkd.daemon.inference.lonestep import LoneStepper
-from rlinkd.daemon.inference.server import (NATIVE_BUDGET_S, NATIVE_MAX_REQUESTS, NATIVE_MIN_REQUESTS,
-                                            InferenceServer, PolicyServing, ServedArea, native_limit)
+from rlinkd.daemon.inference.server import InferenceServer, PolicyServing, ServedArea
+from rlinkd.daemon.inference.turn import NATIVE_BUDGET_S, NATIVE_MAX_REQUESTS, NATIVE_MIN_REQUESTS, native_limit
 from rlinkd.daemon.wiring import step_layout
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.doorbell import Doorbell
