@@ -38,6 +38,7 @@ max_seq_len = 16
 """
 RANDOM_RETURN = 22.0      # a uniform random policy on CartPole
 TARGET_RETURN = 100.0     # unloaded: ~12,000 env steps, ~12 s (feed-forward: ~60 at 16,000)
+SERVED_TARGET_RETURN = 80.0  # one round trip per action: fewer steps per second
 LEARN_BUDGET_S = 90.0     # generous for a busy machine
 
 
@@ -89,7 +90,8 @@ def test_lstm_learns_over_tcp_and_shared_memory_and_resumes_after_sigterm(daemon
     d.start()
     assert d.status()["weights_seq_no"] == before
     after = learn(both(d), 2 * RANDOM_RETURN, LEARN_BUDGET_S)
-    assert max(mean_last(r) for r in after.values()) >= 2 * RANDOM_RETURN
+    first = [r[:20] for r in after.values() if len(r) >= 20]
+    assert first and max(sum(r) / 20 for r in first) >= 2 * RANDOM_RETURN, after  # not from scratch
     wait_for(lambda: d.status()["weights_seq_no"] >= before + 2, 30, what="updates after the restart")
     assert_clean(d)
 
@@ -97,7 +99,7 @@ def test_lstm_learns_over_tcp_and_shared_memory_and_resumes_after_sigterm(daemon
 def test_lstm_learns_with_server_side_actions(daemon_factory, tmp_path):
     """The inference role acts for client_lib's served clients, the state per served episode."""
     d = start(daemon_factory, tmp_path, "--set", "inference.env_steps_per_sample=128")
-    returns = learn(both(d), TARGET_RETURN, LEARN_BUDGET_S, inference="server")
+    returns = learn(both(d), SERVED_TARGET_RETURN, LEARN_BUDGET_S, inference="server")
     assert all(len(r) > 20 for r in returns.values()), "both transports took part"
     assert_clean(d)
 
