@@ -127,6 +127,13 @@ class SamplingConfig:
                                "learner.", minimum=1, maximum=8)
 
 
+def batch_slot_rows(sampling: SamplingConfig) -> int:
+    """Rows of one train-batch slot between connector and learner: two full batches, a
+    client's sample and some slack. The connector cuts open runs at half of it and batches at
+    all of it, on a recurrent policy's state grid (so ``max_seq_len`` must fit in half)."""
+    return 2 * sampling.train_batch_size + sampling.env_steps_per_sample + 1024
+
+
 @dataclass(frozen=True)
 class PPOConfig:
     """[ppo]: the learner's algorithm and network."""
@@ -167,7 +174,9 @@ class PPOConfig:
                                   "for an LSTM, H for a GRU).", minimum=1, maximum=4096)
     max_seq_len: int = setting(20, "Steps per training sequence of a recurrent policy "
                                "(truncated back-propagation through time); a training fragment "
-                               "carries the actor's state every this many steps.", minimum=1,
+                               "carries the actor's state every this many steps. At most half a "
+                               "train-batch slot (sampling.train_batch_size + "
+                               "sampling.env_steps_per_sample / 2 + 512).", minimum=1,
                                maximum=1000)
 
 

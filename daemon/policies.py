@@ -15,7 +15,7 @@ from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.spaces import Space, SpaceError, space_from_gym
 from rlinkd.daemon.config import (APPOConfig, Config, DQNConfig, PolicyConfig, PPOConfig,
-                                  SACConfig)
+                                  SACConfig, batch_slot_rows)
 from rlinkd.daemon.errors import ConfigError
 
 
@@ -80,10 +80,7 @@ def _define(cfg: Config, name: str, table: PolicyConfig,
     mask_key = table.action_mask_key or (cfg.env.action_mask_key if obs == env_spaces[0] else "")
     ppo, dqn, sac = table.ppo or cfg.ppo, table.dqn or cfg.dqn, table.sac or cfg.sac
     algorithm = table.algorithm or cfg.learner.algorithm
-    if algorithm in REPLAY_ALGORITHMS and ppo.recurrent != "none":
-        key = f"policies.{name}.ppo.recurrent" if table.ppo else "ppo.recurrent"
-        raise ConfigError(f"{key} = {ppo.recurrent!r}: {algorithm} policies are feed-forward "
-                          "(recurrent policies learn with ppo or appo)")
+    _check_recurrent(cfg, f"policies.{name}.ppo" if table.ppo else "ppo", ppo, algorithm)
     nets: dict[str, PPOConfig | DQNConfig | SACConfig] = {"dqn": dqn, "sac": sac}
     net = nets.get(algorithm, ppo)
     box_dist = "squashed_gaussian" if algorithm == "sac" else "gaussian"
@@ -94,6 +91,23 @@ def _define(cfg: Config, name: str, table: PolicyConfig,
         raise ConfigError(f"{where}: {algorithm} needs {NEEDS[algorithm]}, not {act.to_json()}")
     return PolicyDef(name, obs, act, spec, ppo, table.trainable, table.load_from, mask_key,
                      algorithm, dqn, cfg.appo, sac)
+
+
+def _check_recurrent(cfg: Config, section: str, ppo: PPOConfig, algorithm: str) -> None:
+    """ConfigError for a recurrent policy that cannot train exactly: a replay algorithm, or a
+    ``max_seq_len`` longer than the connector's grid cuts allow (half a batch slot: a longer
+    one could leave a chunk with no stored state to start from)."""
+    if ppo.recurrent == "none":
+        return
+    if algorithm in REPLAY_ALGORITHMS:
+        raise ConfigError(f"{section}.recurrent = {ppo.recurrent!r}: {algorithm} policies are "
+                          "feed-forward (recurrent policies learn with ppo or appo)")
+    longest = batch_slot_rows(cfg.sampling) // 2
+    if ppo.max_seq_len > longest:
+        raise ConfigError(f"{section}.max_seq_len ({ppo.max_seq_len}) must not exceed {longest}, "
+                          "half a train-batch slot (2 * sampling.train_batch_size + "
+                          "sampling.env_steps_per_sample + 1024 rows): the connector cuts "
+                          "long runs there on the state grid")
 
 
 ALLOWED_KINDS = {"ppo": {"categorical", "bernoulli", "gaussian"}, "dqn": {"categorical"},

@@ -40,7 +40,7 @@ from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.spaces import Space, record_fields
 from rlinkd.daemon import policies
 from rlinkd.daemon.batch_schema import META_FIELDS, slot_columns
-from rlinkd.daemon.config import Config
+from rlinkd.daemon.config import Config, batch_slot_rows
 from rlinkd.daemon.policies import PolicyDef
 from rlinkd.daemon.ipc import Inbox, SharedFd
 from rlinkd.daemon.roster import ROLES
@@ -240,7 +240,7 @@ def _policy_segments(cfg: Config, d: PolicyDef, path) -> PolicyTopology:
         ReplayBuffer.create(topo.replay_path, ReplayLayout(layout), d.replay_hp.buffer_size_steps).close()
     else:
         # connector → learner: train batches; the learner inbox only carries slot doorbells
-        rows = 2 * cfg.sampling.train_batch_size + cfg.sampling.env_steps_per_sample + 1024
+        rows = batch_slot_rows(cfg.sampling)
         topo.slots_path = path(f"slots.{d.name}")
         BatchSlots.create(topo.slots_path, slot_columns(d.spec), rows, cfg.sampling.batch_slots,
                           meta_fields=META_FIELDS).close()

@@ -62,4 +62,6 @@ SUITE = {
     "memory_cartpole": Scenario("bench.scenarios.memory_cartpole", "memory_cartpole.json",
                                 ("--runs", "{runs}"),
                                 ("--quick", "--out", "{results}/memory_cartpole-quick.json")),
+    "memory_cost": Scenario("bench.scenarios.memory_cost", "memory_cost.json", ("--runs", "{runs}"),
+                            ("--quick", "--out", "{results}/memory_cost-quick.json")),
 }

@@ -275,6 +275,32 @@ def test_ppo_config_makes_a_recurrent_spec_and_replay_algorithms_refuse_it():
                     resolve_dirs=False)
 
 
+def test_a_max_seq_len_the_connector_cannot_cut_on_its_grid_is_refused():
+    """Half a batch slot (the connector's cut for long open runs) bounds max_seq_len: a
+    longer sequence could be cut where no state was sent and start from zeros."""
+    from rlinkd.daemon.config import ConfigError, batch_slot_rows, load_config
+    from rlinkd.daemon.policies import policy_defs
+    sampling = [("sampling", "train_batch_size", 64), ("sampling", "env_steps_per_sample", 32),
+                ("ppo", "minibatch_size", 64)]
+    longest = (2 * 64 + 32 + 1024) // 2
+
+    def defs(max_seq_len: int, *extra):
+        return policy_defs(load_config(overrides=[
+            ("env", "id", "CartPole-v1"), *sampling, ("ppo", "recurrent", "lstm"),
+            ("ppo", "max_seq_len", max_seq_len), *extra],
+            resolve_dirs=False))
+
+    cfg = load_config(overrides=[("env", "id", "CartPole-v1"), *sampling], resolve_dirs=False)
+    assert batch_slot_rows(cfg.sampling) // 2 == longest
+    assert defs(longest)["default"].spec.max_seq_len == longest
+    with pytest.raises(ConfigError, match=rf"^ppo\.max_seq_len \({longest + 1}\) must not exceed {longest}"):
+        defs(longest + 1)
+    with pytest.raises(ConfigError, match=r"^ppo\.max_seq_len"):
+        defs(longest + 1, ("learner", "algorithm", "appo"))
+    feed_forward = defs(longest + 1, ("ppo", "recurrent", "none"))   # (unused without a cell)
+    assert feed_forward["default"].spec.state_size == 0
+
+
 def test_state_size_is_the_record_state_field():
     sizes = [PolicySpec(Box((3,)), Discrete(2), recurrent=cell, recurrent_size=6).state_size
              for cell in ("none", "lstm", "gru")]
