@@ -50,7 +50,8 @@ MIN_TOTAL_CASES = 10_000
 MAX_RSS_GROWTH_BYTES = 100 * 1024 * 1024
 FAMILIES = ("random_bytes", "mutated_frames", "truncated_frames", "hostile_episodes",
             "nesting_and_headers", "huge_arrays", "slow_clients", "composite_episodes",
-            "agent_episodes", "serving", "direct_serving", "msgpack_frames")
+            "agent_episodes", "serving", "direct_serving", "msgpack_frames",
+            "recurrent_episodes")
 
 
 def fuzz_settings(examples: int):
@@ -1064,6 +1065,63 @@ def test_agent_ids_policies_and_episode_ids(agents_target, seed):
 def test_agents_daemon_is_healthy_after_fuzzing(agents_target):
     status = healthy_after_fuzzing(agents_target, 200)
     assert status["policies"]["red"]["env_steps"] > 0 and status["policies"]["default"]["env_steps"] > 0
+
+
+# ---------------------------------------------------------------- a policy with memory
+RECURRENT_CONFIG = """
+[ppo]
+recurrent = "gru"
+recurrent_size = 3
+max_seq_len = 2
+"""
+STATE_WIDTH = 3   # a GRU's state: [h], recurrent_size wide
+SEQ_LEN = 2
+
+
+@pytest.fixture(scope="module")
+def recurrent_target(tmp_path_factory):
+    """A fourth daemon: CartPole with a GRU policy, whose fragments carry "state_in"."""
+    yield from configured_target(tmp_path_factory, "recurrent", RECURRENT_CONFIG)
+
+
+def recurrent_episode(rng: random.Random) -> dict:
+    """A CartPole fragment with a "state_in" that is right (list or compact), missing, of the
+    wrong shape or not finite."""
+    steps = rng.randrange(0, 6)
+    rows = -(-steps // SEQ_LEN)
+    state = np.array([[rng.uniform(-1, 1) for _ in range(STATE_WIDTH)] for _ in range(rows)],
+                     np.float32).reshape(rows, STATE_WIDTH)
+    ep = {"obs": [[rng.uniform(-0.1, 0.1) for _ in range(4)] for _ in range(steps + 1)],
+          "actions": [rng.randrange(2) for _ in range(steps)], "rewards": [1.0] * steps,
+          "is_terminated": rng.random() < 0.4, "is_truncated": False}
+    kind = rng.randrange(6)
+    if kind == 1:
+        state = np.zeros((rows + 1, STATE_WIDTH), np.float32)  # one row too many
+    elif kind == 2 and rows:
+        state[rng.randrange(rows), rng.randrange(STATE_WIDTH)] = rng.choice([np.nan, np.inf])
+    elif kind == 3:
+        state = state[:, :-1]                                  # too narrow
+    if kind != 4:  # (4: no state at all)
+        ep["state_in"] = encode_compact(state) if rng.random() < 0.5 else state.tolist()
+    return ep
+
+
+@fuzz_settings(20)
+@given(seed=seeds)
+def test_recurrent_fragments(recurrent_target, seed):
+    """EPISODES with fragments of a recurrent policy, their "state_in" good and bad (some
+    JSON-mutated): every reply is exactly the oracle's, a bad state an ERROR to its client."""
+    rng = random.Random(seed)
+    payloads = []
+    for i in range(CASES):
+        msg = {"type": "EPISODES", "episodes": [recurrent_episode(rng) for _ in range(rng.randrange(1, 3))]}
+        payloads.append(frame(mutate_json(rng, msg) if i % 5 == 4 else msg))
+    recurrent_target.run("recurrent_episodes", payloads)
+
+
+def test_recurrent_daemon_is_healthy_after_fuzzing(recurrent_target):
+    status = healthy_after_fuzzing(recurrent_target, 200)
+    assert status["env_steps"] > 0, status  # fragments with a good state were learned from
 
 
 # ---------------------------------------------------------------- server-side actions
