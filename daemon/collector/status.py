@@ -146,7 +146,8 @@ class StatusBuilder:
             for name, r in self.learners.items() if name != DEFAULT_POLICY and name in self.weights}
 
     def policies_section(self) -> dict:
-        """Per policy: version, trainable, steps, episodes, returns, learner and connector."""
+        """Per policy: version, trainable, steps, episodes, returns, learner and connector;
+        a recurrent policy's cell ("recurrent": cell, recurrent_size, max_seq_len)."""
         out = {}
         for name, cache in self.weights.items():
             stats = self.core.policy_stats[name]
@@ -156,7 +157,8 @@ class StatusBuilder:
                          "episode_return_mean": _round(stats.mean_return(100)),
                          "episode_return_mean_20": _round(stats.mean_return(20)),
                          "learner": self.learner_section(name),
-                         "connector": self.learners[name].connector}
+                         "connector": self.learners[name].connector,
+                         **_memory(self.core.policies[name].state)}
         return out
 
     def build(self, port: int) -> dict:
@@ -242,3 +244,10 @@ def _summary_of(report: dict, learner: m.LearnerState | None, update: m.TrainSta
         episode_len_mean=report["episode_len_mean"], weights_seq_no=report["weights_seq_no"],
         clients=report["clients"], dropped_episodes=report["dropped_episodes"],
         learner=learner, update=update, policies=policies or {}, scalars=scalars or {})
+
+
+def _memory(state: dict | None) -> dict:
+    """A policy's "recurrent" status entry from its state contract (nothing when feed-forward)."""
+    if state is None:
+        return {}
+    return {"recurrent": {key: state[key] for key in ("cell", "recurrent_size", "max_seq_len")}}

@@ -86,6 +86,8 @@ def test_every_client_acts_with_a_recurrent_policy(d):
     status = wait_for(lambda: (s := d.status())["env_steps"] >= total and s, 20,
                       what=f"{total} env steps counted")
     assert status["protocol_errors_by_kind"]["invalid_episode"] == refused, status
+    assert status["policies"]["default"]["recurrent"] == {"cell": "gru", "recurrent_size": 8,
+                                                          "max_seq_len": L}
 
 
 def invalid_episodes(d) -> int:
