@@ -107,6 +107,15 @@ class DaemonProcess(ServeProcess):
     def log(self) -> str:
         return self.log_tail(20000)
 
+    def log_mark(self) -> int:
+        """The log's length now: ``log_since(mark)`` is what a shared daemon logged after it."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log_since(self, mark: int) -> str:
+        with open(self.log_path, "rb") as log:
+            log.seek(mark)
+            return log.read().decode(errors="replace")
+
     def remember_children(self) -> set:
         """Record the pids of the daemon's current children (to check none survive)."""
         kids = set(descendants(self.pid))

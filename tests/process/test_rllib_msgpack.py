@@ -48,8 +48,11 @@ def onnx_logits(state: dict, obs) -> np.ndarray:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_recorded_client_trains_beside_a_json_client_on_one_port(daemon, version):
-    d = daemon
+def test_recorded_client_trains_beside_a_json_client_on_one_port(shared_daemon, version):
+    """(On the module's shared daemon: the steps count from ``before``, and each reply's
+    version must be newer than the last one this client saw.)"""
+    d = shared_daemon
+    before = d.status()["env_steps"]
     module = json.loads((FIXTURES / version / "module.json").read_text())
     rllib = raw_connect(d.port)
     seed = raw_connect(d.port)  # a JSON client on the same port, at the same time
@@ -74,7 +77,7 @@ def test_recorded_client_trains_beside_a_json_client_on_one_port(daemon, version
     raw_send(seed, {"type": "GET_CONFIG"})
     assert raw_recv(seed)["type"] == "SET_CONFIG"
     steps = 32 * sum(1 for k, _ in recorded(version) if k.startswith("EPISODES"))
-    assert d.status()["env_steps"] == steps
+    assert d.status()["env_steps"] == before + steps
     rllib.close()
     seed.close()
 

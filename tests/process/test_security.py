@@ -241,8 +241,19 @@ def assert_error_and_closed(sock, contains: str) -> None:
     sock.close()
 
 
-def test_token_is_required_before_anything_else(daemon_factory):
-    daemon = daemon_factory("--set", f"server.token={TOKEN}")
+@pytest.fixture(scope="module")
+def token_daemon(tmp_path_factory):
+    """One daemon with ``server.token`` shared by the token tests (they count errors from a
+    before-value; the SIGUSR1 checkpoint of the last one changes nothing they check)."""
+    from tests.conftest import DaemonPool
+    pool = DaemonPool(tmp_path_factory.mktemp("token"))
+    yield pool.start("--set", f"server.token={TOKEN}")
+    pool.close()
+
+
+def test_token_is_required_before_anything_else(token_daemon):
+    daemon = token_daemon
+    errors = token_status(daemon)["protocol_errors"]
     good = raw_connect(daemon.port)
     raw_send(good, {"type": "PING", "token": TOKEN})
     assert raw_recv(good)["type"] == "PONG"
@@ -270,7 +281,7 @@ def test_token_is_required_before_anything_else(daemon_factory):
         raw_send(sock, msg)
         assert_error_and_closed(sock, contains)
     status = token_status(daemon)
-    assert status["protocol_errors"] == len(bad) + 3
+    assert status["protocol_errors"] == errors + len(bad) + 3
 
     # the well-behaved connection was never disturbed
     raw_send(good, {"type": "GET_CONFIG"})
@@ -290,9 +301,9 @@ def test_token_is_required_before_anything_else(daemon_factory):
                            "--state-dir", str(daemon.state_dir)], capture_output=True,
                           text=True, timeout=60, cwd=REPO, env=env)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["protocol_errors"] == len(bad) + 3 + 1  # + the "guess"
+    assert json.loads(done.stdout)["protocol_errors"] == errors + len(bad) + 3 + 1  # + the "guess"
     # of everything since the last count, only connect(token="guess") was an error
-    assert token_status(daemon)["protocol_errors"] == len(bad) + 3 + 1
+    assert token_status(daemon)["protocol_errors"] == errors + len(bad) + 3 + 1
 
 
 # ---------------------------------------------------------------- remote binds
@@ -328,8 +339,9 @@ def mode(path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
-def test_socket_segments_and_state_files_are_private(daemon_factory):
-    daemon = daemon_factory("--set", f"server.token={TOKEN}")
+def test_socket_segments_and_state_files_are_private(token_daemon):
+    daemon = token_daemon
+    earlier = (token_status(daemon).get("last_checkpoint") or {}).get("path")
     me = os.getuid()
     sock = os.stat(daemon.unix_socket)
     assert stat.S_ISSOCK(sock.st_mode) and mode(daemon.unix_socket) == 0o600
@@ -349,8 +361,8 @@ def test_socket_segments_and_state_files_are_private(daemon_factory):
 
     # a checkpoint (SIGUSR1): it holds the config, token included; nobody else may read it
     daemon.signal(signal.SIGUSR1)
-    ckpt = wait_for(lambda: (token_status(daemon).get("last_checkpoint") or {}).get("path"),
-                    60, 0.1, "a checkpoint")
+    ckpt = wait_for(lambda: (path := (token_status(daemon).get("last_checkpoint") or {}).get("path"))
+                    != earlier and path, 60, 0.1, "a checkpoint")
     ckpt = Path(ckpt)
     assert TOKEN in (ckpt / "config.toml").read_text()
     files = sorted(ckpt.iterdir())

@@ -383,24 +383,33 @@ def raw_eval_episodes(port: int) -> int:
     return 7
 
 
-def test_evaluation_episodes_contribute_no_training_data(daemon):
+def test_evaluation_episodes_contribute_no_training_data(shared_daemon):
     """Training episodes first (3 on one TCP connection, then 10 shared-memory connections of
     one episode each, closed right after the episode's END: every step counts), then
-    evaluation episodes of every kind: the training counters do not move."""
+    evaluation episodes of every kind: the training counters do not move (counted from
+    ``before``: the module's daemon is shared with the flooding test)."""
+    daemon = shared_daemon
+    before = daemon.status()
+    actions_before = before["inference"].get("actions", 0)
+    policy_steps = before["policies"]["default"]["env_steps"]
+    episodes, eval_before = before["episodes"] + 13, before["eval"].get("episodes", 0)
     train_steps = served_episodes(f"tcp://127.0.0.1:{daemon.port}", 3, "train")
     train_steps += sum(served_episodes(f"unix://{daemon.unix_socket}", 1, "train") for _ in range(10))
-    status = wait_for(lambda: (s := daemon.status())["episodes"] == 13 and s, 20, what="13 training episodes")
-    assert status["env_steps"] == train_steps, status
-    eval_episodes = raw_eval_episodes(daemon.port) + 8
+    status = wait_for(lambda: (s := daemon.status())["episodes"] == episodes and s, 20,
+                      what="13 training episodes")
+    assert status["env_steps"] == before["env_steps"] + train_steps, (before, status)
+    eval_episodes = eval_before + raw_eval_episodes(daemon.port) + 8
     eval_steps = served_episodes(f"tcp://127.0.0.1:{daemon.port}", 4, "evaluate")
     eval_steps += served_episodes(f"unix://{daemon.unix_socket}", 4, "evaluate")
     status = wait_for(lambda: (s := daemon.status())["eval"].get("episodes", 0) >= eval_episodes
-                      and s["inference"]["actions"] >= train_steps + eval_steps and s, 30,
-                      what="evaluation episodes and the role's actions reported")
+                      and s["inference"]["actions"] >= actions_before + train_steps + eval_steps and s,
+                      30, what="evaluation episodes and the role's actions reported")
     assert status["eval"]["episodes"] == eval_episodes, status["eval"]
-    assert status["env_steps"] == train_steps and status["episodes"] == 13, status
-    assert status["policies"]["default"]["env_steps"] == train_steps, status["policies"]
-    assert eval_steps > 8 and status["inference"]["actions"] >= train_steps + eval_steps, status["inference"]
+    assert status["env_steps"] == before["env_steps"] + train_steps, (before, status)
+    assert status["episodes"] == episodes, (before, status)
+    assert status["policies"]["default"]["env_steps"] == policy_steps + train_steps, status["policies"]
+    assert eval_steps > 8, eval_steps
+    assert status["inference"]["actions"] >= actions_before + train_steps + eval_steps, status["inference"]
 
 
 # ---------------------------------------------------------------- versions never mix
@@ -525,9 +534,11 @@ def flood(port: int, stop: threading.Event, sent: list[int]) -> None:
         sock.close()
 
 
-def test_a_flooding_client_does_not_hold_up_another(daemon):
+def test_a_flooding_client_does_not_hold_up_another(shared_daemon):
     """One raw client floods STEP_BATCHes and never reads a reply; another client's actions
     keep coming: its p99 latency over 300 steps during the flood stays bounded."""
+    daemon = shared_daemon
+    actions_before = daemon.status()["inference"].get("actions", 0)
     calm = raw_client(daemon.port)
     start(calm, "calm")
     act(calm, "calm")
@@ -548,7 +559,8 @@ def test_a_flooding_client_does_not_hold_up_another(daemon):
         flooder.join(10)
     calm.close()
     p50, p99 = np.percentile(latencies, [50, 99])
-    flooded = wait_for(lambda: (a := daemon.status()["inference"].get("actions", 0)) > 16 * 50 and a,
+    flooded = wait_for(lambda: (a := daemon.status()["inference"].get("actions", 0))
+                       > actions_before + 16 * 50 and a,
                        15, what="the flooder's batches served (the role reports once a second)")
     assert flooded and sent[0] >= 50, (flooded, sent)
     assert p99 < 0.25, (p50, p99, sent[0])

@@ -52,7 +52,8 @@ def attach_raw(daemon, sock: socket.socket) -> tuple[dict, int]:
     return attached, receive_ring_fd(sock)
 
 
-def test_shm_client_trains_and_its_ring_is_reclaimed(daemon):
+def test_shm_client_trains_and_its_ring_is_reclaimed(shared_daemon):
+    daemon, before = shared_daemon, shared_daemon.status()
     addr = f"shm:{daemon.state_dir}"
     agent = connect(addr)
     assert type(agent.link).__name__ == "ShmLink"
@@ -60,17 +61,19 @@ def test_shm_client_trains_and_its_ring_is_reclaimed(daemon):
     assert len(client_rings(daemon)) == 1
     stats = run_env(gym.make("CartPole-v1"), agent, steps=2 * agent.env_steps_per_sample, seed=0)
     assert stats.steps == 2 * agent.env_steps_per_sample
-    assert agent.weights_seq_no >= 2  # on-policy: each sample trained before continuing
+    # on-policy: each sample trained before continuing
+    assert agent.weights_seq_no >= before["weights_seq_no"] + 2, (before, agent.weights_seq_no)
     agent.close()
     wait_for(lambda: not client_rings(daemon), 10, what="ring closed by the collector after close")
-    assert daemon.status()["env_steps"] == 2 * agent.env_steps_per_sample
+    assert daemon.status()["env_steps"] == before["env_steps"] + 2 * agent.env_steps_per_sample
 
 
-def test_sigkilled_shm_client_segments_are_reclaimed(daemon):
+def test_sigkilled_shm_client_segments_are_reclaimed(shared_daemon):
+    daemon, before = shared_daemon, shared_daemon.status()
     code = ("import gymnasium as gym, sys; from rlinkd.client_lib import run_env; "
             f"run_env(gym.make('CartPole-v1'), 'shm:{daemon.state_dir}', steps=10**9)")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
-    wait_for(lambda: daemon.status()["env_steps"] >= 1024, 60, what="shm client training")
+    wait_for(lambda: daemon.status()["env_steps"] >= before["env_steps"] + 1024, 60, what="shm client training")
     assert client_rings(daemon)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -85,7 +88,8 @@ def test_sigkilled_shm_client_segments_are_reclaimed(daemon):
     assert daemon.status()["env_steps"] == steps + n and daemon.proc.poll() is None
 
 
-def test_ring_of_a_client_that_attaches_and_leaves_without_sampling_is_reclaimed(daemon):
+def test_ring_of_a_client_that_attaches_and_leaves_without_sampling_is_reclaimed(shared_daemon):
+    daemon = shared_daemon
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     attached, ring_fd = attach_raw(daemon, sock)
     os.close(ring_fd)
@@ -94,8 +98,10 @@ def test_ring_of_a_client_that_attaches_and_leaves_without_sampling_is_reclaimed
     wait_for(lambda: not client_rings(daemon), 10, what="ring closed after an attach-only client left")
 
 
-def test_ring_reclaimed_when_the_attaching_pid_is_gone_though_its_socket_lives(daemon, tmp_path):
+def test_ring_reclaimed_when_the_attaching_pid_is_gone_though_its_socket_lives(shared_daemon, tmp_path):
     """A client forks and exits: the child keeps the socket open, the ring still goes."""
+    daemon = shared_daemon
+    mark = daemon.log_mark()
     child_pid_file = tmp_path / "child.pid"
     code = ("import os, time; from rlinkd.client_lib import connect; "
             f"agent = connect('shm:{daemon.state_dir}'); "
@@ -107,15 +113,16 @@ def test_ring_reclaimed_when_the_attaching_pid_is_gone_though_its_socket_lives(d
     try:
         assert os.path.exists(f"/proc/{child}")  # the socket is still open in the child
         wait_for(lambda: not client_rings(daemon), 10, what="ring reclaimed after the attaching pid exited")
-        assert '"shm_client_gone"' in daemon.log()
+        assert '"shm_client_gone"' in daemon.log_since(mark)
     finally:
         os.kill(child, signal.SIGKILL)
 
 
-def test_a_client_cannot_shrink_its_ring_and_the_collector_keeps_running(daemon):
+def test_a_client_cannot_shrink_its_ring_and_the_collector_keeps_running(shared_daemon):
     """The ring is a sealed memfd: ftruncate fails with EPERM (the ERROR the client gets),
     whoever holds it, and the collector reads it as before. Before the seals, the
     collector died of SIGBUS here and was restarted."""
+    daemon = shared_daemon
     before = daemon.status()["children"]["collector"]
     good = BackgroundClient(f"shm:{daemon.state_dir}", seed=2).start()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -147,22 +154,24 @@ def test_a_client_cannot_shrink_its_ring_and_the_collector_keeps_running(daemon)
         wait_for(lambda: good.steps > steps + 100 or good.error, 60, what="the good client going on")
         assert good.error is None, good.error
         after = daemon.status()["children"]["collector"]
-        assert (after["pid"], after["restarts"]) == (before["pid"], 0), after
+        assert (after["pid"], after["restarts"]) == (before["pid"], before["restarts"]), (before, after)
     finally:
         sock.close()
         good.stop()
 
 
-def test_auto_prefers_shm_locally_and_tcp_and_shm_mix(daemon):
+def test_auto_prefers_shm_locally_and_tcp_and_shm_mix(shared_daemon):
+    daemon, before = shared_daemon, shared_daemon.status()
     agent = connect(f"auto:{daemon.state_dir}")
     assert type(agent.link).__name__ == "ShmLink"
     tcp = connect(f"tcp://127.0.0.1:{daemon.port}")
     env_a, env_b = gym.make("CartPole-v1"), gym.make("CartPole-v1")
     run_env(env_a, agent, steps=agent.env_steps_per_sample)
     run_env(env_b, tcp, steps=tcp.env_steps_per_sample)
-    status = wait_for(lambda: (s := daemon.status())["env_steps"] >= 2 * agent.env_steps_per_sample
-                      and s, 10, what="both transports ingested")
-    assert status["env_steps"] == 2 * agent.env_steps_per_sample
+    steps = before["env_steps"] + 2 * agent.env_steps_per_sample
+    status = wait_for(lambda: (s := daemon.status())["env_steps"] >= steps and s, 10,
+                      what="both transports ingested")
+    assert status["env_steps"] == steps, (before, status)
     agent.close()
     tcp.close()
 
@@ -175,7 +184,9 @@ def test_auto_without_a_local_daemon_falls_back_to_tcp(tmp_path):
     assert (link.address.host, link.address.port) == ("127.0.0.1", 5555)
 
 
-def test_cli_client_over_shm_found_through_the_state_dir(daemon):
+def test_cli_client_over_shm_found_through_the_state_dir(shared_daemon):
+    daemon, before = shared_daemon, shared_daemon.status()
+    mark = daemon.log_mark()
     result = subprocess.run(
         [sys.executable, "-m", "rlinkd.daemon.cli", "client", "--connect", "shm", "--state-dir",
          str(daemon.state_dir), "--steps", "600", "--seed", "3"],
@@ -183,8 +194,9 @@ def test_cli_client_over_shm_found_through_the_state_dir(daemon):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     done = json.loads(result.stdout.splitlines()[-1])
     assert done["event"] == "done" and done["steps"] == 600
-    wait_for(lambda: daemon.status()["env_steps"] == 600, 10, what="the daemon counted the client's steps")
-    assert any('"shm_client_attached"' in line for line in daemon.log().splitlines())
+    wait_for(lambda: daemon.status()["env_steps"] == before["env_steps"] + 600, 10,
+             what="the daemon counted the client's steps")
+    assert '"shm_client_attached"' in daemon.log_since(mark)
 
 
 @pytest.mark.slow
