@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import signal
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
 from rlinkd.daemon.checkpoint.store import checkpoints_dir, list_checkpoints
 from tests.conftest import DaemonPool
-from tests.helpers import BackgroundClient, DaemonProcess, wait_for
+from tests.helpers import REPO, BackgroundClient, DaemonProcess, wait_for
 
 pytestmark = pytest.mark.process
 SMALL_UPDATES = ("--set", "sampling.train_batch_size=128", "--set", "sampling.env_steps_per_sample=128",
@@ -119,7 +121,12 @@ def test_a_job_of_two_through_lost_ranks_and_checkpoints_of_two_and_one(tmp_path
         assert b["learner"]["cluster"]["generation"] >= 3  # formed, without rank 1, with it
         assert b["weights_seq_no"] >= seq + 2
 
-        # rank 0 is the job's one writer: rank 1 writes nothing on SIGUSR1 or when stopped
+        # rank 0 is the job's one writer: rank 1 writes nothing on SIGUSR1 or when stopped,
+        # and `rlinkd checkpoint` against it says to ask rank 0
+        out = subprocess.run([sys.executable, "-m", "rlinkd.daemon.cli", "checkpoint",
+                              "--state-dir", str(rank1.state_dir)], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "rank 0 writes the job's checkpoints" in out.stderr, out
         rank1.signal(signal.SIGUSR1)
         rank0.signal(signal.SIGUSR1)
         saved = wait_for(lambda: rank0.status()["last_checkpoint"] or None, 30,
