@@ -283,6 +283,11 @@ def _signal_and_wait(args: argparse.Namespace, sig: int, key: str, describe) -> 
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
+    cluster = (query_status(running_daemon(args)).get("learner") or {}).get("cluster") or {}
+    if cluster.get("rank", 0) != 0:
+        return _fail(f"this daemon is rank {cluster['rank']} of a job: rank 0 writes the job's "
+                     "checkpoints (run this against rank 0)", ExitCode.USAGE)
+
     def describe(status: dict) -> int:
         print(status.get("last_checkpoint", {}).get("path"))
         return 0

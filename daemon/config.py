@@ -813,6 +813,12 @@ def _validate_cluster(cfg: Config) -> None:
                           "(cluster.world_size > 1) trains feed-forward policies")
 
 
+def writes_checkpoints(cluster: ClusterConfig) -> bool:
+    """Whether this daemon writes checkpoints: a daemon alone does; in a job only rank 0
+    (the job's one writer), so a job's checkpoints are one series in rank 0's state dir."""
+    return cluster.world_size == 1 or cluster.rank == 0
+
+
 def cluster_address(cluster: ClusterConfig) -> tuple[str, int]:
     """``cluster.master`` as (host, port); ConfigError for a form HOST:PORT does not describe,
     port 0, or a non-loopback host without ``cluster.insecure_remote``."""

@@ -41,7 +41,7 @@ from rlinkd.daemon import supervisor_core as core
 from rlinkd.daemon.checkpoint import store
 from rlinkd.daemon.children import Child
 from rlinkd.daemon.config import (Config, ConfigError, apply_changes, load_config,
-                                  reloadable_changes, reloadable_values)
+                                  reloadable_changes, reloadable_values, writes_checkpoints)
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.daemon.errors import CheckpointError, ExitCode
 from rlinkd.daemon.export import POLICY_FILE, describe_checkpoint
@@ -110,7 +110,7 @@ class Supervisor:
                  notifier: Notifier | None = None) -> None:
         self.cfg, self.overrides, self.fresh = cfg, list(overrides), fresh
         self.notifier = notifier or Notifier()
-        self.core = core.SupervisorCore(cfg.daemon, START_ORDER)
+        self.core = core.SupervisorCore(cfg.daemon, START_ORDER, writes_checkpoints(cfg.cluster))
         self.children = {role: Child(role) for role in START_ORDER}
         self.sig_queue: collections.deque[int] = collections.deque()
         self._topo: Topology | None = None

@@ -92,8 +92,10 @@ class SupervisorCore:
     """Restart policy and shutdown state machine of one daemon. Not thread-safe; every
     method is called from the supervisor loop, returns the actions to carry out now."""
 
-    def __init__(self, settings: DaemonConfig, roles: tuple[str, ...] = START_ORDER) -> None:
+    def __init__(self, settings: DaemonConfig, roles: tuple[str, ...] = START_ORDER,
+                 writes_checkpoints: bool = True) -> None:
         self.settings = settings
+        self.writes_checkpoints = writes_checkpoints  # False: a job's rank other than 0
         self.roles = {role: RoleState(role) for role in roles}
         self.phase = Phase.RUNNING
         self.stopping: str | None = None
@@ -128,6 +130,10 @@ class SupervisorCore:
         """Ask the checkpointer for a checkpoint (timer, SIGUSR1); none once stopping
         (the shutdown asks for its own final one)."""
         if self.phase is not Phase.RUNNING:
+            return []
+        if not self.writes_checkpoints:
+            log.info("checkpoint_not_written", reason=reason,
+                     why="rank 0 writes the job's checkpoints")
             return []
         return self._checkpoint(reason)[1]
 
@@ -216,7 +222,10 @@ class SupervisorCore:
         self.checkpoint_deadline = now + budget * FINAL_CHECKPOINT_SHARE
         actions: list[Action] = [ShutdownBegun(reason), Send("collector", m.Drain(reason))]
         self.phase = Phase.CHECKPOINT
-        if self._writers_running():
+        if not self.writes_checkpoints:
+            log.info("checkpoint_not_written", reason="shutdown",
+                     why="rank 0 writes the job's checkpoints")
+        elif self._writers_running():
             self.final_ckpt_id, request = self._checkpoint("shutdown")
             actions += request
         return actions

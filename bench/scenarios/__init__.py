@@ -64,4 +64,8 @@ SUITE = {
                                 ("--quick", "--out", "{results}/memory_cartpole-quick.json")),
     "memory_cost": Scenario("bench.scenarios.memory_cost", "memory_cost.json", ("--runs", "{runs}"),
                             ("--quick", "--out", "{results}/memory_cost-quick.json")),
+    "cluster_jobs": Scenario("bench.scenarios.cluster_jobs", "cluster_jobs.json",
+                             ("--solve-runs", "{runs}"),
+                             ("--seconds", "10", "--solve-runs", "0",
+                              "--out", "{results}/cluster_jobs-quick.json")),
 }

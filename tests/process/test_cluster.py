@@ -1,22 +1,34 @@
-"""A job of two daemons on loopback (gloo): one training job, the same weights on both.
+"""Jobs of two daemons on loopback (gloo): one training job, the same weights on both ranks.
 
-Only rank 0 has a client: rank 1, without clients, joins every update with no rows after
-``cluster.peer_wait_s`` and must not stall rank 0; both ranks then publish the same
-``weights_seq_no`` and the same weights (status learner.cluster.weights_digest)."""
+One test walks a job through its faults and checkpoints, each check on the state the last
+left, with short cluster timeouts (``FAST``), so the file costs few daemon starts. Rank 1,
+without clients, joins every update with no rows after ``cluster.peer_wait_s`` and must not
+stall rank 0; both ranks publish the same ``weights_seq_no`` and weights (status
+learner.cluster.weights_digest); a rank SIGKILLed is left out within the bound and rejoins
+with the job's weights; without rank 0 a rank serves its last weights; rank 0 alone writes
+checkpoints; a job's checkpoint resumes a daemon alone, whose checkpoint starts a job.
+Bad cluster configs exit 78 naming the key (three daemons launched together)."""
 from __future__ import annotations
 
 import signal
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
+from rlinkd.daemon.checkpoint.store import checkpoints_dir, list_checkpoints
 from tests.conftest import DaemonPool
-from tests.helpers import BackgroundClient, DaemonProcess, wait_for
+from tests.helpers import REPO, BackgroundClient, DaemonProcess, wait_for
 
 pytestmark = pytest.mark.process
 SMALL_UPDATES = ("--set", "sampling.train_batch_size=128", "--set", "sampling.env_steps_per_sample=128",
                  "--set", "ppo.minibatch_size=64", "--set", "ppo.num_epochs=2")
+FAST = ("--set", "cluster.collective_timeout_s=5", "--set", "cluster.peer_wait_s=0.2",
+        "--set", "cluster.reform_window_s=0.5")
+"""Short cluster timeouts: a killed peer's sockets close at once, so only a start that lags
+by more than the collective timeout could fail; 5 s is ample on a loaded box."""
 
 
 def free_port() -> int:
@@ -33,8 +45,7 @@ def job_of_two(tmp_path, pool: DaemonPool, *extra: str, dirs=None) -> list[Daemo
     for rank in (0, 1):
         d = DaemonProcess(dirs[rank] if dirs else tmp_path / f"rank{rank}", [
             "--set", "cluster.world_size=2", "--set", f"cluster.rank={rank}",
-            "--set", f"cluster.master={master}", "--set", "cluster.collective_timeout_s=20",
-            *SMALL_UPDATES, *extra])
+            "--set", f"cluster.master={master}", *FAST, *SMALL_UPDATES, *extra])
         d.check_clean_exit = True
         pool.started.append(d)
         ranks.append(d.launch())
@@ -46,102 +57,126 @@ def job_of_two(tmp_path, pool: DaemonPool, *extra: str, dirs=None) -> list[Daemo
     return ranks
 
 
+def restart(pool: DaemonPool, d: DaemonProcess) -> DaemonProcess:
+    """The same daemon (state dir, arguments) started again."""
+    again = DaemonProcess(d.state_dir, d.args)
+    again.check_clean_exit = True
+    pool.started.append(again)
+    again.launch().wait_ready(60)
+    again.remember_children()
+    return again
+
+
 def cluster_of(d: DaemonProcess) -> dict:
     return d.status()["learner"].get("cluster") or {}
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "appo"])
-def test_two_daemons_train_one_job_and_a_rank_without_clients_does_not_stall(tmp_path, algorithm):
+def in_step(*ranks: DaemonProcess) -> list[dict] | None:
+    """Every rank's status when all are members of one job at the same weights_seq_no and
+    weights; else None."""
+    statuses = [d.status() for d in ranks]
+    clusters = [s["learner"].get("cluster") or {} for s in statuses]
+    same = (len({tuple(c.get("members", ())) for c in clusters}) == 1
+            and len(clusters[0].get("members", ())) == len(ranks)
+            and len({s["weights_seq_no"] for s in statuses}) == 1
+            and len({c["weights_digest"] for c in clusters}) == 1)
+    return statuses if same else None
+
+
+def test_a_job_of_two_through_lost_ranks_and_checkpoints_of_two_and_one(tmp_path):
+    """One job's life, each step on the state the last left: PPO in step, rank 1 lost and
+    back, rank 0's checkpoint resumed by a daemon alone, whose checkpoint starts an APPO job
+    (the same job learner, V-trace in each rank's connector) that loses rank 0 and gets it
+    back."""
     pool = DaemonPool(tmp_path)
     try:
-        rank0, rank1 = job_of_two(tmp_path, pool, "--set", f"learner.algorithm={algorithm}")
+        rank0, rank1 = job_of_two(tmp_path, pool)
         client = BackgroundClient(f"tcp://127.0.0.1:{rank0.port}").start()
-        wait_for(lambda: rank1.status()["weights_seq_no"] >= 4, 60,
-                 what="four updates of the job, clients on rank 0 only")
-        client.stop()
-        assert client.error is None, client.error
-
-        def in_step() -> tuple[dict, dict] | None:
-            a, b = rank0.status(), rank1.status()
-            same = a["weights_seq_no"] == b["weights_seq_no"] and (
-                a["learner"]["cluster"]["weights_digest"] == b["learner"]["cluster"]["weights_digest"])
-            return same and (a, b)
-        a, b = wait_for(in_step, 30, what="both ranks at the same weights_seq_no and weights")
+        wait_for(lambda: rank1.status()["weights_seq_no"] >= 3, 60,
+                 what="three updates of the job, clients on rank 0 only")
+        a, b = wait_for(lambda: in_step(rank0, rank1), 30, what="both ranks in step")
         for rank, status in enumerate((a, b)):
             cluster = status["learner"]["cluster"]
             assert (cluster["world_size"], cluster["rank"], cluster["members"]) == (2, rank, [0, 1])
             assert cluster["generation"] >= 1 and cluster["collective_time_s"] > 0
         assert a["learner"]["cluster"]["rows_per_rank"][1] == 0  # rank 1 contributed no rows
-        assert a["learner"]["updates"] == b["learner"]["updates"] >= 4
-    finally:
-        pool.close()
+        assert a["learner"]["updates"] == b["learner"]["updates"] >= 3
 
-
-def test_a_killed_rank_is_left_out_within_the_bound_and_rejoins_with_the_jobs_weights(tmp_path):
-    pool = DaemonPool(tmp_path)
-    try:
-        rank0, rank1 = job_of_two(tmp_path, pool, "--set", "cluster.reform_window_s=1")
-        client = BackgroundClient(f"tcp://127.0.0.1:{rank0.port}").start()
-        wait_for(lambda: rank1.status()["weights_seq_no"] >= 2, 60, what="the job training")
+        # rank 1 SIGKILLed: rank 0 serves on, re-forms alone within the bound, trains alone
         rank1.check_clean_exit = False
         rank1.stop(sig=signal.SIGKILL)  # the whole daemon; its roles die with it
         killed_at = time.monotonic()
         wait_for(lambda: cluster_of(rank0).get("members") == [0], 30,
                  what="rank 0 re-forming without rank 1")
         reformed_s = time.monotonic() - killed_at
+        assert reformed_s < 0.5 + 5, reformed_s  # the window plus detection, on a loaded box
         seq = rank0.status()["weights_seq_no"]
         wait_for(lambda: rank0.status()["weights_seq_no"] >= seq + 2, 30, what="rank 0 training alone")
         assert client.error is None, client.error
 
-        again = DaemonProcess(rank1.state_dir, rank1.args)
-        again.check_clean_exit = True
-        pool.started.append(again)
-        again.launch().wait_ready(60)
-        again.remember_children()
+        # it returns and rejoins with the job's weights
+        rank1 = restart(pool, rank1)
+        a, b = wait_for(lambda: in_step(rank0, rank1), 60,
+                        what="rank 1 back in the job with the job's weights")
+        assert b["learner"]["cluster"]["generation"] >= 3  # formed, without rank 1, with it
+        assert b["weights_seq_no"] >= seq + 2
 
-        def in_step() -> dict | None:
-            a, b = cluster_of(rank0), cluster_of(again)
-            return (a.get("members") == b.get("members") == [0, 1]
-                    and a["weights_digest"] == b["weights_digest"]
-                    and rank0.status()["weights_seq_no"] == again.status()["weights_seq_no"] and b)
-        joined = wait_for(in_step, 60, what="rank 1 back in the job with the job's weights")
+        # rank 0 is the job's one writer: rank 1 writes nothing on SIGUSR1 or when stopped,
+        # and `rlinkd checkpoint` against it says to ask rank 0
+        out = subprocess.run([sys.executable, "-m", "rlinkd.daemon.cli", "checkpoint",
+                              "--state-dir", str(rank1.state_dir)], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "rank 0 writes the job's checkpoints" in out.stderr, out
+        rank1.signal(signal.SIGUSR1)
+        rank0.signal(signal.SIGUSR1)
+        saved = wait_for(lambda: rank0.status()["last_checkpoint"] or None, 30,
+                         what="rank 0's checkpoint")["weights_seq_no"]
+        wait_for(lambda: '"why": "rank 0 writes the job\'s checkpoints"' in rank1.log(), 30,
+                 what="rank 1 saying rank 0 writes")
         client.stop()
-        assert joined["generation"] >= 3  # formed, re-formed without rank 1, re-formed with it
-        assert reformed_s < 1 + 10, reformed_s  # the window plus detection, on a loaded box
-    finally:
-        pool.close()
+        assert client.error is None, client.error
+        for d in (rank0, rank1):
+            assert d.stop() == 0, d.log()
+        assert list_checkpoints(checkpoints_dir(rank1.state_dir)) == []
+        assert rank1.log().count('"event": "checkpoint_not_written"') >= 2  # SIGUSR1, shutdown
 
+        # the job's checkpoint resumes a daemon alone ...
+        alone = DaemonProcess(rank0.state_dir, [*SMALL_UPDATES])
+        alone.check_clean_exit = True
+        pool.started.append(alone)
+        alone.start(60)
+        assert alone.status()["weights_seq_no"] >= saved and '"event": "resuming"' in alone.log()
+        final = alone.status()["weights_seq_no"]
+        assert alone.stop() == 0  # with its final checkpoint
 
-def test_without_rank_0_a_rank_serves_its_weights_and_rejoins_giving_the_newest(tmp_path):
-    pool = DaemonPool(tmp_path)
-    try:
-        rank0, rank1 = job_of_two(tmp_path, pool)
+        # ... whose checkpoint starts a job: rank 0 resumes it, rank 1 starts fresh
+        rank0, rank1 = job_of_two(tmp_path, pool, "--set", "learner.algorithm=appo",
+                                  dirs=(alone.state_dir, tmp_path / "fresh"))
+        a, b = wait_for(lambda: in_step(rank0, rank1), 30, what="the new job in step")
+        assert a["weights_seq_no"] >= final
+
+        # rank 0 SIGKILLed: rank 1 serves its last weights, trains nothing, writes nothing
         client = BackgroundClient(f"tcp://127.0.0.1:{rank1.port}").start()
-        wait_for(lambda: rank0.status()["weights_seq_no"] >= 2, 60, what="the job training")
+        wait_for(lambda: rank0.status()["weights_seq_no"] >= final + 2, 60, what="the job training")
         rank0.check_clean_exit = False
         rank0.stop(sig=signal.SIGKILL)
         wait_for(lambda: cluster_of(rank1).get("members") == [], 30, what="rank 1 detached")
         held = rank1.status()["weights_seq_no"]
         steps = client.steps
         wait_for(lambda: client.steps > steps + 300, 30, what="rank 1 serving its client")
-        assert rank1.status()["weights_seq_no"] == held  # serves its last weights, trains nothing
+        assert rank1.status()["weights_seq_no"] == held
         assert client.error is None, client.error
 
-        again = DaemonProcess(rank0.state_dir, rank0.args)  # rank 0 back, with nothing newer
-        again.check_clean_exit = True
-        pool.started.append(again)
-        again.launch().wait_ready(60)
-        again.remember_children()
-
-        def in_step() -> dict | None:
-            a, b = cluster_of(again), cluster_of(rank1)
-            return (a.get("members") == b.get("members") == [0, 1]
-                    and a["weights_digest"] == b["weights_digest"] and a)
-        wait_for(in_step, 60, what="the job re-formed around rank 0")
+        # rank 0 back, with nothing newer than its checkpoint: rank 1's newer weights win
+        rank0 = restart(pool, rank0)
+        a, _ = wait_for(lambda: in_step(rank0, rank1), 60, what="the job re-formed around rank 0")
         client.stop()
-        assert again.status()["weights_seq_no"] >= held  # rank 1's newer weights won
+        assert client.error is None, client.error
+        assert a["weights_seq_no"] >= held
     finally:
         pool.close()
+
+
 
 
 def exit_code(d: DaemonProcess, timeout_s: float = 60.0) -> int:
@@ -150,63 +185,27 @@ def exit_code(d: DaemonProcess, timeout_s: float = 60.0) -> int:
     return code
 
 
-def test_an_unreachable_master_is_a_config_error_naming_it(tmp_path):
-    pool = DaemonPool(tmp_path)
-    try:
-        d = DaemonProcess(tmp_path / "rank1", [
-            "--set", "cluster.world_size=2", "--set", "cluster.rank=1",
-            "--set", f"cluster.master=127.0.0.1:{free_port()}", "--set", "cluster.collective_timeout_s=1"])
-        pool.started.append(d)
-        assert exit_code(d.launch()) == 78, d.log()
-        assert "cluster.master = '127.0.0.1:" in d.log() and "could not reach" in d.log()
-    finally:
-        pool.close()
-
-
-def test_ranks_training_different_spaces_both_exit_78(tmp_path):
+def test_bad_cluster_configs_exit_78_naming_the_key(tmp_path):
+    """Launched together: a rank 1 whose master is a closed loopback port (fails within its
+    1 s collective timeout), and two ranks training different spaces (both refuse)."""
     pool = DaemonPool(tmp_path)
     master = f"127.0.0.1:{free_port()}"
     try:
+        lost = DaemonProcess(tmp_path / "lost", [
+            "--set", "cluster.world_size=2", "--set", "cluster.rank=1",
+            "--set", f"cluster.master=127.0.0.1:{free_port()}",  # closed: bound, then released
+            "--set", "cluster.collective_timeout_s=1"])
         ranks = [DaemonProcess(tmp_path / f"rank{rank}", [
             "--set", "cluster.world_size=2", "--set", f"cluster.rank={rank}",
-            "--set", f"cluster.master={master}", "--set", "cluster.collective_timeout_s=20",
+            "--set", f"cluster.master={master}", *FAST,
             *(("--set", "env.id=Acrobot-v1") if rank else ())]) for rank in (0, 1)]
-        for d in ranks:
+        for d in (lost, *ranks):
             pool.started.append(d)
             d.launch()
+        assert exit_code(lost) == 78, lost.log()
+        assert "cluster.master = '127.0.0.1:" in lost.log() and "could not reach" in lost.log()
         for rank, d in enumerate(ranks):
             assert exit_code(d) == 78, d.log()
             assert f"cluster.world_size: rank {rank} and rank(s) [{1 - rank}] train different" in d.log()
-    finally:
-        pool.close()
-
-
-def test_a_jobs_checkpoint_resumes_a_daemon_alone_and_a_daemons_starts_a_job(tmp_path):
-    pool = DaemonPool(tmp_path)
-    try:
-        rank0, rank1 = job_of_two(tmp_path, pool)
-        client = BackgroundClient(f"tcp://127.0.0.1:{rank0.port}").start()
-        wait_for(lambda: rank1.status()["weights_seq_no"] >= 2, 60, what="the job training")
-        rank1.signal(signal.SIGUSR1)  # any rank's checkpoint holds the job's learner state
-        saved = wait_for(lambda: rank1.status()["last_checkpoint"] or None, 30,
-                         what="rank 1's checkpoint")["weights_seq_no"]
-        client.stop()
-        for d in (rank0, rank1):
-            assert d.stop() == 0, d.log()
-
-        alone = DaemonProcess(rank1.state_dir, [*SMALL_UPDATES])  # the job's, as a daemon alone
-        alone.check_clean_exit = True
-        pool.started.append(alone)
-        alone.start(60)
-        assert alone.status()["weights_seq_no"] >= saved and '"event": "resuming"' in alone.log()
-        final = alone.status()["weights_seq_no"]
-        assert alone.stop() == 0  # with its final checkpoint
-
-        # the daemon alone's checkpoint starts a job: rank 0 resumes it, rank 1 starts fresh
-        rank0, rank1 = job_of_two(tmp_path, pool, dirs=(rank1.state_dir, tmp_path / "fresh"))
-        statuses = [d.status() for d in (rank0, rank1)]
-        assert statuses[0]["weights_seq_no"] == statuses[1]["weights_seq_no"] >= final
-        digests = {s["learner"]["cluster"]["weights_digest"] for s in statuses}
-        assert len(digests) == 1, digests
     finally:
         pool.close()

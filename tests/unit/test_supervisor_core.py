@@ -14,7 +14,8 @@ from structlog.testing import capture_logs
 
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.children import ABORT_GRACE_S, HEALTHY_AFTER_S
-from rlinkd.daemon.config import DaemonConfig, load_config, reloadable_changes
+from rlinkd.daemon.config import (ClusterConfig, DaemonConfig, load_config, reloadable_changes,
+                                  writes_checkpoints)
 from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.roster import ROLES, START_ORDER
 from rlinkd.daemon.supervisor_core import (INTERRUPTED, Exit, Kill, Phase, Send, ShutdownBegun,
@@ -445,3 +446,21 @@ def test_an_exit_nobody_asked_for_is_a_warning_even_while_stopping():
         core.child_exited("collector", 0, 2.5)
     assert [(e["child"], e["log_level"], e["requested"]) for e in events(logs, "child_exited")] == [
         ("connector", "warning", False), ("collector", "warning", False)]
+
+
+# ---------------------------------------------------------------- a job's rank other than 0
+def test_a_rank_other_than_0_writes_no_checkpoint_periodic_usr1_or_final():
+    """config.writes_checkpoints: in a job only rank 0 writes; the others say so."""
+    assert not writes_checkpoints(ClusterConfig(world_size=2, rank=1))
+    assert writes_checkpoints(ClusterConfig(world_size=2)) and writes_checkpoints(ClusterConfig())
+    core = SupervisorCore(DaemonConfig(shutdown_timeout_s=BUDGET_S), writes_checkpoints=False)
+    core.start_all(0.0)
+    with capture_logs() as logs:
+        assert sent(core.request_checkpoint("SIGUSR1"), m.CheckpointRequest) == []
+        assert sent(core.request_checkpoint("periodic"), m.CheckpointRequest) == []
+        actions = core.terminate(100.0)
+    assert [e["reason"] for e in events(logs, "checkpoint_not_written")] == ["SIGUSR1", "periodic",
+                                                                            "shutdown"]
+    assert sent(actions, m.CheckpointRequest) == [] and sent(actions, m.Drain)
+    stop = core.tick(100.1, fresh())  # no final checkpoint to wait for: straight to Stop
+    assert {target for target, _ in sent(stop, m.Stop)} == set(ROLES)
