@@ -243,16 +243,28 @@ def learn_over_both_transports(d, target: float, budget_s: float, env_id: str = 
     """One TCP and one shared-memory client of ``env_id`` on daemon ``d`` until either's
     mean return of its last ``last_n`` episodes reaches ``target`` (AssertionError after
     ``budget_s``); their episode returns."""
+    addresses = {"tcp": f"tcp://127.0.0.1:{d.port}", "shm": f"shm:{d.state_dir}"}
+    return learn_with_clients(addresses, target, budget_s, env_id, last_n)
+
+
+def learn_with_clients(addresses: dict[str, str], target: float, budget_s: float,
+                       env_id: str = "CartPole-v1", last_n: int = 20,
+                       **connect_kwargs) -> dict[str, list[float]]:
+    """One client_lib client of ``env_id`` per named address (``connect_kwargs`` go to
+    ``connect``) until one's mean return of its last ``last_n`` episodes reaches ``target``
+    (AssertionError after ``budget_s``); their episode returns by name."""
     import threading
-    returns: dict[str, list[float]] = {"tcp": [], "shm": []}
+    returns: dict[str, list[float]] = {name: [] for name in addresses}
     stop = threading.Event()
-    threads = [threading.Thread(target=play_env, args=(f"tcp://127.0.0.1:{d.port}", returns["tcp"], stop, 0, env_id)),
-               threading.Thread(target=play_env, args=(f"shm:{d.state_dir}", returns["shm"], stop, 1, env_id))]
+    threads = [threading.Thread(target=play_env, args=(address, returns[name], stop, i, env_id),
+                                kwargs=connect_kwargs)
+               for i, (name, address) in enumerate(addresses.items())]
     for t in threads:
         t.start()
     try:
         wait_for(lambda: max(mean_last(r, last_n) for r in returns.values()) >= target, budget_s,
-                 what=f"a client's mean return of {target}")
+                 what=f"a client's mean return of {target}: "
+                      f"{[round(mean_last(r, last_n), 1) for r in returns.values()]}")
     finally:
         stop.set()
         for t in threads:

@@ -7,11 +7,10 @@ clients' state per agent, the collector's "state_in" checks, HAS_STATE rows on t
 the connector's sequences, the learner's truncated BPTT -- in one daemon, test-sized."""
 from __future__ import annotations
 
-import threading
 
 import pytest
 
-from tests.helpers import mean_last, play_env, wait_for
+from tests.helpers import learn_with_clients, wait_for
 from tests.tasks.cartpole_novel import ACTION_SPACE_TOML, ID, OBSERVATION_SPACE_TOML
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(240)]
@@ -48,23 +47,11 @@ def start(daemon_factory, tmp_path, *args: str):
     return daemon_factory("--config", str(config), *args)
 
 
-def learn(addresses: dict[str, str], target: float, budget_s: float, **connect_kwargs) -> dict[str, list[float]]:
-    """One client per address until one's mean return over its last 20 episodes reaches
-    ``target`` (AssertionError after ``budget_s``); their episode returns."""
-    returns: dict[str, list[float]] = {name: [] for name in addresses}
-    stop = threading.Event()
-    threads = [threading.Thread(target=play_env, args=(a, returns[n], stop, i, ID), kwargs=connect_kwargs)
-               for i, (n, a) in enumerate(addresses.items())]
-    for t in threads:
-        t.start()
-    try:
-        wait_for(lambda: max(mean_last(r) for r in returns.values()) >= target, budget_s,
-                 what=f"a mean return of {target}: {[round(mean_last(r), 1) for r in returns.values()]}")
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
-    return returns
+def learn(addresses: dict[str, str], target: float, budget_s: float,
+          inference: str = "client") -> dict[str, list[float]]:
+    """The hidden-velocity task's clients until one's mean return over 20 episodes reaches
+    ``target`` (``inference`` "server": server-side actions)."""
+    return learn_with_clients(addresses, target, budget_s, ID, inference=inference)
 
 
 def both(d) -> dict[str, str]:
