@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlinkd-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo lint test bytecode bench bench-report clean c-client c-check c-headers native-check ort-old gpu-check
+.PHONY: install demo lint checks test bytecode bench bench-report clean c-client c-check c-headers native-check ort-old gpu-check
 
 install: $(STAMP)
 
@@ -73,8 +73,17 @@ $(ORT_OLD)/onnxruntime-1.15.1.dist-info: | $(STAMP)
 bytecode: $(STAMP)
 	$(PY) -m compileall -q -j 0 daemon shm client_lib bench tests >/dev/null
 
-test: lint c-check ort-old bytecode
-	$(PY) -m pytest -q
+# The checks before the tests run side by side (mypy is single-threaded, the C builds use every
+# core), then the tests: everything not marked `serial` on TEST_JOBS pytest-xdist workers, one
+# test file per worker at a time (module-scoped daemons stay shared), then the `serial` tests
+# alone (their assertions bound latencies or heartbeats that a busy neighbour would break).
+TEST_JOBS ?= $(shell nproc)
+checks: lint c-check ort-old bytecode docs
+
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target checks
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not serial"
+	$(PY) -m pytest -q -p no:xdist -m serial
 
 bench: $(STAMP)
 	$(PY) -m bench.run_all
@@ -102,7 +111,6 @@ clean:
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d build/docs
 
-test: docs
 
 # Regenerate docs/configuration.md's table from daemon/config.py (tests/unit/test_readme_config_table.py
 # checks it is current); readme-config is its former name.

@@ -33,6 +33,19 @@ def bench_results_untouched():
     assert not changed, f"the test run created or modified bench/results files: {changed}"
 
 
+TIER_ORDER = {"process": 0, "wiring": 1, "unit": 2}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Real-process files first, then wiring, then units (stable within a tier): pytest-xdist
+    (`make test`) hands whole files to its workers in this order, so the long files start
+    early and the many short unit files even out the end of the run."""
+    def tier(item) -> int:
+        parts = item.path.relative_to(REPO / "tests").parts
+        return TIER_ORDER.get(parts[0], len(TIER_ORDER)) if len(parts) > 1 else len(TIER_ORDER)
+    items.sort(key=tier)
+
+
 class DaemonPool:
     """Starts daemons; ``close`` stops them all and reports what went wrong."""
 

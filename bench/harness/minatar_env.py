@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-PREFIX = "bench.harness.minatar_env:"
-"""Prefix of a MinAtar id that makes gymnasium import (and so register) this module."""
+PREFIX = f"{__name__}:"
+"""Prefix of a MinAtar id that makes gymnasium import (and so register) this module
+(``bench.scenarios.minatar.env_id`` builds ids with it without importing this module)."""
 
 
 def register() -> None:

@@ -42,9 +42,11 @@ from rlinkd.daemon.launch import stop_processes
 from bench.harness.common import REPO, fmt_num, median_range, print_table, write_result
 from bench.harness.curves import make_curve
 from bench.harness.daemon import Daemon
-from bench.harness.minatar_env import PREFIX
 from bench.scenarios.rlinkd_solve import EpisodePool
 
+ENV_MODULE = "bench.harness.minatar_env"
+"""The module gymnasium imports for a MinAtar id (it registers the games; importing it here
+would load minatar and its plotting dependencies for every caller of this module)."""
 PPO = {"ppo.lr": "0.0005", "ppo.ent_coef": "0.01", "ppo.num_epochs": "4", "ppo.minibatch_size": "128"}
 """[ppo] settings of the benchmark (everything else at the daemon's defaults)."""
 CURVE_WINDOW_STEPS = 50_000
@@ -53,7 +55,7 @@ STATUS_EVERY_S = 2.0
 
 def env_id(game: str) -> str:
     """The gymnasium id the daemon and the clients make (module prefix registers MinAtar)."""
-    return f"{PREFIX}MinAtar/{game}-v1"
+    return f"{ENV_MODULE}:MinAtar/{game}-v1"
 
 
 def overrides(game: str) -> list[str]:

@@ -17,6 +17,7 @@ def tcp(d) -> str:
     return f"tcp://127.0.0.1:{d.port}"
 
 
+@pytest.mark.serial
 def test_an_update_longer_than_the_heartbeat_timeout_is_not_a_hang(daemon_factory):
     # one on-policy batch of 256 rows, 32 minibatches x 200 epochs: several seconds of SGD
     d = daemon_factory("--set", f"daemon.heartbeat_timeout_s={HEARTBEAT_TIMEOUT_S}",

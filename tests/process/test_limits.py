@@ -10,6 +10,8 @@ import signal
 import socket
 import time
 
+import pytest
+
 from rlinkd.client_lib.protocol import codec, msgpack_flavour as mf
 from tests.helpers import peer_closed, raw_connect, raw_recv, raw_recv_exactly, raw_send
 
@@ -96,6 +98,7 @@ def stalled_client(port: int, requests: int = 10) -> socket.socket:
     return sock
 
 
+@pytest.mark.serial
 def test_sigterm_with_100_stalled_clients_stays_within_the_shutdown_budget(daemon_factory):
     budget_s = 5.0
     d = daemon_factory("--set", f"daemon.shutdown_timeout_s={budget_s}",

@@ -534,6 +534,7 @@ def flood(port: int, stop: threading.Event, sent: list[int]) -> None:
         sock.close()
 
 
+@pytest.mark.serial
 def test_a_flooding_client_does_not_hold_up_another(shared_daemon):
     """One raw client floods STEP_BATCHes and never reads a reply; another client's actions
     keep coming: its p99 latency over 300 steps during the flood stays bounded."""

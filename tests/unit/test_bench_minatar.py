@@ -30,3 +30,9 @@ def test_the_daemon_and_clients_make_minatar_through_the_registering_module():
 def test_running_means_average_the_last_episodes():
     points = minatar.running_means([(1.0, 1.0, 10), (2.0, 3.0, 20), (3.0, 8.0, 30)], last=2)
     assert points == [(1.0, 10, 1.0), (2.0, 20, 2.0), (3.0, 30, 5.5)]
+
+
+def test_ids_name_the_registering_module():
+    pytest.importorskip("minatar")
+    from bench.harness import minatar_env
+    assert minatar.env_id("Breakout").startswith(minatar_env.PREFIX)
