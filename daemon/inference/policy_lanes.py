@@ -45,7 +45,7 @@ class PolicyLanes:
     """Every area of one policy in one ``LaneRegion``: one lane index space, one ``LaneBook``
     over it, and the lanes left pending at the last scan (``deferred``)."""
 
-    def __init__(self, layout: LaneLayout, slots: SlotPool, max_seq_len: int = 0) -> None:
+    def __init__(self, layout: LaneLayout, slots: SlotPool, max_seq_len: int = 0, native: bool = True) -> None:
         self.region = LaneRegion(layout)
         self.book = LaneBook(0, layout.step, slots, max_seq_len)
         self.deferred = np.zeros(0, bool)
@@ -55,7 +55,8 @@ class PolicyLanes:
         fields = layout.dtype.fields
         assert fields is not None
         self.seq_at = (fields["req_seq"][1], fields["resp_seq"][1])
-        self.scan = native_module().pending_lanes if native_module() is not None else None  # (None: numpy)
+        self.scan = (native_module().pending_lanes if native and native_module() is not None
+                     else None)  # (None: numpy; ``native``: the ``scan`` part is on)
         self.slot_start = np.zeros(MAX_SLOTS, np.int64)  # per header slot: its area's first lane
         self.slot_lanes = np.zeros(MAX_SLOTS, np.int64)  # ... and its own lanes (0: no area)
         self.placed = np.zeros(0, np.int64)              # slots with an area, in lane order
