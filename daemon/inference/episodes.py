@@ -167,7 +167,10 @@ class LaneBook:
                   bad_obs: bool, out: list[np.ndarray]) -> tuple[int, bool, bool, EvalEnd | None, int]:
         """``apply`` for one request, in scalar code (the common case of a lone client: a
         tenth of the vectorised path's cost). Appends step records to ``out``; returns
-        (status, wants_action, explore, finished evaluation episode or None, train steps)."""
+        (status, wants_action, explore, finished evaluation episode or None, train steps).
+        Oracles: ``apply`` is this method's (tests/unit/test_inference_server.py: scalar and
+        vectorised bookkeeping agree), and this method (+ the draw + ``remember_one``) is
+        native/step.c's (tests/unit/test_lonestep.py: native and Python lone steps agree)."""
         is_open = bool(self.open[lane])
         if op not in (OP_START, OP_STEP, OP_END, OP_RELEASE):
             return STATUS_BAD_OP, False, True, None, 0

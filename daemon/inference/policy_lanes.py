@@ -115,9 +115,11 @@ class PolicyLanes:
         return self._pending_numpy(slots)
 
     def _pending_numpy(self, slots: np.ndarray | None) -> np.ndarray:
-        """``pending`` without the extension: area by area, or (when they are many against
-        the region's lanes -- a Python step per area costs about what a vectorised look at
-        ~FULL_SCAN_LANES lanes does) one pass over every lane."""
+        """``pending`` without native/scan.c (the extension not built, or ``scan`` left out
+        of ``inference.native_parts``): area by area, or (when they are many against the
+        region's lanes -- a Python step per area costs about what a vectorised look at
+        ~FULL_SCAN_LANES lanes does) one pass over every lane. The test oracle of scan.c
+        (tests/unit/test_inference_server.py: the native lane scan agrees with numpy)."""
         if slots is None or len(slots) * FULL_SCAN_LANES > self.region.high + FULL_SCAN_LANES:
             lanes = self.region.lanes  # (one vectorised pass beats a Python loop over many areas)
             return np.flatnonzero((lanes["req_seq"] != lanes["resp_seq"]) & self.region.served)
