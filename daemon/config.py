@@ -363,6 +363,12 @@ class ConnectorConfig:
         "Pieces in order: built-in names or `module:Class` import paths of your own pieces.")
 
 
+NATIVE_PARTS = ("scan", "step", "direct", "net")
+"""The inference role's native parts (daemon/inference/native/): the lane scan (scan.c), the
+lone step (step.c), direct connections' plain steps (direct.c), the forward-pass interpreter
+(net.c)."""
+
+
 @dataclass(frozen=True)
 class InferenceConfig:
     """[inference]: server-side action serving (the `inference` role)."""
@@ -390,6 +396,13 @@ class InferenceConfig:
                            "SERVE_DIRECT to the inference role, which answers it itself (one "
                            "hop per action instead of two; not over TLS); false: SERVE_DIRECT "
                            "is refused and every action goes through the collector.")
+    native_parts: tuple[str, ...] = setting(
+        NATIVE_PARTS, "Native parts of the inference role in use (where the extension is built): "
+        "`scan` (the lane scan), `step` (lone requests in one native call; needs `net`), `direct` "
+        "(direct connections' plain steps), `net` (the native forward pass, a candidate of "
+        "`backend`). A part left out is done by the Python path instead (an A/B of one part: "
+        "bench/scenarios/native_ab.py); `[]`: pure Python. Status `inference.native_parts` lists "
+        "the parts in use.", choices=NATIVE_PARTS)
     env_steps_per_sample: int = setting(0, "Training steps the inference role records per "
                                         "policy before it hands them on and (on-policy) waits "
                                         "for weights trained on them; 0: "
@@ -613,6 +626,9 @@ def _build_section(name: str, cls: type, values: dict[str, Any]) -> Any:
         coerced = _coerce(full, hints[key], value)
         if coerced is not None and not isinstance(coerced, (tuple, Space)):
             _check_limits(full, fields[key], coerced)
+        elif isinstance(coerced, tuple) and fields[key].metadata.get("choices"):
+            for item in coerced:  # (a list of names: each one of the choices)
+                _check_limits(full, fields[key], item)
         kwargs[key] = coerced
     return cls(**kwargs)
 
@@ -760,8 +776,18 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"learner.device = {cfg.learner.device!r}: expected auto, cpu, cuda "
                           "or cuda:N")
     metrics_address(cfg.metrics)
+    _validate_native_parts(cfg.inference)
     _validate_policies(cfg)
     _validate_cluster(cfg)
+
+
+def _validate_native_parts(inf: InferenceConfig) -> None:
+    """``step`` runs ``net``'s program, and ``backend = "native"`` is ``net``."""
+    if "step" in inf.native_parts and "net" not in inf.native_parts:
+        raise ConfigError("inference.native_parts: `step` runs the native forward pass; list `net` "
+                          "too, or leave `step` out")
+    if inf.backend == "native" and "net" not in inf.native_parts:
+        raise ConfigError("inference.backend = 'native' needs `net` in inference.native_parts")
 
 
 def _validate_policies(cfg: Config) -> None:

@@ -201,6 +201,7 @@ class InferenceStats:
     cpu_s: float                 # the role's process CPU time
     weights_seq_nos: dict[str, int] = field(default_factory=dict)
     direct: dict[str, int] = field(default_factory=dict)  # direct serving connections' counts
+    native_parts: tuple[str, ...] = ()  # the native parts serving now (inference.native_parts)
 
 
 def inference_report(msg: InferenceStats) -> dict:
@@ -212,7 +213,8 @@ def inference_report(msg: InferenceStats) -> dict:
             "batch_sizes": dict(msg.batch_sizes), "backends": dict(msg.backends),
             "cpu_s": round(msg.cpu_s, 2),
             "cpu_ms_per_1000_actions": round(1e6 * msg.cpu_s / msg.actions, 2) if msg.actions else None,
-            "weights_seq_nos": dict(msg.weights_seq_nos), **msg.direct}
+            "weights_seq_nos": dict(msg.weights_seq_nos), "native_parts": list(msg.native_parts),
+            **msg.direct}
 
 
 @dataclass(frozen=True)

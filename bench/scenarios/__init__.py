@@ -52,6 +52,8 @@ SUITE = {
                              ("--quick", "--out", "{results}/sac_pendulum-quick.json")),
     "dqn_cartpole": Scenario("bench.scenarios.dqn_cartpole", "dqn_cartpole.json", ("--runs", "{runs}"),
                              ("--quick", "--out", "{results}/dqn_cartpole-quick.json")),
+    "native_ab": Scenario("bench.scenarios.native_ab", "native_ab.json", ("--runs", "5"),
+                          ("--quick", "--out", "{results}/native_ab-quick.json")),
     "c_client": Scenario("bench.scenarios.c_client", "c_client.json", ("--runs", "{runs}"),
                          ("--quick", "--out", "{results}/c_client-quick.json")),
     "lunar": Scenario("bench.scenarios.lunar", "lunar.json", ("--runs", "{runs}"),

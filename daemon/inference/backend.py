@@ -141,12 +141,13 @@ def cuda_present() -> bool:
     return os.path.exists("/dev/nvidiactl")
 
 
-def candidates(spec: PolicySpec, gpu: bool | None = None) -> list[str]:
+def candidates(spec: PolicySpec, gpu: bool | None = None, native: bool = True) -> list[str]:
     """Backends worth timing for this network on this machine: the CPU backends always (a
-    small network's batch is answered faster on the CPU than a GPU round trip takes), torch
-    on CUDA beside them when there is a GPU (``gpu``: default ``cuda_present()``)."""
+    small network's batch is answered faster on the CPU than a GPU round trip takes; the
+    native interpreter only when ``native``, the ``net`` part, is on), torch on CUDA beside
+    them when there is a GPU (``gpu``: default ``cuda_present()``)."""
     cpu = (["onnxruntime", "numpy"] if has_conv(spec) else
-           (["native"] if netnative.available() else []) + ["numpy", "onnxruntime"])
+           (["native"] if native and netnative.available() else []) + ["numpy", "onnxruntime"])
     return cpu + (["torch"] if (cuda_present() if gpu is None else gpu) else [])
 
 
@@ -174,17 +175,18 @@ def time_backend(forward: Forward, obs: Mapping[str, np.ndarray], repeats: int =
 
 
 def choose_backend(spec: PolicySpec, flat: np.ndarray, wanted: str,
-                   sample_obs: Callable[[int], Mapping[str, np.ndarray]]
+                   sample_obs: Callable[[int], Mapping[str, np.ndarray]], native: bool = True
                    ) -> tuple[tuple[str, str], dict[str, float]]:
     """((backend for small batches, for large ones), seconds measured per candidate and batch
-    size). ``wanted`` other than "auto" is taken for both, without timing."""
+    size). ``wanted`` other than "auto" is taken for both, without timing; ``native``: the
+    native interpreter is a candidate of "auto" (config.validate refuses "native" without it)."""
     if wanted == "native" and (has_conv(spec) or not netnative.available()):
         log.warning("inference_backend_unavailable", wanted=wanted,
                     reason="convolutions" if netnative.available() else "the _native extension is not built")
         wanted = "auto"
     if wanted != "auto":
         return (wanted, wanted), {}
-    timings, names = {}, candidates(spec)
+    timings, names = {}, candidates(spec, native=native)
     for name in names:
         forward = MAKERS[name](spec, flat)
         for rows in (1, 64):
@@ -207,10 +209,10 @@ class PolicyRunner:
     loop: ``refresh`` before a batch, ``act`` on it."""
 
     def __init__(self, name: str, spec: PolicySpec, obs_space: Space, act_space: Space,
-                 board: WeightsBoard, backend: str, seed: int | None = None) -> None:
+                 board: WeightsBoard, backend: str, seed: int | None = None, native: bool = True) -> None:
         self.name, self.spec, self.obs_space, self.board = name, spec, obs_space, board
         self.act_space = act_space
-        self.wanted = backend
+        self.wanted, self.native = backend, native  # (native: the ``net`` part may be chosen)
         self.backends: tuple[str, str] = ("", "")
         self.chooser = ActionChooser(act_space, seed, box_dist=spec.box_dist)
         self.rng = random.Random(seed)
@@ -279,7 +281,8 @@ class PolicyRunner:
         if self.spec.state_size:
             return self._load_step(seq)
         if not self.backends[0]:
-            self.backends, self.timings = choose_backend(self.spec, self.flat, self.wanted, self._sample_obs)
+            self.backends, self.timings = choose_backend(self.spec, self.flat, self.wanted, self._sample_obs,
+                                                         self.native)
             log.info("inference_backend", policy=self.name, backend=self.backend,
                      timings_us={k: round(v * 1e6, 1) for k, v in self.timings.items()})
         small = MAKERS[self.backends[0]](self.spec, self.flat)

@@ -167,7 +167,14 @@ class LaneBook:
                   bad_obs: bool, out: list[np.ndarray]) -> tuple[int, bool, bool, EvalEnd | None, int]:
         """``apply`` for one request, in scalar code (the common case of a lone client: a
         tenth of the vectorised path's cost). Appends step records to ``out``; returns
-        (status, wants_action, explore, finished evaluation episode or None, train steps)."""
+        (status, wants_action, explore, finished evaluation episode or None, train steps).
+        A second implementation of ``apply`` kept in production for lone requests (those
+        step.c does not serve) because ``apply`` on one row costs a lone request's Python
+        turn ~2.8x as much (bench/scenarios/book_one.py: 167 against 463 us median on a
+        loaded 2-core box, 5 interleaved runs). Oracles: ``apply`` is this method's
+        (tests/unit/test_inference_server.py: scalar and vectorised bookkeeping agree), and
+        this method (+ the draw + ``remember_one``) is native/step.c's
+        (tests/unit/test_lonestep.py: native and Python lone steps agree)."""
         is_open = bool(self.open[lane])
         if op not in (OP_START, OP_STEP, OP_END, OP_RELEASE):
             return STATUS_BAD_OP, False, True, None, 0

@@ -13,14 +13,19 @@ Only policies whose observation is a 1-D float Box of at most SMALL_BOX_SIZE val
 (checked in plain floats against ``Box.small_float_bounds``, as ``columns.to_columns``
 does) stored as one float32 lane field, and whose action is Discrete, are stepped
 natively; the episodes of others are never handed over. ``maybe`` is None where the
-extension is not built.
+extension is not built, and where direct.c's reply text or grammar disagrees with the Python
+codec on the samples of native_agrees.py (checked once per role start; logged). The Python
+path (direct.py + serving/front.py) serves every message the native path declines, and is
+the oracle of tests/unit/test_direct_native.py.
 """
 from __future__ import annotations
 
 import numpy as np
+import structlog
 
 from rlinkd.client_lib.protocol.spaces import Box, Discrete
 from rlinkd.daemon.serving.front import Episodes, LanePool
+from rlinkd.daemon.inference.native_agrees import disagreement
 from rlinkd.daemon.inference.netnative import native_module
 from rlinkd.shm.lanes import EVALUATE, OP_STEP, STATUS_OK
 
@@ -31,6 +36,7 @@ DIRECT_LAYOUT = (*LANE_FIELDS, "obs", "bytes", "capacity", "obs_floats", "action
 """The layout tuple ``DirectNative.add_policy`` takes, in order: lane field offsets, then sizes
 and constants (direct.c's P_ enum, generated from this: rlinkd.daemon.c_headers)."""
 DIRECT_MAX_EPISODES = 16  # episodes one fast direct connection may step (direct.c's cache)
+log = structlog.get_logger("inference")
 
 
 class FastPath:
@@ -51,9 +57,14 @@ class FastPath:
 
     @classmethod
     def maybe(cls, pools: dict[str, LanePool], max_message_bytes: int) -> FastPath | None:
-        """A fast path when the extension is built and some policy's spaces allow one."""
+        """A fast path when the extension is built, some policy's spaces allow one and the
+        native replies and grammar agree with the codec (native_agrees.py)."""
         if (getattr(native_module(), "DirectNative", None) is None  # (none, or built before direct.c)
                 or not any(_bounds(pool) is not None for pool in pools.values())):
+            return None
+        reason = disagreement(native_module().DirectNative(max_message_bytes))
+        if reason is not None:
+            log.warning("inference_native_refused", part="direct", reason=reason)
             return None
         return cls(pools, max_message_bytes)
 

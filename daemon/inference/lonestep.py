@@ -10,8 +10,9 @@ exactly what ``LaneBook.apply_one`` + the draw + ``remember_one`` do (a property
 compares the two paths), and declines anything else, changing nothing, for the Python path.
 
 ``InferenceServer`` makes one per policy when its first area arrives (``maybe``: None when
-the spaces or the extension do not allow it) and calls ``serve`` in each turn with lone
-requests.
+the spaces or the extension do not allow it, or ``step`` is left out of
+``inference.native_parts``) and calls ``serve`` in each turn with lone requests. The test
+oracle is the Python path (``LaneBook.apply_one``, tests/unit/test_lonestep.py).
 """
 from __future__ import annotations
 

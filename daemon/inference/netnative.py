@@ -1,8 +1,10 @@
 """The "native" backend: a spec's op list lowered onto the ``_native`` interpreter (native/net.c).
 
 Like ``netnumpy`` it interprets ``netops`` (the one description of the maths), so it agrees
-with numpy, ONNX and torch by construction of the same op list, and tests/unit/test_networks
-checks it does. Every value becomes a float32 register [N, width]; observation leaves are
+with numpy, ONNX and torch by construction of the same op list. Its test oracle is the numpy
+interpreter (``client_lib.protocol.netnumpy.NumpyNet``: tests/unit/test_netnative.py), itself
+held to ONNX and torch by tests/unit/test_networks.py; ``backend.choose_backend`` keeps one
+of them per batch size in production. Every value becomes a float32 register [N, width]; observation leaves are
 converted to float32 on the way in (what ``Cast`` does; an integer leaf's values are exact in
 float32 up to 2**24, far beyond any Discrete or MultiDiscrete size). Images (``Conv``) are
 not supported, nor is a recurrent cell: ``NativeNet`` raises ``Unsupported`` and the role

@@ -45,7 +45,7 @@ class PolicyLanes:
     """Every area of one policy in one ``LaneRegion``: one lane index space, one ``LaneBook``
     over it, and the lanes left pending at the last scan (``deferred``)."""
 
-    def __init__(self, layout: LaneLayout, slots: SlotPool, max_seq_len: int = 0) -> None:
+    def __init__(self, layout: LaneLayout, slots: SlotPool, max_seq_len: int = 0, native: bool = True) -> None:
         self.region = LaneRegion(layout)
         self.book = LaneBook(0, layout.step, slots, max_seq_len)
         self.deferred = np.zeros(0, bool)
@@ -55,7 +55,8 @@ class PolicyLanes:
         fields = layout.dtype.fields
         assert fields is not None
         self.seq_at = (fields["req_seq"][1], fields["resp_seq"][1])
-        self.scan = native_module().pending_lanes if native_module() is not None else None  # (None: numpy)
+        self.scan = (native_module().pending_lanes if native and native_module() is not None
+                     else None)  # (None: numpy; ``native``: the ``scan`` part is on)
         self.slot_start = np.zeros(MAX_SLOTS, np.int64)  # per header slot: its area's first lane
         self.slot_lanes = np.zeros(MAX_SLOTS, np.int64)  # ... and its own lanes (0: no area)
         self.placed = np.zeros(0, np.int64)              # slots with an area, in lane order
@@ -114,9 +115,11 @@ class PolicyLanes:
         return self._pending_numpy(slots)
 
     def _pending_numpy(self, slots: np.ndarray | None) -> np.ndarray:
-        """``pending`` without the extension: area by area, or (when they are many against
-        the region's lanes -- a Python step per area costs about what a vectorised look at
-        ~FULL_SCAN_LANES lanes does) one pass over every lane."""
+        """``pending`` without native/scan.c (the extension not built, or ``scan`` left out
+        of ``inference.native_parts``): area by area, or (when they are many against the
+        region's lanes -- a Python step per area costs about what a vectorised look at
+        ~FULL_SCAN_LANES lanes does) one pass over every lane. The test oracle of scan.c
+        (tests/unit/test_inference_server.py: the native lane scan agrees with numpy)."""
         if slots is None or len(slots) * FULL_SCAN_LANES > self.region.high + FULL_SCAN_LANES:
             lanes = self.region.lanes  # (one vectorised pass beats a Python loop over many areas)
             return np.flatnonzero((lanes["req_seq"] != lanes["resp_seq"]) & self.region.served)

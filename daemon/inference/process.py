@@ -25,6 +25,7 @@ import structlog
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.transport import RLlinkError
 from rlinkd.daemon import messages as m
+from rlinkd.daemon.config import NATIVE_PARTS
 from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.serving import channel
 from rlinkd.daemon.inference.backend import PolicyRunner
@@ -64,7 +65,7 @@ class Inference:
         self.topo, self.ctx, cfg = topo, ctx, topo.cfg
         self.server = InferenceServer({name: self._policy(p) for name, p in topo.policies.items()},
                                       cfg.inference.max_batch, cfg.inference.max_wait_us * 1e-6,
-                                      cfg.sampling.force_on_policy)
+                                      cfg.sampling.force_on_policy, cfg.inference.native_parts)
         self.request_bell = Doorbell(os.dup(topo.request_doorbell.fd))
         self.tcp_bell = Doorbell(os.dup(topo.tcp_response_doorbell.fd))
         self.channel = socket.socket(fileno=os.dup(topo.area_channel[1].fd))
@@ -83,7 +84,8 @@ class Inference:
     def _policy(self, p: PolicyTopology) -> PolicyServing:
         cfg = self.topo.cfg
         runner = PolicyRunner(p.name, p.spec, p.obs_space, p.act_space,
-                              WeightsBoard.attach(p.board_path), cfg.inference.backend)
+                              WeightsBoard.attach(p.board_path), cfg.inference.backend,
+                              native="net" in cfg.inference.native_parts)
         link = (PolicyLink(str(cfg.socket_path), self.topo.internal_token, p.name, p.layout)
                 if p.trainable else None)
         steps = cfg.inference.env_steps_per_sample or cfg.sampling.train_batch_size
@@ -117,7 +119,8 @@ class Inference:
         front = Front(pools, self.topo.mapping.policy_for, cfg.server.max_agents_per_connection,
                       "inference.tcp_lanes")
         return DirectConnections(front, cfg.server.max_connections, cfg.server.max_message_bytes,
-                                 cfg.server.idle_timeout_s, cfg.server.read_timeout_s)
+                                 cfg.server.idle_timeout_s, cfg.server.read_timeout_s,
+                                 native="direct" in cfg.inference.native_parts)
 
     # ------------------------------------------------------------ the loop
     def step(self) -> None:
@@ -307,7 +310,13 @@ class Inference:
             backends={n: p.runner.backend for n, p in pols.items() if p.runner.backend},
             cpu_s=times.user + times.system,
             weights_seq_nos={n: p.runner.weights_seq_no for n, p in pols.items()},
-            direct={**self.direct.counts, "direct_episodes_started": self.direct.front.episodes_started})
+            direct={**self.direct.counts, "direct_episodes_started": self.direct.front.episodes_started},
+            native_parts=self.native_parts())
+
+    def native_parts(self) -> tuple[str, ...]:
+        """The native parts serving now (status ``inference.native_parts``), in NATIVE_PARTS order."""
+        used = self.server.native_in_use() | ({"direct"} if self.direct.fast is not None else set())
+        return tuple(part for part in NATIVE_PARTS if part in used)
 
     def hello(self) -> None:
         try:

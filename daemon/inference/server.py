@@ -28,6 +28,7 @@ import structlog
 
 from rlinkd.client_lib.protocol.serving import EvalEpisode
 from rlinkd.client_lib.protocol.spaces import Space
+from rlinkd.daemon.config import NATIVE_PARTS
 from rlinkd.daemon.inference.backend import PolicyRunner
 from rlinkd.daemon.inference.episodes import LaneBook, Requests, SlotPool, concat
 from rlinkd.daemon.inference.link import PolicyLink
@@ -86,9 +87,10 @@ class InferenceServer:
     """Serving state of the inference role (areas by id, policies by name, their lanes)."""
 
     def __init__(self, policies: dict[str, PolicyServing], max_batch: int, max_wait_s: float,
-                 on_policy: bool) -> None:
+                 on_policy: bool, native_parts: tuple[str, ...] = NATIVE_PARTS) -> None:
         self.policies, self.max_batch, self.max_wait_s = policies, max_batch, max_wait_s
         self.on_policy = on_policy
+        self.native_parts = native_parts  # (``inference.native_parts``: here scan and step)
         self.areas: dict[int, ServedArea] = {}
         self.lanes: dict[str, PolicyLanes] = {}
         self.stats = ServingStats()
@@ -102,8 +104,10 @@ class InferenceServer:
         if served.policy not in self.lanes:
             policy = self.policies[served.policy]
             self.lanes[served.policy] = PolicyLanes(served.area.layout, policy.slots,
-                                                    policy.runner.spec.max_seq_len)
-            policy.lone = LoneStepper.maybe(policy.runner, served.area.layout)
+                                                    policy.runner.spec.max_seq_len,
+                                                    native="scan" in self.native_parts)
+            policy.lone = (LoneStepper.maybe(policy.runner, served.area.layout)
+                           if "step" in self.native_parts else None)
         self.remove(served.area_id)
         self.lanes[served.policy].place(fd, served)
         self.areas[served.area_id] = served
@@ -123,6 +127,18 @@ class InferenceServer:
         pl = self.lanes[served.policy]
         pl.deferred[served.where.lanes] = False  # (any_deferred may stay set: harmless)
         return pl.book.drop(served.where.lanes)
+
+    def native_in_use(self) -> set[str]:
+        """The native parts serving now: ``scan`` where a policy's lanes scan natively,
+        ``step`` where a policy's lone requests can go native (its runner runs natively at
+        batch 1), ``net`` where a policy's forward pass is the native interpreter."""
+        used = {"scan"} if any(pl.scan is not None for pl in self.lanes.values()) else set()
+        for policy in self.policies.values():
+            if policy.lone is not None and policy.lone.ready(policy.runner):
+                used.add("step")
+            if "native" in policy.runner.backends:
+                used.add("net")
+        return used
 
     def open_lanes(self) -> int:
         return sum(int(np.count_nonzero(pl.book.open)) for pl in self.lanes.values())

@@ -30,6 +30,8 @@ def main(path: str) -> int:
                             "tests/unit/test_direct_native.py",
                             "tests/unit/test_direct_connections.py",
                             "tests/unit/test_direct_fuzz.py",
+                            "tests/unit/test_native_agrees.py",
+                            "tests/unit/test_native_parts.py",
                             "-k", "lane_scan or lonestep or netnative or native"]))
 
 

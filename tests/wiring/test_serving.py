@@ -15,6 +15,7 @@ from rlinkd.client_lib.protocol import serving as s
 from rlinkd.client_lib.transport import RLlinkClient, ServerError
 from rlinkd.daemon.config import load_config
 from rlinkd.daemon.inference.link import COALESCE_S
+from rlinkd.daemon.inference.netnative import native_module
 from rlinkd.daemon.inprocess import InProcessDaemon
 from rlinkd.daemon.roster import ROLES
 from tests.helpers import wait_for
@@ -260,3 +261,20 @@ def test_a_served_vector_client_in_evaluate_mode_trains_nothing(daemon, transpor
                      and st, 15, what="the evaluation episodes reported")
     assert stats.episodes >= 6
     assert after["env_steps"] == before["env_steps"] and after["episodes"] == before["episodes"]
+
+
+@pytest.mark.skipif(native_module() is None, reason="the _native extension is not built")
+def test_the_status_lists_the_native_parts_serving(daemon):
+    served_once(daemon)
+    inf = wait_for(lambda: (st := status(daemon))["inference"].get("backends") and st["inference"], 15,
+                   what="the inference role's report")
+    assert {"scan", "direct"} <= set(inf["native_parts"])  # (net and step: where auto timed native fastest)
+    assert ("net" in inf["native_parts"]) == ("native" in inf["backends"]["default"])
+
+
+def served_once(daemon) -> None:
+    """One action over a direct connection (the role chooses its backend at its first weights)."""
+    c = tcp(daemon, direct=True)
+    eid = c.request(s.StartEpisode(), s.EpisodeStarted).episode_id
+    assert c.request(s.GetAction(eid, OBS), s.Action).action in (0, 1)
+    c.close()

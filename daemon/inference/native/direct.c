@@ -673,6 +673,21 @@ fail:
     return NULL;
 }
 
+/* The reply frame of an answered plain step (header + body, its length returned): ACTIONS of
+ * one entry for a STEP_BATCH, ACTION for a STEP. fastpath.py checks at start that it decodes
+ * equal to the Python codec's reply (`format_reply`). */
+static int format_reply(char *out, int batch, const char *id, int id_len, long long a, long long seq)
+{
+    int n = batch
+        ? snprintf(out + 8, OUT_BYTES - 8, "{\"type\":\"" MSG_ACTIONS "\",\"" KEY_ACTIONS "\":[%lld],\"" KEY_WEIGHTS_SEQ_NOS "\":[%lld]}", a, seq)
+        : snprintf(out + 8, OUT_BYTES - 8, "{\"type\":\"" MSG_ACTION "\",\"" KEY_EPISODE_ID "\":\"%.*s\",\"" KEY_ACTION "\":%lld,"
+                   "\"" KEY_WEIGHTS_SEQ_NO "\":%lld}", id_len, id, a, seq);
+    char head[9];
+    snprintf(head, sizeof head, "%08d", n);
+    memcpy(out, head, 8);
+    return n + 8;
+}
+
 /* The answered request's reply sent (1), still waiting (0), demoted (0), or -1 (error). */
 static int answer_one(Direct *self, Conn *c)
 {
@@ -687,13 +702,7 @@ static int answer_one(Direct *self, Conn *c)
     long long a = (long long)nearbyint((double)action) + (long long)p->at[P_ACTION_START];
     long long seq = (long long)*FIELD(row, p, P_WEIGHTS_SEQ_NO, int64_t);
     char out[OUT_BYTES];
-    int n = c->wait_batch
-        ? snprintf(out + 8, OUT_BYTES - 8, "{\"type\":\"" MSG_ACTIONS "\",\"" KEY_ACTIONS "\":[%lld],\"" KEY_WEIGHTS_SEQ_NOS "\":[%lld]}", a, seq)
-        : snprintf(out + 8, OUT_BYTES - 8, "{\"type\":\"" MSG_ACTION "\",\"" KEY_EPISODE_ID "\":\"%.*s\",\"" KEY_ACTION "\":%lld,"
-                   "\"" KEY_WEIGHTS_SEQ_NO "\":%lld}", e->len, e->id, a, seq);
-    char head[9];
-    snprintf(head, sizeof head, "%08d", n);
-    memcpy(out, head, 8);
+    int n = format_reply(out, c->wait_batch, e->id, e->len, a, seq) - 8;
     c->waiting = 0;
     c->last_seen = now_s();  /* (the reply's time, sent whole or not, as direct.py's _reply) */
     ssize_t sent = send(c->fd, out, (size_t)n + 8, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -768,6 +777,54 @@ static PyObject *Direct_drop(Direct *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* format_reply(batch, episode_id, action, weights_seq_no) -> bytes: the frame answer() sends
+ * (for the check against the Python codec). */
+static PyObject *Direct_format_reply(Direct *Py_UNUSED(self), PyObject *args)
+{
+    int batch;
+    const char *id;
+    Py_ssize_t id_len;
+    long long a, seq;
+    if (!PyArg_ParseTuple(args, "py#LL", &batch, &id, &id_len, &a, &seq))
+        return NULL;
+    if (id_len > MAX_ID) {
+        PyErr_SetString(PyExc_ValueError, "DirectNative.format_reply: episode id too long");
+        return NULL;
+    }
+    char out[OUT_BYTES];
+    int n = format_reply(out, batch, id, (int)id_len, a, seq);
+    return PyBytes_FromStringAndSize(out, n);
+}
+
+/* parse(body) -> (batch, episode_id, reward, observation) of a plain step, or None where the
+ * grammar declines the body (for the check against the Python codec). */
+static PyObject *Direct_parse(Direct *self, PyObject *args)
+{
+    const char *body;
+    Py_ssize_t n;
+    Step st;
+    if (!PyArg_ParseTuple(args, "y#", &body, &n))
+        return NULL;
+    if (self->c_locale == (locale_t)0) {
+        PyErr_SetString(PyExc_RuntimeError, "DirectNative.parse: not initialised");
+        return NULL;
+    }
+    if (parse_step(body, (size_t)n, self->c_locale, &st) != 0)
+        Py_RETURN_NONE;
+    PyObject *obs = PyTuple_New(st.n_obs);
+    if (obs == NULL)
+        return NULL;
+    for (int i = 0; i < st.n_obs; i++) {
+        PyObject *x = PyFloat_FromDouble(st.obs[i]);
+        if (x == NULL) {
+            Py_DECREF(obs);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(obs, i, x);
+    }
+    return Py_BuildValue("(Oy#dN)", st.batch ? Py_True : Py_False, st.id, (Py_ssize_t)st.id_len, st.reward, obs);
+}
+
 static PyObject *Direct_state(Direct *self, void *Py_UNUSED(closure))
 {
     return Py_BuildValue("(ii)", self->n_wait, self->n_ready);
@@ -788,6 +845,10 @@ static PyMethodDef Direct_methods[] = {
     {"answer", (PyCFunction)Direct_answer, METH_NOARGS, "answer() -> (demoted, replies)."},
     {"times", (PyCFunction)Direct_times, METH_VARARGS, "times(fd) -> (last_seen, frame_since, waiting)."},
     {"drop", (PyCFunction)Direct_drop, METH_VARARGS, "drop(fd): forget a fast connection."},
+    {"format_reply", (PyCFunction)Direct_format_reply, METH_VARARGS,
+     "format_reply(batch, episode_id, action, weights_seq_no) -> bytes: the reply frame answer() sends."},
+    {"parse", (PyCFunction)Direct_parse, METH_VARARGS,
+     "parse(body) -> (batch, episode_id, reward, observation) of a plain step, or None: declined."},
     {NULL, NULL, 0, NULL},
 };
 
