@@ -29,6 +29,15 @@ def job_steps(rows_per_rank: Sequence[int], minibatch_size: int) -> int:
     return max(-(-int(n) // minibatch_size) for n in rows_per_rank) if rows_per_rank else 0
 
 
+def replay_steps(due_per_rank: Sequence[int], rows_per_rank: Sequence[int], to_publish: int) -> int:
+    """Gradient steps of a replay job's round: the most steps any rank's data makes due, at
+    most up to the next publication (so every rank publishes after the same step); 0 when no
+    rank has rows to sample (every buffer below its learning start)."""
+    if not any(rows_per_rank):
+        return 0
+    return max(0, min(max(due_per_rank), to_publish))
+
+
 def pack_step(grad: torch.Tensor, stats: torch.Tensor, rows: float,
               finite: torch.Tensor) -> torch.Tensor:
     """One rank's share of a step [P + S + 2]: its gradient [P] and diagnostics [S] (means over
