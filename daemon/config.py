@@ -779,14 +779,10 @@ def _validate_policies(cfg: Config) -> None:
                               "sampling.train_batch_size")
 
 
-CLUSTER_ALGORITHMS = ("ppo", "appo")
-"""Algorithms a job of several daemons trains (the others train on one daemon)."""
-
-
 def _validate_cluster(cfg: Config) -> None:
     """[cluster] against itself and the learner: rank inside the world, a reachable form of
-    master, a backend the device can use, one feed-forward PPO/APPO policy while
-    world_size > 1."""
+    master, a backend the device can use, one trainable policy (feed-forward under PPO/APPO)
+    while world_size > 1."""
     c = cfg.cluster
     if c.rank >= c.world_size:
         raise ConfigError(f"cluster.rank ({c.rank}) must be < cluster.world_size ({c.world_size})")
@@ -803,10 +799,6 @@ def _validate_cluster(cfg: Config) -> None:
     if trainable:
         raise ConfigError(f"cluster.world_size > 1 trains one policy: policies.{trainable[0]} "
                           "is a second trainable policy")
-    algorithm = cfg.policies.get(DEFAULT_POLICY, PolicyConfig()).algorithm or cfg.learner.algorithm
-    if algorithm not in CLUSTER_ALGORITHMS:
-        raise ConfigError(f"learner.algorithm = {algorithm!r}: a job of several daemons "
-                          f"(cluster.world_size > 1) trains {', '.join(CLUSTER_ALGORITHMS)}")
     ppo = cfg.policies.get(DEFAULT_POLICY, PolicyConfig()).ppo or cfg.ppo
     if ppo.recurrent != "none":  # (a job weights each rank's gradient by rows, not chunks)
         raise ConfigError(f"ppo.recurrent = {ppo.recurrent!r}: a job of several daemons "

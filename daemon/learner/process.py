@@ -137,8 +137,11 @@ class LearnerShell:
 
 
 def _learner_class(policy: PolicyTopology, cfg: Config) -> type:
-    """Replay, on-policy alone, or on-policy as one rank of a job ([cluster] world_size > 1:
-    only then is the job's shell, and torch.distributed with it, imported)."""
+    """Replay or on-policy, alone or as one rank of a job ([cluster] world_size > 1: only
+    then is the job's shell, and torch.distributed with it, imported)."""
+    if policy.uses_replay and cfg.cluster.world_size > 1:
+        from rlinkd.daemon.learner.job_replay_learner import JobReplayLearner
+        return JobReplayLearner
     if policy.uses_replay:
         return ReplayLearner
     if cfg.cluster.world_size > 1:
