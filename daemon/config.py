@@ -781,8 +781,7 @@ def _validate_policies(cfg: Config) -> None:
 
 def _validate_cluster(cfg: Config) -> None:
     """[cluster] against itself and the learner: rank inside the world, a reachable form of
-    master, a backend the device can use, one trainable policy (feed-forward under PPO/APPO)
-    while world_size > 1."""
+    master, a backend the device can use, one trainable policy while world_size > 1."""
     c = cfg.cluster
     if c.rank >= c.world_size:
         raise ConfigError(f"cluster.rank ({c.rank}) must be < cluster.world_size ({c.world_size})")
@@ -799,10 +798,6 @@ def _validate_cluster(cfg: Config) -> None:
     if trainable:
         raise ConfigError(f"cluster.world_size > 1 trains one policy: policies.{trainable[0]} "
                           "is a second trainable policy")
-    ppo = cfg.policies.get(DEFAULT_POLICY, PolicyConfig()).ppo or cfg.ppo
-    if ppo.recurrent != "none":  # (a job weights each rank's gradient by rows, not chunks)
-        raise ConfigError(f"ppo.recurrent = {ppo.recurrent!r}: a job of several daemons "
-                          "(cluster.world_size > 1) trains feed-forward policies")
 
 
 def writes_checkpoints(cluster: ClusterConfig) -> bool:

@@ -127,10 +127,6 @@ class Job:
         self._all_reduce(vector)
         return [int(n) for n in vector.tolist()]
 
-    def rows_per_rank(self, rows: int, hparams: tuple[float, float] = (0.0, 0.0)) -> list[int]:
-        """Every member's row count for the coming update, in group order (``exchange``)."""
-        return [int(counts[0]) for counts in self.exchange([rows], hparams)]
-
     def exchange(self, mine: Sequence[float], hparams: Sequence[float] = (0.0, 0.0)
                  ) -> list[list[float]]:
         """Every member's `mine` (k numbers each), in group order, by one all-reduce
@@ -147,7 +143,7 @@ class Job:
         self.reform_agreed, self.leader_hparams = bool(reform), (lr, ent_coef)
         return [values[i * k:(i + 1) * k] for i in range(n)]
 
-    def average(self, grad: torch.Tensor, stats: torch.Tensor, rows: float,
+    def average(self, grad: torch.Tensor, stats: torch.Tensor, rows: float | torch.Tensor,
                 finite: torch.Tensor) -> torch.Tensor:
         """The job's row-weighted mean gradient and diagnostics, in place, by one all-reduce;
         the step's gate (``steps.unpack_step``)."""

@@ -620,8 +620,6 @@ def test_cluster_defaults_to_a_daemon_alone():
      r"cluster\.master = '10\.1\.2\.3:29500' is not a loopback address.*insecure_remote"),
     ([("cluster", "world_size", 2), ("cluster", "backend", "nccl"), ("learner", "device", "cpu")],
      r"cluster\.backend = 'nccl' needs a CUDA learner"),
-    ([("cluster", "world_size", 2), ("ppo", "recurrent", "lstm")],
-     r"ppo\.recurrent = 'lstm': a job of several daemons .* trains feed-forward policies"),
     ([("cluster", "backend", "mpi")], r"cluster\.backend: must be one of auto, gloo, nccl"),
     ([("cluster", "world_size", 2), ("cluster", "collective_timeout_s", 30.0)],
      r"cluster\.collective_timeout_s \(30\) must be below daemon\.heartbeat_timeout_s \(30\)"),
@@ -637,6 +635,12 @@ def test_every_algorithm_trains_in_a_job(algorithm):
     cfg = load_config(overrides=[("cluster", "world_size", 2), ("learner", "algorithm", algorithm)],
                       resolve_dirs=False)
     assert cfg.cluster.world_size == 2
+
+
+def test_a_recurrent_policy_trains_in_a_job():
+    cfg = load_config(overrides=[("cluster", "world_size", 2), ("ppo", "recurrent", "lstm")],
+                      resolve_dirs=False)
+    assert cfg.ppo.recurrent == "lstm"
 
 
 def test_a_second_trainable_policy_is_refused_in_a_job(tmp_path):
