@@ -781,7 +781,7 @@ def _validate_policies(cfg: Config) -> None:
 
 def _validate_cluster(cfg: Config) -> None:
     """[cluster] against itself and the learner: rank inside the world, a reachable form of
-    master, a backend the device can use, one trainable policy while world_size > 1."""
+    master, a backend the device can use while world_size > 1."""
     c = cfg.cluster
     if c.rank >= c.world_size:
         raise ConfigError(f"cluster.rank ({c.rank}) must be < cluster.world_size ({c.world_size})")
@@ -794,10 +794,6 @@ def _validate_cluster(cfg: Config) -> None:
                           "learner waiting on a hung peer would be killed as hung itself")
     if c.backend == "nccl" and cfg.learner.device == "cpu":
         raise ConfigError("cluster.backend = 'nccl' needs a CUDA learner (learner.device = 'cpu')")
-    trainable = [name for name, p in cfg.policies.items() if p.trainable and name != DEFAULT_POLICY]
-    if trainable:
-        raise ConfigError(f"cluster.world_size > 1 trains one policy: policies.{trainable[0]} "
-                          "is a second trainable policy")
 
 
 def writes_checkpoints(cluster: ClusterConfig) -> bool:

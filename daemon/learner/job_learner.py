@@ -1,21 +1,16 @@
-"""The learner process's policy as one rank of a job of several daemons (``[cluster]``
-world_size > 1): the thin shell around ``daemon.cluster``.
+"""A PPO/APPO policy's learner as one rank of a job of several daemons (``[cluster]``
+world_size > 1): its part of the job's rounds (``job_shell.JobShell``).
 
-Rounds: every update of the job is a round all ranks enter. A rank enters at once when its
-connector has a batch ready; a rank without one enters after ``cluster.peer_wait_s`` with no
-rows. The round's first collective exchanges the row counts: when no rank has rows nothing
-is trained; otherwise every rank runs the job's update (``Learner.update``), bumps
-``weights_seq_no`` and publishes, so the weights and the sequence number are the same on every
-rank and any rank's clients get the job's newest policy. A rank without clients so costs the
-others at most ``peer_wait_s`` plus one idle inbox wait (``process.IDLE_WAIT_S``) per
-update.
-
-Joining, faults and reports: ``job_member.JobMember``. A rank that lost rank 0 releases its
-batches untrained (its clients go on with the last weights).
+In a round the policy enters with its connector's oldest ready batch, or with none. Its
+update's first collective exchanges the row counts: when no rank has rows nothing is
+trained; otherwise every rank runs the job's update (``job_core.JobRankLearner.update``),
+bumps ``weights_seq_no`` and publishes, so the weights and the sequence number are the same
+on every rank and any rank's clients get the job's newest policy. A round that does not run
+(a member lost, or this rank detached from rank 0) releases its batch untrained: its clients
+go on with the last weights.
 """
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -39,16 +34,14 @@ class JobLearner(JobMember, PolicyLearner):
 
     learner: JobRankLearner
 
-    def __init__(self, policy: PolicyTopology, cfg: Config, ctx: RoleContext) -> None:
+    def __init__(self, policy: PolicyTopology, cfg: Config, ctx: RoleContext, job: Any) -> None:
         self.cluster = cfg.cluster
-        self._join_state()
+        self._join_state(job)
         super().__init__(policy, cfg, ctx)
-        self.next_round = 0.0
 
     def _make_learner(self, policy: PolicyTopology, cfg: Config) -> Any:
-        """Reach the job's store first (rank 0 serves it); the core is built with the job."""
+        """The core, built with the job (joined by ``job_shell`` after boot)."""
         from rlinkd.daemon.learner.job_core import JobRankLearner
-        self._connect(self.placement.device)
         return JobRankLearner(policy.spec, policy.definition.ppo, self.job,
                               device=self.placement.device, seed=cfg.learner.seed + self.cluster.rank,
                               torch_threads=cfg.learner.torch_threads)
@@ -60,32 +53,28 @@ class JobLearner(JobMember, PolicyLearner):
         self._publish()
         self._tell_collector(-1, None)
 
-    # ------------------------------------------------------------ training
-    def train_ready(self) -> bool:
-        """Enter the job's next round with the oldest ready batch, or with none once
-        ``peer_wait_s`` has passed since this rank's last round; True if it had a batch.
-        Detached, a batch is released untrained (its clients go on with the last weights)."""
-        slot = self.slots.take_ready()
-        if slot is None and time.monotonic() < self.next_round:
-            return False
-        self.next_round = time.monotonic() + self.cluster.peer_wait_s
-        if self.detached:
-            if slot is not None:
-                self._release_untrained(slot)
-            self._rejoin()
-            return slot is not None
-        self.job.reform_wanted = self.cluster.rank == 0 and self.job.newcomers_waiting()
-        try:
-            self.train_slot(slot)
-        except RuntimeError as exc:  # a member is gone (its sockets closed, or the timeout)
-            if slot is not None:
-                self._release_untrained(slot)
-            self._reform(f"collective failed: {str(exc).splitlines()[0] if str(exc) else exc!r}")
-            return True
-        if self.job.reform_agreed:
-            self.job.reform_agreed = False
-            self._reform("a rank asks to join")
+    # ------------------------------------------------------------ rounds (job_shell)
+    def round_entry(self) -> int | None:
+        """This policy's entry into the next round: its oldest ready batch, if any."""
+        return self.slots.take_ready()
+
+    @staticmethod
+    def round_wanted(slot: int | None) -> bool:
         return slot is not None
+
+    def run_round(self, slot: int | None) -> bool:
+        """This policy's update in the round; True if it had a batch. RuntimeError (the
+        slot still taken) when a collective fails."""
+        self.train_slot(slot)
+        return slot is not None
+
+    def release_untrained(self, slot: int | None) -> None:
+        """A round that did not run: the batch goes back untrained (its clients go on)."""
+        if slot is not None:
+            self._release_untrained(slot)
+
+    def between_rounds(self) -> None:
+        """Nothing to report between rounds."""
 
     def _release_untrained(self, slot: int) -> None:
         meta = BatchMeta.from_slot_meta(self.slots.meta(slot))

@@ -1,20 +1,9 @@
 """A trainable policy's learner as a member of a job of several daemons: what every
-algorithm's job shell shares (``job_learner.JobLearner`` for PPO/APPO batches,
-``job_replay_learner.JobReplayLearner`` for DQN/SAC replay).
-
-Joining: every formation of the group (``daemon.cluster.membership``: rank 0 serves the
-store and decides each generation's members) checks that the members train the same thing
-(spaces, network, algorithm and the settings that shape a step, ``SHARED_SETTINGS``: a
-mismatch is a ConfigError, exit 78, on every rank); then the member with the newest weights
-(highest ``weights_seq_no``, the first such member on a tie) broadcasts its training state and
-sequence number. A first start that cannot serve or reach the store within
-``cluster.collective_timeout_s`` is a ConfigError naming ``cluster.master``; a restarted
-learner's failure is a crash, retried.
-
-Faults: a failed collective (a member gone) makes the survivors re-form without it after
-``cluster.reform_window_s``; rank 0 sees a rank asking to join before a round and the group
-re-forms with it after that round. A rank that cannot reach rank 0's store detaches: it
-serves its last weights and asks again every ``peer_wait_s``.
+algorithm's job learner shares (``job_learner.JobLearner`` for PPO/APPO batches,
+``job_replay_learner.JobReplayLearner`` for DQN/SAC replay). The job itself (membership,
+rounds, faults) is the learner process's, ``job_shell.JobShell``; a policy's part is to take
+the newest member's state when the group forms (``join_job``), to run its part of a round,
+and to report the cluster in its status.
 """
 from __future__ import annotations
 
@@ -24,15 +13,12 @@ import json
 from typing import Any
 
 import numpy as np
-import structlog
 
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.config import ClusterConfig
-from rlinkd.daemon.errors import ConfigError
 from rlinkd.daemon.roles import RoleContext
 from rlinkd.daemon.wiring import PolicyTopology
 
-log = structlog.get_logger("learner")
 SHARED_SETTINGS = {
     "ppo": ("minibatch_size", "num_epochs", "target_kl", "normalize_observations", "max_grad_norm"),
     "replay": ("gamma", "n_step", "publish_interval_updates", "target_update_interval_updates",
@@ -70,9 +56,11 @@ def job_fingerprint(policy: PolicyTopology) -> int:
 
 
 class JobMember:
-    """Membership of the job, mixed in before ``PolicyLearner`` or ``ReplayLearner``. The host
-    provides ``_job_core()`` (whose ``take_job_state(source)`` hands a member's training
-    state to the others) and ``_announce()`` (publish the weights, tell the collector)."""
+    """A policy's part of the job, mixed in before ``PolicyLearner`` or ``ReplayLearner``.
+    The host provides ``_job_core()`` (whose ``take_job_state(source)`` hands a member's
+    training state to the others), ``_announce()`` (publish the weights, tell the
+    collector) and its part of a round (``round_entry``, ``round_wanted``, ``run_round``,
+    ``release_untrained``, ``between_rounds``: see ``job_shell``)."""
 
     policy: PolicyTopology
     ctx: RoleContext
@@ -80,102 +68,24 @@ class JobMember:
     seq_no: int
     cluster: ClusterConfig
     job: Any
-    detached: bool
     collective_s: float
     rows_per_rank: list[int]
     digest: str
 
-    def _join_state(self) -> None:
-        """The job's fields, before the core is built (``_connect`` fills ``job``)."""
-        self.job = None
-        self.detached = False  # a rank other than 0 that lost rank 0: serves its last weights
+    def _join_state(self, job: Any) -> None:
+        """The job's fields, before the core is built (with ``job``, already connected)."""
+        self.job = job
         self.rows_per_rank, self.collective_s, self.digest = [], 0.0, ""
 
-    def _connect(self, device: str) -> Any:
-        """Reach the job's store (rank 0 serves it); on a first start a failure is a
-        ConfigError naming ``cluster.master``."""
-        import torch
-
-        from rlinkd.daemon.cluster.job import Job
-        first_join = self._first_join(self.policy)
-        try:
-            self.job = Job.connect(self.cluster, torch.device(device))
-        except (RuntimeError, ValueError) as exc:
-            if first_join:
-                raise ConfigError(f"cluster.master = {self.cluster.master!r}: rank "
-                                  f"{self.cluster.rank} could not "
-                                  f"{'serve' if self.cluster.rank == 0 else 'reach'} the job's "
-                                  f"rendezvous within {self.cluster.collective_timeout_s:g} s "
-                                  f"({exc})") from None
-            raise
-        return self.job
-
-    @staticmethod
-    def _first_join(policy: PolicyTopology) -> bool:
-        from rlinkd.shm.board import WeightsBoard
-        board = WeightsBoard.attach(policy.board_path)
-        try:
-            return board.latest_seq_no() < 0
-        finally:
-            board.close()
-
-    def _check_same_job(self) -> None:
-        prints = self.job.gather(job_fingerprint(self.policy))
-        if len(set(prints)) > 1:
-            mine = prints[self.job.index]
-            others = [self.job.members[i] for i, p in enumerate(prints) if p != mine]
-            section, settings = shared_settings(self.policy)
-            self.job.close()
-            raise ConfigError(f"cluster.world_size: rank {self.cluster.rank} and rank(s) {others} "
-                              f"train different spaces, networks, learner.algorithm or {section}."
-                              f"{'/'.join(settings)}: every rank's config must agree")
-
-    # ------------------------------------------------------------ membership
-    def boot(self, checkpoint: str) -> None:
-        """Resume and adopt the board as a daemon alone does, then enter the job (rank 0
-        waits up to the collective timeout for every rank the first time)."""
-        super().boot(checkpoint)  # type: ignore[misc]
-        self._enter(self.cluster.collective_timeout_s)
-
-    def _enter(self, window_s: float) -> None:
-        """Form the next generation's group, check it trains one thing, take the newest
-        member's state and sequence number, publish."""
-        self.job.enter(window_s, self.ctx.heartbeat)
-        self._check_same_job()
+    def join_job(self) -> int:
+        """In a newly formed group: take the state and sequence number of the member with
+        the newest weights (the first such on a tie), publish; that member's daemon rank."""
         seq_nos = self.job.gather(self.seq_no)
         source = seq_nos.index(max(seq_nos))
         self._job_core().take_job_state(source)
         self.seq_no = max(seq_nos)
         self._announce()
-        self.detached = False
-        log.info("joined_job", policy=self.name, rank=self.cluster.rank,
-                 generation=self.job.generation, members=self.job.members, seq_no=self.seq_no,
-                 state_from_rank=self.job.members[source])
-
-    def _reform(self, reason: str) -> None:
-        """Re-form after a lost member or for a newcomer. A rank that cannot reach rank 0's
-        store any more detaches: it serves its last weights and asks again every
-        ``peer_wait_s``."""
-        log.warning("job_reforming", policy=self.name, rank=self.cluster.rank, reason=reason,
-                    generation=self.job.generation, members=self.job.members)
-        try:
-            self._enter(self.cluster.reform_window_s)
-        except RuntimeError as exc:
-            if self.cluster.rank == 0:
-                raise
-            self.job.leave_group()
-            self.job.members = []
-            if not self.detached:
-                log.warning("job_detached", policy=self.name, rank=self.cluster.rank,
-                            error=str(exc).splitlines()[0] if str(exc) else "")
-            self.detached = True
-
-    def _rejoin(self) -> None:
-        try:
-            self.job.reconnect(timeout_s=min(1.0, self.cluster.peer_wait_s * 2))
-        except RuntimeError:
-            return
-        self._reform("rank 0 reachable again")
+        return int(self.job.members[source])
 
     # ------------------------------------------------------------ reports
     def _by_daemon_rank(self, rows: list[int]) -> list[int]:
@@ -196,11 +106,6 @@ class JobMember:
                               generation=job.generation if job is not None else 0,
                               collective_time_s=self.collective_s,
                               rows_per_rank=tuple(self.rows_per_rank), weights_digest=self.digest)
-
-    def close(self) -> None:
-        super().close()  # type: ignore[misc]
-        if self.job is not None:
-            self.job.close()
 
     # provided by the host
     def _job_core(self) -> Any:

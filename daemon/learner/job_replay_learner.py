@@ -3,17 +3,16 @@
 
 Replay is per rank: each rank's connector fills its own buffer from its own clients, and the
 rank samples it for every gradient step of the job (``replay_job_core``: row-weighted
-gradients, the same weights everywhere). Rounds: a rank enters the job's next round as soon
-as its own data makes gradient steps due (``updates_per_step`` per transition received since
-its buffer reached ``learning_starts_steps``, less the steps it has sampled for), or after
-``cluster.peer_wait_s`` with none due. The round's first collective agrees the steps: the
+gradients, the same weights everywhere). Its part of the job's rounds (``job_shell``):
+it wants a round as soon as its own data makes gradient steps due (``updates_per_step`` per
+transition received since its buffer reached ``learning_starts_steps``, less the steps it
+has sampled for). The round's first collective agrees the steps: the
 most any rank has due, at most up to the next publication; a rank below its learning start
 joins them with no rows, so it never stalls the others (they wait for it at most
 ``peer_wait_s`` per round). Every ``publish_interval_updates`` steps of the job every rank
 bumps ``weights_seq_no`` and publishes: the same sequence number and weights on every rank.
 
-Joining, faults and reports: ``job_member.JobMember``. A rank that lost rank 0 trains
-nothing and serves its last weights while it asks again.
+A rank that lost rank 0 trains nothing and serves its last weights while it asks again.
 """
 from __future__ import annotations
 
@@ -33,19 +32,17 @@ from rlinkd.daemon.wiring import PolicyTopology
 class JobReplayLearner(JobMember, ReplayLearner):
     """A ``ReplayLearner`` whose gradient steps are the job's (see the module docstring)."""
 
-    def __init__(self, policy: PolicyTopology, cfg: Config, ctx: RoleContext) -> None:
+    def __init__(self, policy: PolicyTopology, cfg: Config, ctx: RoleContext, job: Any) -> None:
         self.cluster = cfg.cluster
-        self._join_state()
+        self._join_state(job)
         super().__init__(policy, cfg, ctx)
         self.rng = np.random.default_rng((cfg.learner.seed, 2, self.cluster.rank))  # (own draws)
-        self.next_round = 0.0
         self.received = 0     # transitions written since the last round (the job's env_steps)
         self.sampled_for = 0  # the job's steps this rank sampled rows for
 
     def _make_core(self, policy: PolicyTopology, cfg: Config) -> Any:
-        """Reach the job's store first (rank 0 serves it); the core is built with the job."""
+        """The core, built with the job (joined by ``job_shell`` after boot)."""
         from rlinkd.daemon.learner.replay_job_core import JobDQNLearner, JobSACLearner
-        self._connect(self.placement.device)
         core = JobSACLearner if self.algorithm == "sac" else JobDQNLearner
         return core(policy.spec, self.hp, self.job, device=self.placement.device,
                     seed=cfg.learner.seed + self.cluster.rank, torch_threads=cfg.learner.torch_threads)
@@ -60,29 +57,24 @@ class JobReplayLearner(JobMember, ReplayLearner):
         super()._publish(update)
         self.digest = weights_digest(self.core.flat_weights())
 
-    # ------------------------------------------------------------ training
-    def train_ready(self) -> bool:
-        """Enter the job's next round when steps are due here, or with none once
-        ``peer_wait_s`` has passed since this rank's last round; True if the job stepped.
-        Detached, nothing is trained (the clients go on with the last weights)."""
-        due = self._due_here()
-        if due < 1 and time.monotonic() < self.next_round:
-            self._maybe_report()
-            return False
-        self.next_round = time.monotonic() + self.cluster.peer_wait_s
-        if self.detached:
-            self._rejoin()
-            return False
-        self.job.reform_wanted = self.cluster.rank == 0 and self.job.newcomers_waiting()
-        try:
-            stepped = self._round(due)
-        except RuntimeError as exc:  # a member is gone (its sockets closed, or the timeout)
-            self._reform(f"collective failed: {str(exc).splitlines()[0] if str(exc) else exc!r}")
-            return True
-        if self.job.reform_agreed:
-            self.job.reform_agreed = False
-            self._reform("a rank asks to join")
-        return stepped
+    # ------------------------------------------------------------ rounds (job_shell)
+    def round_entry(self) -> int:
+        """This policy's entry into the next round: the steps its replay makes due."""
+        return self._due_here()
+
+    @staticmethod
+    def round_wanted(due: int) -> bool:
+        return due >= 1
+
+    def run_round(self, due: int) -> bool:
+        """This policy's steps in the round; True if the job stepped."""
+        return self._round(due)
+
+    def release_untrained(self, due: int) -> None:
+        """Nothing: replay leaves no batch behind."""
+
+    def between_rounds(self) -> None:
+        self._maybe_report()
 
     def _due_here(self) -> int:
         """Gradient steps this rank's own data makes due now (0 before its learning start)."""

@@ -643,9 +643,9 @@ def test_a_recurrent_policy_trains_in_a_job():
     assert cfg.ppo.recurrent == "lstm"
 
 
-def test_a_second_trainable_policy_is_refused_in_a_job(tmp_path):
-    with pytest.raises(ConfigError, match=r"policies\.red is a second trainable policy"):
-        load_text(tmp_path, "[cluster]\nworld_size = 2\n[policies.red]\n")
+def test_several_trainable_policies_train_in_a_job(tmp_path):
+    cfg = load_text(tmp_path, "[cluster]\nworld_size = 2\n[policies.red]\n")
+    assert cfg.policies["red"].trainable
 
 
 def test_remote_master_with_insecure_remote_is_accepted():
