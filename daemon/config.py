@@ -805,14 +805,9 @@ def _validate_policies(cfg: Config) -> None:
                               "sampling.train_batch_size")
 
 
-CLUSTER_ALGORITHMS = ("ppo", "appo")
-"""Algorithms a job of several daemons trains (the others train on one daemon)."""
-
-
 def _validate_cluster(cfg: Config) -> None:
     """[cluster] against itself and the learner: rank inside the world, a reachable form of
-    master, a backend the device can use, one feed-forward PPO/APPO policy while
-    world_size > 1."""
+    master, a backend the device can use while world_size > 1."""
     c = cfg.cluster
     if c.rank >= c.world_size:
         raise ConfigError(f"cluster.rank ({c.rank}) must be < cluster.world_size ({c.world_size})")
@@ -825,18 +820,6 @@ def _validate_cluster(cfg: Config) -> None:
                           "learner waiting on a hung peer would be killed as hung itself")
     if c.backend == "nccl" and cfg.learner.device == "cpu":
         raise ConfigError("cluster.backend = 'nccl' needs a CUDA learner (learner.device = 'cpu')")
-    trainable = [name for name, p in cfg.policies.items() if p.trainable and name != DEFAULT_POLICY]
-    if trainable:
-        raise ConfigError(f"cluster.world_size > 1 trains one policy: policies.{trainable[0]} "
-                          "is a second trainable policy")
-    algorithm = cfg.policies.get(DEFAULT_POLICY, PolicyConfig()).algorithm or cfg.learner.algorithm
-    if algorithm not in CLUSTER_ALGORITHMS:
-        raise ConfigError(f"learner.algorithm = {algorithm!r}: a job of several daemons "
-                          f"(cluster.world_size > 1) trains {', '.join(CLUSTER_ALGORITHMS)}")
-    ppo = cfg.policies.get(DEFAULT_POLICY, PolicyConfig()).ppo or cfg.ppo
-    if ppo.recurrent != "none":  # (a job weights each rank's gradient by rows, not chunks)
-        raise ConfigError(f"ppo.recurrent = {ppo.recurrent!r}: a job of several daemons "
-                          "(cluster.world_size > 1) trains feed-forward policies")
 
 
 def writes_checkpoints(cluster: ClusterConfig) -> bool:

@@ -70,4 +70,6 @@ SUITE = {
                              ("--solve-runs", "{runs}"),
                              ("--seconds", "10", "--solve-runs", "0",
                               "--out", "{results}/cluster_jobs-quick.json")),
+    "cluster_replay": Scenario("bench.scenarios.cluster_replay", "cluster_replay.json", (),
+                               ("--steps", "40", "--out", "{results}/cluster_replay-quick.json")),
 }

@@ -127,22 +127,23 @@ class Job:
         self._all_reduce(vector)
         return [int(n) for n in vector.tolist()]
 
-    def rows_per_rank(self, rows: int, hparams: tuple[float, float] = (0.0, 0.0)) -> list[int]:
-        """Every member's row count for the coming update, in group order; in the same
-        all-reduce (float64: counts stay exact below 2**53) whether rank 0 asks the group to
-        re-form after this round, and rank 0's live (lr, ent_coef), kept in
-        ``leader_hparams``: a reload on rank 0 governs every rank from this update on."""
-        n = len(self.members)
-        vector = torch.zeros(n + 3, dtype=torch.float64, device=self.device)
-        vector[self.index] = rows
+    def exchange(self, mine: Sequence[float], hparams: Sequence[float] = (0.0, 0.0)
+                 ) -> list[list[float]]:
+        """Every member's `mine` (k numbers each), in group order, by one all-reduce
+        (float64: counts stay exact below 2**53); in the same buffer whether rank 0 asks the
+        group to re-form after this round, and rank 0's live `hparams` (two: lr, ent_coef),
+        kept in ``leader_hparams``: a reload on rank 0 governs every rank from this round on."""
+        n, k = len(self.members), len(mine)
+        vector = torch.zeros(n * k + 3, dtype=torch.float64, device=self.device)
+        vector[self.index * k:(self.index + 1) * k] = torch.tensor(mine, dtype=torch.float64)
         if self.rank == 0:
-            vector[n:] = torch.tensor([float(self.reform_wanted), *hparams], dtype=torch.float64)
+            vector[n * k:] = torch.tensor([float(self.reform_wanted), *hparams], dtype=torch.float64)
         self._all_reduce(vector)
-        *counts, reform, lr, ent_coef = vector.tolist()
+        *values, reform, lr, ent_coef = vector.tolist()
         self.reform_agreed, self.leader_hparams = bool(reform), (lr, ent_coef)
-        return [int(c) for c in counts]
+        return [values[i * k:(i + 1) * k] for i in range(n)]
 
-    def average(self, grad: torch.Tensor, stats: torch.Tensor, rows: float,
+    def average(self, grad: torch.Tensor, stats: torch.Tensor, rows: float | torch.Tensor,
                 finite: torch.Tensor) -> torch.Tensor:
         """The job's row-weighted mean gradient and diagnostics, in place, by one all-reduce;
         the step's gate (``steps.unpack_step``)."""

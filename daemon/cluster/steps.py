@@ -29,12 +29,21 @@ def job_steps(rows_per_rank: Sequence[int], minibatch_size: int) -> int:
     return max(-(-int(n) // minibatch_size) for n in rows_per_rank) if rows_per_rank else 0
 
 
-def pack_step(grad: torch.Tensor, stats: torch.Tensor, rows: float,
+def replay_steps(due_per_rank: Sequence[int], rows_per_rank: Sequence[int], to_publish: int) -> int:
+    """Gradient steps of a replay job's round: the most steps any rank's data makes due, at
+    most up to the next publication (so every rank publishes after the same step); 0 when no
+    rank has rows to sample (every buffer below its learning start)."""
+    if not any(rows_per_rank):
+        return 0
+    return max(0, min(max(due_per_rank), to_publish))
+
+
+def pack_step(grad: torch.Tensor, stats: torch.Tensor, rows: float | torch.Tensor,
               finite: torch.Tensor) -> torch.Tensor:
     """One rank's share of a step [P + S + 2]: its gradient [P] and diagnostics [S] (means over
     its ``rows``) weighted by ``rows``, then ``rows`` and 1 - ``finite`` (0-dim, 1 = its loss
     was finite)."""
-    weight = torch.full((1,), float(rows), device=grad.device, dtype=grad.dtype)
+    weight = torch.as_tensor(rows, device=grad.device).to(grad.dtype).reshape(1)
     not_finite = (1.0 - finite.to(grad.dtype)).reshape(1)
     return torch.cat([grad * weight, stats.to(grad.dtype) * weight, weight, not_finite])
 

@@ -25,6 +25,8 @@ from rlinkd.daemon.learner.graphed import make_stepper
 from rlinkd.daemon.learner.learner import DeviceStats, seeded_model, to_device
 
 DQN_STATE_FORMAT = 1
+STEP_STATS = (*DQN_STATS, "grad_norm")
+"""A step's statistics, in the order the step returns them."""
 
 
 class DQNLearner:
@@ -81,12 +83,16 @@ class DQNLearner:
         loss or gradient skips the step (on the device, without reading it back)."""
         self.optimizer.param_groups[0]["lr"] = self.lr  # (copied into the tensor the step reads)
         run = self.stepper.bind(self._to_tensors(rows), 0)
-        info = DeviceStats((*DQN_STATS, "grad_norm"), run(self._no_idx))
+        info = DeviceStats(STEP_STATS, run(self._no_idx))
+        self._count_step(len(rows))
+        return info
+
+    def _count_step(self, rows: int) -> None:
+        """A step done on `rows` rows: counters, and the target network's copy when due."""
         self.updates += 1
-        self.trained_steps += len(rows)
+        self.trained_steps += rows
         if self.updates % self.hp.target_update_interval_updates == 0:
             self.target.load_state_dict(self.model.state_dict())  # (in place: a graph still reads it)
-        return info
 
     def _to_tensors(self, rows: np.ndarray) -> dict[str, Any]:
         """The step's inputs on the device: observations, actions [B], rewards, discounts."""
@@ -103,11 +109,19 @@ class DQNLearner:
             targets = double_q_targets(data["reward"], data["discount"], next_online, next_target,
                                        self.hp.double_q)
         loss, stats = dqn_loss_terms(self.model.dist_inputs(data["obs"]), data["action"], targets)
-        self.optimizer.zero_grad()
-        loss.backward()
-        grad_norm, gate = self.optimizer.clip_grad_norm_(self.hp.max_grad_norm)
-        self.optimizer.step(gate * torch.isfinite(loss.detach()))  # non-finite: skipped
+        grad_norm, stats = self._descend(self.optimizer, loss, stats, self.hp.max_grad_norm)
         return torch.cat([stats, grad_norm.reshape(1)])
+
+    def _descend(self, optimizer: Adam, loss: torch.Tensor, stats: torch.Tensor,
+                 max_norm: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """zero_grad, backward, clip, the step gated off (on the device) when the loss or the
+        gradient is not finite; (the gradient norm before clipping, ``stats``). A job's rank
+        (``replay_job_core``) averages the gradient and ``stats`` across the ranks first."""
+        optimizer.zero_grad()
+        loss.backward()
+        norm, gate = optimizer.clip_grad_norm_(max_norm)
+        optimizer.step(gate * torch.isfinite(loss.detach()))
+        return norm, stats
 
     def _obs(self, structured: np.ndarray) -> dict[str, torch.Tensor]:
         return {k: self._tensor(v) for k, v in obs_columns(structured, self.spec.obs_space).items()}

@@ -3,6 +3,12 @@
 ``JobRankLearner`` is ``Learner`` with the job's ``update``: the ranks agree the update's
 steps, every step's gradient is averaged across them by one all-reduce (``Learner``'s
 ``_apply_step`` calls the job), and the observation normalisers merge the union's moments.
+
+A recurrent policy's units are chunks (``bptt``): the ranks exchange their chunk counts and
+each epoch runs as many steps as the rank with the most minibatches of whole chunks has; each
+rank's gradient is weighted by the real (unpadded) steps of its minibatch's chunks, the rows
+its masked loss is a mean over, so the job's step is one learner's on the union of the
+ranks' chunks.
 ``take_job_state`` hands a member's whole training state to the others.
 """
 from __future__ import annotations
@@ -49,14 +55,16 @@ class JobRankLearner(Learner):
         except ValueError as exc:
             refused = exc
         n_rows = 0 if data is None else int(data["actions"].shape[0])
-        rows = job.rows_per_rank(n_rows, (self.hp.lr, self.hp.ent_coef))
+        units, per_minibatch = self._plan_units(data) if data is not None else (0, self._units_per_minibatch())
+        counts = job.exchange([n_rows, units], (self.hp.lr, self.hp.ent_coef))
+        rows = [int(c[0]) for c in counts]
         if job.leader_hparams != (self.hp.lr, self.hp.ent_coef):  # rank 0's reload governs
             self.set_hparams(*job.leader_hparams)
-        steps_per_epoch = job_steps(rows, self.hp.minibatch_size)
+        steps_per_epoch = job_steps([int(c[1]) for c in counts], per_minibatch)
         if steps_per_epoch == 0:
             return {"refused": str(refused)} if refused is not None else {}
         epochs = self.hp.num_epochs
-        plan = (update_plan(self._rng, n_rows, self.hp.minibatch_size, epochs) if data is not None
+        plan = (update_plan(self._rng, units, per_minibatch, epochs) if data is not None
                 else np.zeros((epochs, 0, 0), np.int64))
         run = self.stepper.bind(data, plan.shape[-1]) if data is not None else self._no_rows
         backup = self.model.flat_weights()

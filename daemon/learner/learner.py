@@ -229,10 +229,13 @@ class Learner:
     def _plan_units(self, data: dict[str, Any]) -> tuple[int, int]:
         """(units, units per minibatch): rows and minibatch_size, or for a recurrent policy
         chunks and as many whole chunks as minibatch_size rows hold."""
-        if bptt.SEQ in data:
-            return (data[bptt.SEQ]["rows"].shape[0],
-                    bptt.chunks_per_minibatch(self.hp.minibatch_size, self.spec.max_seq_len))
-        return data["actions"].shape[0], self.hp.minibatch_size
+        units = data[bptt.SEQ]["rows"].shape[0] if bptt.SEQ in data else data["actions"].shape[0]
+        return units, self._units_per_minibatch()
+
+    def _units_per_minibatch(self) -> int:
+        if self.spec.state_size:
+            return bptt.chunks_per_minibatch(self.hp.minibatch_size, self.spec.max_seq_len)
+        return self.hp.minibatch_size
 
     def _restore(self, flat: np.ndarray) -> None:
         """Back to the weights before a failed update, with fresh optimizer moments."""
@@ -249,10 +252,10 @@ class Learner:
         diagnostics [_STEP_SLOTS] (STAT_NAMES, grad norm when applied, 1 when applied). A
         non-finite loss or gradient skips the step on the device (no read back): extreme data
         must not poison the model."""
-        loss, stats = self._minibatch_loss(data, idx)
+        loss, stats, rows = self._minibatch_loss(data, idx)
         self.optimizer.zero_grad()
         loss.backward()
-        return self._apply_step(stats, torch.isfinite(loss.detach()), len(idx))
+        return self._apply_step(stats, torch.isfinite(loss.detach()), rows)
 
     def _idle_step(self) -> torch.Tensor:
         """A job's step this rank has no minibatch for: no rows, no gradient of its own."""
@@ -260,12 +263,14 @@ class Learner:
         stats = torch.zeros(len(STAT_NAMES), device=self.device)
         return self._apply_step(stats, torch.ones((), device=self.device), 0)
 
-    def _apply_step(self, stats: torch.Tensor, finite: torch.Tensor, rows: int) -> torch.Tensor:
+    def _apply_step(self, stats: torch.Tensor, finite: torch.Tensor,
+                    rows: int | torch.Tensor) -> torch.Tensor:
         """Clip and apply the gradient (in a job, first averaged across the ranks by one
-        all-reduce, which also averages `stats` [S]); the step's diagnostics."""
+        all-reduce weighted by the `rows` the loss is a mean over, which also averages
+        `stats` [S]); the step's diagnostics."""
         gate = finite.float()
         if self.job is not None:
-            gate = self.job.average(self.optimizer.grad, stats, float(rows), finite)
+            gate = self.job.average(self.optimizer.grad, stats, rows, finite)
         norm, clip_gate = self.optimizer.clip_grad_norm_(self.hp.max_grad_norm)
         gate = clip_gate * gate
         self.optimizer.step(gate)
@@ -273,8 +278,10 @@ class Learner:
         return torch.cat([stats, applied_norm.reshape(1), gate.reshape(1)])
 
     def _minibatch_loss(self, data: dict[str, Any], idx: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The PPO loss on the rows (or chunks) `idx` [b] and its diagnostics [len(STAT_NAMES)]."""
+                        ) -> tuple[torch.Tensor, torch.Tensor, int | torch.Tensor]:
+        """The PPO loss on the rows (or chunks) `idx` [b], its diagnostics [len(STAT_NAMES)]
+        and the rows it is a mean over (a recurrent policy's: the real steps of its chunks,
+        padding not counted; a 0-dim device tensor, not read back)."""
         mb, (new_logp, entropy, new_values), mask = self._minibatch(data, idx)  # [B] each
         hp = self.hp
         loss, stats = ppo_loss_terms(new_logp, mb["logp"], mb["advantages"], new_values,
@@ -282,7 +289,7 @@ class Learner:
                                      vf_coef=hp.vf_coef, ent_coef=self.ent_coef_t,
                                      old_values=mb["values"],
                                      vf_clip=hp.clip_coef if hp.clip_vloss else None, mask=mask)
-        return loss, stats
+        return loss, stats, (len(idx) if mask is None else mask.sum())
 
     def _minibatch(self, data: dict[str, Any], idx: torch.Tensor
                    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...], torch.Tensor | None]:

@@ -13,6 +13,7 @@ import io
 import os
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import structlog
@@ -41,9 +42,7 @@ class ReplayLearner:
         from rlinkd.daemon.learner.placement import place  # (imports torch)
         self.placement = place(policy.definition, cfg)
         try:
-            self.core = _core_class(self.algorithm)(
-                policy.spec, self.hp, device=self.placement.device, seed=cfg.learner.seed,
-                torch_threads=cfg.learner.torch_threads)
+            self.core = self._make_core(policy, cfg)
         except RuntimeError as exc:
             raise BootError(f"learner.device = {cfg.learner.device!r}: cannot create the learner "
                             f"on {self.placement.device}: {exc}") from exc
@@ -60,6 +59,10 @@ class ReplayLearner:
         self.pending_s = 0.0
         self.report_interval_s = cfg.daemon.status_interval_s
         self.next_report = 0.0
+
+    def _make_core(self, policy: PolicyTopology, cfg: Config) -> Any:
+        return _core_class(self.algorithm)(policy.spec, self.hp, device=self.placement.device,
+                                           seed=cfg.learner.seed, torch_threads=cfg.learner.torch_threads)
 
     # ------------------------------------------------------------ start
     def boot(self, checkpoint: str) -> None:

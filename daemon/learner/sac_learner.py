@@ -39,6 +39,13 @@ SAC_STATS = ("loss", *CRITIC_STATS, "grad_norm", *ACTOR_STATS, "alpha")
 OBS_KEY, ACTION_KEY = "obs", "action"
 
 
+def step_stats(critic_stats: torch.Tensor, grad_norm: torch.Tensor, actor_stats: torch.Tensor,
+               alpha: torch.Tensor) -> torch.Tensor:
+    """A step's statistics [len(SAC_STATS)] from its parts (the critics' loss leads as "loss")."""
+    return torch.cat([critic_stats[:1], critic_stats, grad_norm.reshape(1), actor_stats,
+                      alpha.reshape(1)])
+
+
 def critic_spec(spec: PolicySpec) -> PolicySpec:
     """The network whose value output is Q(s, a): observation space Dict(obs = the policy's
     observation space, action = Box of the action vector), the policy's trunk sizes and
@@ -117,9 +124,12 @@ class SACLearner:
         network, without reading it back (the update is still counted)."""
         run = self.stepper.bind(self._to_tensors(rows), 0)
         stats = DeviceStats(SAC_STATS, run(self._no_idx))
-        self.updates += 1
-        self.trained_steps += len(rows)
+        self._count_step(len(rows))
         return stats
+
+    def _count_step(self, rows: int) -> None:
+        self.updates += 1
+        self.trained_steps += rows
 
     def _to_tensors(self, rows: np.ndarray) -> dict[str, Any]:
         """The step's inputs on the device, with the actor's two noise draws [B, A] (drawn
@@ -140,26 +150,36 @@ class SACLearner:
             targets = soft_q_targets(data["reward"], data["discount"], next_q[0], next_q[1], next_logp, alpha)
         q = [c.value(self._q_input(obs, data["action"])) for c in self.critics]   # 2 x [B]
         loss_q, critic_stats = critic_loss_terms(q[0], q[1], targets)
-        grad_norm = self._step(self.critic_opt, loss_q)
+        grad_norm, critic_stats = self._step(self.critic_opt, loss_q, critic_stats)
         pi_actions, logp_pi = self._sample(obs, data["noise"])                   # with gradients
         with _frozen(self.critics):  # (the actor's gradient passes through them; theirs is not needed)
             q_pi = [c.value(self._q_input(obs, pi_actions)) for c in self.critics]
             loss_pi, actor_stats = actor_loss_terms(q_pi[0], q_pi[1], logp_pi, alpha)
-            self._step(self.actor_opt, loss_pi)
+            _, actor_stats = self._step(self.actor_opt, loss_pi, actor_stats)
         if self.alpha_opt is not None:
             self._step(self.alpha_opt, alpha_loss(self.log_alpha, logp_pi, self.target_entropy))
         polyak_update(*self._polyak_pairs, self.hp.tau)
-        return torch.cat([critic_stats[:1], critic_stats, grad_norm.reshape(1), actor_stats,
-                          alpha.reshape(1)])
+        return step_stats(critic_stats, grad_norm, actor_stats, alpha)
 
-    def _step(self, optimizer: Adam, loss: torch.Tensor) -> torch.Tensor:
-        """zero_grad, backward, optional clip, the step gated off (on the device) when the
-        loss or the gradient is not finite; the gradient norm before clipping."""
+    def _step(self, optimizer: Adam, loss: torch.Tensor | None,
+              stats: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One network's step with the optional clip (``_descend``); (its gradient norm before
+        clipping, ``stats``: empty when None)."""
+        stats = torch.zeros(0, device=self.device) if stats is None else stats
+        return self._descend(optimizer, loss, stats,
+                             self.hp.max_grad_norm if self.hp.max_grad_norm > 0 else None)
+
+    def _descend(self, optimizer: Adam, loss: torch.Tensor | None, stats: torch.Tensor,
+                 max_norm: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """zero_grad, backward, clip, the step gated off (on the device) when the loss or the
+        gradient is not finite; (the gradient norm before clipping, ``stats``). A job's rank
+        (``replay_job_core``) averages the gradient and ``stats`` across the ranks first."""
+        assert loss is not None  # (only a job's rank without rows steps without a loss)
         optimizer.zero_grad()
         loss.backward()
-        norm, gate = optimizer.clip_grad_norm_(self.hp.max_grad_norm if self.hp.max_grad_norm > 0 else None)
+        norm, gate = optimizer.clip_grad_norm_(max_norm)
         optimizer.step(gate * torch.isfinite(loss.detach()))
-        return norm
+        return norm, stats
 
     def _sample(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised actions [B, A] (in the bounds) from standard normal ``noise``

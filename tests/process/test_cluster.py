@@ -177,6 +177,34 @@ def test_a_job_of_two_through_lost_ranks_and_checkpoints_of_two_and_one(tmp_path
         pool.close()
 
 
+def test_a_dqn_job_trains_in_step_with_replay_on_the_rank_that_has_clients(tmp_path):
+    """DQN in a job: replay per rank, clients on rank 0 only; rank 1's empty buffer joins
+    every gradient step with no rows and stalls nobody; both publish the same weights. A
+    second trainable policy (PPO, without clients) joins every round without rows."""
+    pool = DaemonPool(tmp_path)
+    try:
+        rank0, rank1 = job_of_two(tmp_path, pool, "--set", "learner.algorithm=dqn",
+                                  "--set", "dqn.learning_starts_steps=200",
+                                  "--set", "dqn.publish_interval_updates=10",
+                                  "--set", "policies.red.trainable=true",
+                                  "--set", "policies.red.algorithm=ppo")
+        client = BackgroundClient(f"tcp://127.0.0.1:{rank0.port}").start()
+        wait_for(lambda: rank1.status()["weights_seq_no"] >= 3, 60,
+                 what="three publications of the job, clients on rank 0 only")
+        a, b = wait_for(lambda: in_step(rank0, rank1), 30, what="both ranks in step")
+        red = [s["policies"]["red"] for s in (a, b)]
+        assert red[0]["weights_seq_no"] == red[1]["weights_seq_no"]  # (no batches: as it started)
+        assert red[0]["learner"]["cluster"]["weights_digest"] == red[1]["learner"]["cluster"]["weights_digest"]
+        assert red[0]["learner"]["cluster"]["members"] == [0, 1]
+        assert a["learner"]["algorithm"] == b["learner"]["algorithm"] == "dqn"
+        assert a["learner"]["updates"] == b["learner"]["updates"] >= 30
+        rows = a["learner"]["cluster"]["rows_per_rank"]
+        assert rows[0] > 0 and rows[1] == 0, rows  # rank 1's buffer is empty
+        assert b["learner"]["replay_steps"] == 0 and a["learner"]["replay_steps"] >= 200
+        client.stop()
+        assert client.error is None, client.error
+    finally:
+        pool.close()
 
 
 def exit_code(d: DaemonProcess, timeout_s: float = 60.0) -> int:

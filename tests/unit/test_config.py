@@ -620,10 +620,6 @@ def test_cluster_defaults_to_a_daemon_alone():
      r"cluster\.master = '10\.1\.2\.3:29500' is not a loopback address.*insecure_remote"),
     ([("cluster", "world_size", 2), ("cluster", "backend", "nccl"), ("learner", "device", "cpu")],
      r"cluster\.backend = 'nccl' needs a CUDA learner"),
-    ([("cluster", "world_size", 2), ("learner", "algorithm", "dqn")],
-     r"learner\.algorithm = 'dqn': a job of several daemons"),
-    ([("cluster", "world_size", 2), ("ppo", "recurrent", "lstm")],
-     r"ppo\.recurrent = 'lstm': a job of several daemons .* trains feed-forward policies"),
     ([("cluster", "backend", "mpi")], r"cluster\.backend: must be one of auto, gloo, nccl"),
     ([("cluster", "world_size", 2), ("cluster", "collective_timeout_s", 30.0)],
      r"cluster\.collective_timeout_s \(30\) must be below daemon\.heartbeat_timeout_s \(30\)"),
@@ -634,9 +630,22 @@ def test_bad_cluster_config_names_the_key(overrides, pattern):
         load_config(overrides=overrides, resolve_dirs=False)
 
 
-def test_a_second_trainable_policy_is_refused_in_a_job(tmp_path):
-    with pytest.raises(ConfigError, match=r"policies\.red is a second trainable policy"):
-        load_text(tmp_path, "[cluster]\nworld_size = 2\n[policies.red]\n")
+@pytest.mark.parametrize("algorithm", ["dqn", "sac", "appo"])
+def test_every_algorithm_trains_in_a_job(algorithm):
+    cfg = load_config(overrides=[("cluster", "world_size", 2), ("learner", "algorithm", algorithm)],
+                      resolve_dirs=False)
+    assert cfg.cluster.world_size == 2
+
+
+def test_a_recurrent_policy_trains_in_a_job():
+    cfg = load_config(overrides=[("cluster", "world_size", 2), ("ppo", "recurrent", "lstm")],
+                      resolve_dirs=False)
+    assert cfg.ppo.recurrent == "lstm"
+
+
+def test_several_trainable_policies_train_in_a_job(tmp_path):
+    cfg = load_text(tmp_path, "[cluster]\nworld_size = 2\n[policies.red]\n")
+    assert cfg.policies["red"].trainable
 
 
 def test_remote_master_with_insecure_remote_is_accepted():

@@ -3,8 +3,10 @@ connector always has the next batch ready (a snapshot request must not starve)."
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 from rlinkd.daemon import messages as m
+from rlinkd.daemon.config import load_config
 from rlinkd.daemon.learner import process as learner_process
 
 
@@ -59,7 +61,7 @@ def test_a_message_is_handled_right_after_the_batch_in_training(monkeypatch):
     monkeypatch.setattr(learner_process, "LearnerShell",
                         lambda topo, ctx: shells.append(AlwaysBusyShell(topo, ctx)) or shells[-1])
     ctx = FakeCtx()
-    learner_process.run(None, ctx)
+    learner_process.run(SimpleNamespace(cfg=load_config(resolve_dirs=False)), ctx)
     assert shells[0].handled_after == [1]  # not after every ready batch has been trained
     assert ctx.inbox.waits[0] == learner_process.IDLE_WAIT_S and set(ctx.inbox.waits[1:]) == {0}
 

@@ -1,0 +1,75 @@
+"""job_shell.JobShell's rounds, with stand-in policies and job (no process group): every
+round runs every policy's part in name order; a rank with no work waits for peer_wait_s
+before entering; a collective that fails releases the policies not yet run and re-forms."""
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+from rlinkd.daemon.config import ClusterConfig
+from rlinkd.daemon.learner.job_shell import JobShell
+
+
+class FakePolicy:
+    def __init__(self, name: str, log: list, work: bool = False, fails: bool = False) -> None:
+        self.name, self.log, self.work, self.fails = name, log, work, fails
+
+    def round_entry(self):
+        return f"{self.name}-entry" if self.work else None
+
+    @staticmethod
+    def round_wanted(entry) -> bool:
+        return entry is not None
+
+    def run_round(self, entry) -> bool:
+        if self.fails:
+            raise RuntimeError("peer gone")
+        self.log.append(("ran", self.name, entry))
+        return entry is not None
+
+    def release_untrained(self, entry) -> None:
+        self.log.append(("released", self.name, entry))
+
+    def between_rounds(self) -> None:
+        self.log.append(("idle", self.name))
+
+
+def shell_of(*policies: FakePolicy, peer_wait_s: float = 60.0) -> JobShell:
+    shell = JobShell.__new__(JobShell)
+    shell.cluster = ClusterConfig(world_size=2, rank=1, peer_wait_s=peer_wait_s)
+    shell.ctx = SimpleNamespace(stop=threading.Event())
+    shell.job = SimpleNamespace(reform_wanted=False, reform_agreed=False)
+    shell.policies = {p.name: p for p in policies}
+    shell.detached, shell.next_round = False, 0.0
+    shell.reforms = []
+    shell._reform = shell.reforms.append
+    return shell
+
+
+def test_a_round_runs_every_policy_in_name_order_with_or_without_rows():
+    log: list = []
+    shell = shell_of(FakePolicy("red", log), FakePolicy("default", log), FakePolicy("blue", log, work=True))
+    assert shell.train_one()
+    assert log == [("ran", "blue", "blue-entry"), ("ran", "default", None), ("ran", "red", None)]
+
+
+def test_without_work_a_rank_enters_only_after_peer_wait():
+    log: list = []
+    shell = shell_of(FakePolicy("default", log), peer_wait_s=60.0)
+    shell.train_one()                      # the first round: at once
+    log.clear()
+    assert not shell.train_one()           # then nothing to do within peer_wait_s
+    assert log == [("idle", "default")]
+    shell.next_round = time.monotonic() - 1
+    shell.train_one()
+    assert log[-1] == ("ran", "default", None)
+
+
+def test_a_failed_collective_releases_the_rest_untrained_and_reforms():
+    log: list = []
+    shell = shell_of(FakePolicy("a", log, work=True), FakePolicy("b", log, work=True, fails=True),
+                     FakePolicy("c", log, work=True))
+    assert shell.train_one()
+    assert log == [("ran", "a", "a-entry"), ("released", "b", "b-entry"), ("released", "c", "c-entry")]
+    assert len(shell.reforms) == 1 and "peer gone" in shell.reforms[0]
