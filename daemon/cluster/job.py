@@ -20,8 +20,11 @@ from rlinkd.daemon.cluster.membership import Membership
 from rlinkd.daemon.cluster.steps import (pack_moments, pack_step, unpack_moments,
                                          unpack_step)
 from rlinkd.daemon.config import ClusterConfig, cluster_address
+from rlinkd.daemon.errors import ConfigError
 
 POLL_S = 0.02
+PLACEMENT_KEY = "placement"
+"""Store key: rank 0's device kind and backend, which every rank of the job must share."""
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -51,14 +54,38 @@ class Job:
         """Serve (rank 0) or reach the job's store; RuntimeError when it cannot be reached
         (or, rank 0, served) within the timeout."""
         host, port = cluster_address(cluster)
-        return cls(cluster, device, Membership(host, port, cluster.rank, cluster.world_size,
-                                               cluster.collective_timeout_s))
+        job = cls(cluster, device, Membership(host, port, cluster.rank, cluster.world_size,
+                                              cluster.collective_timeout_s))
+        job.check_placement()
+        return job
+
+    @property
+    def placement(self) -> str:
+        """This rank's device kind and backend, e.g. ``cpu/gloo``."""
+        return f"{self.device.type}/{self.backend}"
+
+    def check_placement(self) -> None:
+        """Rank 0 records its placement in the store; every other rank compares its own
+        with it: ranks on different kinds of device would compute different weights from the
+        same averaged gradient (and a backend mismatch would hang the group's formation), so a
+        difference is a ConfigError before any group is formed."""
+        store = self.membership.store
+        if self.rank == 0:
+            store.set(PLACEMENT_KEY, self.placement)
+            return
+        leader = store.get(PLACEMENT_KEY).decode()
+        if leader != self.placement:
+            raise ConfigError(f"learner.device / cluster.backend: rank 0 trains on {leader}, rank "
+                              f"{self.rank} on {self.placement}: every rank of a job must train on "
+                              "the same kind of device with the same backend (set learner.device "
+                              "explicitly where `auto` chose differently)")
 
     def reconnect(self, timeout_s: float) -> None:
         """Reach rank 0's store again (after it was lost); RuntimeError while it is not there."""
         host, port = cluster_address(self.cluster)
         self.membership = Membership(host, port, self.rank, self.world_size, timeout_s)
         self.membership.store.set_timeout(datetime.timedelta(seconds=self.cluster.collective_timeout_s))
+        self.check_placement()
 
     @property
     def index(self) -> int:

@@ -1,0 +1,35 @@
+"""Every rank of a job trains on rank 0's kind of device with rank 0's backend: a rank whose
+placement differs stops with a ConfigError before any process group is formed."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+from rlinkd.daemon.cluster.job import Job
+from rlinkd.daemon.config import ClusterConfig
+from rlinkd.daemon.errors import ConfigError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cluster(rank: int, port: int, backend: str = "auto") -> ClusterConfig:
+    return ClusterConfig(world_size=2, rank=rank, master=f"127.0.0.1:{port}", backend=backend,
+                         collective_timeout_s=5.0)
+
+
+def test_a_rank_on_rank_0s_placement_joins_and_another_is_refused_naming_the_keys():
+    port = free_port()
+    leader = Job.connect(cluster(0, port), torch.device("cpu"))
+    assert leader.placement == "cpu/gloo"
+    same = Job.connect(cluster(1, port), torch.device("cpu"))
+    assert same.placement == leader.placement
+    with pytest.raises(ConfigError, match=r"learner.device / cluster.backend: rank 0 trains on "
+                                          r"cpu/gloo, rank 1 on cpu/nccl"):
+        Job.connect(cluster(1, port, backend="nccl"), torch.device("cpu"))
+    same.reconnect(timeout_s=5.0)  # (a rank that reaches rank 0 again checks once more)
