@@ -74,16 +74,18 @@ bytecode: $(STAMP)
 	$(PY) -m compileall -q -j 0 daemon shm client_lib bench tests >/dev/null
 
 # The checks before the tests run side by side (mypy is single-threaded, the C builds use every
-# core), then the tests: everything not marked `serial` on TEST_JOBS pytest-xdist workers, one
-# test file per worker at a time (module-scoped daemons stay shared), then the `serial` tests
-# alone (their assertions bound latencies or heartbeats that a busy neighbour would break).
+# core), then the tests: everything not marked `serial` on TEST_JOBS pytest-xdist workers (each
+# takes a contiguous share of the files, an idle one takes tests from the end of another's
+# share: a module's shared daemon starts again only where its tests are split), then the
+# `serial` tests alone (their assertions bound latencies or heartbeats that a busy neighbour
+# would break; all of them are real-process tests, so only tests/process is collected for them).
 TEST_JOBS ?= $(shell nproc)
 checks: lint c-check ort-old bytecode docs
 
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target checks
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not serial"
-	$(PY) -m pytest -q -p no:xdist -m serial
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "not serial"
+	$(PY) -m pytest -q -p no:xdist -m serial tests/process
 
 bench: $(STAMP)
 	$(PY) -m bench.run_all

@@ -38,8 +38,8 @@ TIER_ORDER = {"process": 0, "wiring": 1, "unit": 2}
 
 def pytest_collection_modifyitems(items) -> None:
     """Real-process files first, then wiring, then units (stable within a tier): pytest-xdist
-    (`make test`) hands whole files to its workers in this order, so the long files start
-    early and the many short unit files even out the end of the run."""
+    (`make test`) shares the tests out in this order, so the long files start early and the
+    many short unit tests even out the end of the run."""
     def tier(item) -> int:
         parts = item.path.relative_to(REPO / "tests").parts
         return TIER_ORDER.get(parts[0], len(TIER_ORDER)) if len(parts) > 1 else len(TIER_ORDER)

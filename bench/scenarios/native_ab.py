@@ -17,12 +17,16 @@ measure what that part should move:
 
 Per measurement and arm the median and the spread (min – max); the gain is the on arm's
 median against the off arm's (positive: the part helps; for latency and CPU, less is
-better), and the spread of the measurement is the larger relative range ((max - min) /
-median) of its two arms. A measurement counts for its part when the |gain| exceeds that
-spread; a part **earns its place** when some measurement gains beyond its spread and none
-loses beyond it. Each run also records the parts the role reports serving (status
-``inference.native_parts``), so an arm whose part did not serve (e.g. ``auto`` timed numpy
-faster than the native interpreter) shows. Writes bench/results/native_ab.json.
+better). A measurement counts for its part when the gain exceeds the spread, that is when
+the two arms' ranges do not overlap: every run with the part beats every run without it
+("gain"; every run without it beats every run with it: "loss"; else "noise"). With 5
+interleaved runs an arm, a separation that complete happens by chance with probability
+2/252 < 1 % (the exact two-sided Mann-Whitney test, U = 0). A part **earns its place** when
+some measurement gains and none loses. Each run also records the parts the role reports
+serving (status ``inference.native_parts``), so an arm whose part did not serve (e.g.
+``auto`` timed numpy faster than the native interpreter) shows. ``--judge FILE`` judges the
+runs of an earlier result file again without measuring.
+Writes bench/results/native_ab.json.
 """
 from __future__ import annotations
 
@@ -60,15 +64,16 @@ def arms(part: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def compare(on: list[float], off: list[float], higher_better: bool) -> dict:
-    """Medians and spreads of both arms, the on arm's relative gain (positive: better with
-    the part), the measurement's spread (the larger relative range of the two arms) and the
-    verdict: "gain" / "loss" beyond the spread, else "noise" ("n/a" with one run an arm: no
-    spread to judge by)."""
+    """Medians and ranges of both arms, the on arm's relative gain (positive: better with
+    the part), the measurement's spread (the larger relative range of the two arms, for the
+    report) and the verdict: "gain" when every on run beats every off run, "loss" when every
+    off run beats every on run, else "noise" ("n/a" with one run an arm: no spread)."""
     m_on, m_off = statistics.median(on), statistics.median(off)
     gain = (m_on - m_off) / m_off if higher_better else (m_off - m_on) / m_off
     spread = max((max(v) - min(v)) / statistics.median(v) for v in (on, off))
-    verdict = ("n/a" if min(len(on), len(off)) < 2 else
-               "gain" if gain > spread else "loss" if gain < -spread else "noise")
+    better, worse = (on, off) if higher_better else (off, on)  # (larger is better in `better`)
+    verdict = ("n/a" if min(len(on), len(off)) < 2 else "gain" if min(better) > max(worse)
+               else "loss" if max(better) < min(worse) else "noise")
     return {"on": median_range(on, 1), "off": median_range(off, 1), "gain": round(gain, 4),
             "spread": round(spread, 4), "verdict": verdict}
 
@@ -137,6 +142,18 @@ def ab(part: str, args, binary: Path | None) -> dict:
             "earns_its_place": None if verdict is None else verdict and served}
 
 
+def judge(result: dict) -> dict:
+    """``result`` with every part's comparisons and verdict computed again from its runs."""
+    for part, r in result["parts"].items():
+        runs = r["runs"]
+        r["measures"] = {m: compare([x[m] for x in runs["on"]], [x[m] for x in runs["off"]], MEASURES[m][2])
+                         for m in PARTS[part]}
+        verdict = part_verdict(r["measures"])
+        r["earns_its_place"] = None if verdict is None else verdict and r["arms_served_as_asked"]
+    result["table_markdown"] = table_markdown(result)
+    return result
+
+
 # ---------------------------------------------------------------- report
 def table_markdown(result: dict) -> str:
     """One row per part and measurement: both arms (median, min – max), gain, spread, verdict."""
@@ -168,7 +185,13 @@ def main() -> int:
     ap.add_argument("--client", choices=("c", "python"), default="c", help="the throughput loads' clients")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 1 run per arm, 8 clients, 2 s each")
     ap.add_argument("--out", help="result file (default: bench/results/native_ab.json)")
+    ap.add_argument("--judge", help="judge the runs of this result file again (no measuring); writes --out or it")
     args = ap.parse_args()
+    if args.judge:
+        result = judge(orjson.loads(Path(args.judge).read_bytes()))  # (its command and date kept)
+        Path(args.out or args.judge).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+        print(result["table_markdown"])
+        return 0
     if args.quick:
         args.runs, args.clients, args.seconds, args.latency_n = 1, 8, 2.0, 500
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]

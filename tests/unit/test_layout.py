@@ -93,3 +93,11 @@ def test_rlinkd_works_beside_another_distributions_daemon_package(wheel, tmp_pat
     done = subprocess.run([sys.executable, "-S", "-c", code, str(tmp_path),
                            *site.getsitepackages()], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_serial_tests_live_where_make_test_collects_them():
+    """`make test` runs the `serial` tests in a second pass that collects tests/process only."""
+    marked = [p.relative_to(REPO) for p in (REPO / "tests").rglob("test_*.py")
+              if "mark.serial" in p.read_text(encoding="utf-8")]
+    assert marked and all(p.parts[:2] == ("tests", "process") for p in marked), marked
+    assert "-m serial tests/process" in (REPO / "Makefile").read_text()
