@@ -95,9 +95,15 @@ def test_rlinkd_works_beside_another_distributions_daemon_package(wheel, tmp_pat
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
+def _marks_serial(path: Path) -> bool:
+    """Some decorator or ``pytestmark`` of the module is ``pytest.mark.serial``."""
+    return any(isinstance(node, ast.Attribute) and node.attr == "serial"
+               and ast.unparse(node.value) == "pytest.mark"
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+
+
 def test_serial_tests_live_where_make_test_collects_them():
     """`make test` runs the `serial` tests in a second pass that collects tests/process only."""
-    marked = [p.relative_to(REPO) for p in (REPO / "tests").rglob("test_*.py")
-              if "mark.serial" in p.read_text(encoding="utf-8")]
+    marked = [p.relative_to(REPO) for p in (REPO / "tests").rglob("test_*.py") if _marks_serial(p)]
     assert marked and all(p.parts[:2] == ("tests", "process") for p in marked), marked
     assert "-m serial tests/process" in (REPO / "Makefile").read_text()
