@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlinkd.daemon.checkpoint import store
 from tests.helpers import learn_with_clients, wait_for
 from tests.tasks.cartpole_novel import ACTION_SPACE_TOML, ID, OBSERVATION_SPACE_TOML
 
@@ -71,8 +72,11 @@ def test_lstm_learns_over_tcp_and_shared_memory_and_resumes_after_sigterm(daemon
     d = start(daemon_factory, tmp_path)
     returns = learn(both(d), TARGET_RETURN, LEARN_BUDGET_S)
     assert all(len(r) > 20 for r in returns.values()), "both transports took part"
-    before = assert_clean(d)["weights_seq_no"]
+    seen = assert_clean(d)["weights_seq_no"]
     assert d.stop() == 0
+    final = store.latest_valid(store.checkpoints_dir(d.state_dir))  # (the drain may train once more)
+    assert final is not None and final.manifest["reason"] == "shutdown" and final.weights_seq_no >= seen
+    before = final.weights_seq_no
     d.proc = None
     d.start()
     assert d.status()["weights_seq_no"] == before
