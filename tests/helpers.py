@@ -49,6 +49,42 @@ def settled(read, quiet_s: float, timeout_s: float, what: str = "a value"):
 
 
 # ---------------------------------------------------------------- raw RLlink (seed only)
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago (for a listener the test names)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(rank_main, world_size: int, deadline_s: float = 90.0) -> dict:
+    """``rank_main(rank, port, results)`` in ``world_size`` spawned processes that meet on a
+    free loopback port; {rank: result} from the ``(rank, result)`` each puts on ``results``.
+    AssertionError at once when a rank dies, or at the deadline; every process is ended."""
+    import multiprocessing
+    import queue
+    ctx = multiprocessing.get_context("spawn")
+    results, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=rank_main, args=(rank, port, results)) for rank in range(world_size)]
+    for p in procs:
+        p.start()
+    got, deadline = {}, time.monotonic() + deadline_s
+    try:
+        while len(got) < world_size:
+            assert time.monotonic() < deadline, f"the ranks did not finish within {deadline_s} s"
+            try:
+                rank, result = results.get(timeout=0.2)
+                got[rank] = result
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                assert not dead, f"a rank exited with {dead}"
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return got
+
+
 def raw_send(sock: socket.socket, obj: dict) -> None:
     body = json.dumps(obj).encode("utf-8")
     sock.sendall(str(len(body)).zfill(8).encode("utf-8") + body)

@@ -1,22 +1,16 @@
 """client_lib against a real daemon: run_env, the agent API, reconnect across a restart."""
 from __future__ import annotations
 
-import socket
 import threading
 
 import gymnasium as gym
 import pytest
 
 from rlinkd.client_lib import connect, run_env
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 
 pytestmark = pytest.mark.process
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_run_env_trains_and_counts(daemon):

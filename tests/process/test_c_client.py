@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import threading
 
 import pytest
 
 from rlinkd.daemon.inference.netnative import native_module
-from tests.helpers import REPO, settled, wait_for
+from tests.helpers import REPO, free_port, settled, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
@@ -89,11 +88,6 @@ def evaluation_contributes_no_training_data(binary, d) -> None:
                       what="the evaluation episodes reported")
     assert status["env_steps"] == trained, status
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.skipif(native_module() is None, reason="the _native extension is not built")

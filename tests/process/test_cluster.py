@@ -11,7 +11,6 @@ Bad cluster configs exit 78 naming the key (three daemons launched together)."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import pytest
 
 from rlinkd.daemon.checkpoint.store import checkpoints_dir, list_checkpoints
 from tests.conftest import DaemonPool
-from tests.helpers import REPO, BackgroundClient, DaemonProcess, wait_for
+from tests.helpers import BackgroundClient, DaemonProcess, REPO, free_port, wait_for
 
 pytestmark = pytest.mark.process
 SMALL_UPDATES = ("--set", "sampling.train_batch_size=128", "--set", "sampling.env_steps_per_sample=128",
@@ -30,11 +29,6 @@ FAST = ("--set", "cluster.collective_timeout_s=5", "--set", "cluster.peer_wait_s
 """Short cluster timeouts: a killed peer's sockets close at once, so only a start that lags
 by more than the collective timeout could fail; 5 s is ample on a loaded box."""
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_of_two(tmp_path, pool: DaemonPool, *extra: str, dirs=None) -> list[DaemonProcess]:

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from rlinkd.client_lib import connect
-from tests.helpers import BackgroundClient, peer_closed, raw_recv, raw_send, wait_for
+from tests.helpers import BackgroundClient, free_port, peer_closed, raw_recv, raw_send, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(240)]
 
@@ -36,11 +36,6 @@ TARGET_RETURN = 150.0
 LEARN_BUDGET_S = 90.0   # each learning test needs ~5-15 s unloaded; generous for a busy machine
 OBS = [0.01, 0.02, 0.03, 0.04]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def raw_client(port: int, direct: bool = False) -> socket.socket:

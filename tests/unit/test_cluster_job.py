@@ -9,9 +9,6 @@ the ranks' chunks."""
 from __future__ import annotations
 
 import multiprocessing
-import queue
-import socket
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -24,6 +21,7 @@ from rlinkd.daemon.config import ClusterConfig, PPOConfig
 from rlinkd.daemon.learner.learner import Learner
 from rlinkd.daemon.learner.minibatch import update_plan
 from tests.recurrent_data import pipeline_batch, small_spec
+from tests.helpers import run_ranks
 
 SPEC = PolicySpec(Box((4,)), Discrete(2), hidden_sizes=(16, 16))
 HP = PPOConfig(lr=3e-3, num_epochs=2, minibatch_size=64, normalize_observations=True)
@@ -146,37 +144,8 @@ def one_learner_on_the_union() -> dict[str, np.ndarray]:
     return state_of(learner)
 
 
-def wait_for_result(results: multiprocessing.Queue, procs: list, deadline_s: float = 90.0):
-    """The next rank's result; AssertionError at once when a rank died, or at the deadline."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        try:
-            return results.get(timeout=0.2)
-        except queue.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            assert not dead, f"a rank exited with {dead}"
-    raise AssertionError(f"the ranks did not finish within {deadline_s} s")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_ranks_train_as_one_learner_on_the_concatenated_batches():
-    ctx = multiprocessing.get_context("spawn")
-    results, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=rank_main, args=(rank, port, results)) for rank in (0, 1)]
-    for p in procs:
-        p.start()
-    try:
-        got = dict(wait_for_result(results, procs) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    got = run_ranks(rank_main, 2)
     for kind in ("ppo", "recurrent"):
         for key in got[0][kind]:
             np.testing.assert_array_equal(got[0][kind][key], got[1][kind][key], err_msg=f"{kind} {key}")

@@ -2,7 +2,6 @@
 placement differs stops with a ConfigError before any process group is formed."""
 from __future__ import annotations
 
-import socket
 
 import pytest
 import torch
@@ -10,12 +9,8 @@ import torch
 from rlinkd.daemon.cluster.job import Job
 from rlinkd.daemon.config import ClusterConfig
 from rlinkd.daemon.errors import ConfigError
+from tests.helpers import free_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cluster(rank: int, port: int, backend: str = "auto") -> ClusterConfig:

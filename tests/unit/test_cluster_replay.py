@@ -21,7 +21,7 @@ from rlinkd.daemon.learner.dqn_learner import DQNLearner
 from rlinkd.daemon.learner.sac_learner import SACLearner
 from rlinkd.shm.records import StepLayout
 from rlinkd.shm.replay import ReplayLayout
-from tests.unit.test_cluster_job import free_port, wait_for_result
+from tests.helpers import run_ranks
 
 SEEDS = (5, 9)
 TOLERANCE = 1e-5
@@ -124,18 +124,7 @@ def one_learner_on_the_union(algo: str) -> dict[str, np.ndarray]:
 
 
 def test_two_replay_ranks_step_as_one_learner_on_the_concatenated_samples():
-    ctx = multiprocessing.get_context("spawn")
-    results, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=rank_main, args=(rank, port, results)) for rank in (0, 1)]
-    for p in procs:
-        p.start()
-    try:
-        got = dict(wait_for_result(results, procs) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    got = run_ranks(rank_main, 2)
     for algo in ALGOS:
         for key in got[0][algo]:
             np.testing.assert_array_equal(got[0][algo][key], got[1][algo][key], err_msg=f"{algo} {key}")
