@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -71,6 +72,8 @@ class JobMember:
     collective_s: float
     rows_per_rank: list[int]
     digest: str
+    _job_core: Callable[[], Any]  # (provided by the host, as the fields above)
+    _announce: Callable[[], None]
 
     def _join_state(self, job: Any) -> None:
         """The job's fields, before the core is built (with ``job``, already connected)."""
@@ -106,10 +109,3 @@ class JobMember:
                               generation=job.generation if job is not None else 0,
                               collective_time_s=self.collective_s,
                               rows_per_rank=tuple(self.rows_per_rank), weights_digest=self.digest)
-
-    # provided by the host
-    def _job_core(self) -> Any:
-        raise NotImplementedError
-
-    def _announce(self) -> None:
-        raise NotImplementedError

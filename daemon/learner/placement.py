@@ -3,6 +3,8 @@ wiring between the pure choice, the timing function, the state directory and the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TypeVar
 
 import structlog
 import torch
@@ -14,6 +16,8 @@ from rlinkd.daemon.learner.device_choice import (CACHE_FILE, ChoiceCache, Device
 from rlinkd.daemon.learner.step_timing import host_signature, time_sgd_step
 from rlinkd.daemon.policies import PolicyDef
 from rlinkd.daemon.roles import BootError
+
+T = TypeVar("T")
 
 log = structlog.get_logger("learner")
 
@@ -60,3 +64,14 @@ def _timed(definition: PolicyDef, minibatch: int, device: str, threads: int) -> 
         log.warning("device_timing_failed", policy=definition.name, device=device,
                     error=str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         return math.inf
+
+
+def built_on(device: str, cfg: Config, make: Callable[[], T]) -> T:
+    """``make()``, the learner core built on ``device``; the RuntimeError torch raises when
+    the device cannot hold it becomes the BootError naming ``learner.device`` (the daemon
+    stops at once, exit 3: a restart could not help)."""
+    try:
+        return make()
+    except RuntimeError as exc:
+        raise BootError(f"learner.device = {cfg.learner.device!r}: cannot create the learner "
+                        f"on {device}: {exc}") from exc

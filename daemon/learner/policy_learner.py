@@ -15,7 +15,7 @@ from rlinkd.daemon.batch_schema import BatchMeta, read_columns
 from rlinkd.daemon.checkpoint.store import policy_file, read_checkpoint_file, verify
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.learner.device_choice import device_fields
-from rlinkd.daemon.roles import BootError, RoleContext
+from rlinkd.daemon.roles import RoleContext
 from rlinkd.daemon.wiring import PolicyTopology
 from rlinkd.shm.blob import BlobArea
 from rlinkd.shm.board import WeightsBoard
@@ -32,14 +32,10 @@ class PolicyLearner:
     memory (weights board, batch slots, snapshot area). Driven by ``LearnerShell``."""
 
     def __init__(self, policy: PolicyTopology, cfg: Config, ctx: RoleContext) -> None:
-        from rlinkd.daemon.learner.placement import place
+        from rlinkd.daemon.learner.placement import built_on, place
         self.policy, self.ctx, self.name = policy, ctx, policy.name
         self.placement = place(policy.definition, cfg)
-        try:
-            self.learner = self._make_learner(policy, cfg)
-        except RuntimeError as exc:
-            raise BootError(f"learner.device = {cfg.learner.device!r}: cannot create the learner "
-                            f"on {self.placement.device}: {exc}") from exc
+        self.learner = built_on(self.placement.device, cfg, lambda: self._make_learner(policy, cfg))
         self.board = WeightsBoard.attach(policy.board_path)
         self.slots = BatchSlots.attach(policy.slots_path)
         self.snapshot = BlobArea.attach(policy.snapshot_path)

@@ -22,7 +22,7 @@ from rlinkd.daemon import messages as m
 from rlinkd.daemon.checkpoint.store import policy_file, read_checkpoint_file
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.learner.device_choice import device_fields
-from rlinkd.daemon.roles import BootError, RoleContext
+from rlinkd.daemon.roles import RoleContext
 from rlinkd.daemon.wiring import PolicyTopology
 from rlinkd.shm.blob import BlobArea
 from rlinkd.shm.board import WeightsBoard
@@ -39,13 +39,9 @@ class ReplayLearner:
         self.policy, self.ctx, self.name = policy, ctx, policy.name
         self.algorithm = policy.definition.algorithm
         self.hp = policy.definition.replay_hp
-        from rlinkd.daemon.learner.placement import place  # (imports torch)
+        from rlinkd.daemon.learner.placement import built_on, place  # (imports torch)
         self.placement = place(policy.definition, cfg)
-        try:
-            self.core = self._make_core(policy, cfg)
-        except RuntimeError as exc:
-            raise BootError(f"learner.device = {cfg.learner.device!r}: cannot create the learner "
-                            f"on {self.placement.device}: {exc}") from exc
+        self.core = built_on(self.placement.device, cfg, lambda: self._make_core(policy, cfg))
         self.board = WeightsBoard.attach(policy.board_path)
         self.replay = ReplayBuffer.attach(policy.replay_path, ReplayLayout(policy.layout))
         self.replay.set_pid("reader", os.getpid())
