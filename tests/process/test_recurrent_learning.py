@@ -7,11 +7,12 @@ clients' state per agent, the collector's "state_in" checks, HAS_STATE rows on t
 the connector's sequences, the learner's truncated BPTT -- in one daemon, test-sized."""
 from __future__ import annotations
 
+import threading
 
 import pytest
 
 from rlinkd.daemon.checkpoint import store
-from tests.helpers import learn_with_clients, wait_for
+from tests.helpers import learn_with_clients, play_env, wait_for
 from tests.tasks.cartpole_novel import ACTION_SPACE_TOML, ID, OBSERVATION_SPACE_TOML
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(240)]
@@ -55,6 +56,29 @@ def learn(addresses: dict[str, str], target: float, budget_s: float,
     return learn_with_clients(addresses, target, budget_s, ID, inference=inference)
 
 
+def evaluate(addresses: dict[str, str], episodes: int, floor: float,
+             budget_s: float) -> float:
+    """One evaluation client (greedy, sends no steps) per named address until one's first
+    ``episodes`` returns sum to ``floor`` per episode, or each has played ``episodes``; the
+    best mean of a first ``episodes`` (episodes still to come counted as 0)."""
+    returns: dict[str, list[float]] = {name: [] for name in addresses}
+    best = lambda: max(sum(r[:episodes]) for r in returns.values()) / episodes  # noqa: E731
+    stop = threading.Event()
+    threads = [threading.Thread(target=play_env, args=(address, returns[name], stop, i, ID),
+                                kwargs={"mode": "evaluate"})
+               for i, (name, address) in enumerate(addresses.items())]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: best() >= floor or min(len(r) for r in returns.values()) >= episodes,
+                 budget_s, what=f"{episodes} evaluation episodes on each transport")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    return best()
+
+
 def both(d) -> dict[str, str]:
     return {"tcp": f"tcp://127.0.0.1:{d.port}", "shm": f"shm:{d.state_dir}"}
 
@@ -67,8 +91,9 @@ def assert_clean(d) -> dict:
 
 def test_lstm_learns_over_tcp_and_shared_memory_and_resumes_after_sigterm(daemon_factory, tmp_path):
     """Client-side inference; then SIGTERM, a restart on the same state directory: the
-    trained LSTM comes back (its first episodes are far above random) and the next
-    fragments train on (weights_seq_no goes on from where it stopped)."""
+    trained LSTM comes back (evaluation clients, which leave the weights as restored, play
+    far above random) and the next fragments train on (weights_seq_no goes on from where it
+    stopped)."""
     d = start(daemon_factory, tmp_path)
     returns = learn(both(d), TARGET_RETURN, LEARN_BUDGET_S)
     assert all(len(r) > 20 for r in returns.values()), "both transports took part"
@@ -80,9 +105,10 @@ def test_lstm_learns_over_tcp_and_shared_memory_and_resumes_after_sigterm(daemon
     d.proc = None
     d.start()
     assert d.status()["weights_seq_no"] == before
-    after = learn(both(d), 2 * RANDOM_RETURN, LEARN_BUDGET_S)
-    first = [r[:20] for r in after.values() if len(r) >= 20]
-    assert first and max(sum(r) / 20 for r in first) >= 2 * RANDOM_RETURN, after  # not from scratch
+    greedy = evaluate(both(d), 20, 2 * RANDOM_RETURN, LEARN_BUDGET_S)  # the checkpoint's weights
+    assert d.status()["weights_seq_no"] == before, "evaluation clients send no training steps"
+    assert greedy >= 2 * RANDOM_RETURN  # not from scratch
+    learn(both(d), 2 * RANDOM_RETURN, LEARN_BUDGET_S)
     wait_for(lambda: d.status()["weights_seq_no"] >= before + 2, 30, what="updates after the restart")
     assert_clean(d)
 
