@@ -209,11 +209,11 @@ class DaemonProcess(ServeProcess):
 
 # ---------------------------------------------------------------- background clients
 class BackgroundClient:
-    """A CartPole client (client_lib.run_env) in a thread, until ``stop()``."""
+    """A gymnasium ``env_id`` client (CartPole by default) in a thread, until ``stop()``."""
 
-    def __init__(self, address: str, seed: int = 0, **connect_kwargs) -> None:
+    def __init__(self, address: str, seed: int = 0, env_id: str = "CartPole-v1", **connect_kwargs) -> None:
         import threading
-        self.address, self.seed, self.kwargs = address, seed, connect_kwargs
+        self.address, self.seed, self.env_id, self.kwargs = address, seed, env_id, connect_kwargs
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
         self.agent = None
@@ -228,7 +228,7 @@ class BackgroundClient:
         import gymnasium as gym
         from rlinkd.client_lib import connect
         try:
-            env = gym.make("CartPole-v1")
+            env = gym.make(self.env_id)
             self.agent = connect(self.address, **self.kwargs)
             obs, _ = env.reset(seed=self.seed)
             while not self.stop_event.is_set():

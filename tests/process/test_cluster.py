@@ -201,6 +201,34 @@ def test_a_dqn_job_trains_in_step_with_replay_on_the_rank_that_has_clients(tmp_p
         pool.close()
 
 
+def test_a_sac_job_trains_in_step_with_clients_on_both_ranks_and_both_transports(tmp_path):
+    """SAC in a job: a TCP client on rank 0, a shared-memory client on rank 1; every
+    gradient step (critics, actor, alpha) is averaged over both ranks' rows, so both publish
+    the same weights at the same weights_seq_no, and each rank's replay holds only its own
+    clients' transitions."""
+    pool = DaemonPool(tmp_path)
+    try:
+        rank0, rank1 = job_of_two(tmp_path, pool, "--set", "env.id=Pendulum-v1",
+                                  "--set", "learner.algorithm=sac", "--set", "sac.hidden_sizes=[32, 32]",
+                                  "--set", "sac.learning_starts_steps=200",
+                                  "--set", "sac.publish_interval_updates=10")
+        clients = [BackgroundClient(f"tcp://127.0.0.1:{rank0.port}", 0, "Pendulum-v1").start(),
+                   BackgroundClient(f"shm:{rank1.state_dir}", 1, "Pendulum-v1").start()]
+        wait_for(lambda: rank1.status()["weights_seq_no"] >= 3, 90,
+                 what="three publications of the SAC job")
+        a, b = wait_for(lambda: in_step(rank0, rank1), 30, what="both ranks in step")
+        assert a["learner"]["algorithm"] == b["learner"]["algorithm"] == "sac"
+        assert a["learner"]["updates"] == b["learner"]["updates"] >= 30
+        rows = a["learner"]["cluster"]["rows_per_rank"]
+        assert rows[0] > 0 and rows[1] > 0, rows  # both ranks' replays feed every step
+        assert a["learner"]["replay_steps"] >= 200 and b["learner"]["replay_steps"] >= 200
+        for client in clients:
+            client.stop()
+            assert client.error is None, client.error
+    finally:
+        pool.close()
+
+
 def exit_code(d: DaemonProcess, timeout_s: float = 60.0) -> int:
     code = d.proc.wait(timeout_s)
     d.check_clean_exit = False  # (checked here: 78)
