@@ -4,11 +4,11 @@
 
 The inference role keeps two Python implementations of a request's episode bookkeeping:
 ``LaneBook.apply`` (vectorised, every batch) and ``apply_one`` (scalar, a lone request:
-``InferenceServer._serve_one``). This measures what the second saves: one in-process
+``Executor.one``, daemon/inference/execute.py). This measures what the second saves: one in-process
 ``InferenceServer`` (CartPole policy, numpy backend, every native part off, so no request
 goes to step.c), one lane, an episode of STEPs; per request the median time of
 ``serve_once`` (scan, bookkeeping, forward pass, draw, answer) with lone requests served by
-``_serve_one`` (apply_one) and by ``_serve_many`` on one row (apply), ``--runs`` runs of each,
+``Executor.one`` (apply_one) and by ``Executor.many`` on one row (apply), ``--runs`` runs of each,
 interleaved. Prints medians and min – max per arm; writes no result file (a figure for the
 choice documented at ``LaneBook.apply_one``).
 """
@@ -28,7 +28,8 @@ from rlinkd.daemon import policies as P
 from rlinkd.daemon.config import load_config
 from rlinkd.daemon.inference.backend import PolicyRunner
 from rlinkd.daemon.inference.episodes import SlotPool
-from rlinkd.daemon.inference.server import InferenceServer, PolicyServing
+from rlinkd.daemon.inference.policy_serving import PolicyServing
+from rlinkd.daemon.inference.server import InferenceServer
 from rlinkd.daemon.inference.policy_lanes import ServedArea
 from rlinkd.daemon.wiring import step_layout
 from rlinkd.shm.board import WeightsBoard
@@ -56,7 +57,8 @@ def turn_us(batch_path: bool, requests: int) -> float:
     """Median µs of a lone STEP's ``serve_once`` (``batch_path``: through ``apply``)."""
     server, area = one_lane_server(Path(tempfile.mkdtemp(prefix="rlinkd-book-one-")))
     if batch_path:
-        server._serve_one = lambda name, policy, pl, req, bad: server._serve_many(  # type: ignore[method-assign]
+        execute = server.execute
+        execute.one = lambda name, policy, pl, req, bad: execute.many(  # type: ignore[method-assign]
             name, policy, pl, req, np.array([bad]))
     lanes, times = area.lanes, []
     for i in range(requests + 1):

@@ -33,7 +33,8 @@ from rlinkd.daemon.inference.direct import DirectConnections
 from rlinkd.daemon.serving.front import Front, LanePool
 from rlinkd.daemon.inference.episodes import SlotPool
 from rlinkd.daemon.inference.link import PolicyLink
-from rlinkd.daemon.inference.server import HISTOGRAM_BOUNDS, InferenceServer, PolicyServing, ServedArea
+from rlinkd.daemon.inference.policy_serving import HISTOGRAM_BOUNDS, PolicyServing
+from rlinkd.daemon.inference.server import InferenceServer, ServedArea
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import RoleContext
 from rlinkd.daemon.wiring import PolicyTopology, Topology, tcp_lane_capacity
@@ -137,11 +138,11 @@ class Inference:
             self.gap_s += GAP_EWMA * (min(started - self.last_answer, 3 * self.spin_cap_s()) - self.gap_s)
             self.per_turn += GAP_EWMA * (answered - self.per_turn)
             self.last_answer = time.perf_counter()
-        self.server.flush_links(only_old=True)  # (queued step records go once COALESCE_S old)
+        self.server.publish.flush_links(only_old=True)  # (queued step records go once COALESCE_S old)
         if not answered and not self._spin() and not self._fresh():
             busy = self.server.arrivals() > 0  # (requests it cannot answer yet: retry soon)
             timeout = BUSY_RETRY_S if busy else IDLE_S
-            due = self.server.flush_due_in_s()  # (queued step records: at most 2 ms, so a
+            due = self.server.publish.flush_due_in_s()  # (queued step records: at most 2 ms, so a
             if due is not None:                 # lone client wakes the collector every 2 ms,
                 timeout = min(timeout, due)     # not after every step)
             self._sleep(min(timeout, self._reconnect_due_s()))
@@ -292,7 +293,7 @@ class Inference:
         if now >= self.next_eval:
             self.next_eval = now + EVAL_FLUSH_S
             try:
-                self.server.flush_eval()
+                self.server.publish.flush_eval()
             except (ConnectionError, OSError) as exc:
                 log.info("inference_eval_not_sent", error=str(exc))
         if now >= self.next_stats:
@@ -327,7 +328,7 @@ class Inference:
     def close(self) -> None:
         self.direct.close_all()  # (their episodes' releases are answered by the close below)
         self.server.close()  # (ends every area's fragments: their records are queued ...)
-        self.server.flush_links()  # (... and written before the links close)
+        self.server.publish.flush_links()  # (... and written before the links close)
         for policy in self.server.policies.values():
             if policy.link is not None:
                 policy.link.close()

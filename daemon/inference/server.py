@@ -9,9 +9,9 @@ function there): find pending requests (one vectorised scan per policy), wait up
 has a request in, then per policy: one ``refresh`` of the weights (between batches, never
 within one: a batch never mixes weight versions), the admitted lanes either through the
 native lone step in ``turn.lone_order`` or through the batch path (``LaneBook.apply`` over
-the policy's lane index space, one forward pass), the answers written into the lanes, the
-step records handed to the policy's ``PolicyLink``, and a response doorbell rung for each
-area whose client sleeps.
+the policy's lane index space, one forward pass): the execute stage, execute.py; the step
+records handed to the policy's ``PolicyLink``: the publish stage, publish.py; and a
+response doorbell rung for each area whose client sleeps.
 
 Owned by ``inference.process`` (which adds areas, sleeps, reconnects links, reports stats).
 Nothing here blocks except ``PolicyLink.write`` when the collector's ring is full.
@@ -21,66 +21,20 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
-import structlog
 
-from rlinkd.client_lib.protocol.serving import EvalEpisode
-from rlinkd.client_lib.protocol.spaces import Space
 from rlinkd.daemon.config import NATIVE_PARTS
-from rlinkd.daemon.inference.backend import PolicyRunner
-from rlinkd.daemon.inference.episodes import LaneBook, Requests, SlotPool, concat
-from rlinkd.daemon.inference.link import PolicyLink
 from rlinkd.daemon.inference import turn
-from rlinkd.daemon.inference.lonestep import END, EVAL_END, START, LoneStepper
+from rlinkd.daemon.inference.episodes import Requests
+from rlinkd.daemon.inference.execute import Executor
+from rlinkd.daemon.inference.lonestep import LoneStepper
 from rlinkd.daemon.inference.policy_lanes import PolicyLanes, ServedArea
-from rlinkd.shm.errors import ShmError
+from rlinkd.daemon.inference.policy_serving import PolicyServing, ServingStats
+from rlinkd.daemon.inference.publish import Publisher
 from rlinkd.shm.lanes import SLEEPING_OFFSET
 
-log = structlog.get_logger("inference")
 WAIT_SLICE_S = 50e-6
-HISTOGRAM_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-
-
-@dataclass
-class ServingStats:
-    requests: int = 0
-    actions: int = 0
-    batches: int = 0
-    errors: int = 0
-    histogram: list[int] = field(default_factory=lambda: [0] * len(HISTOGRAM_BOUNDS))
-
-    def batch(self, size: int) -> None:
-        self.batches += 1  # the bounds are the powers of two: bucket = ceil(log2(size))
-        self.histogram[min((size - 1).bit_length(), len(HISTOGRAM_BOUNDS) - 1)] += 1
-
-    def lone(self, count: int) -> None:
-        """``count`` lone requests answered natively: a batch of one action each."""
-        self.batches += count
-        self.histogram[0] += count
-        self.actions += count
-        self.requests += count
-
-
-@dataclass
-class PolicyServing:
-    """What the loop needs per policy: its runner, spaces, slot pool and (trainable) link."""
-
-    runner: PolicyRunner
-    obs_space: Space
-    slots: SlotPool
-    link: PolicyLink | None
-    sample_steps: int
-    eval_ends: list[EvalEpisode] = field(default_factory=list)
-    off_policy: bool = False  # DQN: never held for training; WEIGHTS_READY still asked for (epsilon)
-    lone: LoneStepper | None = None  # (made with the policy's lanes: its spaces allow the native step)
-
-    @property
-    def held(self) -> bool:
-        """Training requests wait: for weights trained on the last sample (on-policy), or for
-        the link to the collector (its steps would be lost)."""
-        return self.link is not None and (self.link.held or not self.link.connected)
 
 
 class InferenceServer:
@@ -94,6 +48,8 @@ class InferenceServer:
         self.areas: dict[int, ServedArea] = {}
         self.lanes: dict[str, PolicyLanes] = {}
         self.stats = ServingStats()
+        self.publish = Publisher(policies, self.lanes, on_policy)  # (the publish stage)
+        self.execute = Executor(self.stats, self.publish)         # (the execute stage)
         self.scan_due = True
         self.while_gathering: Callable[[], None] = lambda: None  # (each slice of _gather_wait)
 
@@ -118,7 +74,7 @@ class InferenceServer:
         served = self.areas.pop(area_id, None)
         if served is None:
             return
-        self._send(served.policy, self.forget(served), 0)
+        self.publish.send(served.policy, self.forget(served), 0)
         self.lanes[served.policy].drop(served)
         served.close()
 
@@ -241,171 +197,14 @@ class InferenceServer:
             return 0
         served = 0
         if turn.route_natively(len(idx), runner.batch1_s, policy.lone is not None and policy.lone.ready(runner)):
-            idx, served = self._serve_natively(name, policy, pl, idx)
+            idx, served = self.execute.natively(name, policy, pl, idx)
             if not len(idx):
                 return served
         req = Requests.read(pl.region.lanes, idx)
         bad = runner.bad_rows(req.obs)
         if len(req) == 1:
-            self._serve_one(name, policy, pl, req, bool(bad[0]))
+            self.execute.one(name, policy, pl, req, bool(bad[0]))
         else:
-            self._serve_many(name, policy, pl, req, bad)
+            self.execute.many(name, policy, pl, req, bad)
         pl.wake(idx)
         return served + len(req)
-
-    def _serve_natively(self, name: str, policy: PolicyServing, pl: PolicyLanes,
-                        idx: np.ndarray) -> tuple[np.ndarray, int]:
-        """The order and execute stages for lone clients' requests: in ``turn.lone_order``
-        (ENDs first), runs of them per native call (``_lone_run``) until done or until a
-        sample cut holds the policy, which leaves the rest (``turn.after_cut``) for the next
-        turns, as that many turns of one request would. Returns (the grouped lanes, left to
-        the batch path; requests served here)."""
-        order, left = turn.lone_order(pl.region.lanes, idx)
-        was_held, pos = policy.held, 0
-        while pos < len(order) and not (policy.held and not was_held):
-            pos = self._lone_run(name, policy, pl, order, pos)
-        if policy.held and not was_held:  # (a sample cut: nothing more with these weights)
-            pl.defer(turn.after_cut(order, pos, left))
-            left = left[:0]
-        if pos:
-            pl.wake(order[:pos])
-        return left, pos
-
-    def _lone_run(self, name: str, policy: PolicyServing, pl: PolicyLanes, order: np.ndarray, pos: int) -> int:
-        """One native call from ``order[pos]`` (``LoneStepper.serve``: it stops at the sample
-        boundary and where an episode starts or ends, ``_native_event``), its records handed
-        on, then ``_serve_one`` for a request it declined. Returns the next position."""
-        lone, runner, lanes = policy.lone, policy.runner, pl.region.lanes
-        assert lone is not None
-        link = policy.link
-        cutting = link is not None and link.connected and not link.held
-        max_steps = turn.steps_to_boundary(policy.sample_steps, 0 if link is None else link.steps, cutting)
-        nxt, records, steps, declined, event = lone.serve(lanes, order, pos, pl.book, runner, max_steps)
-        answered = nxt - pos
-        if event is not None:
-            answered -= self._native_event(name, policy, pl, int(order[nxt - 1]), event)
-        self.stats.lone(answered)
-        if records or steps:
-            self._send(name, lone.records[:records], steps)
-        if declined:  # (the Python path, for this one request)
-            req = Requests.read(lanes, order[nxt:nxt + 1])
-            self._serve_one(name, policy, pl, req, bool(runner.bad_rows(req.obs)[0]))
-            nxt += 1
-        return nxt
-
-    def _native_event(self, name: str, policy: PolicyServing, pl: PolicyLanes, lane: int, event: tuple) -> int:
-        """What ``LoneStepper.serve`` left to Python about ``lane``'s episode (see there).
-        Returns 1 for an END (a request answered without an action), else 0."""
-        kind = event[0]
-        if kind == START:
-            LoneStepper.take_slot(pl.book, lane)
-            return 0
-        self.stats.requests += 1
-        if kind == EVAL_END:
-            _, episode_return, length, seq = event
-            policy.eval_ends.append(EvalEpisode(episode_return, length, seq, policy_id=name))
-        else:
-            assert kind == END, event
-            if event[1] >= 0:  # (the training episode's slot goes back)
-                pl.book.slots.give(int(event[1]))
-        return 1
-
-    def _serve_many(self, name: str, policy: PolicyServing, pl: PolicyLanes, req: Requests,
-                    bad: np.ndarray) -> None:
-        runner, lanes, seq = policy.runner, pl.region.lanes, policy.runner.weights_seq_no
-        out = pl.book.apply(req, bad)
-        wants = out.wants_action
-        n = int(np.count_nonzero(wants))
-        if n:
-            sel = req.lanes[wants]
-            actions, logp, dist, state_out = act(runner, pl.book, req.obs[wants], out.explore[wants], sel)
-            lanes["action"][sel], lanes["logp"][sel] = actions, logp
-            pl.book.remember(req, wants, actions, logp, dist, seq, state_out)
-            self.stats.batch(n)
-            self.stats.actions += n
-        lanes["status"][req.lanes], lanes["weights_seq_no"][req.lanes] = out.status, seq
-        lanes["resp_seq"][req.lanes] = req.seqs
-        self.stats.requests += len(req)
-        self.stats.errors += int(np.count_nonzero(out.status))
-        policy.eval_ends += [EvalEpisode(e.episode_return, e.episode_length, e.weights_seq_no,
-                                         policy_id=name) for e in out.eval_ends]
-        if len(out.records) or out.train_steps:
-            self._send(name, out.records, out.train_steps)
-
-    def _serve_one(self, name: str, policy: PolicyServing, pl: PolicyLanes, req: Requests,
-                   bad: bool) -> None:
-        """``_serve_many`` for a lone request, in scalar code (a lone client's every step)."""
-        runner, lane, book = policy.runner, int(req.lanes[0]), pl.book
-        out: list[np.ndarray] = []
-        status, wants, explore, ended, steps = book.apply_one(
-            lane, int(req.ops[0]), int(req.flags[0]), float(req.rewards[0]), req.obs[0], bad, out)
-        row = pl.region.lanes[lane]
-        if wants:
-            actions, logp, dist, state_out = act(runner, book, req.obs, np.array([explore]), req.lanes)
-            row["action"], row["logp"] = actions[0], logp[0]
-            book.remember_one(lane, req.obs[0], actions[0], float(logp[0]), dist[0], runner.weights_seq_no,
-                              None if state_out is None else state_out[0])
-            self.stats.batch(1)
-            self.stats.actions += 1
-        row["status"], row["weights_seq_no"] = status, runner.weights_seq_no
-        row["resp_seq"] = req.seqs[0]
-        self.stats.requests += 1
-        self.stats.errors += status != 0
-        if ended is not None:
-            policy.eval_ends.append(EvalEpisode(ended.episode_return, ended.episode_length,
-                                                ended.weights_seq_no, policy_id=name))
-        if out or steps:
-            self._send(name, concat(out, book.layout), steps)
-
-    # ------------------------------------------------------------ steps out
-    def _send(self, name: str, records: np.ndarray, train_steps: int) -> None:
-        """Hand step records to the policy's link; at a sample boundary cut every fragment
-        of the policy and send SAMPLE_READY (on-policy: hold the policy)."""
-        policy = self.policies[name]
-        link = policy.link
-        if link is None or not link.connected:
-            return  # a frozen policy's served steps train nothing (as client-side)
-        try:
-            link.write(records, train_steps)
-            if link.steps >= policy.sample_steps and not link.held:
-                link.write(self.lanes[name].book.cut(), 0)
-                link.sample_ready(self.on_policy or policy.off_policy)
-        except (ConnectionError, OSError, ShmError) as exc:  # the collector restarts: reconnect
-            log.info("inference_link_lost", policy=name, error=str(exc))
-            link.close()
-
-    def flush_links(self, only_old: bool = False) -> None:
-        """Write every link's queued step records (``only_old``: those queued ``COALESCE_S``
-        ago; the shell calls it after each turn, and with False before it idles)."""
-        for name, policy in self.policies.items():
-            link = policy.link
-            if link is None or not link.connected or not link.queued:
-                continue
-            try:
-                link.flush(only_old)
-            except (ConnectionError, OSError, ShmError) as exc:  # the collector restarts: reconnect
-                log.info("inference_link_lost", policy=name, error=str(exc))
-                link.close()
-
-    def flush_due_in_s(self) -> float | None:
-        """Seconds until some link's queued step records are due (None: nothing queued)."""
-        due = [d for p in self.policies.values() if p.link is not None and p.link.connected
-               and (d := p.link.due_in_s()) is not None]
-        return min(due, default=None)
-
-    def flush_eval(self) -> None:
-        """Send finished evaluation episodes (called by the shell about twice a second)."""
-        links = [p.link for p in self.policies.values() if p.link is not None and p.link.connected]
-        for policy in self.policies.values():
-            if policy.eval_ends and links:
-                links[0].send_eval(policy.eval_ends)
-                policy.eval_ends = []
-
-
-def act(runner: PolicyRunner, book: LaneBook, obs_rows: np.ndarray, explore: np.ndarray,
-        lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-    """(actions, logp, dist, state out or None) for the lanes' observations: a recurrent
-    policy's forward is fed the lanes' states (``LaneBook.state``)."""
-    if not book.max_seq_len:
-        return (*runner.act(obs_rows, explore), None)
-    return runner.act_with_state(obs_rows, explore, book.state[lanes])

@@ -18,7 +18,9 @@ from rlinkd.daemon.inference import netnative
 from rlinkd.daemon.inference.backend import PolicyRunner
 from rlinkd.daemon.inference.episodes import SlotPool
 from rlinkd.daemon.inference.lonestep import LoneStepper
-from rlinkd.daemon.inference.server import InferenceServer, PolicyServing, ServedArea
+from rlinkd.daemon.inference.policy_lanes import ServedArea
+from rlinkd.daemon.inference.policy_serving import PolicyServing
+from rlinkd.daemon.inference.server import InferenceServer
 from rlinkd.daemon.inference.turn import NATIVE_BUDGET_S, NATIVE_MAX_REQUESTS, NATIVE_MIN_REQUESTS, native_limit
 from rlinkd.daemon.wiring import step_layout
 from rlinkd.shm.board import WeightsBoard

@@ -14,7 +14,9 @@ from rlinkd.daemon.config import NATIVE_PARTS, ConfigError, load_config
 from rlinkd.daemon.inference import netnative
 from rlinkd.daemon.inference.backend import PolicyRunner, candidates
 from rlinkd.daemon.inference.episodes import SlotPool
-from rlinkd.daemon.inference.server import InferenceServer, PolicyServing, ServedArea
+from rlinkd.daemon.inference.policy_lanes import ServedArea
+from rlinkd.daemon.inference.policy_serving import PolicyServing
+from rlinkd.daemon.inference.server import InferenceServer
 from rlinkd.daemon.wiring import step_layout
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.lanes import EVALUATE, OP_END, OP_START, OP_STEP, TERMINATED, LaneArea, LaneLayout

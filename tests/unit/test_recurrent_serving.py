@@ -18,7 +18,9 @@ from rlinkd.daemon.config import load_config
 from rlinkd.daemon.inference.backend import STEP_MAKERS, PolicyRunner, recurrent_backend
 from rlinkd.daemon.inference.episodes import SlotPool
 from rlinkd.daemon.inference.lonestep import LoneStepper
-from rlinkd.daemon.inference.server import InferenceServer, PolicyServing, ServedArea
+from rlinkd.daemon.inference.policy_lanes import ServedArea
+from rlinkd.daemon.inference.policy_serving import PolicyServing
+from rlinkd.daemon.inference.server import InferenceServer
 from rlinkd.daemon.wiring import step_layout
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.doorbell import Doorbell
