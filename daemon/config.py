@@ -487,7 +487,8 @@ class ClusterConfig:
                                           minimum=1.0)
     peer_wait_s: float = setting(0.5, "Longest a rank without a train batch lets the others "
                                  "wait: after it, it joins the job's update with no rows "
-                                 "(so a rank without clients never stalls the job).",
+                                 "(so a rank without clients never stalls the job); below "
+                                 "`collective_timeout_s`.",
                                  minimum=0.01)
     reform_window_s: float = setting(2.0, "When a member is lost, rank 0 waits this long "
                                      "for the others to re-form the group without it (a rank "
@@ -818,6 +819,10 @@ def _validate_cluster(cfg: Config) -> None:
         raise ConfigError(f"cluster.collective_timeout_s ({c.collective_timeout_s:g}) must be below "
                           f"daemon.heartbeat_timeout_s ({cfg.daemon.heartbeat_timeout_s:g}): a "
                           "learner waiting on a hung peer would be killed as hung itself")
+    if c.peer_wait_s >= c.collective_timeout_s:
+        raise ConfigError(f"cluster.peer_wait_s ({c.peer_wait_s:g}) must be below "
+                          f"cluster.collective_timeout_s ({c.collective_timeout_s:g}): a rank with a "
+                          "batch would time out in the round before a rank without one joins it")
     if c.backend == "nccl" and cfg.learner.device == "cpu":
         raise ConfigError("cluster.backend = 'nccl' needs a CUDA learner (learner.device = 'cpu')")
 

@@ -21,14 +21,17 @@ from rlinkd.daemon.roles import RoleContext
 from rlinkd.daemon.wiring import PolicyTopology
 
 SHARED_SETTINGS = {
-    "ppo": ("minibatch_size", "num_epochs", "target_kl", "normalize_observations", "max_grad_norm"),
+    "ppo": ("minibatch_size", "num_epochs", "target_kl", "normalize_observations", "max_grad_norm",
+            "gamma", "gae_lambda", "clip_coef", "vf_coef", "clip_vloss", "normalize_advantages"),
+    "appo": ("vtrace_rho_clip", "vtrace_c_clip"),
     "replay": ("gamma", "n_step", "publish_interval_updates", "target_update_interval_updates",
                "max_grad_norm", "double_q", "lr_end", "lr_decay_steps", "epsilon_start",
                "epsilon_end", "epsilon_decay_steps", "tau", "initial_alpha", "autotune_alpha",
                "target_entropy_per_dim")}
 """Per kind of learner, the keys of its section ([ppo], or [dqn]/[sac] where the key exists)
-every rank must share: they decide the collectives an update runs, how the averaged gradient
-is applied, or the schedules every rank steps by. The others ([dqn]/[sac] batch_size,
+every rank must share: they decide the collectives an update runs, the loss whose gradient
+is averaged, how the averaged gradient is applied, or the schedules every rank steps by
+(advantages are still normalised per rank, on its own batch). The others ([dqn]/[sac] batch_size,
 updates_per_step, learning_starts_steps, buffer_size_steps) are each rank's: its replay."""
 
 
@@ -44,7 +47,10 @@ def shared_settings(policy: PolicyTopology) -> tuple[str, dict[str, Any]]:
         hp = definition.replay_hp
         return definition.algorithm, {k: getattr(hp, k) for k in SHARED_SETTINGS["replay"]
                                       if hasattr(hp, k)}
-    return "ppo", {k: getattr(definition.ppo, k) for k in SHARED_SETTINGS["ppo"]}
+    shared = {k: getattr(definition.ppo, k) for k in SHARED_SETTINGS["ppo"]}
+    if definition.algorithm == "appo":
+        shared |= {f"appo.{k}": getattr(definition.appo, k) for k in SHARED_SETTINGS["appo"]}
+    return "ppo", shared
 
 
 def job_fingerprint(policy: PolicyTopology) -> int:
@@ -54,6 +60,12 @@ def job_fingerprint(policy: PolicyTopology) -> int:
               **shared_settings(policy)[1]}
     digest = hashlib.sha256(json.dumps(shared, sort_keys=True, default=str).encode()).digest()
     return int.from_bytes(digest[:7], "big")
+
+
+def newest_member(seq_nos: list[int], updates: list[int]) -> int:
+    """The member (group index) whose state a newly formed group takes: the highest weights
+    sequence number, then the most gradient steps run, then the first."""
+    return max(range(len(seq_nos)), key=lambda i: (seq_nos[i], updates[i], -i))
 
 
 class JobMember:
@@ -82,10 +94,14 @@ class JobMember:
 
     def join_job(self) -> int:
         """In a newly formed group: take the state and sequence number of the member with
-        the newest weights (the first such on a tie), publish; that member's daemon rank."""
-        seq_nos = self.job.gather(self.seq_no)
-        source = seq_nos.index(max(seq_nos))
-        self._job_core().take_job_state(source)
+        the newest weights, publish; that member's daemon rank. On a tie, the member that
+        has run the most gradient steps: a learner restarted from the weights board has
+        those weights but fresh optimizer moments, targets and counters, and must not
+        overwrite an intact copy (then the first such)."""
+        core = self._job_core()
+        seq_nos, updates = self.job.gather(self.seq_no), self.job.gather(core.updates)
+        source = newest_member(seq_nos, updates)
+        core.take_job_state(source)
         self.seq_no = max(seq_nos)
         self._announce()
         return int(self.job.members[source])

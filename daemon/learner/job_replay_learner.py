@@ -93,11 +93,9 @@ class JobReplayLearner(JobMember, ReplayLearner):
         ready = self.start is not None
         started, collective_start = time.perf_counter(), self.job.collective_s
         steps = self.core.round(due, self.hp.batch_size if ready else 0, self.received,
-                                self._sample, self.ctx.heartbeat)
-        self.received = 0
+                                self._sample, lambda: self._stepped(ready), self._counted)
         if not steps:
             return False
-        self.sampled_for += len(steps) if ready else 0
         self.pending.extend(steps)
         self.pending_s += time.perf_counter() - started
         self.collective_s = self.job.collective_s - collective_start
@@ -105,6 +103,16 @@ class JobReplayLearner(JobMember, ReplayLearner):
         if self.core.updates % self.hp.publish_interval_updates == 0:
             self._publish(self._summary())
         return True
+
+    def _counted(self) -> None:
+        """The round's exchange counted the transitions received so far."""
+        self.received = 0
+
+    def _stepped(self, sampled: bool) -> None:
+        """After each step a round runs (counted as it runs: a round that fails midway
+        leaves only the steps it ran counted)."""
+        self.ctx.heartbeat()
+        self.sampled_for += int(sampled)
 
     def _sample(self) -> np.ndarray:
         rows = self.replay.sample(self.hp.batch_size, self.rng)

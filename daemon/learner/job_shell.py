@@ -13,10 +13,11 @@ Joining: every formation of the group (``daemon.cluster.membership``: rank 0 ser
 store and decides each generation's members) checks that the members train the same
 policies (names, spaces, networks, algorithms and the settings that shape a step,
 ``job_member.SHARED_SETTINGS``: a mismatch is a ConfigError, exit 78, on every rank); then,
-policy by policy, the member with the newest weights (highest ``weights_seq_no``, the first
-such member on a tie) broadcasts its training state and sequence number. A first start that
-cannot serve or reach the store within ``cluster.collective_timeout_s`` is a ConfigError
-naming ``cluster.master``; a restarted learner's failure is a crash, retried.
+policy by policy, the member with the newest weights (highest ``weights_seq_no``; on a
+tie the one that has run the most gradient steps, ``job_member.newest_member``) broadcasts
+its training state and sequence number. A first start that cannot serve or reach the
+store within ``cluster.collective_timeout_s`` is a ConfigError naming ``cluster.master``;
+a restarted learner's failure is a crash, retried.
 
 Faults: a failed collective (a member gone) makes the survivors re-form without it after
 ``cluster.reform_window_s``; rank 0 sees a rank asking to join before a round and the group
@@ -95,7 +96,14 @@ class JobShell(LearnerShell):
                  members=self.job.members, state_from_rank=sources)
 
     def _check_same_job(self) -> None:
+        import torch
         ordered = self._ordered()
+        kinds = sorted({torch.device(p.placement.device).type for p in ordered})
+        if kinds != [self.job.device.type]:  # (a gradient is averaged on its policy's device)
+            self.job.close()
+            raise ConfigError(f"learner.device: the trainable policies of a job must all learn on "
+                              f"the job's device kind ({self.job.device.type}); here they learn on "
+                              f"{', '.join(kinds)}")
         mine = hashlib.sha256(repr([(p.name, job_fingerprint(p.policy)) for p in ordered]).encode())
         prints = self.job.gather(int.from_bytes(mine.digest()[:7], "big"))
         if len(set(prints)) > 1:

@@ -66,16 +66,20 @@ class ReplayJobRank:
         return norm, stats
 
     def round(self, due: int, batch_size: int, received: int, sample: Sample,
-              on_step: Callable[[], None]) -> list[Mapping[str, float]]:
+              on_step: Callable[[], None], on_counted: Callable[[], None] = lambda: None
+              ) -> list[Mapping[str, float]]:
         """One round of the job (see the module docstring): `due` steps by this rank's data,
         `batch_size` rows per step (0: nothing to sample yet), `received` transitions since
-        the last round; `sample()` draws this rank's rows for a step. The steps' statistics
-        (the job's means), [] when the job had no step to run."""
+        the last round; `sample()` draws this rank's rows for a step, `on_step()` follows
+        each step run, `on_counted()` the exchange that counted `received` (a round that
+        fails after it must not count them again). The steps' statistics (the job's means),
+        [] when the job had no step to run."""
         interval = self.hp.publish_interval_updates
         counts = self.job.exchange([due, batch_size, received], (float(self.hp.lr), 0.0))
         if self.job.leader_hparams[0] != self.hp.lr:  # rank 0's reload governs the job
             self.set_hparams(lr=self.job.leader_hparams[0])
         self.env_steps += int(sum(c[2] for c in counts))
+        on_counted()
         rows = [int(c[1]) for c in counts]
         steps = replay_steps([int(c[0]) for c in counts], rows, interval - self.updates % interval)
         trained, out = self.trained_steps, []
