@@ -146,3 +146,20 @@ class Adam:
         for mine, saved in zip(self.exp_avg + self.exp_avg_sq, state["exp_avg"] + state["exp_avg_sq"]):
             mine.copy_(saved)
 
+
+
+class Descends:
+    """The gradient step shared by the replay learners (``DQNLearner``, ``SACLearner``); a
+    job's rank (``replay_job_core.ReplayJobRank``) overrides it to average the gradient and
+    ``stats`` across the ranks first."""
+
+    def _descend(self, optimizer: Adam, loss: torch.Tensor | None, stats: torch.Tensor,
+                 max_norm: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """zero_grad, backward, clip, the step gated off (on the device) when the loss or the
+        gradient is not finite; (the gradient norm before clipping, ``stats``)."""
+        assert loss is not None  # (only a job's rank without rows steps without a loss)
+        optimizer.zero_grad()
+        loss.backward()
+        norm, gate = optimizer.clip_grad_norm_(max_norm)
+        optimizer.step(gate * torch.isfinite(loss.detach()))
+        return norm, stats

@@ -18,7 +18,7 @@ from rlinkd.client_lib.protocol import netops
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.daemon.config import DQNConfig
-from rlinkd.daemon.learner.adam import Adam
+from rlinkd.daemon.learner.adam import Adam, Descends
 from rlinkd.daemon.learner.dqn import (DQN_STATS, double_q_targets, dqn_loss_terms, fan_in_uniform,
                                       linear_schedule)
 from rlinkd.daemon.learner.graphed import make_stepper
@@ -29,7 +29,7 @@ STEP_STATS = (*DQN_STATS, "grad_norm")
 """A step's statistics, in the order the step returns them."""
 
 
-class DQNLearner:
+class DQNLearner(Descends):
     """Double DQN on `spec`'s network (Q(s, .) is its ``action_dist_inputs``; the critic
     trunk of the spec is unused) with the [dqn] settings `hp`. `env_steps` counts the
     transitions received (the epsilon schedule's clock); the caller advances it."""
@@ -111,17 +111,6 @@ class DQNLearner:
         loss, stats = dqn_loss_terms(self.model.dist_inputs(data["obs"]), data["action"], targets)
         grad_norm, stats = self._descend(self.optimizer, loss, stats, self.hp.max_grad_norm)
         return torch.cat([stats, grad_norm.reshape(1)])
-
-    def _descend(self, optimizer: Adam, loss: torch.Tensor, stats: torch.Tensor,
-                 max_norm: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """zero_grad, backward, clip, the step gated off (on the device) when the loss or the
-        gradient is not finite; (the gradient norm before clipping, ``stats``). A job's rank
-        (``replay_job_core``) averages the gradient and ``stats`` across the ranks first."""
-        optimizer.zero_grad()
-        loss.backward()
-        norm, gate = optimizer.clip_grad_norm_(max_norm)
-        optimizer.step(gate * torch.isfinite(loss.detach()))
-        return norm, stats
 
     def _obs(self, structured: np.ndarray) -> dict[str, torch.Tensor]:
         return {k: self._tensor(v) for k, v in obs_columns(structured, self.spec.obs_space).items()}

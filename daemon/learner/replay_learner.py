@@ -143,7 +143,7 @@ class ReplayLearner:
         self.ctx.send("collector", m.WeightsPublished(self.seq_no, -1, self.state(), update, self.name))
 
     def state(self) -> m.LearnerState:
-        return m.LearnerState(lr=float(self.hp.lr), ent_coef=self.core.ent_coef,
+        return m.LearnerState(lr=float(self.core.hp.lr), ent_coef=self.core.ent_coef,
                               updates=self.core.updates,
                               trained_steps=self.core.trained_steps, rejected_batches=0,
                               algorithm=self.algorithm, epsilon=self.core.epsilon,

@@ -26,7 +26,7 @@ from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.client_lib.protocol.spaces import Box, Dict
 from rlinkd.daemon.config import SACConfig
-from rlinkd.daemon.learner.adam import Adam
+from rlinkd.daemon.learner.adam import Adam, Descends
 from rlinkd.daemon.learner.graphed import make_stepper
 from rlinkd.daemon.learner.learner import DeviceStats, _cpu_clone, seeded_model, to_device
 from rlinkd.daemon.learner.model import ActorCritic
@@ -62,7 +62,7 @@ def critic_key(obs_key: str) -> str:
     return f"{OBS_KEY}.{obs_key}" if obs_key else OBS_KEY
 
 
-class SACLearner:
+class SACLearner(Descends):
     """SAC on `spec` (all actions squashed Gaussian) with the [sac] settings `hp`.
     `env_steps` counts the transitions received; the caller advances it."""
 
@@ -168,18 +168,6 @@ class SACLearner:
         stats = torch.zeros(0, device=self.device) if stats is None else stats
         return self._descend(optimizer, loss, stats,
                              self.hp.max_grad_norm if self.hp.max_grad_norm > 0 else None)
-
-    def _descend(self, optimizer: Adam, loss: torch.Tensor | None, stats: torch.Tensor,
-                 max_norm: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """zero_grad, backward, clip, the step gated off (on the device) when the loss or the
-        gradient is not finite; (the gradient norm before clipping, ``stats``). A job's rank
-        (``replay_job_core``) averages the gradient and ``stats`` across the ranks first."""
-        assert loss is not None  # (only a job's rank without rows steps without a loss)
-        optimizer.zero_grad()
-        loss.backward()
-        norm, gate = optimizer.clip_grad_norm_(max_norm)
-        optimizer.step(gate * torch.isfinite(loss.detach()))
-        return norm, stats
 
     def _sample(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised actions [B, A] (in the bounds) from standard normal ``noise``
