@@ -174,7 +174,8 @@ def test_a_job_of_two_through_lost_ranks_and_checkpoints_of_two_and_one(tmp_path
 def test_a_dqn_job_trains_in_step_with_replay_on_the_rank_that_has_clients(tmp_path):
     """DQN in a job: replay per rank, clients on rank 0 only; rank 1's empty buffer joins
     every gradient step with no rows and stalls nobody; both publish the same weights. A
-    second trainable policy (PPO, without clients) joins every round without rows."""
+    second trainable policy (PPO, without clients) joins every round without rows. Rank 1
+    SIGKILLed comes back in step; the job's checkpoint resumes a daemon alone."""
     pool = DaemonPool(tmp_path)
     try:
         rank0, rank1 = job_of_two(tmp_path, pool, "--set", "learner.algorithm=dqn",
@@ -195,8 +196,34 @@ def test_a_dqn_job_trains_in_step_with_replay_on_the_rank_that_has_clients(tmp_p
         rows = a["learner"]["cluster"]["rows_per_rank"]
         assert rows[0] > 0 and rows[1] == 0, rows  # rank 1's buffer is empty
         assert b["learner"]["replay_steps"] == 0 and a["learner"]["replay_steps"] >= 200
+
+        # rank 1 SIGKILLed and back: it rejoins with the job's state (rank 0's: the newer)
+        rank1.check_clean_exit = False
+        rank1.stop(sig=signal.SIGKILL)
+        wait_for(lambda: cluster_of(rank0).get("members") == [0], 30, what="rank 0 re-forming alone")
+        seq = rank0.status()["weights_seq_no"]
+        wait_for(lambda: rank0.status()["weights_seq_no"] >= seq + 2, 30, what="rank 0 training alone")
+        rank1 = restart(pool, rank1)
+        a, b = wait_for(lambda: in_step(rank0, rank1), 60, what="rank 1 back with the job's weights")
+        assert b["learner"]["updates"] == a["learner"]["updates"] and b["weights_seq_no"] >= seq + 2
+
+        # the job's checkpoint (rank 0's) resumes a DQN daemon alone
+        rank0.signal(signal.SIGUSR1)
+        saved = wait_for(lambda: rank0.status()["last_checkpoint"] or None, 30,
+                         what="rank 0's checkpoint")["weights_seq_no"]
         client.stop()
         assert client.error is None, client.error
+        for d in (rank0, rank1):
+            assert d.stop() == 0, d.log()
+        alone = DaemonProcess(rank0.state_dir, ["--set", "learner.algorithm=dqn",
+                                                "--set", "policies.red.trainable=true",
+                                                "--set", "policies.red.algorithm=ppo"])
+        alone.check_clean_exit = True
+        pool.started.append(alone)
+        alone.start(60)
+        status = alone.status()
+        assert status["weights_seq_no"] >= saved and '"event": "resuming"' in alone.log()
+        assert status["learner"]["updates"] >= a["learner"]["updates"]
     finally:
         pool.close()
 
