@@ -60,7 +60,7 @@ class JobReplayLearner(JobMember, ReplayLearner):
     # ------------------------------------------------------------ rounds (job_shell)
     def round_entry(self) -> int:
         """This policy's entry into the next round: the steps its replay makes due."""
-        return self._due_here()
+        return self._due_steps()
 
     @staticmethod
     def round_wanted(due: int) -> bool:
@@ -76,17 +76,13 @@ class JobReplayLearner(JobMember, ReplayLearner):
     def between_rounds(self) -> None:
         self._maybe_report()
 
-    def _due_here(self) -> int:
-        """Gradient steps this rank's own data makes due now (0 before its learning start)."""
-        written = self.replay.written
-        self.received += written - self.seen_written
-        self.seen_written = written
-        if self.start is None:
-            if len(self.replay) < self.hp.learning_starts_steps:
-                return 0
-            self.start = (written, self.sampled_for)
-        due = int((written - self.start[0]) * self.hp.updates_per_step) - (self.sampled_for - self.start[1])
-        return max(0, due)
+    def _received(self, transitions: int) -> None:
+        """New transitions here: counted by the job at the next round's exchange."""
+        self.received += transitions
+
+    def _steps_done(self) -> int:
+        """The job's steps this rank sampled rows for (its own data's share)."""
+        return self.sampled_for
 
     def _round(self, due: int) -> bool:
         """One round of the job; publish when the job's update count reaches the interval."""
@@ -118,10 +114,3 @@ class JobReplayLearner(JobMember, ReplayLearner):
         rows = self.replay.sample(self.hp.batch_size, self.rng)
         assert rows is not None  # (a rank samples only once its buffer reached its learning start)
         return rows
-
-    def _lag_steps(self) -> int:
-        """Transitions received here whose gradient steps are still due (0 before learning)."""
-        if self.start is None:
-            return 0
-        due = (self.replay.written - self.start[0]) * self.hp.updates_per_step
-        return max(0, int((due - (self.sampled_for - self.start[1])) / self.hp.updates_per_step))

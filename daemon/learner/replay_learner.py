@@ -117,16 +117,31 @@ class ReplayLearner:
             self.ctx.send("collector", m.WeightsPublished(self.seq_no, -1, self.state(), None, self.name))
 
     def _allowed_steps(self) -> int:
+        """The steps due now, up to the next publication."""
+        to_publish = self.hp.publish_interval_updates - self.core.updates % self.hp.publish_interval_updates
+        return min(self._due_steps(), to_publish)
+
+    def _due_steps(self) -> int:
+        """Gradient steps this learner's own data makes due now (0 before its learning
+        start): ``updates_per_step`` per transition written since then, less the steps done
+        (``_steps_done``); the transitions new since the last call go to ``_received``."""
         written = self.replay.written
-        self.core.env_steps += written - self.seen_written
+        self._received(written - self.seen_written)
         self.seen_written = written
         if self.start is None:
             if len(self.replay) < self.hp.learning_starts_steps:
                 return 0
-            self.start = (written, self.core.updates)
-        due = int((written - self.start[0]) * self.hp.updates_per_step) - (self.core.updates - self.start[1])
-        to_publish = self.hp.publish_interval_updates - self.core.updates % self.hp.publish_interval_updates
-        return max(0, min(due, to_publish))
+            self.start = (written, self._steps_done())
+        due = int((written - self.start[0]) * self.hp.updates_per_step) - (self._steps_done() - self.start[1])
+        return max(0, due)
+
+    def _received(self, transitions: int) -> None:
+        """New transitions in this learner's replay: its env-step count (schedules)."""
+        self.core.env_steps += transitions
+
+    def _steps_done(self) -> int:
+        """The gradient steps this learner's data has been sampled for."""
+        return self.core.updates
 
     def _summary(self) -> m.TrainStats:
         from rlinkd.daemon.learner.learner import mean_stats  # (imports torch)
@@ -155,7 +170,7 @@ class ReplayLearner:
         if self.start is None:
             return 0
         due = (self.replay.written - self.start[0]) * self.hp.updates_per_step
-        done = self.core.updates - self.start[1]
+        done = self._steps_done() - self.start[1]
         return max(0, int((due - done) / self.hp.updates_per_step))
 
     # ------------------------------------------------------------ control
