@@ -33,6 +33,7 @@ from rlinkd.daemon.collector.weights import WeightsCache, set_state_frame
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.log import RateLimit
 from rlinkd.daemon.errors import RlinkdError
+from rlinkd.daemon.serving.deadlines import Deadlines
 from rlinkd.shm.records import FLUSH, STREAM_END
 from rlinkd.shm.errors import ShmError
 from rlinkd.shm.ring import StepRing
@@ -113,6 +114,7 @@ class CollectorServer:
         for route in routes.values():
             route.lock = shared
         self.cfg = core.cfg
+        self.deadlines = Deadlines.of(self.cfg.server)
         self.on_ingest = on_ingest
         self.ssl_ctx = ssl_ctx
         self.waiters: dict[int, asyncio.Future] = {}
@@ -239,14 +241,15 @@ class CollectorServer:
         writer.close()
 
     async def _read_frame(self, reader: asyncio.StreamReader) -> bytes:
-        """First byte within idle_timeout_s; the rest of the frame within read_timeout_s.
-        Bytes already buffered are taken without any timer (the hot path of a busy client)."""
-        srv = self.cfg.server
-        first = await read_within(reader, 1, srv.idle_timeout_s or None)
+        """First byte within idle_timeout_s; the rest of the frame within read_timeout_s
+        (``serving.deadlines``). Bytes already buffered are taken without any timer (the hot
+        path of a busy client)."""
+        limits = self.deadlines
+        first = await read_within(reader, 1, limits.first_byte_s)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + srv.read_timeout_s  # one budget for header and body
-        rest = await read_within(reader, codec.HEADER_BYTES - 1, srv.read_timeout_s)
-        size = codec.parse_header(first + rest, srv.max_message_bytes)
+        deadline = loop.time() + limits.frame_s  # one budget for header and body
+        rest = await read_within(reader, codec.HEADER_BYTES - 1, limits.frame_s)
+        size = codec.parse_header(first + rest, self.cfg.server.max_message_bytes)
         return await read_within(reader, size, max(0.0, deadline - loop.time()))
 
     async def _carry_out(self, session: Session, plan: Plan, reader: asyncio.StreamReader,
@@ -283,7 +286,7 @@ class CollectorServer:
     async def send(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
         writer.write(frame)  # one write per message
         if writer.transport.get_write_buffer_size():  # else it all went out: nothing to wait for
-            await asyncio.wait_for(writer.drain(), self.cfg.server.read_timeout_s)
+            await asyncio.wait_for(writer.drain(), self.deadlines.reply_s)
 
     async def _send_state(self, session: Session, writer: asyncio.StreamWriter,
                           held: dict[str, int] | None = None) -> None:

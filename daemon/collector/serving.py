@@ -34,6 +34,7 @@ from rlinkd.client_lib.protocol.codec import BadMessage
 from rlinkd.daemon.collector.core import HandedOver, Session
 from rlinkd.daemon.collector.ingest import PolicyInfo
 from rlinkd.daemon.serving import channel
+from rlinkd.daemon.serving.deadlines import Deadlines
 from rlinkd.daemon.serving.fds import send_fds
 from rlinkd.daemon.serving.front import Episodes, Front, LanePool, Pending
 from rlinkd.daemon.wiring import Topology
@@ -87,6 +88,7 @@ class ServingFront:
         self.sessions: dict[int, ServingSession] = {}
         self.area_ids = itertools.count(1)
         self.max_episodes = self.cfg.server.max_agents_per_connection
+        self.deadlines = Deadlines.of(self.cfg.server)
         self.counts = {"tcp_messages": 0, "shm_clients": 0, "direct_handed_over": 0}
 
     @staticmethod
@@ -233,7 +235,7 @@ class ServingFront:
             os.close(fd)
         writer.write(codec.encode(serving.ServeDirectReady()))
         if writer.transport.get_write_buffer_size():
-            await asyncio.wait_for(writer.drain(), self.cfg.server.read_timeout_s)
+            await asyncio.wait_for(writer.drain(), self.deadlines.reply_s)
         self.counts["direct_handed_over"] += 1
         log.debug("serving_connection_handed_over", session=session.id)
 
@@ -260,7 +262,7 @@ class ServingFront:
         writer.write(codec.encode(serving.ServeAttached(
             name, msg.lanes, area.layout.to_json(), policy, p.obs_space.to_json(), p.act_space.to_json())))
         await send_fds(writer, [area.segment.fd, self.request_bell.fileno(), state.bell_fd],
-                       self.cfg.server.read_timeout_s)
+                       self.deadlines.reply_s)
         self._announce(state)
         self.counts["shm_clients"] += 1
         log.info("shm_action_client_attached", session=session.id, lanes=msg.lanes, policy=policy)

@@ -41,6 +41,7 @@ from rlinkd.client_lib.protocol import codec, serving
 from rlinkd.client_lib.protocol.codec import BadMessage, ProtocolError
 from rlinkd.client_lib.transport import DIRECT_REFUSED
 from rlinkd.daemon.inference.fastpath import FastPath
+from rlinkd.daemon.serving.deadlines import Deadlines
 from rlinkd.daemon.serving.front import Episodes, Front, Pending
 from rlinkd.daemon.log import RateLimit
 
@@ -87,7 +88,7 @@ class DirectConnections:
                  idle_timeout_s: float, read_timeout_s: float, native: bool = True) -> None:
         self.front, self.pools = front, front.pools
         self.max_connections, self.max_message_bytes = max_connections, max_message_bytes
-        self.idle_timeout_s, self.read_timeout_s = idle_timeout_s, read_timeout_s
+        self.deadlines = Deadlines(idle_timeout_s, read_timeout_s)
         self.epoll = select.epoll()
         self.conns: dict[int, Conn] = {}
         self.waiting: set[int] = set()   # connections with a published request
@@ -216,19 +217,15 @@ class DirectConnections:
         return replies + len(done)
 
     def expire(self, now: float) -> None:
-        """Close connections silent past idle_timeout_s, or stalled in a frame or a reply
-        past read_timeout_s (a frame's clock runs only while the connection is not busy: the
-        next frame is read once the last is answered, as in the collector)."""
+        """Close connections past their limits (``serving.deadlines``: silent past
+        idle_timeout_s, or stalled in a frame or a reply past read_timeout_s)."""
         for fd, conn in list(self.conns.items()):
             frame_since, last_seen, busy = conn.frame_since, conn.last_seen, conn.busy
             if conn.fast:
                 last_seen, frame_since, busy = self.fast.native.times(fd)  # type: ignore[union-attr]
-            if frame_since and not busy and now - frame_since > self.read_timeout_s:
-                self.close(fd, "a frame incomplete past server.read_timeout_s")
-            elif conn.out_since and now - conn.out_since > self.read_timeout_s:
-                self.close(fd, "a reply unread past server.read_timeout_s")
-            elif self.idle_timeout_s and not busy and now - last_seen > self.idle_timeout_s:
-                self.close(fd, "idle past server.idle_timeout_s")
+            reason = self.deadlines.overdue(now, last_seen, frame_since, conn.out_since, busy)
+            if reason is not None:
+                self.close(fd, reason)
 
     # ------------------------------------------------------------ reading
     def _read(self, fd: int, conn: Conn) -> None:
