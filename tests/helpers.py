@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 
 from rlinkd.daemon.launch import LaunchError, ServeProcess, descendants, kill_pids
+from rlinkd.shm.segment import pid_alive
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -130,7 +131,8 @@ class DaemonProcess(ServeProcess):
     teardown: every child it ever had is gone and no shared-memory segment of it is left.
     ``status()`` uses the seed-only raw functions above; a stop that needs SIGKILL fails."""
 
-    seen_children: set = field(default_factory=set)
+    seen_children: dict = field(default_factory=dict)  # pid -> its start time (psutil)
+    shm_prefixes: set = field(default_factory=set)     # "rlinkd.<pid>.<token>" seen while it ran
 
     def start(self, timeout_s: float = 60.0) -> DaemonProcess:
         try:
@@ -153,9 +155,18 @@ class DaemonProcess(ServeProcess):
             return log.read().decode(errors="replace")
 
     def remember_children(self) -> set:
-        """Record the pids of the daemon's current children (to check none survive)."""
+        """Record the daemon's current children and its segments' name prefix (to check
+        none survive). A pid is remembered with its start time, and segments by their
+        random token too: pids are reused (pid_max may be 32768), and a teardown must
+        neither kill nor unlink what a reused pid now owns."""
         kids = set(descendants(self.pid))
-        self.seen_children |= kids
+        for pid in kids:
+            try:
+                self.seen_children.setdefault(pid, psutil.Process(pid).create_time())
+            except psutil.NoSuchProcess:
+                pass
+        self.shm_prefixes |= {".".join(name.split(".")[:3]) for name in os.listdir("/dev/shm")
+                              if name.startswith(f"rlinkd.{self.pid}.")}
         return kids
 
     def status(self, timeout_s: float = 10.0) -> dict:
@@ -186,9 +197,10 @@ class DaemonProcess(ServeProcess):
         """Children still running (zombies count as gone) after a short grace period."""
         def running() -> list[int]:
             alive = []
-            for pid in self.seen_children:
+            for pid, started in self.seen_children.items():
                 try:
-                    if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    proc = psutil.Process(pid)
+                    if proc.create_time() == started and proc.status() != psutil.STATUS_ZOMBIE:
                         alive.append(pid)
                 except psutil.NoSuchProcess:
                     pass
@@ -199,7 +211,12 @@ class DaemonProcess(ServeProcess):
         return alive
 
     def leftover_segments(self, shm_dir: str = "/dev/shm") -> list[str]:
-        return [p for p in os.listdir(shm_dir) if p.startswith(f"rlinkd.{self.pid}.")]
+        """This daemon's segments still there: by the prefixes seen while it ran, or (none
+        seen) by its pid while no process holds that pid any more."""
+        prefixes = tuple(f"{p}." for p in self.shm_prefixes)
+        if not prefixes and self.pid and not pid_alive(self.pid):
+            prefixes = (f"rlinkd.{self.pid}.",)
+        return [p for p in os.listdir(shm_dir) if prefixes and p.startswith(prefixes)]
 
     def kill_leftovers(self) -> None:
         kill_pids(self.leftover_children())
