@@ -29,7 +29,7 @@ from rlinkd.client_lib.reporting import MetricBuffer
 from rlinkd.client_lib.protocol import codec, serving
 from rlinkd.client_lib.protocol.columns import obs_columns, one_action
 from rlinkd.client_lib.protocol.spaces import Space, field_name, space_from_json
-from rlinkd.client_lib.transport import DIRECT_REFUSED, Address, RLlinkClient, RLlinkError, ServerError
+from rlinkd.client_lib.transport import Address, RLlinkClient, RLlinkError, ServerError
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_START, OP_STEP, STATUS_LOST, STATUS_MESSAGES,
                               STATUS_OK, TERMINATED, TRUNCATED, LaneArea, LaneLayout)
@@ -46,10 +46,10 @@ class EpisodeLost(ServerError):
 class ServedTcpLink(ReconnectingLink):
     """Serving messages over a TCP or Unix-socket RLlink connection.
 
-    Two connections unless the daemon refuses SERVE_DIRECT (or the link is TLS): ``client``
-    for PING, GET_CONFIG and METRICS, through the collector, and ``hot`` for the serving
-    messages, handed to the inference process (one hop per action instead of two). A
-    refused SERVE_DIRECT is remembered: serving then goes through ``client`` too."""
+    Two connections: ``client`` for PING, GET_CONFIG and METRICS, answered by the collector,
+    and ``hot`` for the serving messages, answered by the inference process from its
+    SERVE_DIRECT on. An inference process without room for it answers ERROR
+    ``direct serving refused`` (retryable: the link reconnects with backoff)."""
 
     def __init__(self, address: Address, token: str | None, reconnect_timeout_s: float,
                  ssl_context=None) -> None:
@@ -57,7 +57,6 @@ class ServedTcpLink(ReconnectingLink):
         self.reconnect_timeout_s, self.reconnects = reconnect_timeout_s, 0
         self.client: RLlinkClient | None = None
         self.hot: RLlinkClient | None = None
-        self.direct = ssl_context is None and address.kind != "tls"
         self.config: codec.SetConfig | None = None
         self.generation = 0  # serving connections made: an episode lives on one of them
 
@@ -69,7 +68,7 @@ class ServedTcpLink(ReconnectingLink):
         client = self._open()
         try:
             self.config = client.get_config()
-            hot = self._direct(client) if self.direct else client
+            hot = self._serving()
         except BaseException:
             client.close()
             raise
@@ -85,22 +84,15 @@ class ServedTcpLink(ReconnectingLink):
             raise
         return client
 
-    def _direct(self, client: RLlinkClient) -> RLlinkClient:
-        """A second connection, handed to the inference process (SERVE_DIRECT); ``client``
-        when the daemon refuses it (then never asked again)."""
+    def _serving(self) -> RLlinkClient:
+        """A second connection, handed to the inference process (SERVE_DIRECT)."""
         hot = self._open()
         try:
             hot.request(serving.ServeDirect(), serving.ServeDirectReady)
-            return hot
-        except ServerError as exc:
-            hot.close()
-            if exc.retry and not str(exc).startswith(DIRECT_REFUSED):
-                raise
-            self.direct = False
-            return client
         except BaseException:
             hot.close()
             raise
+        return hot
 
     def close(self) -> None:
         for c in {id(c): c for c in (self.hot, self.client) if c is not None}.values():
@@ -113,7 +105,7 @@ class ServedTcpLink(ReconnectingLink):
         step), so the serving connection and its episodes live on. While the collector
         cannot be reached (it restarts; the inference role and the direct connection live
         on) the message is dropped and the next one tries again."""
-        if self.hot is None or self.hot is self.client:
+        if self.hot is None:
             return super().send_message(msg)
         try:
             if self.client is None or _closed_by_peer(self.client):
@@ -149,28 +141,18 @@ class ServedTcpLink(ReconnectingLink):
         client = self.serving_client()
         client.send(serving.StartEpisode(episode_id, False if evaluate else None, policy_id=policy))
         client.send(serving.GetAction(episode_id, obs))
-        self.receive(client)  # EPISODE_STARTED (an ERROR raises here)
-        return self._action(self.receive(client))
+        client.recv()  # EPISODE_STARTED (an ERROR raises here)
+        return self._action(client.recv())
 
     def step(self, episode_id: str, reward: float, obs) -> tuple[object, int]:
         client = self.serving_client()
         client.send(serving.Step(episode_id, reward, obs))
-        return self._action(self.receive(client))
+        return self._action(client.recv())
 
     def end(self, episode_id: str, reward: float, obs, terminated: bool, truncated: bool) -> None:
         client = self.serving_client()
         client.send(serving.Step(episode_id, reward, obs, terminated, truncated))
-        self._action(self.receive(client))
-
-    def receive(self, client: RLlinkClient) -> codec.Message:
-        """A reply on the serving connection; after DIRECT_REFUSED (the inference process
-        had no room) the link serves through the collector from its next connection on."""
-        try:
-            return client.recv()
-        except ServerError as exc:
-            if str(exc).startswith(DIRECT_REFUSED):
-                self.direct = False
-            raise
+        self._action(client.recv())
 
     @staticmethod
     def _action(msg: codec.Message) -> tuple[object, int]:

@@ -226,7 +226,7 @@ class _TcpWire:
         for i in idx:
             entries.append(self._entry(i, bool(open_[i]), float(rewards[i]), native(x, self.obs_space, i)))
         client.send(serving.StepBatch(tuple(entries)))
-        reply = self.link.receive(client)
+        reply = client.recv()
         if not isinstance(reply, serving.Actions) or len(reply.actions) != len(entries):
             raise RLlinkError(f"expected ACTIONS for {len(entries)} entries, got {reply.TYPE.value}")
         vectors = _action_vectors(reply.actions[first:], self.act_space)

@@ -30,7 +30,7 @@ EVICTED = "evicted:"
 EPISODE_LOST = "episode lost:"
 DIRECT_REFUSED = "direct serving refused:"
 """Start of the ERROR the inference process sends a handed-over connection it has no room
-for: the client reconnects and serves through the collector."""
+for (``server.max_connections``): the client reconnects later."""
 RETRYABLE_ERRORS = ("daemon shutting down", EVICTED, EPISODE_LOST, DIRECT_REFUSED)
 """Starts of ERROR messages worth a reconnect: the daemon is stopping (it may come back),
 this connection was evicted in its handshake by a flood of newer ones, or its episode or

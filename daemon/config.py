@@ -388,14 +388,9 @@ class InferenceConfig:
                                "(a small MLP). Requests are answered at once when every open "
                                "episode has one pending.",
                                minimum=0, maximum=100_000)
-    tcp_lanes: int = setting(4096, "Episodes TCP serving clients may have open at once "
-                             "(daemon-wide; a START beyond it is refused with ERROR); as many "
-                             "again on direct connections.",
+    tcp_lanes: int = setting(4096, "Episodes TCP, TLS and Unix-socket serving clients may have "
+                             "open at once (daemon-wide; a START beyond it is refused with ERROR).",
                              minimum=1, maximum=65536)
-    direct: bool = setting(True, "Hand a TCP or Unix-socket serving connection that sends "
-                           "SERVE_DIRECT to the inference role, which answers it itself (one "
-                           "hop per action instead of two; not over TLS); false: SERVE_DIRECT "
-                           "is refused and every action goes through the collector.")
     native_parts: tuple[str, ...] = setting(
         NATIVE_PARTS, "Native parts of the inference role in use (where the extension is built): "
         "`scan` (the lane scan), `step` (lone requests in one native call; needs `net`), `direct` "

@@ -8,6 +8,9 @@ a bad config file becomes a ``ConfigError`` message and ``ExitCode.CONFIG``.
 from __future__ import annotations
 
 import enum
+import re
+
+from rlinkd.client_lib.protocol import codec
 
 
 class RlinkdError(Exception):
@@ -51,3 +54,25 @@ class ExitCode(enum.IntEnum):
     NO_INPUT = 66  # EX_NOINPUT from sysexits.h
     CANT_CREATE = 73  # EX_CANTCREAT
     CONFIG = 78  # EX_CONFIG from sysexits.h
+
+
+def error_kind(exc: Exception) -> str:
+    """The label a protocol error is counted under: its class name in snake case
+    (``FrameTooLarge`` → ``frame_too_large``). The protocol-error classes are a small fixed
+    hierarchy (codec, ingest, the collector core), so the set of kinds is too."""
+    return _snake(type(exc).__name__)
+
+
+def protocol_error_kinds() -> list[str]:
+    """Every kind ``error_kind`` can give: ``ProtocolError`` and its subclasses, as loaded
+    (status lists each with its count, zero included, so a series exists before the first)."""
+    kinds, todo = set(), [codec.ProtocolError]
+    while todo:
+        cls = todo.pop()
+        kinds.add(_snake(cls.__name__))
+        todo += cls.__subclasses__()
+    return sorted(kinds)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()

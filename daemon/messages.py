@@ -194,13 +194,15 @@ class InferenceStats:
     batches: int               # forward passes
     errors: int                # requests answered with an error status
     lanes_open: int            # episodes open on every lane area
-    areas: int                 # lane areas served (shm clients + the collector's TCP areas)
+    areas: int                 # lane areas served (shm clients' + the role's own for direct connections)
     held: tuple[str, ...]      # policies whose training requests wait for new weights
     batch_sizes: dict[str, int]  # "<=N" (batch-size bucket) -> forward passes
     backends: dict[str, str]     # policy -> backend
     cpu_s: float                 # the role's process CPU time
     weights_seq_nos: dict[str, int] = field(default_factory=dict)
-    direct: dict[str, int] = field(default_factory=dict)  # direct serving connections' counts
+    direct: dict[str, int] = field(default_factory=dict)  # serving connections' counts (DirectConnections.report)
+    lanes_free: dict[str, int] = field(default_factory=dict)  # policy -> lanes free for serving connections
+    errors_by_kind: dict[str, int] = field(default_factory=dict)  # their protocol errors (error_kind)
     native_parts: tuple[str, ...] = ()  # the native parts serving now (inference.native_parts)
 
 
@@ -214,7 +216,7 @@ def inference_report(msg: InferenceStats) -> dict:
             "cpu_s": round(msg.cpu_s, 2),
             "cpu_ms_per_1000_actions": round(1e6 * msg.cpu_s / msg.actions, 2) if msg.actions else None,
             "weights_seq_nos": dict(msg.weights_seq_nos), "native_parts": list(msg.native_parts),
-            **msg.direct}
+            **msg.direct, "tcp_lanes_free": dict(msg.lanes_free)}
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from rlinkd.daemon.ipc import Inbox, SharedFd
 from rlinkd.daemon.roster import ROLES
 from rlinkd.daemon.serving.channel import make_pair
 from rlinkd.shm.doorbell import Doorbell
-from rlinkd.shm.lanes import LaneArea, LaneLayout
+from rlinkd.shm.lanes import LaneLayout
 from rlinkd.shm.board import WeightsBoard
 from rlinkd.shm.blob import BlobArea
 from rlinkd.shm.records import StepLayout
@@ -73,7 +73,6 @@ class PolicyTopology:
     episode_ring_path: str = ""
     slots_path: str = ""
     snapshot_path: str = ""
-    tcp_lanes_path: str = ""  # the collector's lane area for this policy's TCP action clients
     replay_path: str = ""     # off-policy algorithms: the replay buffer (instead of batch slots)
 
     @property
@@ -113,7 +112,7 @@ class PolicyTopology:
 
     def segment_paths(self) -> list[str]:
         return [p for p in (self.episode_ring_path, self.board_path, self.slots_path,
-                            self.snapshot_path, self.tcp_lanes_path, self.replay_path) if p]
+                            self.snapshot_path, self.replay_path) if p]
 
 
 @dataclass
@@ -129,7 +128,6 @@ class Topology:
     counters: ctypes.Array[ctypes.c_longlong]  # mp Array('q', lock=False): COUNTERS, collector-written
     shm_prefix: str
     request_doorbell: SharedFd  # eventfd: action clients (and the collector) wake the inference role
-    tcp_response_doorbell: SharedFd  # eventfd: the inference role wakes the collector's TCP lanes
     area_channel: tuple[SharedFd, SharedFd]  # socketpair (collector end, inference end)
     internal_token: str  # the inference role's credential as the collector's internal client
     started_at: float = field(default_factory=time.time)
@@ -198,15 +196,12 @@ def build_topology(cfg: Config) -> Topology:
     counters = mp.get_context("spawn").Array("q", len(COUNTERS), lock=False)
     # action clients, collector → inference: "a lane holds a request" (rung if it announced sleep)
     request_doorbell = SharedFd(Doorbell.create().fileno())
-    # inference → collector: "a TCP lane holds a response" (rung if the collector announced waiting)
-    tcp_response_doorbell = SharedFd(Doorbell.create().fileno())
     # collector ⇄ inference: shm action clients' lane areas and response doorbells, and the
-    # sockets of TCP action clients handed over after SERVE_DIRECT (fds)
+    # sockets of serving connections handed over at their first serving message (fds)
     collector_end, inference_end = make_pair()
     return Topology(cfg=cfg, policies=made, inboxes=inboxes, heartbeats=heartbeats,
                     episode_doorbell=doorbell, episode_space_doorbell=space_doorbell,
                     counters=counters, shm_prefix=prefix, request_doorbell=request_doorbell,
-                    tcp_response_doorbell=tcp_response_doorbell,
                     area_channel=(SharedFd(collector_end), SharedFd(inference_end)),
                     internal_token=secrets.token_hex(16))
 
@@ -224,10 +219,6 @@ def _policy_segments(cfg: Config, d: PolicyDef, path) -> PolicyTopology:
     board = path(f"board.{d.name}")
     WeightsBoard.create(board, d.spec.n_params(), _spec_json(d.spec)).close()
     topo = PolicyTopology(d, layout.to_json(), board)
-    # collector → inference: requests of this policy's TCP action clients (one lane per episode)
-    topo.tcp_lanes_path = path(f"lanes.{d.name}")
-    lanes = LaneLayout(layout)
-    LaneArea.create(topo.tcp_lanes_path, lanes, tcp_lane_capacity(cfg.inference.tcp_lanes, lanes)).close()
     if not d.trainable:
         return topo
     # collector → connector: every validated step of this policy, in ingest order (bounded)
@@ -278,7 +269,7 @@ def destroy_topology(topo: Topology) -> None:
         inbox.close()
     topo.episode_doorbell.close()
     topo.episode_space_doorbell.close()
-    for fd in (topo.request_doorbell, topo.tcp_response_doorbell, *topo.area_channel):
+    for fd in (topo.request_doorbell, *topo.area_channel):
         fd.close()
 
 

@@ -140,14 +140,11 @@ def forward_costs(n: int) -> dict:
 
 # ---------------------------------------------------------------- rlinkd
 def one_client_latency(d: ServeProcess, transport: str, n: int) -> dict:
-    """``transport``: "shm" (lanes), "tcp" (client_lib's default: a SERVE_DIRECT connection,
-    answered by the inference role) or "tcp-collector" (SERVE_DIRECT not asked: through the
-    collector, as a plain RLlink client that does not send it)."""
+    """``transport``: "shm" (lanes) or "tcp" (a serving connection, answered by the
+    inference role)."""
     from rlinkd.client_lib.served import ServedAgent, served_link
     addr = f"unix://{d.unix_socket}" if transport == "shm" else f"tcp://127.0.0.1:{d.port}"
     link = served_link(addr, token=None, reconnect_timeout_s=10.0, ssl_context=None, policy=None)
-    if transport == "tcp-collector":
-        link.direct = False  # type: ignore[union-attr]
     agent = ServedAgent(link)
     agent.act(OBS)
     lat = []
@@ -258,8 +255,7 @@ def table_markdown(r: dict) -> str:
     fwd = lim["forward_batch1"]
     lines = ["| one action, one client | p50 | p99 | target (p50) |", "| --- | --- | --- | --- |",
              _row("rlinkd, shared memory (`unix://`)", one["shm"], "≤ 50 µs"),
-             _row("rlinkd, TCP (SERVE_DIRECT: answered by the inference role)", one["tcp"], "≤ 200 µs"),
-             _row("rlinkd, TCP through the collector (no SERVE_DIRECT)", one["tcp-collector"]),
+             _row("rlinkd, TCP (a serving connection: answered by the inference role)", one["tcp"], "≤ 200 µs"),
              _row("limit: blocking shm round trip (word + eventfd each way)", lim["shm_round_trip"]),
              _row("limit: TCP + orjson round trip (echo)", lim["tcp_orjson_round_trip"]),
              _row("limit: onnxruntime batch-1 forward", fwd["onnxruntime"], digits=1),
@@ -298,7 +294,7 @@ def main() -> int:
                                   "forward_batch1": forward_costs(n)}}
     with ServeProcess(Path(tempfile.mkdtemp(prefix="rlinkd-bench-serving-")) / "state", NO_TRAINING) as d:
         time.sleep(2.0)
-        result["one_client_us"] = {t: one_client_latency(d, t, n) for t in ("shm", "tcp", "tcp-collector")}
+        result["one_client_us"] = {t: one_client_latency(d, t, n) for t in ("shm", "tcp")}
         result["many_clients"] = {t: many_clients(d, t, args.clients, args.seconds) for t in ("shm", "tcp")}
         result["many_clients"]["clients"] = args.clients
         result["vector_clients"] = {f"{t} {procs}x{args.clients // procs}": vector_clients(

@@ -260,7 +260,11 @@ def encode(msg: Message) -> bytes:
 
 
 def encode_body(body: dict[str, Any]) -> bytes:
-    data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    return frame(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY))
+
+
+def frame(data: bytes) -> bytes:
+    """One frame: the 8-digit length header, then ``data``."""
     if len(data) > MAX_ENCODABLE_BYTES:
         raise ProtocolError(f"message of {len(data)} bytes does not fit an 8-digit header")
     return b"%08d" % len(data) + data

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hmac
 import itertools
-import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from rlinkd.daemon.collector.agents import AgentRules, AgentState
 from rlinkd.daemon.collector.ingest import EpisodeStats, Limits, PolicyInfo, Spaces
 from rlinkd.client_lib.protocol.masking import mask_spec
 from rlinkd.daemon.config import Config
+from rlinkd.daemon.errors import protocol_error_kinds
 from rlinkd.daemon.policies import PolicyDef
 from rlinkd.daemon.wiring import step_layout
 from rlinkd.shm.records import StepLayout
@@ -36,32 +36,10 @@ class Unauthenticated(BadMessage):
     """A message arrived before a PING with the right token."""
 
 
-def error_kind(exc: Exception) -> str:
-    """The label a protocol error is counted under: its class name in snake case
-    (``FrameTooLarge`` → ``frame_too_large``). The protocol-error classes are a small fixed
-    hierarchy (codec, ingest, this module), so the set of kinds is too."""
-    return _snake(type(exc).__name__)
-
-
-def protocol_error_kinds() -> list[str]:
-    """Every kind ``error_kind`` can give: ``ProtocolError`` and its subclasses, as loaded
-    (status lists each with its count, zero included, so a series exists before the first)."""
-    kinds, todo = set(), [codec.ProtocolError]
-    while todo:
-        cls = todo.pop()
-        kinds.add(_snake(cls.__name__))
-        todo += cls.__subclasses__()
-    return sorted(kinds)
-
-
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-
-
 class HandedOver(Exception):
-    """Raised out of a connection's message loop after SERVE_DIRECT: the inference role owns
-    the connection now; the collector forgets it without a word, closing only its own
-    descriptor of the socket."""
+    """Raised out of a connection's message loop once it was handed to the inference role
+    (its first serving message): the collector forgets it without a word, closing only its
+    own descriptor of the socket (a TLS connection: after its relay ended)."""
 
 
 @dataclass

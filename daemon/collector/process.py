@@ -60,7 +60,7 @@ class CollectorProcess:
         core = CollectorCore(topo.cfg, self.policies, topo.read_counters(),
                              internal_token=topo.internal_token)
         weights = {name: weights_cache(p, self.boards[name]) for name, p in topo.policies.items()}
-        serving = ServingFront(topo, self.policies)
+        serving = ServingFront(topo)
         pacer = Pacer({n: pace_limit(p) for n, p in topo.policies.items()},
                       topo.cfg.sampling.max_wait_for_batch_s, lambda policy: core.policy_steps.get(policy, 0))
         self.status = StatusBuilder(topo, core, weights, routes=self.routes, serving_status=serving.status,

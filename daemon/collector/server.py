@@ -24,15 +24,16 @@ import structlog
 from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.codec import ProtocolError
+from rlinkd.client_lib.protocol.serving import ServeAttach
 from rlinkd.client_lib.transport import EVICTED
-from rlinkd.daemon.collector.core import CollectorCore, HandedOver, Plan, Session, error_kind
+from rlinkd.daemon.collector.core import CollectorCore, HandedOver, Plan, Session
 from rlinkd.daemon.collector.status import StatusBuilder
 from rlinkd.daemon.collector.pacing import Pacer
 from rlinkd.daemon.collector.rllib_msgpack import MSGPACK, RllibFlavour, flavour_of
 from rlinkd.daemon.collector.weights import WeightsCache, set_state_frame
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.log import RateLimit
-from rlinkd.daemon.errors import RlinkdError
+from rlinkd.daemon.errors import RlinkdError, error_kind
 from rlinkd.daemon.serving.deadlines import Deadlines
 from rlinkd.shm.records import FLUSH, STREAM_END
 from rlinkd.shm.errors import ShmError
@@ -195,7 +196,7 @@ class CollectorServer:
         if not self.core.admission.handshake_done(session.id):
             raise ConnectionAbortedError("evicted while its first message was read")
         while True:
-            await self._carry_out(session, plan, reader, writer)
+            await self._carry_out(session, plan, body, reader, writer)
             self.status.message_latency.observe(msg.TYPE.value, time.perf_counter() - started)
             body = await self._read_frame(reader)
             started = time.perf_counter()
@@ -252,8 +253,10 @@ class CollectorServer:
         size = codec.parse_header(first + rest, self.cfg.server.max_message_bytes)
         return await read_within(reader, size, max(0.0, deadline - loop.time()))
 
-    async def _carry_out(self, session: Session, plan: Plan, reader: asyncio.StreamReader,
+    async def _carry_out(self, session: Session, plan: Plan, body: bytes, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter) -> None:
+        """Carry out one decided message (``body``: its bytes, for a serving connection's
+        hand-over)."""
         last_ids = {}
         if plan.records is not None:
             for policy, records in plan.records.items():
@@ -270,9 +273,9 @@ class CollectorServer:
         if plan.serve is not None:
             if self.serving is None:
                 raise codec.BadMessage(f"{plan.serve.TYPE.value}: this server does not serve actions")
-            reply = await self.serving.handle(session, plan.serve, reader, writer)
-            if reply is not None:
-                await self.send(writer, reply)
+            if not isinstance(plan.serve, ServeAttach):
+                self.writers.pop(session.id, None)  # (the role's from now on: no goodbye from here)
+            await self.serving.handle(session, plan.serve, codec.frame(body), reader, writer)
         held = plan.held
         if plan.newest_state or plan.wait_for_training:
             await self.pacer.wait(last_ids)  # (paced off-policy policies only)

@@ -1,15 +1,16 @@
-"""The collector's side of server-side actions (the serving messages of ``protocol.serving``).
+"""The collector's side of server-side actions: it hands serving connections over and makes
+shared-memory clients' lane areas. It never frames, limits or times out a serving message.
 
-TCP (and Unix-socket) action clients: every open episode of a connection holds one lane of
-its policy's TCP lane area (a file made by the wiring, at most ``inference.tcp_lanes``). A
-request is validated here (episode id known and open, observation inside the space), written
-into the lane and published; the inference role answers in the lane and rings the TCP
-response doorbell, on which this module resolves the waiting request. A connection has at
-most ``server.max_agents_per_connection`` episodes open, each with at most one request in
-flight: that bounds what one client can ask; a client that does not read its replies stalls
-only its own connection (``server.read_timeout_s`` on the write closes it). Framing and read
-timeouts are the collector server's (collector/server.py) until SERVE_DIRECT, the inference
-role's (inference/direct.py) after it: docs/serving.md, "Who owns which socket".
+A TCP, TLS or Unix-socket connection becomes a serving connection at its first serving
+message (``START_EPISODE``, ``GET_ACTION``, ``LOG_RETURNS``, ``END_EPISODE``, ``STEP``,
+``STEP_BATCH``, or ``SERVE_DIRECT``, which asks for it before any episode): the collector
+stops reading it and passes it to the inference role over the area channel, with the bytes
+it had read and not carried out (that message's frame, and whatever the client sent after
+it), and forgets it. From then on the role (inference/direct.py) is its one owner: framing,
+limits, timeouts, replies. A TLS session cannot cross processes, so for a TLS connection the
+role gets one end of a socket pair and the collector copies bytes between it and the TLS
+stream (``_relay``: no framing, no timers of its own; it ends when either side closes).
+docs/serving.md, "Who owns which socket".
 
 Shared-memory action clients (SERVE_ATTACH on the Unix socket): a sealed memfd lane area of
 their own plus a response doorbell, handed to the client with the request doorbell, and to
@@ -22,48 +23,27 @@ import itertools
 import os
 import secrets
 import socket
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import structlog
 
 from rlinkd.client_lib.protocol import codec, serving
 from rlinkd.client_lib.protocol.codec import BadMessage
 from rlinkd.daemon.collector.core import HandedOver, Session
-from rlinkd.daemon.collector.ingest import PolicyInfo
 from rlinkd.daemon.serving import channel
 from rlinkd.daemon.serving.deadlines import Deadlines
 from rlinkd.daemon.serving.fds import send_fds
-from rlinkd.daemon.serving.front import Episodes, Front, LanePool, Pending
 from rlinkd.daemon.wiring import Topology
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.lanes import MAX_GROUP, LaneArea, LaneLayout
 
 log = structlog.get_logger("collector")
-ANSWER_TIMEOUT_S = 30.0
-SPIN_S = 60e-6
-
-
-def _spin_until_answered(area: LaneArea, lane: int) -> bool:
-    """Busy-wait up to SPIN_S for one answer (only for a lone request: the event loop has
-    nothing else waiting on the inference role then)."""
-    until = time.perf_counter() + SPIN_S
-    while time.perf_counter() < until:
-        if area.answered(lane):
-            return True
-    return False
-
-
-def _time_out(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_exception(ConnectionError("the inference role did not answer"))
+RELAY_CHUNK_BYTES = 1 << 16
 
 
 @dataclass
 class ServingSession:
-    episodes: Episodes = field(default_factory=Episodes)
     area_id: int = -1          # its shared-memory lane area, if any
     area: LaneArea | None = None
     area_policy: str = ""
@@ -74,183 +54,101 @@ class ServingSession:
 class ServingFront:
     """Built by the collector process; ``handle`` is called from a connection's read loop."""
 
-    def __init__(self, topo: Topology, policies: dict[str, PolicyInfo]) -> None:
+    def __init__(self, topo: Topology) -> None:
         self.topo, self.cfg = topo, topo.cfg
-        self.pools = {name: self._pool(name, p.tcp_lanes_path, LaneLayout(p.layout), policies[name])
-                      for name, p in topo.policies.items()}
-        self.front = Front(self.pools, topo.mapping.policy_for, self.cfg.server.max_agents_per_connection,
-                           "inference.tcp_lanes")
-        self.waiting: dict[str, dict[int, asyncio.Future]] = {name: {} for name in self.pools}
         self.request_bell = Doorbell(os.dup(topo.request_doorbell.fd))
-        self.response_bell = Doorbell(os.dup(topo.tcp_response_doorbell.fd))
         self.channel = socket.socket(fileno=os.dup(topo.area_channel[0].fd))
         self.channel.setblocking(False)
         self.sessions: dict[int, ServingSession] = {}
         self.area_ids = itertools.count(1)
         self.max_episodes = self.cfg.server.max_agents_per_connection
         self.deadlines = Deadlines.of(self.cfg.server)
-        self.counts = {"tcp_messages": 0, "shm_clients": 0, "direct_handed_over": 0}
-
-    @staticmethod
-    def _pool(name: str, path: str, layout: LaneLayout, info: PolicyInfo) -> LanePool:
-        area = LaneArea.attach(path, layout)
-        area.set_pid("writer", os.getpid())
-        return LanePool(area, info.spaces.obs, info.spaces.act, name)
+        self.counts = {"shm_clients": 0, "direct_handed_over": 0, "tls_relays": 0}
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        loop.add_reader(self.response_bell.fileno(), self.on_responses)
         loop.add_reader(self.channel.fileno(), self.on_channel)
         self._channel_send(channel.ChannelMessage("reset"))
 
     def stop(self) -> None:
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(self.response_bell.fileno())
-        loop.remove_reader(self.channel.fileno())
+        asyncio.get_running_loop().remove_reader(self.channel.fileno())
 
     # ------------------------------------------------------------ dispatch
-    async def handle(self, session: Session, msg: codec.Message, reader, writer) -> bytes | None:
-        """Carry out one serving message; the reply frame (None: no reply)."""
+    async def handle(self, session: Session, msg: codec.Message, frame: bytes, reader, writer) -> None:
+        """Carry out one serving message: SERVE_ATTACH here; any other hands the connection
+        to the inference role (``frame``: the message's own bytes, header included) and
+        raises HandedOver once the collector has nothing more to do with it."""
         state = self.sessions.setdefault(session.id, ServingSession())
-        self.counts["tcp_messages"] += 1
         if isinstance(msg, serving.ServeAttach):
             await self._attach(session, state, msg, writer)
-            return None
-        if isinstance(msg, serving.ServeDirect):
-            await self._hand_over(session, state, reader, writer)
-            raise HandedOver
-        outcome = self.front.begin(state.episodes, msg)
-        if not isinstance(outcome, Pending):
-            return outcome
-        for name, idx in outcome.lanes.items():
-            await self._answers(self.pools[name], idx)
-        return outcome.finish()
-
-    # ------------------------------------------------------------ answers
-    async def _answers(self, pool: LanePool, idx: np.ndarray) -> None:
-        """Until every lane of a published request (or group) is answered: the role answers
-        a group in one pass, so once the first is, the others are within a few stores
-        (checked, with a bound: then each is awaited on its own)."""
-        await self._answer(pool, int(idx[0]))
-        if len(idx) == 1:
             return
-        until = time.perf_counter() + SPIN_S
-        while not pool.area.answered_all(idx):
-            if time.perf_counter() > until:
-                await asyncio.gather(*(self._answer(pool, int(lane)) for lane in idx[1:]))
-                return
+        if state.area is not None:
+            raise BadMessage(f"{msg.TYPE.value}: this connection serves through its lane area")
+        ready = isinstance(msg, serving.ServeDirect)
+        writer.transport.pause_reading()
+        prefix = (b"" if ready else frame) + _unread(reader)
+        if writer.get_extra_info("ssl_object") is not None:
+            await self._relay(session, prefix, ready, reader, writer)
+        else:
+            self._pass(writer.get_extra_info("socket").fileno(), prefix, ready)
+            log.debug("serving_connection_handed_over", session=session.id)
+        raise HandedOver
 
-    async def _answer(self, pool: LanePool, lane: int) -> None:
-        """Wait for one lane's answer (the role rung first if it sleeps)."""
-        waiting = self.waiting[pool.name]
-        pool.published = False
-        if pool.area.take_server_sleeping():
-            self.request_bell.ring()
-        elif not waiting and _spin_until_answered(pool.area, lane):
-            return  # a lone request to an awake role: no loop turn
-        fut = asyncio.get_running_loop().create_future()
-        waiting[lane] = fut
-        pool.area.announce_client_wait()
-        if pool.area.answered(lane):
-            self._resolve(waiting, lane)
-        timer = asyncio.get_running_loop().call_later(ANSWER_TIMEOUT_S, _time_out, fut)
+    def _pass(self, fd: int, prefix: bytes, ready: bool) -> None:
+        """Send a copy of socket ``fd`` (and ``prefix``) to the inference role; BadMessage
+        (ERROR, the connection closes) if the channel cannot take it now."""
+        fds = [os.dup(fd)]
         try:
-            await fut  # (not wait_for: that costs a task and a loop turn per request)
+            if prefix:
+                fds.append(channel.prefix_fd(prefix))
+            channel.send(self.channel, channel.ChannelMessage("direct", fds=tuple(fds), ready=ready))
+            self.counts["direct_handed_over"] += 1
+        except (BlockingIOError, BrokenPipeError, ConnectionError) as exc:
+            raise BadMessage(f"serving: the inference role cannot take this connection now ({exc})") from None
         finally:
-            timer.cancel()
+            for d in fds:
+                os.close(d)
 
-    def on_responses(self) -> None:
-        """Event-loop reader: the inference role answered some TCP lanes."""
-        self.response_bell.drain()
-        for pool in self.pools.values():
-            self._sweep(pool)
-            if self.waiting[pool.name] or pool.busy:
-                pool.area.announce_client_wait()
-                self._sweep(pool)  # answers that came before the announcement
-
-    def _sweep(self, pool: LanePool) -> None:
-        """Resolve answered requests, release drained lanes, free released ones."""
-        waiting = self.waiting[pool.name]
-        for lane in [lane for lane in waiting if pool.area.answered(lane)]:
-            self._resolve(waiting, lane)
-        pool.sweep()
-        self._kick(pool)
-
-    def _kick(self, pool: LanePool) -> None:
-        """After releases were published: ring a sleeping role, ask for the answers' bell."""
-        if pool.published:
-            pool.published = False
-            if pool.area.take_server_sleeping():
-                self.request_bell.ring()
-            pool.area.announce_client_wait()
-
-    @staticmethod
-    def _resolve(waiting: dict[int, asyncio.Future], lane: int) -> None:
-        fut = waiting.pop(lane, None)
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+    async def _relay(self, session: Session, prefix: bytes, ready: bool, reader, writer) -> None:
+        """A TLS connection: the role gets one end of a socket pair; bytes are copied both
+        ways until either side closes."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._pass(theirs.fileno(), prefix, ready)
+        finally:
+            theirs.close()
+        self.counts["tls_relays"] += 1
+        log.debug("serving_connection_relayed", session=session.id)
+        role_reader, role_writer = await asyncio.open_connection(sock=ours)
+        writer.transport.resume_reading()
+        try:
+            await _copy_both_ways(reader, writer, role_reader, role_writer, self.deadlines.reply_s)
+        finally:
+            self.counts["tls_relays"] -= 1
+            role_writer.close()
 
     def forget(self, session: Session) -> None:
-        """The connection closed: release its episodes' lanes (the inference role ends their
-        fragments, truncated) and its shared-memory area."""
+        """The connection closed: its shared-memory area goes (the role ends its episodes)."""
         state = self.sessions.pop(session.id, None)
-        if state is None:
+        if state is None or state.area is None:
             return
-        for ep in state.episodes.open.values():
-            self.waiting[ep.policy].pop(ep.lane, None)
-        self.front.forget(state.episodes)
-        for pool in self.pools.values():
-            if pool.busy:
-                pool.area.announce_client_wait()
-            self._kick(pool)
-        if state.area is not None:
-            self._channel_send(channel.ChannelMessage("close", state.area_id))
-            state.area.close()
-            os.close(state.bell_fd)
-            self.counts["shm_clients"] -= 1
-
-    # ------------------------------------------------------------ direct connections
-    async def _hand_over(self, session: Session, state: ServingSession, reader, writer) -> None:
-        """SERVE_DIRECT: stop reading, pass the socket to the inference role over the area
-        channel, then SERVE_DIRECT_READY (the client sends nothing before it, so every later
-        byte is still in the socket for the role). Refused (BadMessage: ERROR, and the
-        connection closes like after any refused request) for TLS, a connection with episodes
-        or a lane area, bytes already read after it, or a full channel."""
-        if not self.cfg.inference.direct:
-            raise BadMessage("SERVE_DIRECT: off on this daemon (inference.direct = false)")
-        if writer.get_extra_info("ssl_object") is not None:
-            raise BadMessage("SERVE_DIRECT: not on a TLS connection (its session stays in the collector)")
-        if state.episodes.open or state.area is not None:
-            raise BadMessage("SERVE_DIRECT: only on a connection with no episodes open and no lane area")
-        writer.transport.pause_reading()
-        # (StreamReader has no public size: bytes after SERVE_DIRECT would be lost to the role)
-        if len(getattr(reader, "_buffer", b"")):
-            raise BadMessage("SERVE_DIRECT: send nothing after it before SERVE_DIRECT_READY")
-        fd = os.dup(writer.get_extra_info("socket").fileno())
-        try:
-            channel.send(self.channel, channel.ChannelMessage("direct", fds=(fd,)))
-        except (BlockingIOError, BrokenPipeError, ConnectionError) as exc:
-            raise BadMessage(f"SERVE_DIRECT: the inference role cannot take it now ({exc})") from None
-        finally:
-            os.close(fd)
-        writer.write(codec.encode(serving.ServeDirectReady()))
-        if writer.transport.get_write_buffer_size():
-            await asyncio.wait_for(writer.drain(), self.deadlines.reply_s)
-        self.counts["direct_handed_over"] += 1
-        log.debug("serving_connection_handed_over", session=session.id)
+        self._channel_send(channel.ChannelMessage("close", state.area_id))
+        state.area.close()
+        os.close(state.bell_fd)
+        self.counts["shm_clients"] -= 1
 
     # ------------------------------------------------------------ shared-memory clients
     async def _attach(self, session: Session, state: ServingSession, msg: serving.ServeAttach,
                       writer) -> None:
         if session.transport != "unix":
             raise BadMessage("SERVE_ATTACH is only accepted on the daemon's Unix socket")
-        if state.area is not None or state.episodes.open:
-            raise BadMessage("this connection already has a lane area or open episodes")
+        if state.area is not None:
+            raise BadMessage("this connection already has a lane area")
         if not 1 <= msg.lanes <= min(self.max_episodes, MAX_GROUP):
             raise BadMessage(f"SERVE_ATTACH: lanes must be 1..{min(self.max_episodes, MAX_GROUP)} "
                              f"(server.max_agents_per_connection={self.max_episodes})")
         policy = msg.policy or self.topo.mapping.policy_for(None)
-        if policy not in self.pools:
+        if policy not in self.topo.policies:
             raise BadMessage(f"SERVE_ATTACH: unknown policy {policy!r}")
         p = self.topo.policies[policy]
         name = f"{self.topo.shm_prefix}.serve-{session.id}-{secrets.token_hex(4)}"
@@ -300,6 +198,35 @@ class ServingFront:
             log.warning("area_channel_send_failed", op=msg.op, error=str(exc))
 
     def status(self) -> dict:
-        return {**self.counts, "episodes_started": self.front.episodes_started,
-                "tcp_episodes_open": sum(len(s.episodes.open) for s in self.sessions.values()),
-                "tcp_lanes_free": {name: len(pool.free) for name, pool in self.pools.items()}}
+        return dict(self.counts)
+
+
+def _unread(reader: asyncio.StreamReader) -> bytes:
+    """What a StreamReader holds and nobody read yet (asyncio's private buffer, as
+    collector/server.py's ``buffered``; reading is paused, so it cannot grow)."""
+    return bytes(getattr(reader, "_buffer", b""))
+
+
+async def _copy_both_ways(client_reader, client_writer, role_reader, role_writer, reply_s: float) -> None:
+    """Client -> role until the client's EOF (passed on as a half close); role -> client
+    until the role closes (each write to the client taken within ``reply_s``, else the
+    relay ends: the role's own timers see nothing of a client that stopped reading)."""
+    async def upstream() -> None:
+        while data := await client_reader.read(RELAY_CHUNK_BYTES):
+            role_writer.write(data)
+            await role_writer.drain()
+        role_writer.write_eof()
+        await asyncio.Event().wait()  # (the role closes when it has answered everything)
+
+    async def downstream() -> None:
+        while data := await role_reader.read(RELAY_CHUNK_BYTES):
+            client_writer.write(data)
+            await asyncio.wait_for(client_writer.drain(), reply_s)
+
+    up, down = asyncio.ensure_future(upstream()), asyncio.ensure_future(downstream())
+    try:
+        await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (up, down):
+            task.cancel()
+        await asyncio.gather(up, down, return_exceptions=True)

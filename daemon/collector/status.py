@@ -71,9 +71,10 @@ class StatusBuilder:
                  serving_status: Callable[[], dict] = dict,
                  pacing_status: Callable[[], dict] = dict) -> None:
         self.topo, self.core, self.weights, self.clock = topo, core, weights, clock
-        self.serving_status = serving_status  # the collector's serving front (lanes, episodes)
+        self.serving_status = serving_status  # the collector's serving hand-overs and shm areas
         self.pacing_status = pacing_status  # samples held by pacing (``Pacer.report``)
         self.inference: dict = {}
+        self.serving_errors: dict[str, int] = {}  # the role's serving connections' protocol errors
         self.routes = routes or {}  # trainable policies' episode rings (producer side): fill
         self.learners = {name: PolicyReport() for name in weights}
         self.daemon: dict = {}
@@ -125,6 +126,16 @@ class StatusBuilder:
     def on_inference(self, msg: m.InferenceStats) -> None:
         """The inference role's periodic report (server-side actions)."""
         self.inference = m.inference_report(msg)
+        self.serving_errors = dict(msg.errors_by_kind)
+
+    def _protocol_errors(self) -> dict:
+        """Connections closed for bad input: the collector's and the inference role's (its
+        serving connections), by kind."""
+        by_kind = dict(self.core.protocol_errors_by_kind)
+        for kind, n in self.serving_errors.items():
+            by_kind[kind] = by_kind.get(kind, 0) + n
+        return {"protocol_errors": self.core.protocol_errors + sum(self.serving_errors.values()),
+                "protocol_errors_by_kind": dict(sorted(by_kind.items()))}
 
     def on_daemon_info(self, msg: m.DaemonInfo) -> None:
         self.daemon = m.daemon_report(msg)
@@ -179,8 +190,7 @@ class StatusBuilder:
             "agents": core.open_agents(),
             "dropped_episodes": sum(r.connector.get("dropped_episodes", 0)
                                     for r in self.learners.values()),
-            "protocol_errors": core.protocol_errors,
-            "protocol_errors_by_kind": dict(sorted(core.protocol_errors_by_kind.items())),
+            **self._protocol_errors(),
             **core.admission.report(),
             "uptime_s": round(time.time() - self.topo.started_at, 1),
             "env_steps_per_s": round(self.rate.per_s(), 1),

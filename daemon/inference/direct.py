@@ -1,12 +1,12 @@
-"""Serving connections the collector handed over (SERVE_DIRECT): the inference role answers them.
+"""Serving connections: the inference role reads, answers and closes every one of them.
 
-Over the collector a TCP action crosses two processes each way (client -> collector ->
-role -> collector -> client); a direct connection crosses one (client -> role -> client).
-The collector still does the connection's admission (handshake, token, limits) and passes
-the socket over the area channel after SERVE_DIRECT; from then on this module reads its
-frames, carries out its serving messages with the same ``Front`` as the collector (same
-checks, same errors, same order: one message at a time per connection, the next frame
-parsed once the reply to the last is out) and writes the replies.
+The collector accepts a connection and admits it (handshake, token, connection limits);
+at its first serving message (or SERVE_DIRECT) it passes the socket over the area channel
+with the bytes it had read and not carried out (a TLS connection arrives as one end of a
+socket pair the collector relays). From then on this module is its one owner: it reads its
+frames, carries out its serving messages with ``Front`` (one message at a time per
+connection, the next frame parsed once the reply to the last is out) and writes the replies:
+one process hop each way (client -> role -> client).
 
 Each policy has one private lane area for its direct episodes (a sealed memfd made here,
 served by the role like any client's area: batched with every other request, recorded and
@@ -23,10 +23,10 @@ closes (its episodes end, truncated), as in the collector. Nothing here blocks.
 
 Socket ownership: from the hand-over on, this module is the connection's only owner -- it
 frames it (``server.max_message_bytes``), limits it (``server.max_connections``) and times
-it out (``expire``, the one place for a direct connection, native-held ones included:
+it out (``expire``, the one place for a serving connection, native-held ones included:
 native/direct.c keeps their clocks and never decides to close). The collector closes its
-copy of the socket at the hand-over and enforces the same rule on the connections it keeps
-(collector/server.py). docs/serving.md, "Who owns which socket", has the table.
+copy of the socket at the hand-over and never parses a serving message (collector/serving.py).
+docs/serving.md, "Who owns which socket".
 """
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ from rlinkd.client_lib.protocol.codec import BadMessage, ProtocolError
 from rlinkd.client_lib.transport import DIRECT_REFUSED
 from rlinkd.daemon.inference.fastpath import FastPath
 from rlinkd.daemon.serving.deadlines import Deadlines
-from rlinkd.daemon.serving.front import Episodes, Front, Pending
+from rlinkd.daemon.inference.front import Episodes, Front, Pending
+from rlinkd.daemon.errors import error_kind
 from rlinkd.daemon.log import RateLimit
 
 log = structlog.get_logger("inference")
@@ -58,7 +59,7 @@ ACCEPTED = (serving.StartEpisode, serving.GetAction, serving.LogReturns, serving
 
 @dataclass
 class Conn:
-    """One handed-over connection."""
+    """One serving connection."""
 
     sock: socket.socket
     inbuf: bytearray = field(default_factory=bytearray)
@@ -82,7 +83,7 @@ class Conn:
 
 
 class DirectConnections:
-    """The role's direct connections (see the module docstring)."""
+    """The role's serving connections (see the module docstring)."""
 
     def __init__(self, front: Front, max_connections: int, max_message_bytes: int,
                  idle_timeout_s: float, read_timeout_s: float, native: bool = True) -> None:
@@ -95,19 +96,31 @@ class DirectConnections:
         self.ready: set[int] = set()     # connections with frames left for the next turn
         self.counts = {"direct_connections": 0, "direct_messages": 0, "direct_refused": 0,
                        "direct_errors": 0, "direct_native_messages": 0}
+        self.errors_by_kind: dict[str, int] = {}  # direct_errors by ``error_kind``
         self.fast = FastPath.maybe(self.pools, max_message_bytes) if native else None
         self.n_fast = 0  # connections the native path owns now
         self.error_log = RateLimit(per_s=10.0)
         self.rbuf = bytearray(RECV_BYTES)
         self.rview = memoryview(self.rbuf)
 
+    def report(self) -> dict[str, int]:
+        """The status counts: ``counts``, the episodes started and open now."""
+        return {**self.counts, "direct_episodes_started": self.front.episodes_started,
+                "tcp_episodes_open": sum(len(c.episodes.open) for c in self.conns.values())}
+
+    def lanes_free(self) -> dict[str, int]:
+        """Each policy's lanes free for new episodes."""
+        return {name: len(pool.free) for name, pool in self.pools.items()}
+
     def fileno(self) -> int:
         """Readable when a connection has something (the role sleeps on it with its others)."""
         return self.epoll.fileno()
 
     # ------------------------------------------------------------ connections
-    def add(self, fd: int) -> None:
-        """A socket from the collector (SERVE_DIRECT_READY already sent)."""
+    def add(self, fd: int, prefix: bytes = b"", ready: bool = False) -> None:
+        """A socket from the collector: ``prefix`` is what the collector had read of it and
+        not carried out (read before anything the socket holds); ``ready``: it asked with
+        SERVE_DIRECT, answered SERVE_DIRECT_READY before anything else."""
         sock = socket.socket(fileno=fd)
         sock.setblocking(False)
         if len(self.conns) >= self.max_connections:
@@ -117,9 +130,14 @@ class DirectConnections:
                         "(server.max_connections)")))
             sock.close()
             return
-        self.conns[fd] = Conn(sock, mask=select.EPOLLIN)
+        conn = self.conns[fd] = Conn(sock, inbuf=bytearray(prefix), mask=select.EPOLLIN)
         self.epoll.register(fd, select.EPOLLIN)
         self.counts["direct_connections"] = len(self.conns)
+        if ready:
+            conn.outbuf += codec.encode(serving.ServeDirectReady())
+            self._flush(fd, conn)
+        if prefix:
+            self.ready.add(fd)
 
     def close(self, fd: int, reason: str = "") -> None:
         """End a connection: its episodes' lanes go back (their fragments end, truncated)."""
@@ -294,8 +312,8 @@ class DirectConnections:
         if isinstance(msg, codec.Ping):
             return self._reply(fd, conn, codec.encode(codec.Pong()))
         if not isinstance(msg, ACCEPTED):
-            raise BadMessage(f"{msg.TYPE.value} is not accepted on a direct serving connection "
-                             "(only serving messages and PING after SERVE_DIRECT)")
+            raise BadMessage(f"{msg.TYPE.value} is not accepted on a serving connection (only "
+                             "serving messages and PING; METRICS and the rest go on another one)")
         outcome = self.front.begin(conn.episodes, msg)
         if isinstance(outcome, Pending):
             conn.pending = outcome
@@ -374,9 +392,11 @@ class DirectConnections:
             self.ready.add(fd)
         self._watch(fd, conn)
 
-    def _refuse(self, fd: int, conn: Conn, exc: BaseException) -> None:
+    def _refuse(self, fd: int, conn: Conn, exc: Exception) -> None:
         """ERROR to this client only, then close its connection."""
         self.counts["direct_errors"] += 1
+        kind = error_kind(exc)
+        self.errors_by_kind[kind] = self.errors_by_kind.get(kind, 0) + 1
         if self.error_log.allow():  # (as the collector logs its protocol errors)
             log.warning("direct_protocol_error", error=str(exc)[:300],
                         suppressed_before=self.error_log.take_suppressed())

@@ -15,7 +15,7 @@ does) stored as one float32 lane field, and whose action is Discrete, are steppe
 natively; the episodes of others are never handed over. ``maybe`` is None where the
 extension is not built, and where direct.c's reply text or grammar disagrees with the Python
 codec on the samples of native_agrees.py (checked once per role start; logged). The Python
-path (direct.py + serving/front.py) serves every message the native path declines, and is
+path (direct.py + front.py) serves every message the native path declines, and is
 the oracle of tests/unit/test_direct_native.py.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 import structlog
 
 from rlinkd.client_lib.protocol.spaces import Box, Discrete
-from rlinkd.daemon.serving.front import Episodes, LanePool
+from rlinkd.daemon.inference.front import Episodes, LanePool
 from rlinkd.daemon.inference.native_agrees import disagreement
 from rlinkd.daemon.inference.netnative import native_module
 from rlinkd.shm.lanes import EVALUATE, OP_STEP, STATUS_OK

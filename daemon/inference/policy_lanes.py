@@ -26,19 +26,17 @@ REQUESTS_WORD = REQUESTS_OFFSET // 4  # (the low word of each area's u64 request
 
 @dataclass
 class ServedArea:
-    """One lane area being served: a shm client's, or the collector's TCP lanes of a policy."""
+    """One lane area being served: a shm client's, or the role's own for direct connections."""
 
     area_id: int
     area: LaneArea
     policy: str
     bell: Doorbell
-    shared_bell: bool = False  # the bell belongs to the collector (do not close it)
     where: Placement = NOWHERE  # its lanes and header slot in the policy's region, once added
 
     def close(self) -> None:
         self.area.close()
-        if not self.shared_bell:
-            self.bell.close()
+        self.bell.close()
 
 
 class PolicyLanes:

@@ -30,7 +30,7 @@ from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.serving import channel
 from rlinkd.daemon.inference.backend import PolicyRunner
 from rlinkd.daemon.inference.direct import DirectConnections
-from rlinkd.daemon.serving.front import Front, LanePool
+from rlinkd.daemon.inference.front import Front, LanePool
 from rlinkd.daemon.inference.episodes import SlotPool
 from rlinkd.daemon.inference.link import PolicyLink
 from rlinkd.daemon.inference.policy_serving import HISTOGRAM_BOUNDS, PolicyServing
@@ -54,7 +54,6 @@ GAP_EWMA = 0.1
 BUSY_RETRY_S = 0.002
 EVAL_FLUSH_S = 0.5
 RECONNECT_S = (0.05, 2.0)
-TCP_AREA_BASE = 1 << 30  # area ids of the collector's TCP areas (shm clients' ids are below)
 DIRECT_AREA_BASE = 1 << 29  # area ids of the role's own areas for direct connections
 EXPIRE_S = 1.0
 
@@ -68,7 +67,6 @@ class Inference:
                                       cfg.inference.max_batch, cfg.inference.max_wait_us * 1e-6,
                                       cfg.sampling.force_on_policy, cfg.inference.native_parts)
         self.request_bell = Doorbell(os.dup(topo.request_doorbell.fd))
-        self.tcp_bell = Doorbell(os.dup(topo.tcp_response_doorbell.fd))
         self.channel = socket.socket(fileno=os.dup(topo.area_channel[1].fd))
         self.channel.setblocking(False)
         self.next_connect = {name: 0.0 for name in self.server.policies}
@@ -78,7 +76,6 @@ class Inference:
         self.gap_s = SPIN_MAX_S  # EWMA of the idle time from an answer to the next answering turn
         self.per_turn = 1.0      # EWMA of the requests an answering turn answers
         self.next_expire = 0.0
-        self._add_tcp_areas()
         self.direct = self._direct()
         self.server.while_gathering = self._read_direct  # (direct requests join a batch being gathered)
 
@@ -91,17 +88,6 @@ class Inference:
                 if p.trainable else None)
         steps = cfg.inference.env_steps_per_sample or cfg.sampling.train_batch_size
         return PolicyServing(runner, p.obs_space, SlotPool(), link, steps, off_policy=p.off_policy)
-
-    def _add_tcp_areas(self) -> None:
-        for i, p in enumerate(self.topo.policies.values()):
-            area = LaneArea.attach(p.tcp_lanes_path, LaneLayout(p.layout))
-            area.set_pid("reader", os.getpid())
-            fd = os.open(p.tcp_lanes_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                self.server.add(ServedArea(TCP_AREA_BASE + i, area, p.name, self.tcp_bell,
-                                           shared_bell=True), fd)
-            finally:
-                os.close(fd)
 
     def _direct(self) -> DirectConnections:
         """One private lane area per policy for direct connections, served like the others."""
@@ -242,16 +228,19 @@ class Inference:
         while (msg := channel.receive(self.channel)) is not None:
             if msg.op == "open":
                 self._open_area(msg)
-            elif msg.op == "direct" and len(msg.fds) == 1:
-                self.direct.add(msg.fds[0])
+            elif msg.op == "direct" and msg.fds:
+                self._add_direct(msg)
             elif msg.op == "close":
                 self.server.remove(msg.area_id)
             elif msg.op == "reset":
                 for area_id in [i for i in self.server.areas if i < DIRECT_AREA_BASE]:
-                    self.server.remove(area_id)
-                for served in self.server.areas.values():
-                    if served.area_id >= TCP_AREA_BASE:  # (a new collector: its TCP episodes
-                        self.server.forget(served)        # are gone; direct ones live on)
+                    self.server.remove(area_id)  # (direct connections' episodes live on)
+
+    def _add_direct(self, msg: channel.ChannelMessage) -> None:
+        """A serving connection from the collector: its socket, and the bytes already read."""
+        sock_fd, *rest = msg.fds
+        prefix = channel.read_prefix(rest[0]) if rest else b""
+        self.direct.add(sock_fd, prefix, msg.ready)
 
     def _open_area(self, msg: channel.ChannelMessage) -> None:
         area_fd, bell_fd = msg.fds
@@ -311,7 +300,8 @@ class Inference:
             backends={n: p.runner.backend for n, p in pols.items() if p.runner.backend},
             cpu_s=times.user + times.system,
             weights_seq_nos={n: p.runner.weights_seq_no for n, p in pols.items()},
-            direct={**self.direct.counts, "direct_episodes_started": self.direct.front.episodes_started},
+            direct=self.direct.report(), lanes_free=self.direct.lanes_free(),
+            errors_by_kind=dict(self.direct.errors_by_kind),
             native_parts=self.native_parts())
 
     def native_parts(self) -> tuple[str, ...]:
@@ -335,7 +325,6 @@ class Inference:
             policy.runner.board.close()
         self.channel.close()
         self.request_bell.close()
-        self.tcp_bell.close()
 
 
 def run(topo: Topology, ctx: RoleContext) -> ExitCode:

@@ -8,7 +8,10 @@ announces them to the inference role over this channel with the descriptors atta
     collector -> inference   {"op": "open", "area_id": N, "policy": P, "name": S}   + fds [area, response doorbell]
     collector -> inference   {"op": "close", "area_id": N}     the client went away
     collector -> inference   {"op": "reset"}                   a new collector: forget every client area
-    collector -> inference   {"op": "direct"}                  + fd [socket]: a connection after SERVE_DIRECT
+    collector -> inference   {"op": "direct", "ready": R}      + fds [socket, prefix?]: a serving connection
+                             (its first serving message came; R: it was SERVE_DIRECT, whose reply
+                             SERVE_DIRECT_READY the role writes first; prefix: a sealed memfd with
+                             the bytes the collector had read of it and not carried out)
     inference -> collector   {"op": "hello"}                   a new inference role: send every open area again
     inference -> collector   {"op": "refuse", "area_id": N}    an area it cannot serve: close that client
 
@@ -17,6 +20,7 @@ that do not parse are a bug of ours (``ChannelError``), never client input.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 from dataclasses import dataclass
@@ -48,11 +52,13 @@ class ChannelMessage:
     policy: str = ""
     name: str = ""
     fds: tuple[int, ...] = ()
+    ready: bool = False
 
 
 def send(sock: socket.socket, msg: ChannelMessage) -> None:
     """One datagram; ``BlockingIOError`` when the peer's queue is full (the caller decides)."""
-    body = orjson.dumps({"op": msg.op, "area_id": msg.area_id, "policy": msg.policy, "name": msg.name})
+    body = orjson.dumps({"op": msg.op, "area_id": msg.area_id, "policy": msg.policy, "name": msg.name,
+                         "ready": msg.ready})
     if msg.fds:
         socket.send_fds(sock, [body], list(msg.fds))
     else:
@@ -70,8 +76,31 @@ def receive(sock: socket.socket) -> ChannelMessage | None:
     try:
         obj = orjson.loads(data)
         return ChannelMessage(obj["op"], int(obj["area_id"]), str(obj["policy"]), str(obj["name"]),
-                              tuple(fds))
+                              tuple(fds), bool(obj["ready"]))
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         for fd in fds:
             os.close(fd)
         raise ChannelError(f"bad area channel datagram {data[:80]!r}") from exc
+
+
+def prefix_fd(data: bytes) -> int:
+    """A sealed memfd holding ``data`` (bytes of a connection read before it was handed over:
+    any size, unlike a datagram). The caller closes it after sending."""
+    fd = os.memfd_create("rlinkd-prefix", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_prefix(fd: int) -> bytes:
+    """The bytes of a ``prefix_fd`` (the collector's, so trusted); closes ``fd``."""
+    try:
+        return os.pread(fd, os.fstat(fd).st_size, 0)
+    finally:
+        os.close(fd)

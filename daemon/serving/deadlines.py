@@ -7,10 +7,10 @@ within ``server.read_timeout_s`` of its first byte; a reply taken by the client 
 ``server.read_timeout_s``. The next frame is read only once the last is answered, so a
 connection whose request is in flight ("busy") is on neither read clock.
 
-Both owners take their limits from here: the collector (asyncio, collector/server.py) as
-timers on its reads and writes (``first_byte_s``, ``frame_s``, ``reply_s``), the inference
-role (inference/direct.py) by checking its connections' clocks against ``overdue`` about
-once a second.
+Every serving connection's owner, the inference role (inference/direct.py), checks its
+connections' clocks against ``overdue`` about once a second; the collector applies the same
+limits to the connections it serves (RLlink clients, and every connection until its first
+serving message) as timers on its reads and writes (``first_byte_s``, ``frame_s``, ``reply_s``).
 """
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -213,6 +214,32 @@ def test_tls_client_talks_rlink_and_plaintext_gets_nothing(daemon_factory, pki):
     finally:
         agent.close()
     status = daemon.status()
+    assert status["protocol_errors"] == 0 and daemon.proc.poll() is None
+
+
+def test_tls_serving_connections_are_relayed_to_the_inference_role(daemon_factory, pki):
+    """Server-side actions over TLS: the collector keeps the TLS session and copies bytes;
+    the inference role frames and answers them. A client that goes away mid-episode ends
+    the relay and frees its lane."""
+    daemon = daemon_factory(*tls_args(pki))
+    address = f"tls://127.0.0.1:{daemon.port}"
+    agent = connect(address, ssl_context=client_context(pki), reconnect_timeout_s=30, inference="server")
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    for _ in range(200):
+        obs2, r, term, trunc, _ = env.step(agent.act(obs))
+        agent.step(r, obs2, term, trunc)
+        obs = env.reset()[0] if term or trunc else obs2
+    inference = wait_for(lambda: (i := daemon.status()["inference"])["actions"] >= 200 and i, 20,
+                         what="the role's report of the actions")
+    assert inference["tls_relays"] == 1 and inference["direct_handed_over"] == 1, (
+        inference["tls_relays"], inference["direct_handed_over"], agent.link.reconnects,
+        {r: c["restarts"] for r, c in daemon.status()["children"].items()})
+    assert inference["tcp_episodes_open"] == 1 and agent.link.reconnects == 0, inference
+    agent.close()
+    wait_for(lambda: (i := daemon.status()["inference"])["tls_relays"] == 0 and i["lanes_open"] == 0
+             and i["direct_connections"] == 0, 20, what="the relay ended, its lane freed")
+    status = wait_for(lambda: (s := daemon.status())["env_steps"] >= 190 and s, 20, what="the steps counted")
     assert status["protocol_errors"] == 0 and daemon.proc.poll() is None
 
 

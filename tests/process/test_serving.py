@@ -2,10 +2,10 @@
 
 - Raw-socket clients written from docs/serving.md alone (``socket`` + ``json`` through
   tests.helpers' raw functions, never client_lib) learn CartPole, one with the per-episode
-  messages (START_EPISODE / GET_ACTION / LOG_RETURNS / STEP / END_EPISODE) on a direct
-  connection (SERVE_DIRECT), one with STEP_BATCH through the collector.
-- Direct connections: client_lib falls back when the daemon refuses them, their episodes
-  survive a collector restart, and a client outlives its idle control connection.
+  messages (START_EPISODE / GET_ACTION / LOG_RETURNS / STEP / END_EPISODE) after
+  SERVE_DIRECT, one with STEP_BATCH without it (handed to the role at its first message).
+- Serving connections (the inference role's): their episodes survive a collector restart,
+  and a client outlives its idle control connection.
 - client_lib ``inference="server"`` learns CartPole over TCP and over shared-memory lanes,
   versions only go up per client, and status ``inference`` reports what the role did.
 - Every serving error reaches only the client that made it; another keeps getting actions.
@@ -99,8 +99,9 @@ def play_raw_episode(sock: socket.socket, env, episode_no: int, seqs: list[int])
 
 
 def test_a_raw_client_learns_cartpole_with_the_episode_messages(daemon):
-    """Over a direct connection (SERVE_DIRECT); the STEP_BATCH client below learns through
-    the collector, and the wiring tests run every message over both."""
+    """Over a connection that asked for SERVE_DIRECT; the STEP_BATCH client below sends its
+    serving messages without it (the role takes the connection at its first), and the
+    wiring tests run every message both ways."""
     direct = True
     sock = raw_client(daemon.port, direct)
     env = gym.make("CartPole-v1")
@@ -118,23 +119,6 @@ def test_a_raw_client_learns_cartpole_with_the_episode_messages(daemon):
                       what="every episode counted")
     assert status["env_steps"] == sum(returns) and status["protocol_errors"] == 0, status
     assert status["inference"]["direct_handed_over"] == int(direct)
-
-
-def test_client_lib_serves_through_the_collector_when_the_daemon_refuses_direct(daemon_factory):
-    """``inference.direct = false``: SERVE_DIRECT is refused, client_lib keeps its first
-    connection for serving, and its steps train as before."""
-    d = daemon_factory("--set", "inference.direct=false")
-    agent = connect(f"tcp://127.0.0.1:{d.port}", inference="server")
-    env = gym.make("CartPole-v1")
-    obs, _ = env.reset(seed=0)
-    for _ in range(300):
-        obs2, r, term, trunc, _ = env.step(agent.act(obs))
-        agent.step(r, obs2, term, trunc)
-        obs = env.reset()[0] if term or trunc else obs2
-    assert agent.link.direct is False
-    agent.close()
-    status = wait_for(lambda: (s := d.status())["env_steps"] >= 250 and s, 20, what="the steps counted")
-    assert status["inference"]["direct_handed_over"] == 0 and status["inference"]["tcp_messages"] >= 300
 
 
 def test_a_raw_client_learns_cartpole_with_step_batch_without_mixed_versions(daemon):

@@ -5,6 +5,7 @@ action 1, status OK); the client side is the other end of a socketpair.
 """
 from __future__ import annotations
 
+import os
 import socket
 
 import numpy as np
@@ -15,7 +16,7 @@ from rlinkd.client_lib.protocol import serving as s
 from rlinkd.client_lib.protocol.spaces import Box, Discrete
 from rlinkd.client_lib.transport import DIRECT_REFUSED
 from rlinkd.daemon.inference.direct import MAX_FRAMES_PER_TURN, DirectConnections
-from rlinkd.daemon.serving.front import Front, LanePool
+from rlinkd.daemon.inference.front import Front, LanePool
 from rlinkd.shm.lanes import (EVALUATE, OP_END, OP_RELEASE, OP_START, STATUS_OK, TERMINATED, LaneArea,
                               LaneLayout)
 from rlinkd.shm.records import StepLayout
@@ -138,7 +139,7 @@ def test_a_message_that_is_not_serving_is_an_error_to_that_client_only(direct):
     good.sendall(codec.encode(s.StartEpisode("g")))
     turn(direct)
     reply = recv(bad)
-    assert isinstance(reply, codec.Error) and "not accepted on a direct serving connection" in reply.message
+    assert isinstance(reply, codec.Error) and "not accepted on a serving connection" in reply.message
     assert bad.recv(1) == b""  # closed
     assert recv(good) == s.EpisodeStarted("g", "default")
     assert len(direct.conns) == 1 and direct.counts["direct_errors"] == 1
@@ -310,3 +311,37 @@ def test_a_batch_with_one_action_to_answer_is_published_as_lone_requests(direct)
     pending = np.flatnonzero(lanes["req_seq"] != lanes["resp_seq"])
     assert len(set(lanes["group"][pending].tolist())) == 1 and lanes["group"][pending[0]] != 0
     assert lanes["group_size"][pending].tolist() == [2, 2]
+
+
+def test_a_connection_starts_with_the_bytes_the_collector_read_and_its_ready_reply(direct):
+    """``add``'s prefix (frames the collector read before the hand-over) is carried out
+    before anything the socket holds; ``ready`` (it asked with SERVE_DIRECT) sends
+    SERVE_DIRECT_READY before any other reply."""
+    ours, theirs = socket.socketpair()
+    ours.settimeout(5.0)
+    prefix = codec.encode(s.StartEpisode("pre")) + codec.encode(s.GetAction("pre", OBS))[:20]
+    direct.add(theirs.detach(), prefix, ready=True)
+    assert isinstance(recv(ours), s.ServeDirectReady)
+    ours.sendall(codec.encode(s.GetAction("pre", OBS))[20:])  # (the rest of the split frame)
+    for _ in range(5):
+        turn(direct)
+    assert recv(ours).episode_id == "pre"  # type: ignore[attr-defined]
+    reply = recv(ours)
+    assert isinstance(reply, s.Action) and reply.action == 1 and reply.weights_seq_no == 3
+    ours.close()
+
+
+def test_the_channel_carries_a_connection_with_its_prefix_and_ready_flag():
+    from rlinkd.daemon.serving import channel
+    a, b = (socket.socket(fileno=fd) for fd in channel.make_pair())
+    conn, _peer = socket.socketpair()
+    data = b"x" * 100_000  # (more than a datagram holds)
+    fds = [conn.fileno(), channel.prefix_fd(data)]
+    channel.send(a, channel.ChannelMessage("direct", fds=tuple(fds), ready=True))
+    got = channel.receive(b)
+    assert got is not None and got.op == "direct" and got.ready and len(got.fds) == 2
+    assert channel.read_prefix(got.fds[1]) == data
+    os.close(fds[1])
+    os.close(got.fds[0])
+    for sock in (a, b, conn, _peer):
+        sock.close()

@@ -25,7 +25,7 @@ from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol import serving as s
 from rlinkd.client_lib.protocol.spaces import Box, Discrete
 from rlinkd.daemon.inference.direct import DirectConnections
-from rlinkd.daemon.serving.front import EpisodeLane, Episodes, Front, LanePool
+from rlinkd.daemon.inference.front import EpisodeLane, Episodes, Front, LanePool
 from rlinkd.daemon.inference.netnative import native_module
 from rlinkd.shm.lanes import STATUS_LOST, STATUS_OK, LaneArea, LaneLayout
 from rlinkd.shm.records import StepLayout

@@ -17,7 +17,7 @@ from rlinkd.client_lib.protocol.spaces import Box, Discrete
 from rlinkd.daemon.inference import fastpath
 from rlinkd.daemon.inference.native_agrees import NOT_PLAIN, _plain_fields, disagreement
 from rlinkd.daemon.inference.netnative import native_module
-from rlinkd.daemon.serving.front import LanePool
+from rlinkd.daemon.inference.front import LanePool
 from rlinkd.shm.lanes import LaneArea, LaneLayout
 from rlinkd.shm.records import StepLayout
 

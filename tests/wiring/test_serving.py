@@ -75,7 +75,7 @@ def status(daemon) -> dict:
         return c.status()
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["collector", "direct"])
+@pytest.mark.parametrize("direct", [False, True], ids=["first-message", "serve-direct"])
 def test_raw_messages_get_actions_and_record_steps(daemon, direct):
     before = status(daemon)["env_steps"]
     c = tcp(daemon, direct)
@@ -108,7 +108,7 @@ def test_raw_messages_get_actions_and_record_steps(daemon, direct):
     ([s.StartEpisode(f"e{i}") for i in range(5)], "max_agents_per_connection"),
     ([s.StepBatch((s.BatchEntry("q", OBS, reward=1.0),))], "unknown episode"),
 ])
-@pytest.mark.parametrize("direct", [False, True], ids=["collector", "direct"])
+@pytest.mark.parametrize("direct", [False, True], ids=["first-message", "serve-direct"])
 def test_errors_go_to_that_client_only(daemon, messages, words, direct):
     other = tcp(daemon, direct)
     oid = other.request(s.StartEpisode(), s.EpisodeStarted).episode_id
@@ -123,26 +123,39 @@ def test_errors_go_to_that_client_only(daemon, messages, words, direct):
     other.close()
 
 
-def test_a_direct_connection_refuses_what_is_not_serving_and_is_refused_when_not_fresh(daemon):
+def test_a_serving_connection_is_the_roles_from_its_first_serving_message(daemon):
+    """With or without SERVE_DIRECT a connection is handed to the inference role at its first
+    serving message, with what the collector had read of it: the role answers what follows
+    and refuses what is not serving."""
+    before = status(daemon)["inference"].get("direct_handed_over", 0)
     c = tcp(daemon, direct=True)
     assert c.request(s.StartEpisode("p"), s.EpisodeStarted).episode_id == "p"
-    c.ping()  # PING is answered on a direct connection too
-    with pytest.raises(ServerError, match="not accepted on a direct serving connection"):
+    c.ping()  # PING is answered on a serving connection too
+    with pytest.raises(ServerError, match="not accepted on a serving connection"):
         c.get_config()
     c.close()
     c = tcp(daemon)
+    c.get_config()  # (the collector's until its first serving message)
     c.request(s.StartEpisode("q"), s.EpisodeStarted)
-    with pytest.raises(ServerError, match="no episodes open"):
+    with pytest.raises(ServerError, match="SERVE_DIRECT is not accepted on a serving connection"):
         c.request(s.ServeDirect(), s.ServeDirectReady)
     c.close()
     c = tcp(daemon)
-    assert c.sock is not None  # (one write, so the collector reads both frames at once)
-    c.sock.sendall(codec.encode(s.ServeDirect()) + codec.encode(s.StartEpisode("r")))
-    try:  # (a START before SERVE_DIRECT_READY: not allowed)
-        with pytest.raises(ServerError, match="send nothing after it"):
-            c.recv()
-    finally:
-        c.close()
+    assert c.sock is not None  # (one write: the collector reads every frame at once)
+    c.sock.sendall(codec.encode(s.ServeDirect()) + codec.encode(s.StartEpisode("r"))
+                   + codec.encode(s.GetAction("r", OBS)))
+    assert isinstance(c.recv(), s.ServeDirectReady)
+    assert c.recv().episode_id == "r"  # type: ignore[attr-defined]
+    assert isinstance(c.recv(), s.Action)
+    c.close()
+    c = tcp(daemon)
+    assert c.sock is not None
+    c.sock.sendall(codec.encode(s.StartEpisode("t")) + codec.encode(s.GetAction("t", OBS))
+                   + codec.encode(s.Step("t", 1.0, OBS)))
+    assert c.recv().episode_id == "t"  # type: ignore[attr-defined]
+    assert isinstance(c.recv(), s.Action) and isinstance(c.recv(), s.Action)
+    c.close()
+    assert status(daemon)["inference"]["direct_handed_over"] == before + 4
 
 
 def test_a_closed_direct_connection_releases_its_lanes_and_its_steps_train(daemon):

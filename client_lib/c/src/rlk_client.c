@@ -50,8 +50,6 @@ struct rlk_client {
     rlk_addr addr;      /* the address parsed (auto resolved to shm or tcp at rlk_connect) */
     int fd, reconnects, server_retry;
     int gave_up;        /* reconnecting gave up: later calls try once, without backoff */
-    int no_direct;      /* the daemon refused SERVE_DIRECT: serve through the collector */
-    int direct_fresh;   /* a direct connection with no reply yet (a failure then: refused) */
     long episodes_started;
     char err[RLK_ERROR_CHARS];
     rlk_spaces sp;
@@ -132,9 +130,9 @@ static rlk_status handshake(rlk_client *c, rlk_spaces *sp) {
     return st != RLK_OK ? st : rlk_parse_set_config(c->in, got, c->toks, c->max_toks, sp, &info);
 }
 
-/* SERVE_DIRECT -> SERVE_DIRECT_READY: the inference process answers this connection itself
- * (one hop per action instead of two). An ERROR (TLS, inference.direct = false, an older
- * daemon) closes the connection: the caller connects again without it. */
+/* SERVE_DIRECT -> SERVE_DIRECT_READY: the inference process answers this connection from now
+ * on. An ERROR closes the connection; "direct serving refused" (the process has no room) is
+ * retryable: reconnect()'s backoff decides. */
 static rlk_status serve_direct(rlk_client *c) {
     rlk_jw w;
     size_t got;
@@ -145,7 +143,7 @@ static rlk_status serve_direct(rlk_client *c) {
     rlk_status st = roundtrip(c, w.len, 1, &got);
     if (st != RLK_OK) return st;
     st = rlk_parse_typed(c->in, got, c->toks, c->max_toks, RLK_MSG_SERVE_DIRECT_READY, &info);
-    c->server_retry = info.retry && strncmp(c->err, RLK_DIRECT_REFUSED, strlen(RLK_DIRECT_REFUSED)) != 0;
+    c->server_retry = info.retry;
     return st;
 }
 
@@ -232,17 +230,7 @@ static rlk_status open_connection(rlk_client *c) {
     if (fd < 0) return fd == -2 ? RLK_E_ARG : RLK_E_CONNECT;
     c->fd = fd;
     rlk_status st = handshake(c, &sp);
-    c->direct_fresh = 0;
-    if (st == RLK_OK && !c->shm && !c->no_direct) {
-        st = serve_direct(c);
-        if (st == RLK_E_SERVER && !c->server_retry) {  /* refused: a plain connection from now on */
-            c->no_direct = 1;
-            close(c->fd);
-            c->fd = -1;
-            return open_connection(c);
-        }
-        c->direct_fresh = st == RLK_OK;  /* (other failures: reconnect()'s backoff decides) */
-    }
+    if (st == RLK_OK && !c->shm) st = serve_direct(c);
     if (st == RLK_OK && c->sp.obs_size && (sp.obs_size != c->sp.obs_size || sp.act_size != c->sp.act_size))
         st = set_err(c, RLK_E_UNSUPPORTED, "%s", "the daemon's spaces changed across a reconnect");
     if (st == RLK_OK && c->shm && c->o.client_inference) st = attach_ring(c, &sp);
@@ -376,8 +364,6 @@ static rlk_status apply_reply(rlk_client *c, const entry *sent, int n, size_t go
     rlk_status st = rlk_parse_actions(c->in, got, c->toks, c->max_toks, &c->sp, n, c->reply_actions,
                                       c->reply_seqs, c->reply_null, &info);
     c->server_retry = info.retry;
-    if (st == RLK_E_SERVER && strncmp(c->err, RLK_DIRECT_REFUSED, strlen(RLK_DIRECT_REFUSED)) == 0)
-        c->no_direct = 1;  /* (the inference process had no room: the next connection stays plain) */
     if (st != RLK_OK) return st;
     for (int k = 0; k < n; k++) {
         agent *a = &c->agents[sent[k].agent];
@@ -510,9 +496,6 @@ static rlk_status flush(rlk_client *c) {
             if (st == RLK_OK) st = apply_reply(c, c->sent, n, got);
         }
         int retry = st == RLK_E_IO || st == RLK_E_TIMEOUT || (st == RLK_E_SERVER && c->server_retry);
-        if (st == RLK_E_IO && c->direct_fresh)
-            c->no_direct = 1;  /* (the role refused and closed before its ERROR could be read) */
-        c->direct_fresh = 0;
         if (st == RLK_OK) {
             c->n_entries = 0;
             return st;

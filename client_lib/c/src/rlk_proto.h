@@ -6,8 +6,8 @@
 #ifndef RLK_PROTO_H
 #define RLK_PROTO_H
 
-/* Start of the ERROR the inference process sends a handed-over (SERVE_DIRECT) connection it
- * has no room for: reconnect and serve through the collector. */
+/* Start of the ERROR the inference process sends a handed-over connection it has no room
+ * for (server.max_connections): reconnect later. */
 #define RLK_DIRECT_REFUSED "direct serving refused:"
 
 #include <stddef.h>

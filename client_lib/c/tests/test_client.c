@@ -461,11 +461,11 @@ static void serve_actions(int fd, const char *req) {
 }
 
 /* Child: one connection per script entry; each answers the handshake (SERVE_DIRECT with
- * SERVE_DIRECT_READY), then replies script[k] to the first STEP_BATCH and well-formed ACTIONS
- * after. "CLOSE": hang up at the first STEP_BATCH; "REFUSE_DIRECT": ERROR to SERVE_DIRECT (the
- * next connection must not ask again, else exit 6); "?TEXT": the first STEP_BATCH must contain
- * TEXT (else exit 4), then ACTIONS. Every later request on a "?" connection must keep ends
- * before starts (else exit 5). */
+ * SERVE_DIRECT_READY; a connection that does not ask for it: exit 6), then replies script[k]
+ * to the first STEP_BATCH and well-formed ACTIONS after. "CLOSE": hang up at the first
+ * STEP_BATCH; "REFUSE_DIRECT": the inference process's "no room" ERROR to SERVE_DIRECT;
+ * "?TEXT": the first STEP_BATCH must contain TEXT (else exit 4), then ACTIONS. Every later
+ * request on a "?" connection must keep ends before starts (else exit 5). */
 static void scripted_server(int listener, const char *const *script, int n) {
     char req[8192];
     for (int k = 0; k < n; k++) {
@@ -474,16 +474,14 @@ static void scripted_server(int listener, const char *const *script, int n) {
         if (read_request(fd, req, sizeof req) == 0) serve_reply(fd, "{\"type\": \"PONG\"}");
         if (read_request(fd, req, sizeof req) == 0) serve_reply(fd, CARTPOLE_CONFIG);
         int got = read_request(fd, req, sizeof req);
-        if (got == 0 && strstr(req, "\"SERVE_DIRECT\"")) {
-            if (k > 0 && strcmp(script[k - 1], "REFUSE_DIRECT") == 0) _exit(6);  /* asked again */
-            if (strcmp(script[k], "REFUSE_DIRECT") == 0) {
-                serve_reply(fd, "{\"type\": \"ERROR\", \"message\": \"SERVE_DIRECT: off on this daemon\"}");
-                close(fd);
-                continue;
-            }
-            serve_reply(fd, "{\"type\": \"SERVE_DIRECT_READY\"}");
-            got = read_request(fd, req, sizeof req);
+        if (got != 0 || !strstr(req, "\"SERVE_DIRECT\"")) _exit(6);
+        if (strcmp(script[k], "REFUSE_DIRECT") == 0) {
+            serve_reply(fd, "{\"type\": \"ERROR\", \"message\": \"" RLK_DIRECT_REFUSED " no room\"}");
+            close(fd);
+            continue;
         }
+        serve_reply(fd, "{\"type\": \"SERVE_DIRECT_READY\"}");
+        got = read_request(fd, req, sizeof req);
         if (got == 0 && strcmp(script[k], "CLOSE") != 0) {
             if (script[k][0] == '?' && !strstr(req, script[k] + 1)) _exit(4);
             if (script[k][0] == '?') serve_actions(fd, req);
@@ -587,12 +585,18 @@ static void test_a_lost_connection_is_reestablished_and_the_episode_goes_on(void
     unlink(path);
 }
 
-static void test_a_refused_serve_direct_falls_back_to_a_plain_connection(void) {
+static void test_a_refused_serve_direct_is_an_error_and_the_next_connection_asks_again(void) {
     const char *const script[] = {"REFUSE_DIRECT", "?\"start\": true"};
     char path[64], address[80];
     snprintf(path, sizeof path, "/tmp/rlk-test-d%ld.sock", (long)getpid());
     snprintf(address, sizeof address, "unix://%s", path);
     pid_t pid = start_server(path, script, 2);
+    rlk_options o;
+    rlk_options_init(&o);
+    o.address = address;
+    o.io_timeout_s = 5.0;
+    rlk_client *refused = NULL;
+    CHECK(rlk_connect(&o, &refused) == RLK_E_SERVER && refused == NULL);
     rlk_client *c = client_for(address, 5.0);
     float obs[4] = {0}, action[1] = {-1};
     if (c) {
@@ -601,7 +605,7 @@ static void test_a_refused_serve_direct_falls_back_to_a_plain_connection(void) {
     }
     int status = 0;
     waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);  /* (6: asked for SERVE_DIRECT again) */
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);  /* (6: a connection without SERVE_DIRECT) */
     unlink(path);
 }
 
@@ -742,7 +746,7 @@ int main(int argc, char **argv) {
     test_numbers_ignore_the_locale();
     test_arguments_are_checked();
     test_bad_replies_give_error_codes();
-    test_a_refused_serve_direct_falls_back_to_a_plain_connection();
+    test_a_refused_serve_direct_is_an_error_and_the_next_connection_asks_again();
     test_a_lost_connection_is_reestablished_and_the_episode_goes_on();
     test_a_client_that_gave_up_fails_fast();
     if (failures) {

@@ -1,11 +1,8 @@
 """Serving connections' episodes: serving messages in, lane requests out, answers back as replies.
 
-The one place that knows what a serving message (``protocol.serving``) asks of the lanes,
-shared by both shells that own serving connections:
-- the collector's ``ServingFront`` (every TCP or Unix-socket connection; it awaits the
-  answers on its event loop, the inference role answering in the collector's TCP lane area);
-- the inference role's ``DirectConnections`` (connections the collector handed over after
-  SERVE_DIRECT; the role answers them in its own loop, in a lane area of its own).
+The one place that knows what a serving message (``protocol.serving``) asks of the lanes;
+its shell is the inference role's ``DirectConnections`` (every serving connection, handed over
+by the collector; the role answers them in its own loop, in a lane area of its own).
 
 ``Front.begin`` validates one message against the connection's episodes (episode id known
 and open, observation inside the policy's space, limits) and either replies at once (bytes,
