@@ -31,7 +31,10 @@ EPISODE_LOST = "episode lost:"
 DIRECT_REFUSED = "direct serving refused:"
 """Start of the ERROR the inference process sends a handed-over connection it has no room
 for (``server.max_connections``): the client reconnects later."""
-RETRYABLE_ERRORS = ("daemon shutting down", EVICTED, EPISODE_LOST, DIRECT_REFUSED)
+SHUTTING_DOWN = "daemon shutting down"
+"""Start of the ERROR every client gets when the daemon stops (the collector's drain, the
+inference role's serving connections)."""
+RETRYABLE_ERRORS = (SHUTTING_DOWN, EVICTED, EPISODE_LOST, DIRECT_REFUSED)
 """Starts of ERROR messages worth a reconnect: the daemon is stopping (it may come back),
 this connection was evicted in its handshake by a flood of newer ones, or its episode or
 its direct serving is gone."""

@@ -365,7 +365,7 @@ class ConnectorConfig:
 
 NATIVE_PARTS = ("scan", "step", "direct", "net")
 """The inference role's native parts (daemon/inference/native/): the lane scan (scan.c), the
-lone step (step.c), direct connections' plain steps (direct.c), the forward-pass interpreter
+lone step (step.c), serving connections' plain steps (direct.c), the forward-pass interpreter
 (net.c)."""
 
 
@@ -394,7 +394,7 @@ class InferenceConfig:
     native_parts: tuple[str, ...] = setting(
         NATIVE_PARTS, "Native parts of the inference role in use (where the extension is built): "
         "`scan` (the lane scan), `step` (lone requests in one native call; needs `net`), `direct` "
-        "(direct connections' plain steps), `net` (the native forward pass, a candidate of "
+        "(serving connections' plain steps), `net` (the native forward pass, a candidate of "
         "`backend`). A part left out is done by the Python path instead (an A/B of one part: "
         "bench/scenarios/native_ab.py); `[]`: pure Python. Status `inference.native_parts` lists "
         "the parts in use.", choices=NATIVE_PARTS)
@@ -608,13 +608,21 @@ def _check_limits(key: str, f: dataclasses.Field, value: Any) -> None:
         raise ConfigError(f"{key}: must be one of {', '.join(meta['choices'])}, got {value!r}")
 
 
+REMOVED_KEYS = {
+    "inference.direct": "removed: every serving connection is the inference role's (docs/serving.md, "
+                        "\"Who owns which socket\"); delete the key",
+}
+"""Keys a config file may still carry from an earlier version: the error says what to do."""
+
+
 def _build_section(name: str, cls: type, values: dict[str, Any]) -> Any:
     if not isinstance(values, dict):
         raise ConfigError(f"[{name}]: expected a table")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ConfigError(f"{name}.{unknown[0]}: unknown key (known: {', '.join(fields)})")
+        why = REMOVED_KEYS.get(f"{name}.{unknown[0]}", f"unknown key (known: {', '.join(fields)})")
+        raise ConfigError(f"{name}.{unknown[0]}: {why}")
     hints = _hints(cls)
     kwargs = {}
     for key, value in values.items():

@@ -25,7 +25,7 @@ from rlinkd.client_lib.protocol import codec
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.codec import ProtocolError
 from rlinkd.client_lib.protocol.serving import ServeAttach
-from rlinkd.client_lib.transport import EVICTED
+from rlinkd.client_lib.transport import EVICTED, SHUTTING_DOWN
 from rlinkd.daemon.collector.core import CollectorCore, HandedOver, Plan, Session
 from rlinkd.daemon.collector.status import StatusBuilder
 from rlinkd.daemon.collector.pacing import Pacer
@@ -161,7 +161,7 @@ class CollectorServer:
         peer = str(writer.get_extra_info("peername") or transport)
         _set_nodelay(writer)
         if self.draining:
-            await self._refuse(writer, "daemon shutting down")
+            await self._refuse(writer, SHUTTING_DOWN)
             return
         session = self.core.open_session(peer, transport)
         verdict = self.core.admission.arrive(session.id)
@@ -275,7 +275,7 @@ class CollectorServer:
                 raise codec.BadMessage(f"{plan.serve.TYPE.value}: this server does not serve actions")
             if not isinstance(plan.serve, ServeAttach):
                 self.writers.pop(session.id, None)  # (the role's from now on: no goodbye from here)
-            await self.serving.handle(session, plan.serve, codec.frame(body), reader, writer)
+            await self.serving.handle(session, plan.serve, body, reader, writer)
         held = plan.held
         if plan.newest_state or plan.wait_for_training:
             await self.pacer.wait(last_ids)  # (paced off-policy policies only)
@@ -438,7 +438,7 @@ class CollectorServer:
         """
         self.draining = True
         await self.stop_accepting()
-        message = f"daemon shutting down: {reason}"
+        message = f"{SHUTTING_DOWN}: {reason}"
         goodbyes = [(writer, self._error_frame(self.core.sessions.get(sid), message))
                     for sid, writer in self.writers.items()]
         await say_goodbye_to_all(goodbyes, drain_budget_s(self.cfg))

@@ -30,6 +30,8 @@ import structlog
 
 from rlinkd.client_lib.protocol import codec, serving
 from rlinkd.client_lib.protocol.codec import BadMessage
+from rlinkd.client_lib.transport import DIRECT_REFUSED
+from rlinkd.daemon.collector.channel_outbox import ChannelOutbox
 from rlinkd.daemon.collector.core import HandedOver, Session
 from rlinkd.daemon.serving import channel
 from rlinkd.daemon.serving.deadlines import Deadlines
@@ -59,11 +61,12 @@ class ServingFront:
         self.request_bell = Doorbell(os.dup(topo.request_doorbell.fd))
         self.channel = socket.socket(fileno=os.dup(topo.area_channel[0].fd))
         self.channel.setblocking(False)
+        self.outbox = ChannelOutbox(self.channel)
         self.sessions: dict[int, ServingSession] = {}
         self.area_ids = itertools.count(1)
         self.max_episodes = self.cfg.server.max_agents_per_connection
         self.deadlines = Deadlines.of(self.cfg.server)
-        self.counts = {"shm_clients": 0, "direct_handed_over": 0, "tls_relays": 0}
+        self.counts = {"shm_clients": 0, "direct_handed_over": 0, "handover_failed": 0, "tls_relays": 0}
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -72,12 +75,14 @@ class ServingFront:
 
     def stop(self) -> None:
         asyncio.get_running_loop().remove_reader(self.channel.fileno())
+        self.outbox.close()
 
     # ------------------------------------------------------------ dispatch
-    async def handle(self, session: Session, msg: codec.Message, frame: bytes, reader, writer) -> None:
+    async def handle(self, session: Session, msg: codec.Message, body: bytes, reader, writer) -> None:
         """Carry out one serving message: SERVE_ATTACH here; any other hands the connection
-        to the inference role (``frame``: the message's own bytes, header included) and
-        raises HandedOver once the collector has nothing more to do with it."""
+        to the inference role (``body``: the message's bytes) and raises HandedOver once the
+        collector has nothing more to do with it. If the role cannot take it now the client
+        gets a retryable ERROR (``DIRECT_REFUSED``) and the connection closes."""
         state = self.sessions.setdefault(session.id, ServingSession())
         if isinstance(msg, serving.ServeAttach):
             await self._attach(session, state, msg, writer)
@@ -85,47 +90,60 @@ class ServingFront:
         if state.area is not None:
             raise BadMessage(f"{msg.TYPE.value}: this connection serves through its lane area")
         ready = isinstance(msg, serving.ServeDirect)
+        first = b"" if ready else codec.frame(body)
         writer.transport.pause_reading()
-        prefix = (b"" if ready else frame) + _unread(reader)
         if writer.get_extra_info("ssl_object") is not None:
-            await self._relay(session, prefix, ready, reader, writer)
-        else:
-            self._pass(writer.get_extra_info("socket").fileno(), prefix, ready)
-            log.debug("serving_connection_handed_over", session=session.id)
+            passed = await self._relay(session, first, ready, reader, writer)  # (the relay reads
+        else:                                                                   # what reader holds)
+            passed = self._pass(writer.get_extra_info("socket").fileno(), first + _unread(reader), ready)
+        if not passed:
+            writer.write(codec.encode(codec.Error(
+                message=f"{DIRECT_REFUSED} the inference role cannot take this connection now")))
         raise HandedOver
 
-    def _pass(self, fd: int, prefix: bytes, ready: bool) -> None:
-        """Send a copy of socket ``fd`` (and ``prefix``) to the inference role; BadMessage
-        (ERROR, the connection closes) if the channel cannot take it now."""
-        fds = [os.dup(fd)]
+    def _pass(self, fd: int, prefix: bytes, ready: bool) -> bool:
+        """Send socket ``fd`` (and ``prefix``) to the inference role; False (logged, counted)
+        if it cannot go (MAX_WAITING hand-overs already wait for a stalled role; no memory
+        or descriptors for the prefix)."""
+        fds = [fd]
         try:
             if prefix:
                 fds.append(channel.prefix_fd(prefix))
-            channel.send(self.channel, channel.ChannelMessage("direct", fds=tuple(fds), ready=ready))
-            self.counts["direct_handed_over"] += 1
-        except (BlockingIOError, BrokenPipeError, ConnectionError) as exc:
-            raise BadMessage(f"serving: the inference role cannot take this connection now ({exc})") from None
+            passed = self.outbox.send(channel.ChannelMessage("direct", fds=tuple(fds), ready=ready))
+        except OSError as exc:  # (EMFILE, ENOMEM)
+            passed = False
+            log.warning("serving_hand_over_failed", error=str(exc))
         finally:
-            for d in fds:
+            for d in fds[1:]:
                 os.close(d)
+        self.counts["direct_handed_over" if passed else "handover_failed"] += 1
+        return passed
 
-    async def _relay(self, session: Session, prefix: bytes, ready: bool, reader, writer) -> None:
+    async def _relay(self, session: Session, prefix: bytes, ready: bool, reader, writer) -> bool:
         """A TLS connection: the role gets one end of a socket pair; bytes are copied both
-        ways until either side closes."""
+        ways until either side closes (False: the role could not take it)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._pass(theirs.fileno(), prefix, ready)
+            passed = self._pass(theirs.fileno(), prefix, ready)
         finally:
             theirs.close()
-        self.counts["tls_relays"] += 1
+        if not passed:
+            ours.close()
+            return False
+        try:
+            role_reader, role_writer = await asyncio.open_connection(sock=ours)
+        except BaseException:
+            ours.close()
+            raise
         log.debug("serving_connection_relayed", session=session.id)
-        role_reader, role_writer = await asyncio.open_connection(sock=ours)
+        self.counts["tls_relays"] += 1
         writer.transport.resume_reading()
         try:
             await _copy_both_ways(reader, writer, role_reader, role_writer, self.deadlines.reply_s)
         finally:
             self.counts["tls_relays"] -= 1
             role_writer.close()
+        return True
 
     def forget(self, session: Session) -> None:
         """The connection closed: its shared-memory area goes (the role ends its episodes)."""
@@ -192,10 +210,8 @@ class ServingFront:
                 state.writer.close()
 
     def _channel_send(self, msg: channel.ChannelMessage) -> None:
-        try:
-            channel.send(self.channel, msg)
-        except (BlockingIOError, BrokenPipeError, ConnectionError) as exc:
-            log.warning("area_channel_send_failed", op=msg.op, error=str(exc))
+        if not self.outbox.send(msg):
+            log.error("area_channel_full", op=msg.op, waiting=len(self.outbox.waiting))
 
     def status(self) -> dict:
         return dict(self.counts)
@@ -210,7 +226,9 @@ def _unread(reader: asyncio.StreamReader) -> bytes:
 async def _copy_both_ways(client_reader, client_writer, role_reader, role_writer, reply_s: float) -> None:
     """Client -> role until the client's EOF (passed on as a half close); role -> client
     until the role closes (each write to the client taken within ``reply_s``, else the
-    relay ends: the role's own timers see nothing of a client that stopped reading)."""
+    relay ends: the role's own timers see nothing of a client that stopped reading). A TLS
+    transport closes at the client's EOF, so over TLS a half-closed client gets no more
+    replies (a plain socket gets the replies to what it sent)."""
     async def upstream() -> None:
         while data := await client_reader.read(RELAY_CHUNK_BYTES):
             role_writer.write(data)

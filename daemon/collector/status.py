@@ -75,6 +75,7 @@ class StatusBuilder:
         self.pacing_status = pacing_status  # samples held by pacing (``Pacer.report``)
         self.inference: dict = {}
         self.serving_errors: dict[str, int] = {}  # the role's serving connections' protocol errors
+        self.role_errors_seen: dict[str, int] = {}  # ... as its last report counted them
         self.routes = routes or {}  # trainable policies' episode rings (producer side): fill
         self.learners = {name: PolicyReport() for name in weights}
         self.daemon: dict = {}
@@ -126,7 +127,10 @@ class StatusBuilder:
     def on_inference(self, msg: m.InferenceStats) -> None:
         """The inference role's periodic report (server-side actions)."""
         self.inference = m.inference_report(msg)
-        self.serving_errors = dict(msg.errors_by_kind)
+        for kind, n in msg.errors_by_kind.items():  # (a restarted role counts from 0 again)
+            seen = self.role_errors_seen.get(kind, 0)
+            self.serving_errors[kind] = self.serving_errors.get(kind, 0) + (n - seen if n >= seen else n)
+            self.role_errors_seen[kind] = n
 
     def _protocol_errors(self) -> dict:
         """Connections closed for bad input: the collector's and the inference role's (its

@@ -157,12 +157,15 @@ class DirectConnections:
         conn.sock.close()
         self.counts["direct_connections"] = len(self.conns)
 
-    def close_all(self) -> None:
-        """Close every connection and drop the native path. Called once, before the role
-        closes the lane areas: the native path holds views of them (a view that outlived
-        its area would read unmapped memory)."""
+    def close_all(self, goodbye: str = "") -> None:
+        """Close every connection (``goodbye``: an ERROR each gets first, best effort) and
+        drop the native path. Called once, before the role closes the lane areas: the
+        native path holds views of them (a view that outlived its area would read unmapped
+        memory)."""
         try:
-            for fd in list(self.conns):
+            for fd, conn in list(self.conns.items()):
+                if goodbye:
+                    _try_send(conn.sock, bytes(conn.outbuf) + codec.encode(codec.Error(message=goodbye)))
                 self.close(fd)
         finally:
             self.fast = None

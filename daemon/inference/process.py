@@ -23,7 +23,7 @@ import time
 import structlog
 
 from rlinkd.client_lib.protocol import codec
-from rlinkd.client_lib.transport import RLlinkError
+from rlinkd.client_lib.transport import SHUTTING_DOWN, RLlinkError
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.config import NATIVE_PARTS
 from rlinkd.daemon.errors import ExitCode
@@ -239,7 +239,14 @@ class Inference:
     def _add_direct(self, msg: channel.ChannelMessage) -> None:
         """A serving connection from the collector: its socket, and the bytes already read."""
         sock_fd, *rest = msg.fds
-        prefix = channel.read_prefix(rest[0]) if rest else b""
+        for extra in rest[1:]:
+            os.close(extra)
+        try:
+            prefix = channel.read_prefix(rest[0]) if rest else b""
+        except OSError as exc:
+            os.close(sock_fd)
+            log.warning("serving_connection_lost_in_hand_over", error=str(exc))
+            return
         self.direct.add(sock_fd, prefix, msg.ready)
 
     def _open_area(self, msg: channel.ChannelMessage) -> None:
@@ -315,8 +322,9 @@ class Inference:
         except BlockingIOError:
             log.warning("inference_hello_not_sent")
 
-    def close(self) -> None:
-        self.direct.close_all()  # (their episodes' releases are answered by the close below)
+    def close(self, goodbye: str = "") -> None:
+        """Close everything; ``goodbye``: the ERROR every serving connection gets first."""
+        self.direct.close_all(goodbye)  # (their episodes' releases are answered by the close below)
         self.server.close()  # (ends every area's fragments: their records are queued ...)
         self.server.publish.flush_links()  # (... and written before the links close)
         for policy in self.server.policies.values():
@@ -330,7 +338,13 @@ class Inference:
 def run(topo: Topology, ctx: RoleContext) -> ExitCode:
     """The inference role's process loop."""
     inf = Inference(topo, ctx)
-    handle = m.Router("inference", {m.Stop: lambda _msg: ctx.stop.set(),
+    reason = ["stopped"]  # (the Stop's, for the serving connections' goodbye)
+
+    def stop(msg: m.Stop) -> None:
+        reason[0] = msg.reason
+        ctx.stop.set()
+
+    handle = m.Router("inference", {m.Stop: stop,
                                     m.Reload: lambda msg: reload_level(msg.changes, "inference")})
     inf.hello()
     log.info("inference_ready", max_batch=topo.cfg.inference.max_batch,
@@ -341,6 +355,8 @@ def run(topo: Topology, ctx: RoleContext) -> ExitCode:
             inf.step()
             for msg in ctx.inbox.drain():
                 handle(msg)
-    finally:
+    except BaseException:
         inf.close()
+        raise
+    inf.close(goodbye=f"{SHUTTING_DOWN}: {reason[0]}")
     return ExitCode.OK

@@ -15,7 +15,9 @@ announces them to the inference role over this channel with the descriptors atta
     inference -> collector   {"op": "hello"}                   a new inference role: send every open area again
     inference -> collector   {"op": "refuse", "area_id": N}    an area it cannot serve: close that client
 
-Each side's descriptor is non-blocking; a datagram is at most MAX_DATAGRAM bytes. Messages
+Each side's descriptor is non-blocking; a datagram is at most MAX_DATAGRAM bytes. The queue
+holds few datagrams (``net.unix.max_dgram_qlen``): the collector sends through
+collector/channel_outbox.py, which keeps what does not fit until it does. Messages
 that do not parse are a bug of ours (``ChannelError``), never client input.
 """
 from __future__ import annotations

@@ -217,6 +217,11 @@ def test_tls_client_talks_rlink_and_plaintext_gets_nothing(daemon_factory, pki):
     assert status["protocol_errors"] == 0 and daemon.proc.poll() is None
 
 
+def encoded(obj: dict) -> bytes:
+    body = json.dumps(obj).encode()
+    return b"%08d" % len(body) + body
+
+
 def test_tls_serving_connections_are_relayed_to_the_inference_role(daemon_factory, pki):
     """Server-side actions over TLS: the collector keeps the TLS session and copies bytes;
     the inference role frames and answers them. A client that goes away mid-episode ends
@@ -239,6 +244,20 @@ def test_tls_serving_connections_are_relayed_to_the_inference_role(daemon_factor
     agent.close()
     wait_for(lambda: (i := daemon.status()["inference"])["tls_relays"] == 0 and i["lanes_open"] == 0
              and i["direct_connections"] == 0, 20, what="the relay ended, its lane freed")
+    # frames pipelined in one write reach the role once each, in order, with or without SERVE_DIRECT
+    obs = [0.01, 0.02, 0.03, 0.04]
+    for first, replies in (([{"type": "SERVE_DIRECT"}], ["SERVE_DIRECT_READY"]), ([], [])):
+        with client_context(pki).wrap_socket(raw_connect(daemon.port), server_hostname="127.0.0.1") as tls:
+            raw_send(tls, {"type": "PING"})
+            assert raw_recv(tls)["type"] == "PONG"
+            frames = [*first, {"type": "START_EPISODE", "episode_id": "p"},
+                      {"type": "GET_ACTION", "episode_id": "p", "observation": obs},
+                      {"type": "STEP", "episode_id": "p", "reward": 1.0, "observation": obs}]
+            tls.sendall(b"".join(encoded(f) for f in frames))
+            got = [raw_recv(tls)["type"] for _ in range(len(replies) + 3)]
+            raw_send(tls, {"type": "PING"})  # (a frame carried twice would be answered first)
+            got.append(raw_recv(tls)["type"])
+            assert got == [*replies, "EPISODE_STARTED", "ACTION", "ACTION", "PONG"], got
     status = wait_for(lambda: (s := daemon.status())["env_steps"] >= 190 and s, 20, what="the steps counted")
     assert status["protocol_errors"] == 0 and daemon.proc.poll() is None
 

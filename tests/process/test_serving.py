@@ -102,8 +102,7 @@ def test_a_raw_client_learns_cartpole_with_the_episode_messages(daemon):
     """Over a connection that asked for SERVE_DIRECT; the STEP_BATCH client below sends its
     serving messages without it (the role takes the connection at its first), and the
     wiring tests run every message both ways."""
-    direct = True
-    sock = raw_client(daemon.port, direct)
+    sock = raw_client(daemon.port, direct=True)
     env = gym.make("CartPole-v1")
     returns: list[float] = []
     seqs: list[int] = []
@@ -118,7 +117,21 @@ def test_a_raw_client_learns_cartpole_with_the_episode_messages(daemon):
     status = wait_for(lambda: (s := daemon.status())["episodes"] == len(returns) and s, 20,
                       what="every episode counted")
     assert status["env_steps"] == sum(returns) and status["protocol_errors"] == 0, status
-    assert status["inference"]["direct_handed_over"] == int(direct)
+    assert status["inference"]["direct_handed_over"] == 1
+
+
+def test_serving_connections_are_told_when_the_daemon_stops(daemon_factory):
+    """SIGTERM: a serving connection (the inference role's) gets the retryable
+    "daemon shutting down" ERROR with the stop's reason, then its connection closes."""
+    d = daemon_factory()
+    sock = raw_client(d.port)
+    request(sock, {"type": "START_EPISODE", "episode_id": "s"}, "EPISODE_STARTED")
+    request(sock, {"type": "GET_ACTION", "episode_id": "s", "observation": OBS}, "ACTION")
+    assert d.stop() == 0
+    reply = raw_recv(sock)
+    assert reply["type"] == "ERROR" and reply["message"].startswith("daemon shutting down: "), reply
+    assert peer_closed(sock)
+    sock.close()
 
 
 def test_a_raw_client_learns_cartpole_with_step_batch_without_mixed_versions(daemon):

@@ -94,6 +94,11 @@ def test_unknown_key_names_it(tmp_path):
         load_config(overrides=[("ppo", "learning_rate", 0.1)], resolve_dirs=False)
 
 
+def test_a_removed_key_says_what_to_do(tmp_path):
+    with pytest.raises(ConfigError, match=r"^inference\.direct: removed: every serving connection"):
+        load_text(tmp_path, "[inference]\ndirect = false\n")
+
+
 def test_section_that_is_not_a_table(tmp_path):
     with pytest.raises(ConfigError, match=r"\[server\]: expected a table"):
         load_text(tmp_path, 'server = "x"\n')

@@ -345,3 +345,17 @@ def test_the_channel_carries_a_connection_with_its_prefix_and_ready_flag():
     os.close(got.fds[0])
     for sock in (a, b, conn, _peer):
         sock.close()
+
+
+def test_a_stopping_role_says_goodbye_to_every_connection(direct):
+    a, b = connect(direct), connect(direct)
+    a.sendall(codec.encode(s.StartEpisode("a")))
+    for _ in range(3):
+        turn(direct)
+    assert recv(a).episode_id == "a"  # type: ignore[attr-defined]
+    direct.close_all("daemon shutting down: the inference role stops")
+    for sock in (a, b):
+        reply = recv(sock)
+        assert isinstance(reply, codec.Error) and reply.message.startswith("daemon shutting down")
+        assert sock.recv(1) == b""
+        sock.close()

@@ -147,6 +147,7 @@ def test_a_serving_connection_is_the_roles_from_its_first_serving_message(daemon
     assert isinstance(c.recv(), s.ServeDirectReady)
     assert c.recv().episode_id == "r"  # type: ignore[attr-defined]
     assert isinstance(c.recv(), s.Action)
+    c.ping()  # (a frame carried twice would be answered first)
     c.close()
     c = tcp(daemon)
     assert c.sock is not None
@@ -154,6 +155,7 @@ def test_a_serving_connection_is_the_roles_from_its_first_serving_message(daemon
                    + codec.encode(s.Step("t", 1.0, OBS)))
     assert c.recv().episode_id == "t"  # type: ignore[attr-defined]
     assert isinstance(c.recv(), s.Action) and isinstance(c.recv(), s.Action)
+    c.ping()
     c.close()
     assert status(daemon)["inference"]["direct_handed_over"] == before + 4
 
