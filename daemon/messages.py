@@ -203,6 +203,7 @@ class InferenceStats:
     direct: dict[str, int] = field(default_factory=dict)  # serving connections' counts (DirectConnections.report)
     lanes_free: dict[str, int] = field(default_factory=dict)  # policy -> lanes free for serving connections
     errors_by_kind: dict[str, int] = field(default_factory=dict)  # their protocol errors (error_kind)
+    started_at: float = 0.0  # when this role process started (a new one counts from 0 again)
     native_parts: tuple[str, ...] = ()  # the native parts serving now (inference.native_parts)
 
 

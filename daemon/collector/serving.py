@@ -7,7 +7,7 @@ message (``START_EPISODE``, ``GET_ACTION``, ``LOG_RETURNS``, ``END_EPISODE``, ``
 stops reading it and passes it to the inference role over the area channel, with the bytes
 it had read and not carried out (that message's frame, and whatever the client sent after
 it), and forgets it. From then on the role (inference/direct.py) is its one owner: framing,
-limits, timeouts, replies. A TLS session cannot cross processes, so for a TLS connection the
+limits, timeouts, replies. TLS state cannot cross processes, so for a TLS connection the
 role gets one end of a socket pair and the collector copies bytes between it and the TLS
 stream (``_relay``: no framing, no timers of its own; it ends when either side closes).
 docs/serving.md, "Who owns which socket".
@@ -35,7 +35,7 @@ from rlinkd.daemon.collector.channel_outbox import ChannelOutbox
 from rlinkd.daemon.collector.core import HandedOver, Session
 from rlinkd.daemon.serving import channel
 from rlinkd.daemon.serving.deadlines import Deadlines
-from rlinkd.daemon.serving.fds import send_fds
+from rlinkd.daemon.serving.fds import empty_write_buffer, send_fds
 from rlinkd.daemon.wiring import Topology
 from rlinkd.shm.doorbell import Doorbell
 from rlinkd.shm.lanes import MAX_GROUP, LaneArea, LaneLayout
@@ -92,6 +92,8 @@ class ServingFront:
         ready = isinstance(msg, serving.ServeDirect)
         first = b"" if ready else codec.frame(body)
         writer.transport.pause_reading()
+        await empty_write_buffer(writer, self.deadlines.reply_s)  # (a reply of ours still
+        # unsent would otherwise race the role's replies on the socket)
         if writer.get_extra_info("ssl_object") is not None:
             passed = await self._relay(session, first, ready, reader, writer)  # (the relay reads
         else:                                                                   # what reader holds)
@@ -103,8 +105,8 @@ class ServingFront:
 
     def _pass(self, fd: int, prefix: bytes, ready: bool) -> bool:
         """Send socket ``fd`` (and ``prefix``) to the inference role; False (logged, counted)
-        if it cannot go (MAX_WAITING hand-overs already wait for a stalled role; no memory
-        or descriptors for the prefix)."""
+        if it cannot go (the outbox's bound of waiting hand-overs, for a stalled role; no
+        memory or descriptors)."""
         fds = [fd]
         try:
             if prefix:

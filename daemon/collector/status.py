@@ -76,6 +76,7 @@ class StatusBuilder:
         self.inference: dict = {}
         self.serving_errors: dict[str, int] = {}  # the role's serving connections' protocol errors
         self.role_errors_seen: dict[str, int] = {}  # ... as its last report counted them
+        self.role_started_at = 0.0  # ... of the role process that sent that report
         self.routes = routes or {}  # trainable policies' episode rings (producer side): fill
         self.learners = {name: PolicyReport() for name in weights}
         self.daemon: dict = {}
@@ -127,9 +128,10 @@ class StatusBuilder:
     def on_inference(self, msg: m.InferenceStats) -> None:
         """The inference role's periodic report (server-side actions)."""
         self.inference = m.inference_report(msg)
-        for kind, n in msg.errors_by_kind.items():  # (a restarted role counts from 0 again)
-            seen = self.role_errors_seen.get(kind, 0)
-            self.serving_errors[kind] = self.serving_errors.get(kind, 0) + (n - seen if n >= seen else n)
+        if msg.started_at != self.role_started_at:  # (a new role counts from 0 again)
+            self.role_started_at, self.role_errors_seen = msg.started_at, {}
+        for kind, n in msg.errors_by_kind.items():
+            self.serving_errors[kind] = self.serving_errors.get(kind, 0) + n - self.role_errors_seen.get(kind, 0)
             self.role_errors_seen[kind] = n
 
     def _protocol_errors(self) -> dict:

@@ -63,6 +63,7 @@ class Inference:
 
     def __init__(self, topo: Topology, ctx: RoleContext) -> None:
         self.topo, self.ctx, cfg = topo, ctx, topo.cfg
+        self.started_at = time.time()
         self.server = InferenceServer({name: self._policy(p) for name, p in topo.policies.items()},
                                       cfg.inference.max_batch, cfg.inference.max_wait_us * 1e-6,
                                       cfg.sampling.force_on_policy, cfg.inference.native_parts)
@@ -308,7 +309,7 @@ class Inference:
             cpu_s=times.user + times.system,
             weights_seq_nos={n: p.runner.weights_seq_no for n, p in pols.items()},
             direct=self.direct.report(), lanes_free=self.direct.lanes_free(),
-            errors_by_kind=dict(self.direct.errors_by_kind),
+            errors_by_kind=dict(self.direct.errors_by_kind), started_at=self.started_at,
             native_parts=self.native_parts())
 
     def native_parts(self) -> tuple[str, ...]:

@@ -223,7 +223,7 @@ def encoded(obj: dict) -> bytes:
 
 
 def test_tls_serving_connections_are_relayed_to_the_inference_role(daemon_factory, pki):
-    """Server-side actions over TLS: the collector keeps the TLS session and copies bytes;
+    """Server-side actions over TLS: the collector keeps the TLS state and copies bytes;
     the inference role frames and answers them. A client that goes away mid-episode ends
     the relay and frees its lane."""
     daemon = daemon_factory(*tls_args(pki))

@@ -93,7 +93,9 @@ def test_a_stalled_role_gets_no_more_than_max_waiting():
         before = open_fds()
         assert not front._pass(conn.fileno(), b"x", ready=False)
         assert open_fds() == before and front.counts["handover_failed"] == 1
-        front.outbox.close()
+        assert front.outbox.send(channel.ChannelMessage("close", 7))  # (areas' messages: no bound)
+        front.outbox.close()  # (what waited goes, its copies closed; nothing is taken after)
+        assert open_fds() == before - 1 and not front.outbox.send(channel.ChannelMessage("reset"))
         for sock in (ours, role, conn, peer):
             sock.close()
 

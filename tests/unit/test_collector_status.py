@@ -77,10 +77,11 @@ def test_rate_is_zero_before_two_samples_and_build_does_not_sample():
     assert builder.build(port=7)["port"] == 7 and builder.build(port=7)["weights_seq_no"] == 3
 
 
-def role_report(errors_by_kind: dict[str, int]):
+def role_report(errors_by_kind: dict[str, int], started_at: float = 1.0):
     from rlinkd.daemon import messages as m
     return m.InferenceStats(requests=0, actions=0, batches=0, errors=0, lanes_open=0, areas=0, held=(),
-                            batch_sizes={}, backends={}, cpu_s=0.0, errors_by_kind=errors_by_kind)
+                            batch_sizes={}, backends={}, cpu_s=0.0, errors_by_kind=errors_by_kind,
+                            started_at=started_at)
 
 
 def test_protocol_errors_add_the_roles_and_never_go_down_when_it_restarts():
@@ -91,6 +92,8 @@ def test_protocol_errors_add_the_roles_and_never_go_down_when_it_restarts():
     status = builder.build(port=1)
     assert status["protocol_errors"] == 5
     assert status["protocol_errors_by_kind"]["bad_message"] == 4
-    builder.on_inference(role_report({"bad_message": 1}))  # (a restarted role counts from 0)
-    status = builder.build(port=1)
+    builder.on_inference(role_report({"bad_message": 1}, started_at=2.0))  # (a restarted role
+    status = builder.build(port=1)                                          # counts from 0)
     assert status["protocol_errors"] == 6 and status["protocol_errors_by_kind"]["frame_too_large"] == 1
+    builder.on_inference(role_report({"bad_message": 1, "frame_too_large": 1}, started_at=2.0))
+    assert builder.build(port=1)["protocol_errors_by_kind"]["frame_too_large"] == 2  # (its own first)
