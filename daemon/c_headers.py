@@ -5,8 +5,9 @@ a header here, never copied by hand.
 - ``daemon/inference/native/declared.h``: the inference role's extension (direct.c, step.c):
   the order of the layout tuples ``fastpath`` and ``lonestep`` pass, the limits direct.c
   checks, the message types and keys of its plain-step grammar and replies.
-- ``client_lib/c/src/rlk_declared.h``: the C client: message types, the default policy's
-  name, the actor output's name, the daemon's STEP_BATCH limit, the lane area (``shm.lanes``), the step
+- ``client_lib/c/src/rlk_declared.h``: the C client: message types, the starts of the ERROR
+  messages worth a reconnect (``transport.RETRYABLE_ERRORS``), the default policy's name, the
+  actor output's name, the daemon's STEP_BATCH limit, the lane area (``shm.lanes``), the step
   record flags (``shm.records``), the step ring's and the weights board's headers
   (``shm.ring``, ``shm.board``).
 
@@ -22,6 +23,7 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from rlinkd.client_lib import transport
 from rlinkd.client_lib.protocol import agents, codec, netops, serving, spaces
 from rlinkd.client_lib.protocol.wire import MessageType
 from rlinkd.daemon.inference import fastpath, lonestep
@@ -142,6 +144,9 @@ def client_header() -> str:
            define("RLK_FD_BYTE", codec.RING_FD_BYTE[0], "codec.RING_FD_BYTE: the byte carrying descriptors"),
            "\n/* message types (codec.MessageType) */\n",
            *(define(f"RLK_MSG_{t.name}", t.value, f"MessageType.{t.name}") for t in MessageType),
+           "\n/* starts of the ERROR messages worth a reconnect (transport.RETRYABLE_ERRORS) */\n",
+           define("RLK_DIRECT_REFUSED", transport.DIRECT_REFUSED, "transport.DIRECT_REFUSED"),
+           "#define RLK_RETRYABLE_ERRORS " + ", ".join(f'"{e}"' for e in transport.RETRYABLE_ERRORS) + "\n",
            "\n/* names and limits the client shares with the daemon */\n",
            define("RLK_DEFAULT_POLICY", agents.DEFAULT_POLICY, "agents.DEFAULT_POLICY"),
            define("RLK_DIST_NAME", netops.DIST, "netops.DIST: the actor output"),

@@ -37,6 +37,10 @@
 #define RLK_MSG_SERVE_DIRECT "SERVE_DIRECT"  /* MessageType.SERVE_DIRECT */
 #define RLK_MSG_SERVE_DIRECT_READY "SERVE_DIRECT_READY"  /* MessageType.SERVE_DIRECT_READY */
 
+/* starts of the ERROR messages worth a reconnect (transport.RETRYABLE_ERRORS) */
+#define RLK_DIRECT_REFUSED "direct serving refused:"  /* transport.DIRECT_REFUSED */
+#define RLK_RETRYABLE_ERRORS "daemon shutting down", "evicted:", "episode lost:", "direct serving refused:"
+
 /* names and limits the client shares with the daemon */
 #define RLK_DEFAULT_POLICY "default"  /* agents.DEFAULT_POLICY */
 #define RLK_DIST_NAME "action_dist_inputs"  /* netops.DIST: the actor output */

@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const RETRYABLE[] = {"daemon shutting down", "evicted:", "episode lost:",
-                                        RLK_DIRECT_REFUSED};
+/* Starts of the ERROR messages worth a reconnect (client_lib.transport.RETRYABLE_ERRORS). */
+static const char *const RETRYABLE[] = {RLK_RETRYABLE_ERRORS};
 
 static rlk_status fail(rlk_reply_info *info, rlk_status st, const char *why) {
     snprintf(info->err, info->err_cap, "%s", why);

@@ -6,14 +6,10 @@
 #ifndef RLK_PROTO_H
 #define RLK_PROTO_H
 
-/* Start of the ERROR the inference process sends a handed-over connection it has no room
- * for (server.max_connections): reconnect later. */
-#define RLK_DIRECT_REFUSED "direct serving refused:"
-
 #include <stddef.h>
 
 #include "rlinkd.h"
-#include "rlk_declared.h"  /* RLK_MSG_ message types: generated from codec.MessageType */
+#include "rlk_declared.h"  /* RLK_MSG_ types, RLK_RETRYABLE_ERRORS: generated from the Python */
 #include "rlk_json.h"
 
 #define RLK_MAX_RANK 8

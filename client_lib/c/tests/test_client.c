@@ -140,6 +140,14 @@ static void test_parsers(void) {
     const char *err = "{\"type\": \"ERROR\", \"message\": \"daemon shutting down\"}";
     CHECK(rlk_parse_pong(err, strlen(err), toks, MAX_TOKS, &i) == RLK_E_SERVER && i.retry);
     CHECK(!strcmp(errbuf, "daemon shutting down"));
+    const char *retryable[] = {RLK_RETRYABLE_ERRORS};  /* each start, as the Python declares them */
+    char reply[256];
+    for (size_t k = 0; k < sizeof retryable / sizeof retryable[0]; k++) {
+        snprintf(reply, sizeof reply, "{\"type\": \"ERROR\", \"message\": \"%s x\"}", retryable[k]);
+        CHECK(rlk_parse_pong(reply, strlen(reply), toks, MAX_TOKS, &i) == RLK_E_SERVER && i.retry);
+    }
+    const char *final = "{\"type\": \"ERROR\", \"message\": \"bad frame: x\"}";
+    CHECK(rlk_parse_pong(final, strlen(final), toks, MAX_TOKS, &i) == RLK_E_SERVER && !i.retry);
     const char *img = "{\"type\": \"SET_CONFIG\", \"observation_space\": {\"type\": \"Discrete\", \"n\": 3}, "
                       "\"action_space\": {\"type\": \"Discrete\", \"n\": 2}}";
     CHECK(rlk_parse_set_config(img, strlen(img), toks, MAX_TOKS, &sp, &i) == RLK_E_UNSUPPORTED);
