@@ -251,9 +251,13 @@ class Inference:
         self.direct.add(sock_fd, prefix, msg.ready)
 
     def _open_area(self, msg: channel.ChannelMessage) -> None:
+        """Serve a shared-memory client's area. An area this role serves already is not
+        opened again: the collector announces every area when a role says hello, and an
+        "open" it sent before (still in the channel) may arrive first; opening it again
+        would truncate its client's episodes."""
         area_fd, bell_fd = msg.fds
         p = self.topo.policies.get(msg.policy)
-        if p is None:
+        if p is None or msg.area_id in self.server.areas:
             os.close(area_fd)
             os.close(bell_fd)
             return

@@ -562,3 +562,27 @@ def test_the_native_lane_scan_refuses_what_is_out_of_bounds():
     shared = np.array([0, 4, 4, 4, 1, 0, 0, 0, 0, 0])  # (out over starts, counts and slots)
     with pytest.raises(ValueError, match="share memory"):
         scan(lanes, *at, shared[0:2], shared[2:4], shared[4:5], shared[3:])
+
+
+def test_an_area_announced_again_is_not_opened_twice():
+    """A restarted role may read an "open" queued for its predecessor and then the same area's
+    announcement at its hello: the second is dropped (its descriptors closed), the area kept."""
+    import os
+    from types import SimpleNamespace
+
+    from rlinkd.daemon.inference.process import Inference
+    from rlinkd.daemon.serving import channel
+    inf = object.__new__(Inference)
+    added = []
+    inf.topo = SimpleNamespace(policies={"default": object()})
+    inf.server = SimpleNamespace(areas={7: "served"}, add=lambda *a: added.append(a))
+    fds = (os.eventfd(0), os.eventfd(0))
+    inf._open_area(channel.ChannelMessage("open", 7, "default", "name", fds))
+    assert added == [] and inf.server.areas == {7: "served"}
+    for fd in fds:
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        os.close(fd)
+        raise AssertionError("a duplicate's descriptor was left open")
