@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlinkd-installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo lint checks test bytecode bench bench-report clean c-client c-check c-headers native-check ort-old gpu-check
+.PHONY: install demo lint checks test bytecode bench bench-report clean c-client c-check c-client-check c-headers native-check ort-old gpu-check
 
 install: $(STAMP)
 
@@ -42,7 +42,10 @@ c-headers: $(STAMP)
 c-client:
 	$(MAKE) -C client_lib/c
 
-c-check: native-check
+c-check: native-check c-client-check
+
+# (separate targets: `make checks` runs the two side by side with lint)
+c-client-check:
 	$(MAKE) -C client_lib/c -j$$(nproc) check
 
 # The inference role's extension (daemon/inference/native/) built with AddressSanitizer and
@@ -80,7 +83,7 @@ bytecode: $(STAMP)
 # `serial` tests alone (their assertions bound latencies or heartbeats that a busy neighbour
 # would break; all of them are real-process tests, so only tests/process is collected for them).
 TEST_JOBS ?= $(shell nproc)
-checks: lint c-check ort-old bytecode docs
+checks: lint native-check c-client-check ort-old bytecode docs
 
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target checks
