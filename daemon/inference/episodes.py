@@ -328,6 +328,13 @@ class LaneBook:
         self.has_pending[lanes] = True
 
     # ------------------------------------------------------------ sample boundaries
+    def new_fragments(self) -> None:
+        """The policy's link to the collector was (re)connected: the collector numbers every
+        stream's fragment from 0 on a new link and the records of the old one are gone, so
+        each open lane's next record begins a fragment (recurrent: on the state grid, with
+        the state it had before that step). In place: the native step binds the array."""
+        self.fragment_steps[:] = 0
+
     def cut(self) -> np.ndarray:
         """Close every training fragment that has steps: a FINAL_OBS record of its pending
         observation, no done flag (the episode continues in the next fragment)."""

@@ -213,6 +213,7 @@ class Inference:
                 continue
             try:
                 link.connect()
+                self.server.link_connected(name)
                 self.backoff[name] = RECONNECT_S[0]
                 log.info("inference_link_connected", policy=name)
             except (ConnectionError, OSError, ShmError, RLlinkError) as exc:  # the collector is

@@ -69,6 +69,11 @@ class InferenceServer:
         self.areas[served.area_id] = served
         self.scan_due = True  # (its client may have published before it was mapped)
 
+    def link_connected(self, name: str) -> None:
+        """Policy ``name``'s link was (re)connected: its open lanes start new fragments."""
+        if (lanes := self.lanes.get(name)) is not None:
+            lanes.book.new_fragments()
+
     def remove(self, area_id: int) -> None:
         """A client went away: end its open training fragments (truncated), unmap."""
         served = self.areas.pop(area_id, None)

@@ -158,3 +158,42 @@ def test_every_recurrent_backend_agrees_with_numpy(cell):
         for got, ref in zip(STEP_MAKERS[name](d.spec, flat)(obs_rows, state), want):
             np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5, err_msg=name)
     assert recurrent_backend(d.spec, "auto") == recurrent_backend(d.spec, "native") == "numpy"
+
+
+def test_records_after_the_link_reconnects_start_on_the_state_grid(served):
+    """A collector restart gives the role a new link, which numbers every stream's fragments
+    from 0 and has none of the old link's records: the first record of each open lane after
+    the reconnect begins a fragment, carrying HAS_STATE (the collector refuses, and drops the
+    link, otherwise)."""
+    from rlinkd.daemon.collector.shm_clients import check_state_grid
+    server, area, link, _, policy = served
+    policy.sample_steps = 1000  # (no sample boundary cuts the fragment here)
+    publish(area, 0, OP_START, obs(0, 0))
+    server.serve_once()
+    for i in range(1, 5):  # the fragment is 4 steps in: not on the grid of L = 3
+        publish(area, 0, OP_STEP, obs(0, i), reward=1.0)
+        server.serve_once()
+    link.connected = False  # the collector restarts: what is served meanwhile is not sent
+    publish(area, 0, OP_STEP, obs(0, 5), reward=1.0)
+    server.serve_once()
+    link.connected, link.records = True, []
+    server.link_connected("default")
+    for i in range(6, 8):
+        publish(area, 0, OP_STEP, obs(0, i), reward=1.0)
+        server.serve_once()
+    rec = link.all
+    assert len(rec) == 2 and rec["flags"][0] & HAS_STATE
+    check_state_grid(rec["flags"], rec["stream_id"].astype(np.int64), np.zeros(64, np.int64), L)
+
+
+def test_the_role_starts_new_fragments_when_a_link_connects():
+    from types import SimpleNamespace
+
+    from rlinkd.daemon.inference.process import Inference
+    inf = object.__new__(Inference)
+    told = []
+    link = SimpleNamespace(connected=False, connect=lambda: None)
+    inf.server = SimpleNamespace(policies={"p": SimpleNamespace(link=link)}, link_connected=told.append)
+    inf.next_connect, inf.backoff = {"p": 0.0}, {"p": 0.1}
+    inf._connect_links()
+    assert told == ["p"]
