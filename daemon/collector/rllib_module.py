@@ -48,6 +48,8 @@ def rllib_net_error(spec: PolicySpec) -> str | None:
         return "the network must be the plain PPO MLP (no encoder MLP, action mask or SAC head)"
     if not spec.hidden_sizes:
         return "the network needs at least one hidden layer"
+    if spec.recurrent != "none":
+        return "the network is recurrent (RLlib's default PPO module is feed-forward)"
     return None
 
 

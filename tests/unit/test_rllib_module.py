@@ -93,6 +93,8 @@ def test_box_actions_send_the_log_std_as_the_heads_second_half():
     ({"act": Discrete(3, start=1)}, "Discrete"),
     ({"encoder_hidden_sizes": (8,)}, "plain PPO MLP"),
     ({"hidden_sizes": ()}, "hidden layer"),
+    ({"recurrent": "lstm", "recurrent_size": 4, "max_seq_len": 8}, "recurrent"),
+    ({"recurrent": "gru", "recurrent_size": 4, "max_seq_len": 8}, "recurrent"),
 ])
 def test_networks_without_the_default_module_form_are_named(spec_kw, why):
     assert why in (rllib_net_error(spec_with(**spec_kw)) or "")
