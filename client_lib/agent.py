@@ -176,6 +176,18 @@ class Agent:
         if self.steps_since_send >= self.env_steps_per_sample:
             self.sync()
 
+    def truncate(self) -> None:
+        """End the episode in progress as truncated at its last recorded step (nothing when
+        it has no steps here): the next ``act`` starts an episode, with zeros for a recurrent
+        policy's state. For a driver that resets its env mid-episode. ValueError if an
+        action is pending (step it first)."""
+        if self.pending is not None:
+            raise ValueError("truncate(): an action is pending (step it first)")
+        if self.buffer.actions:
+            self.done_fragments.append(self.buffer.to_fragment(False, True))
+        self.buffer = FragmentBuffer(max_seq_len=self.max_seq_len)
+        self.memory.reset()
+
     def _greedy_step(self, next_obs, ended: bool) -> None:
         """A training agent stepped with a greedy action: cut the fragment before it (its
         steps bootstrap from the greedy step's observation) and go on from ``next_obs``."""

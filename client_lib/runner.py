@@ -116,6 +116,7 @@ def _client(env, driver, address, explore, seed, connect_kwargs) -> tuple[Any, b
 
 
 def _run_single(env, agent: Agent, loop: _Loop, seed: int | None) -> None:
+    agent.truncate()  # the env restarts: an episode an earlier run left open ends here
     obs, _ = env.reset(seed=seed)
     ep_return = 0.0
     while loop.running():
@@ -134,6 +135,7 @@ def _run_single(env, agent: Agent, loop: _Loop, seed: int | None) -> None:
 def _run_vector(env, client, loop: _Loop, seed: int | None) -> None:
     mode = env.metadata.get("autoreset_mode", "NextStep") if hasattr(env, "metadata") else "NextStep"
     same_step = getattr(mode, "value", mode) == "SameStep"
+    client.truncate()  # the env restarts: episodes an earlier run left open end here
     obs, _ = env.reset(seed=seed)
     returns = np.zeros(env.num_envs)
     while loop.running():

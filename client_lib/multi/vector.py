@@ -165,6 +165,23 @@ class VectorClient:
         if self.t >= self.horizon:
             self.sync()
 
+    def truncate(self) -> None:
+        """End every copy's episode in progress as truncated at its last recorded step (a
+        copy whose piece was sent already starts its next episode under a new id): every
+        copy's next ``act`` starts an episode. For a driver that resets its env while copies
+        are mid-episode. ValueError if an action is pending (step it first)."""
+        if self.pending:
+            raise ValueError("truncate(): an action is pending (step it first)")
+        open_copies = np.flatnonzero(~self.fresh)
+        if self.t and open_copies.size:
+            row = self.t - 1
+            self.truncated[row, open_copies] = True
+            self.finals.append((row, open_copies, {k: v[self.t][open_copies].copy()
+                                                   for k, v in self.obs.items()}))
+        elif open_copies.size:  # (their open pieces went out with the last send)
+            self.episode_base[open_copies] += 1
+        self.fresh[:] = True
+
     def _vector(self, value, dtype, what: str) -> np.ndarray:
         if value is None:
             return np.zeros(self.n, dtype)

@@ -191,3 +191,99 @@ def test_the_onnx_policy_feeds_and_returns_the_state_as_the_board_policy(cell):
     state = np.random.default_rng(1).normal(size=(2, spec.state_size)).astype(np.float32)
     for got, want in zip(onnx.forward(x, state), BoardPolicy.forward(board, x, state)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+class CountingEnv:
+    """Observations [v, 0] with v unique: episode e's reset is 100 * e, each step adds 1;
+    episodes last 100 steps (never ended by the runs here)."""
+
+    observation_space, action_space = None, None
+
+    def __init__(self) -> None:
+        self.episode, self.v = 0, 0.0
+
+    def reset(self, seed=None, options=None):
+        self.episode += 1
+        self.v = 100.0 * self.episode
+        return obs(self.v), {}
+
+    def step(self, action):
+        self.v += 1.0
+        return obs(self.v), 1.0, False, False, {}
+
+
+SHIFT = np.array([50.0, 0.0], np.float32)
+
+
+class CountingVectorEnv(CountingEnv):
+    """Two copies: copy 1's observations are copy 0's + 50."""
+
+    num_envs, metadata, single_observation_space = 2, {"autoreset_mode": "SameStep"}, None
+
+    def reset(self, seed=None, options=None):
+        first, info = super().reset(seed)
+        return np.stack([first, first + SHIFT]), info
+
+    def step(self, actions):
+        nxt, r, _, _, info = super().step(actions)
+        return np.stack([nxt, nxt + SHIFT]), np.full(2, r), np.zeros(2, bool), np.zeros(2, bool), info
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_run_env_again_with_the_same_agent_truncates_the_open_episode(cell):
+    """A run stopped mid-episode, then another on the reset env: the first episode ends
+    truncated, the second starts with the reset observation and a zero state."""
+    from rlinkd.client_lib.runner import run_env
+    link, env = Link(cell, steps=1000), CountingEnv()
+    agent = Agent(link)
+    run_env(env, agent, steps=5)
+    run_env(env, agent, steps=3)
+    agent.close()
+    first, second = link.sent
+    assert first.is_truncated and first.obs[""][:, 0].tolist() == [100.0 + i for i in range(6)]
+    assert not second.is_truncated and second.obs[""][:, 0].tolist() == [200.0 + i for i in range(4)]
+    check_chain(link, [[100.0 + i for i in range(5)], [200.0 + i for i in range(3)]])
+    check_fragments(link)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_run_env_again_with_the_same_vector_client_truncates_every_open_episode(cell):
+    from rlinkd.client_lib.runner import run_env
+    link, env = Link(cell, steps=1000), CountingVectorEnv()
+    client = VectorClient(link, num_envs=2)
+    run_env(env, client, steps=8)   # 4 steps per copy
+    run_env(env, client, steps=4)   # 2 more, after the reset
+    client.close()
+    pieces = {(f.agent_id, f.obs[""][0, 0]): f for f in link.sent}
+    assert len(pieces) == 4 and len({(f.agent_id, f.episode_id) for f in link.sent}) == 4
+    for copy, offset in (("env_0", 0.0), ("env_1", 50.0)):
+        old, new = pieces[(copy, 100.0 + offset)], pieces[(copy, 200.0 + offset)]
+        assert old.is_truncated and old.obs[""][:, 0].tolist() == [100.0 + offset + i for i in range(5)]
+        assert not old.is_terminated and not new.is_truncated and new.num_steps == 2
+    check_chain(link, [[base + i for i in range(n)] for base, n in
+                       ((100.0, 4), (150.0, 4), (200.0, 2), (250.0, 2))])
+    check_fragments(link)
+
+
+def test_truncate_refuses_a_pending_action():
+    agent, client = Agent(Link("gru", 10)), VectorClient(Link("gru", 10), num_envs=2)
+    agent.act(obs(1.0))
+    client.act(np.stack([obs(1.0), obs(2.0)]))
+    for c in (agent, client):
+        with pytest.raises(ValueError, match="pending"):
+            c.truncate()
+
+
+def test_a_vector_copy_whose_piece_was_sent_starts_its_next_episode_under_a_new_id():
+    """Truncated right after a send (no steps in the columns): the open pieces went out as
+    cut, so the next episodes must not continue their ids."""
+    from rlinkd.client_lib.runner import run_env
+    link, env = Link("gru", steps=8), CountingVectorEnv()   # horizon 4: the run ends with a send
+    client = VectorClient(link, num_envs=2)
+    run_env(env, client, steps=8)
+    run_env(env, client, steps=4)
+    client.close()
+    ids = {(f.agent_id, float(f.obs[""][0, 0])): f.episode_id for f in link.sent}
+    assert ids[("env_0", 100.0)] != ids[("env_0", 200.0)] and ids[("env_1", 150.0)] != ids[("env_1", 250.0)]
+    check_chain(link, [[base + i for i in range(n)] for base, n in
+                       ((100.0, 4), (150.0, 4), (200.0, 2), (250.0, 2))])
