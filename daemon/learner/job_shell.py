@@ -38,6 +38,7 @@ from rlinkd.daemon.learner.shell import LearnerShell
 from rlinkd.daemon.roles import RoleContext
 from rlinkd.daemon.wiring import PolicyTopology, Topology
 
+REFORM_ATTEMPTS = 3  # generations rank 0 tries in a row before its learner fails (restart)
 log = structlog.get_logger("learner")
 
 
@@ -118,20 +119,34 @@ class JobShell(LearnerShell):
     def _reform(self, reason: str) -> None:
         """Re-form after a lost member or for a newcomer. A rank that cannot reach rank 0's
         store any more detaches: it serves its last weights and asks again every
-        ``peer_wait_s``."""
+        ``peer_wait_s``. Rank 0 tries the next generation when one fails (a rank whose wish
+        it admitted never came: it gave up waiting or restarted, and asks for a later one),
+        up to REFORM_ATTEMPTS generations in a row."""
         log.warning("job_reforming", rank=self.cluster.rank, reason=reason,
                     generation=self.job.generation, members=self.job.members)
+        if self.cluster.rank == 0:
+            return self._reform_as_rank_0()
         try:
             self._enter(self.cluster.reform_window_s)
         except RuntimeError as exc:
-            if self.cluster.rank == 0:
-                raise
             self.job.leave_group()
             self.job.members = []
             if not self.detached:
                 log.warning("job_detached", rank=self.cluster.rank,
                             error=str(exc).splitlines()[0] if str(exc) else "")
             self.detached = True
+
+    def _reform_as_rank_0(self) -> None:
+        for attempt in range(1, REFORM_ATTEMPTS + 1):
+            try:
+                return self._enter(self.cluster.reform_window_s)
+            except RuntimeError as exc:
+                if attempt == REFORM_ATTEMPTS or self.ctx.stop.is_set():
+                    raise
+                self.job.leave_group()
+                self.job.members = [0]  # (only the ranks that ask now: no stale wish again)
+                log.warning("job_generation_failed", generation=self.job.generation, attempt=attempt,
+                            error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
     def _rejoin(self) -> None:
         try:

@@ -73,3 +73,29 @@ def test_a_failed_collective_releases_the_rest_untrained_and_reforms():
     assert shell.train_one()
     assert log == [("ran", "a", "a-entry"), ("released", "b", "b-entry"), ("released", "c", "c-entry")]
     assert len(shell.reforms) == 1 and "peer gone" in shell.reforms[0]
+
+
+def test_rank_0_forms_the_next_generation_when_an_admitted_rank_never_comes():
+    """Rank 1 asked to join, then gave up (or restarted): rank 0 admits its stale wish, that
+    generation's group cannot form within the timeout, and rank 0 forms the next one from
+    the ranks asking then (here none) instead of failing its learner."""
+    import torch
+
+    from rlinkd.daemon.cluster.job import Job
+    from rlinkd.daemon.cluster.membership import Membership
+    from tests.helpers import free_port
+    port = free_port()
+    cluster = ClusterConfig(world_size=2, rank=0, master=f"127.0.0.1:{port}",
+                            collective_timeout_s=1.5, reform_window_s=0.2)
+    job = Job.connect(cluster, torch.device("cpu"))
+    try:
+        stale = Membership("127.0.0.1", port, 1, 2, 1.5)
+        stale.ask(stale.current() + 1)
+        shell = JobShell.__new__(JobShell)
+        shell.cluster, shell.job, shell.policies, shell.detached = cluster, job, {}, False
+        shell.ctx = SimpleNamespace(stop=threading.Event(), heartbeat=lambda: None)
+        shell._check_same_job = lambda: None
+        shell._reform("a newcomer asks to join")
+        assert job.members == [0] and job.generation == 2
+    finally:
+        job.close()
