@@ -89,6 +89,7 @@ class JobShell(LearnerShell):
     def _enter(self, window_s: float) -> None:
         """Form the next generation's group, check it trains the same policies, give every
         policy the newest member's state and sequence number, publish."""
+        self._check_device_kinds()  # (local: before the group, which would wait for us)
         self.job.enter(window_s, self.ctx.heartbeat)
         self._check_same_job()
         sources = {learner.name: learner.join_job() for learner in self._ordered()}
@@ -96,15 +97,21 @@ class JobShell(LearnerShell):
         log.info("joined_job", rank=self.cluster.rank, generation=self.job.generation,
                  members=self.job.members, state_from_rank=sources)
 
-    def _check_same_job(self) -> None:
+    def _check_device_kinds(self) -> None:
+        """ConfigError unless every trainable policy learns on the job's kind of device (a
+        gradient is averaged on its policy's device)."""
         import torch
-        ordered = self._ordered()
-        kinds = sorted({torch.device(p.placement.device).type for p in ordered})
-        if kinds != [self.job.device.type]:  # (a gradient is averaged on its policy's device)
+        kinds = sorted({torch.device(p.placement.device).type for p in self._ordered()})
+        if kinds != [self.job.device.type]:
             self.job.close()
             raise ConfigError(f"learner.device: the trainable policies of a job must all learn on "
                               f"the job's device kind ({self.job.device.type}); here they learn on "
                               f"{', '.join(kinds)}")
+
+    def _check_same_job(self) -> None:
+        """ConfigError on every member when the members' trainable policies, spaces,
+        networks or shared settings differ (one gather)."""
+        ordered = self._ordered()
         mine = hashlib.sha256(repr([(p.name, job_fingerprint(p.policy)) for p in ordered]).encode())
         prints = self.job.gather(int.from_bytes(mine.digest()[:7], "big"))
         if len(set(prints)) > 1:

@@ -92,5 +92,5 @@ def test_a_job_whose_policies_learn_on_different_device_kinds_is_refused():
     shell.policies = {name: SimpleNamespace(placement=SimpleNamespace(device=device))
                       for name, device in (("default", "cpu"), ("red", "cuda:0"))}
     with pytest.raises(ConfigError, match=r"learner\.device: .* kind \(cpu\); here they learn on cpu, cuda"):
-        shell._check_same_job()
+        shell._check_device_kinds()
     assert closed == [True]

@@ -94,7 +94,7 @@ def test_rank_0_forms_the_next_generation_when_an_admitted_rank_never_comes():
         shell = JobShell.__new__(JobShell)
         shell.cluster, shell.job, shell.policies, shell.detached = cluster, job, {}, False
         shell.ctx = SimpleNamespace(stop=threading.Event(), heartbeat=lambda: None)
-        shell._check_same_job = lambda: None
+        shell._check_same_job = shell._check_device_kinds = lambda: None
         shell._reform("a newcomer asks to join")
         assert job.members == [0] and job.generation == 2
     finally:
