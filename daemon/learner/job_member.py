@@ -35,6 +35,15 @@ is averaged, how the averaged gradient is applied, or the schedules every rank s
 updates_per_step, learning_starts_steps, buffer_size_steps) are each rank's: its replay."""
 
 
+def joined_seq_no(seq_nos: list[int], prints: list[int], source: int) -> int:
+    """The sequence number a newly formed group publishes member ``source``'s weights
+    under: the newest, or one past it when a member published other weights (``prints``
+    differ) under that same number."""
+    top = max(seq_nos)
+    clash = any(s == top and p != prints[source] for s, p in zip(seq_nos, prints))
+    return top + 1 if clash else top
+
+
 def weights_digest(flat: np.ndarray) -> str:
     """A short digest of published weights: equal on every rank of a job in step."""
     return hashlib.sha256(np.ascontiguousarray(flat, np.float32).tobytes()).hexdigest()[:16]
@@ -97,12 +106,15 @@ class JobMember:
         the newest weights, publish; that member's daemon rank. On a tie, the member that
         has run the most gradient steps: a learner restarted from the weights board has
         those weights but fresh optimizer moments, targets and counters, and must not
-        overwrite an intact copy (then the first such)."""
+        overwrite an intact copy (then the first such). The sequence number is one past the
+        newest when another member published different weights under it (each rank's first
+        weights, seq 0, are its own random ones): readers keyed by the number would keep them."""
         core = self._job_core()
         seq_nos, updates = self.job.gather(self.seq_no), self.job.gather(core.updates)
+        prints = self.job.gather(int(weights_digest(core.flat_weights())[:14], 16))  # 56 bits
         source = newest_member(seq_nos, updates)
         core.take_job_state(source)
-        self.seq_no = max(seq_nos)
+        self.seq_no = joined_seq_no(seq_nos, prints, source)
         self._announce()
         return int(self.job.members[source])
 

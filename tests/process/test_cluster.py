@@ -86,8 +86,8 @@ def test_a_job_of_two_through_lost_ranks_and_checkpoints_of_two_and_one(tmp_path
     try:
         rank0, rank1 = job_of_two(tmp_path, pool)
         client = BackgroundClient(f"tcp://127.0.0.1:{rank0.port}").start()
-        wait_for(lambda: rank1.status()["weights_seq_no"] >= 3, 60,
-                 what="three updates of the job, clients on rank 0 only")
+        wait_for(lambda: rank1.status()["weights_seq_no"] >= 4, 60,  # (seq 1: the formation's
+                 what="three updates of the job, clients on rank 0 only")  # publication)
         a, b = wait_for(lambda: in_step(rank0, rank1), 30, what="both ranks in step")
         for rank, status in enumerate((a, b)):
             cluster = status["learner"]["cluster"]
@@ -184,7 +184,7 @@ def test_a_dqn_job_trains_in_step_with_replay_on_the_rank_that_has_clients(tmp_p
                                   "--set", "policies.red.trainable=true",
                                   "--set", "policies.red.algorithm=ppo")
         client = BackgroundClient(f"tcp://127.0.0.1:{rank0.port}").start()
-        wait_for(lambda: rank1.status()["weights_seq_no"] >= 3, 60,
+        wait_for(lambda: rank1.status()["weights_seq_no"] >= 4, 60,  # (seq 1: the formation's)
                  what="three publications of the job, clients on rank 0 only")
         a, b = wait_for(lambda: in_step(rank0, rank1), 30, what="both ranks in step")
         red = [s["policies"]["red"] for s in (a, b)]
@@ -241,7 +241,7 @@ def test_a_sac_job_trains_in_step_with_clients_on_both_ranks_and_both_transports
                                   "--set", "sac.publish_interval_updates=10")
         clients = [BackgroundClient(f"tcp://127.0.0.1:{rank0.port}", 0, "Pendulum-v1").start(),
                    BackgroundClient(f"shm:{rank1.state_dir}", 1, "Pendulum-v1").start()]
-        wait_for(lambda: rank1.status()["weights_seq_no"] >= 3, 90,
+        wait_for(lambda: rank1.status()["weights_seq_no"] >= 4, 90,  # (seq 1: the formation's)
                  what="three publications of the SAC job")
         a, b = wait_for(lambda: in_step(rank0, rank1), 30, what="both ranks in step")
         assert a["learner"]["algorithm"] == b["learner"]["algorithm"] == "sac"

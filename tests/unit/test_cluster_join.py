@@ -35,6 +35,11 @@ class GatherJob:
 class Core:
     updates, taken = 0, None
 
+    @staticmethod
+    def flat_weights():
+        import numpy as np
+        return np.zeros(3, np.float32)
+
     def take_job_state(self, source: int) -> None:
         self.taken = source
 
@@ -53,9 +58,22 @@ class Member(JobMember):
 def test_a_restarted_rank_does_not_overwrite_an_intact_copy_on_a_tie():
     """Rank 0's learner restarted (its weights from the board, nothing else): rank 1's
     state, at the same sequence number but 120 steps run, is the one the job takes."""
-    member = Member(GatherJob([7, 7], [0, 120]))
+    member = Member(GatherJob([7, 7], [0, 120], [5, 5]))   # (the same weights: the board's)
     assert member.join_job() == 1
     assert member.core.taken == 1 and member.seq_no == 7 and member.announced
+
+
+@pytest.mark.parametrize("seq_nos, prints, source, seq_no", [
+    ([0, 0], [11, 22], 0, 1),     # first formation: each rank's own random seq-0 weights
+    ([0, 0, 0], [11, 11, 11], 0, 0),  # the same weights everywhere: nothing to replace
+    ([7, 9], [11, 22], 1, 9),     # only the newest published under 9
+    ([9, 9, 4], [11, 11, 33], 0, 9),  # the older member's number is below: its readers update
+    ([9, 9], [11, 22], 1, 10),
+])
+def test_a_number_another_member_published_other_weights_under_is_not_reused(seq_nos, prints, source,
+                                                                             seq_no):
+    from rlinkd.daemon.learner.job_member import joined_seq_no
+    assert joined_seq_no(seq_nos, prints, source) == seq_no
 
 
 class ExchangeJob:
