@@ -174,14 +174,26 @@ class Supervisor:
             log.exception("supervisor_crashed")
             return int(ExitCode.CRASH)
 
+    def _checkpoint_to_resume(self, root: Path) -> store.Checkpoint | None:
+        """The newest valid checkpoint under ``root``; None on a fresh start, and for a rank
+        of a job other than 0: its checkpoints, if any, are of another run (a job's are rank
+        0's), and it takes the job's state when the group forms."""
+        if self.fresh:
+            return None
+        if not writes_checkpoints(self.cfg.cluster):
+            if store.list_checkpoints(root):
+                log.info("checkpoints_not_resumed", rank=self.cfg.cluster.rank,
+                         reason="a rank other than 0 takes the job's state when the group forms")
+            return None
+        return store.latest_valid(root, warn=lambda e: log.warning("skipping_bad_checkpoint", error=e))
+
     def _prepare(self) -> None:
         root = store.checkpoints_dir(self.cfg.state_dir)
         for leftover in store.remove_staging(root):
             log.warning("removed_partial_checkpoint", path=str(leftover))
         if self.fresh and (aside := store.set_aside(root)) is not None:
             log.info("checkpoints_set_aside", path=str(aside))  # (a later plain start resumes this run)
-        resume = None if self.fresh else store.latest_valid(
-            root, warn=lambda e: log.warning("skipping_bad_checkpoint", error=e))
+        resume = self._checkpoint_to_resume(root)
         self.cfg.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.topo = build_topology(self.cfg)
         for policy in self.topo.policies.values():

@@ -278,3 +278,22 @@ def test_set_aside_moves_every_checkpoint_out_of_reach(tmp_path):
     assert store.write_checkpoint(root, FILES, {"weights_seq_no": 0}).index == 1  # the new run's first
     assert store.set_aside(root, now_s=0.0) == root / "previous-19700101T000000Z-2"
     assert store.prune(root, keep=0) == [] and (aside / "ckpt-000003").is_dir()
+
+
+@pytest.mark.parametrize("world_size, rank, fresh, resumes", [
+    (1, 0, False, True), (2, 0, False, True), (2, 1, False, False), (1, 0, True, False)])
+def test_only_a_checkpoint_writer_resumes_its_state_dirs_checkpoints(tmp_path, world_size, rank, fresh,
+                                                                     resumes):
+    """A rank other than 0 of a job writes no checkpoints: any in its state dir are of
+    another run (it ran alone, or was rank 0 of another job), and it is not resumed."""
+    from types import SimpleNamespace
+
+    from rlinkd.daemon.config import ClusterConfig
+    from rlinkd.daemon.supervisor import Supervisor
+    root = tmp_path / "checkpoints"
+    written = store.write_checkpoint(root, {"x": b"1"}, {"weights_seq_no": 3})
+    sup = object.__new__(Supervisor)
+    sup.fresh = fresh
+    sup.cfg = SimpleNamespace(cluster=ClusterConfig(world_size=world_size, rank=rank, master="127.0.0.1:1"))
+    got = sup._checkpoint_to_resume(root)
+    assert (got.path if got else None) == (written.path if resumes else None)
