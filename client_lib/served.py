@@ -21,6 +21,7 @@ import secrets
 import select
 import socket
 import time
+from typing import Any
 
 import numpy as np
 
@@ -339,6 +340,7 @@ class ServedAgent:
         self.lost_episodes = 0
         self.generation = link.generation  # the link's connection the open episode lives on
         self.metrics = MetricBuffer(link.send_message)
+        self.last_obs: Any = None  # the last step's next_obs (the final one, if truncated)
 
     def log_metric(self, name: str, value: float) -> None:
         """A scalar for TensorBoard ``client/<name>`` (see ``Agent.log_metric``)."""
@@ -388,6 +390,7 @@ class ServedAgent:
             raise RuntimeError("step() must follow act()")
         self.reward += float(reward)
         if not (terminated or truncated):
+            self.last_obs = next_obs
             return
         reward, self.reward, eid, self.episode_id = self.reward, 0.0, self.episode_id, None
         if self.link.generation != self.generation:  # (its connection is gone: nothing to end)
@@ -403,6 +406,14 @@ class ServedAgent:
             if isinstance(exc, ServerError) and not exc.retry:
                 raise
             self._recover(exc)
+
+    def truncate(self) -> None:
+        """End the episode in progress as truncated at its last step (its final observation
+        the last ``step``'s): the next ``act`` starts an episode. For a driver that resets
+        its env mid-episode; nothing when no episode is open."""
+        if self.episode_id is not None and self.last_obs is not None:
+            self.step(0.0, self.last_obs, False, True)
+        self.episode_id, self.last_obs = None, None
 
     def close(self) -> None:
         try:

@@ -59,6 +59,7 @@ class ServedVectorClient:
         self.weights_seq_nos = np.full(num_envs, -1, np.int64)
         self.pending = False
         self.lost_episodes = 0
+        self.last_obs: Any = None  # the last step's next_obs_batch (final ones, if truncated)
 
     @property
     def link(self) -> ServedShmLink | ServedTcpLink:
@@ -115,14 +116,28 @@ class ServedVectorClient:
         self.rewards += np.asarray(rewards, np.float64).reshape(self.n)
         term = np.asarray(terminated, bool).reshape(self.n)
         trunc = np.asarray(truncated, bool).reshape(self.n)
-        self.pending = False
+        self.pending, self.last_obs = False, next_obs_batch
         rows = np.flatnonzero((term | trunc) & self.open)
-        if not len(rows):
-            return
+        if len(rows):
+            flags = np.where(term[rows], TERMINATED, 0) | np.where(trunc[rows], TRUNCATED, 0)
+            self._end(rows, next_obs_batch, flags.astype(np.uint8))
+
+    def truncate(self) -> None:
+        """End every copy's episode in progress as truncated at its last step (final
+        observations from the last ``step``): every copy's next ``act`` starts an episode.
+        For a driver that resets its env mid-episode. ValueError if an action is pending."""
+        if self.pending:
+            raise ValueError("truncate(): an action is pending (step it first)")
+        rows = np.flatnonzero(self.open)
+        if len(rows) and self.last_obs is not None:
+            self._end(rows, self.last_obs, np.full(len(rows), TRUNCATED, np.uint8))
+        self.open[:], self.rewards[:] = False, 0.0
+
+    def _end(self, rows: np.ndarray, next_obs_batch: Any, flags: np.ndarray) -> None:
+        """END the episodes of copies ``rows`` with their final observations."""
         finals = obs_columns(next_obs_batch, self.obs_space, self.n, "next_obs", batched=True)
-        flags = np.where(term[rows], TERMINATED, 0) | np.where(trunc[rows], TRUNCATED, 0)
         try:
-            self.wire.end(rows, self.rewards[rows].astype(np.float32), finals, flags.astype(np.uint8))
+            self.wire.end(rows, self.rewards[rows].astype(np.float32), finals, flags)
         except (ConnectionError, OSError, ServerError) as exc:
             if isinstance(exc, ServerError) and not exc.retry:
                 raise

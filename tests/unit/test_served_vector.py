@@ -117,3 +117,62 @@ def test_argument_rules():
         connect_vector("tcp://127.0.0.1:1", 2, inference="gpu")
     with pytest.raises(ValueError, match="num_envs"):
         connect_vector("tcp://127.0.0.1:1", 0, inference="server")
+
+
+def test_truncate_ends_every_open_episode_with_the_last_observations():
+    """A driver resets its env mid-episode (run_env called again): every copy's episode ends
+    truncated at its last step, and the next act starts new ones."""
+    client, server, _ = client_and_server()
+    obs = np.zeros((3, 2), np.float32)
+    client.act(obs)
+    first = server.batches[-1]
+    client.step([1.0, 2.0, 3.0], obs + 1, [False, True, False], [False] * 3)  # copy 1 ends
+    client.truncate()
+    client.act(obs + 5)
+    ends, rest = server.batches[-1][:3], server.batches[-1][3:]
+    assert [e.ends for e in ends] == [True] * 3 and [e.truncated for e in ends] == [False, True, True]
+    assert [e.episode_id for e in ends] == [first[1].episode_id, first[0].episode_id, first[2].episode_id]
+    assert [e.reward for e in ends] == [2.0, 1.0, 3.0] and all(e.observation.tolist() == [1.0, 1.0] for e in ends)
+    assert all(e.start for e in rest) and not {e.episode_id for e in rest} & {e.episode_id for e in first}
+    with pytest.raises(ValueError, match="pending"):
+        client.truncate()
+
+
+class AgentLink:
+    """ServedAgent's TCP verbs, recorded."""
+
+    config, generation = CONFIG, 1
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def _with_retry(self, fn):
+        return fn()
+
+    def send_message(self, msg) -> None:
+        pass
+
+    def start(self, eid, obs, evaluate, policy):
+        self.calls.append(("start", eid, list(obs)))
+        return 0, 7
+
+    def step(self, eid, reward, obs):
+        self.calls.append(("step", eid, reward, list(obs)))
+        return 1, 7
+
+    def end(self, eid, reward, obs, terminated, truncated):
+        self.calls.append(("end", eid, reward, list(obs), terminated, truncated))
+
+
+def test_a_served_agent_truncates_its_open_episode():
+    from rlinkd.client_lib.served import ServedAgent
+    link = AgentLink()
+    agent = ServedAgent(link)  # type: ignore[arg-type]
+    agent.truncate()           # no episode: nothing
+    agent.act(np.zeros(2, np.float32))
+    agent.step(1.5, np.ones(2, np.float32), False, False)
+    agent.truncate()
+    agent.act(np.full(2, 3.0, np.float32))
+    (_, eid, _), (end, ended, reward, final, term, trunc), (start, new, _) = link.calls
+    assert (end, ended, reward, final, term, trunc) == ("end", eid, 1.5, [1.0, 1.0], False, True)
+    assert start == "start" and new != eid
