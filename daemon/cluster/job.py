@@ -111,6 +111,9 @@ class Job:
         deadline = time.monotonic() + self.cluster.collective_timeout_s
         store = self.membership
         while time.monotonic() < deadline:
+            # a beat first: after a collective failed on its timeout, a store call to a host
+            # that vanished blocks up to the timeout again (two without a beat: taken for hung)
+            beat()
             generation = store.current() + 1
             store.ask(generation)
             while not store.store.check([f"members/{generation}"]):

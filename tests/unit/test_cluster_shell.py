@@ -7,6 +7,8 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from rlinkd.daemon.config import ClusterConfig
 from rlinkd.daemon.learner.job_shell import JobShell
 
@@ -99,3 +101,23 @@ def test_rank_0_forms_the_next_generation_when_an_admitted_rank_never_comes():
         assert job.members == [0] and job.generation == 2
     finally:
         job.close()
+
+
+def test_a_rank_asking_to_join_beats_before_each_store_call():
+    """After a collective failed on its timeout, a store call to a vanished rank 0 blocks up
+    to the timeout again: a beat must come before it, or the supervisor takes the learner
+    for hung (two timeouts without a heartbeat exceed daemon.heartbeat_timeout_s)."""
+    from rlinkd.daemon.cluster.job import Job
+    events: list[str] = []
+
+    class VanishedStore:
+        def current(self):
+            events.append("store")
+            raise RuntimeError("rank 0's store timed out")
+
+    job = Job.__new__(Job)
+    job.cluster = ClusterConfig(world_size=2, rank=1, master="127.0.0.1:1", collective_timeout_s=5.0)
+    job.rank, job.membership = 1, VanishedStore()
+    with pytest.raises(RuntimeError, match="timed out"):
+        job._ask_until_member(lambda: events.append("beat"))
+    assert events[:2] == ["beat", "store"]
