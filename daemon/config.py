@@ -487,7 +487,8 @@ class ClusterConfig:
                                  minimum=0.01)
     reform_window_s: float = setting(2.0, "When a member is lost, rank 0 waits this long "
                                      "for the others to re-form the group without it (a rank "
-                                     "asking to join ends the wait early).", minimum=0.1)
+                                     "asking to join ends the wait early). Below "
+                                     "`collective_timeout_s`.", minimum=0.1)
     insecure_remote: bool = setting(False, "Allow a non-loopback `master` (the collective "
                                     "port has no authentication or encryption).")
 
@@ -811,7 +812,7 @@ def _validate_policies(cfg: Config) -> None:
 
 def _validate_cluster(cfg: Config) -> None:
     """[cluster] against itself and the learner: rank inside the world, a reachable form of
-    master, a backend the device can use while world_size > 1."""
+    master, timeouts in their order, a backend the device can use while world_size > 1."""
     c = cfg.cluster
     if c.rank >= c.world_size:
         raise ConfigError(f"cluster.rank ({c.rank}) must be < cluster.world_size ({c.world_size})")
@@ -826,6 +827,10 @@ def _validate_cluster(cfg: Config) -> None:
         raise ConfigError(f"cluster.peer_wait_s ({c.peer_wait_s:g}) must be below "
                           f"cluster.collective_timeout_s ({c.collective_timeout_s:g}): a rank with a "
                           "batch would time out in the round before a rank without one joins it")
+    if c.reform_window_s >= c.collective_timeout_s:
+        raise ConfigError(f"cluster.reform_window_s ({c.reform_window_s:g}) must be below "
+                          f"cluster.collective_timeout_s ({c.collective_timeout_s:g}): ranks asking "
+                          "to re-form would give up before rank 0 decides")
     if c.backend == "nccl" and cfg.learner.device == "cpu":
         raise ConfigError("cluster.backend = 'nccl' needs a CUDA learner (learner.device = 'cpu')")
 

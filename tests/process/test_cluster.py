@@ -271,7 +271,7 @@ def test_bad_cluster_configs_exit_78_naming_the_key(tmp_path):
         lost = DaemonProcess(tmp_path / "lost", [
             "--set", "cluster.world_size=2", "--set", "cluster.rank=1",
             "--set", f"cluster.master=127.0.0.1:{free_port()}",  # closed: bound, then released
-            "--set", "cluster.collective_timeout_s=1"])
+            "--set", "cluster.collective_timeout_s=1", "--set", "cluster.reform_window_s=0.5"])
         ranks = [DaemonProcess(tmp_path / f"rank{rank}", [
             "--set", "cluster.world_size=2", "--set", f"cluster.rank={rank}",
             "--set", f"cluster.master={master}", *FAST,

@@ -631,6 +631,8 @@ def test_cluster_defaults_to_a_daemon_alone():
     ([("cluster", "collective_timeout_s", 0.5)], r"cluster\.collective_timeout_s: must be >= 1"),
     ([("cluster", "world_size", 2), ("cluster", "collective_timeout_s", 5.0), ("cluster", "peer_wait_s", 5.0)],
      r"cluster\.peer_wait_s \(5\) must be below cluster\.collective_timeout_s \(5\)"),
+    ([("cluster", "world_size", 2), ("cluster", "collective_timeout_s", 2.0)],
+     r"cluster\.reform_window_s \(2\) must be below cluster\.collective_timeout_s \(2\)"),
 ])
 def test_bad_cluster_config_names_the_key(overrides, pattern):
     with pytest.raises(ConfigError, match=pattern):
