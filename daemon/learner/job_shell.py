@@ -12,7 +12,8 @@ steps its replay makes due). A rank enters a round as soon as some policy has wo
 Joining: every formation of the group (``daemon.cluster.membership``: rank 0 serves the
 store and decides each generation's members) checks that the members train the same
 policies (names, spaces, networks, algorithms and the settings that shape a step,
-``job_member.SHARED_SETTINGS``: a mismatch is a ConfigError, exit 78, on every rank); then,
+``job_member.SHARED_SETTINGS``: a member that differs from rank 0 exits 78 with a
+ConfigError, and the others form the group again without it); then,
 policy by policy, the member with the newest weights (highest ``weights_seq_no``; on a
 tie the one that has run the most gradient steps, ``job_member.newest_member``) broadcasts
 its training state and sequence number. A first start that cannot serve or reach the
@@ -91,7 +92,10 @@ class JobShell(LearnerShell):
         policy the newest member's state and sequence number, publish."""
         self._check_device_kinds()  # (local: before the group, which would wait for us)
         self.job.enter(window_s, self.ctx.heartbeat)
-        self._check_same_job()
+        while self._check_same_job():  # (some member differs from rank 0 and leaves: again
+            self.job.leave_group()      # without it)
+            self.job.members = [0] if self.cluster.rank == 0 else []
+            self.job.enter(window_s, self.ctx.heartbeat)
         sources = {learner.name: learner.join_job() for learner in self._ordered()}
         self.detached = False
         log.info("joined_job", rank=self.cluster.rank, generation=self.job.generation,
@@ -108,20 +112,27 @@ class JobShell(LearnerShell):
                               f"the job's device kind ({self.job.device.type}); here they learn on "
                               f"{', '.join(kinds)}")
 
-    def _check_same_job(self) -> None:
-        """ConfigError on every member when the members' trainable policies, spaces,
-        networks or shared settings differ (one gather)."""
+    def _check_same_job(self) -> bool:
+        """One gather of every member's trainable policies, spaces, networks and shared
+        settings. A member whose differ from rank 0's raises ConfigError (exit 78: its config
+        must change); the others log it and return True (that member leaves the group: form
+        it again without it); False when all agree. Rank 0's config is the job's."""
         ordered = self._ordered()
         mine = hashlib.sha256(repr([(p.name, job_fingerprint(p.policy)) for p in ordered]).encode())
         prints = self.job.gather(int.from_bytes(mine.digest()[:7], "big"))
-        if len(set(prints)) > 1:
-            others = [self.job.members[i] for i, p in enumerate(prints) if p != prints[self.job.index]]
-            keys = sorted({f"{section}.{'/'.join(settings)}"
-                           for section, settings in (shared_settings(p.policy) for p in ordered)})
+        odd = [self.job.members[i] for i, p in enumerate(prints) if p != prints[0]]
+        if not odd:
+            return False
+        keys = sorted({f"{section}.{'/'.join(settings)}"
+                       for section, settings in (shared_settings(p.policy) for p in ordered)})
+        what = (f"train different trainable policies, spaces, networks, learner.algorithm or "
+                f"{', '.join(keys)}: every rank's config must agree with rank 0's")
+        if self.cluster.rank in odd:
             self.job.close()
-            raise ConfigError(f"cluster.world_size: rank {self.cluster.rank} and rank(s) {others} "
-                              f"train different trainable policies, spaces, networks, "
-                              f"learner.algorithm or {', '.join(keys)}: every rank's config must agree")
+            others = [m for m in self.job.members if m not in odd]
+            raise ConfigError(f"cluster.world_size: rank {self.cluster.rank} and rank(s) {others} {what}")
+        log.error("job_member_refused", rank=self.cluster.rank, refused=odd, why=what)
+        return True
 
     def _reform(self, reason: str) -> None:
         """Re-form after a lost member or for a newcomer. A rank that cannot reach rank 0's

@@ -264,7 +264,8 @@ def exit_code(d: DaemonProcess, timeout_s: float = 60.0) -> int:
 
 def test_bad_cluster_configs_exit_78_naming_the_key(tmp_path):
     """Launched together: a rank 1 whose master is a closed loopback port (fails within its
-    1 s collective timeout), and two ranks training different spaces (both refuse)."""
+    1 s collective timeout), and a job whose rank 1 trains different spaces than rank 0: that
+    rank exits 78 naming the key, rank 0 (whose config is the job's) refuses it and runs on."""
     pool = DaemonPool(tmp_path)
     master = f"127.0.0.1:{free_port()}"
     try:
@@ -281,8 +282,12 @@ def test_bad_cluster_configs_exit_78_naming_the_key(tmp_path):
             d.launch()
         assert exit_code(lost) == 78, lost.log()
         assert "cluster.master = '127.0.0.1:" in lost.log() and "could not reach" in lost.log()
-        for rank, d in enumerate(ranks):
-            assert exit_code(d) == 78, d.log()
-            assert f"cluster.world_size: rank {rank} and rank(s) [{1 - rank}] train different" in d.log()
+        assert exit_code(ranks[1]) == 78, ranks[1].log()
+        assert "cluster.world_size: rank 1 and rank(s) [0] train different" in ranks[1].log()
+        wait_for(lambda: '"event": "job_member_refused"' in ranks[0].log(), 30, what="rank 0's refusal")
+        assert '"refused": [1]' in ranks[0].log() and ranks[0].proc.poll() is None
+        wait_for(lambda: '"members": [0]' in ranks[0].log().split("job_member_refused")[-1], 30,
+                 what="rank 0 forming the job again without rank 1")
+        ranks[0].check_clean_exit = True  # (pool.close() stops it: exit 0)
     finally:
         pool.close()

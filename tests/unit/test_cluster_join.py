@@ -112,3 +112,22 @@ def test_a_job_whose_policies_learn_on_different_device_kinds_is_refused():
     with pytest.raises(ConfigError, match=r"learner\.device: .* kind \(cpu\); here they learn on cpu, cuda"):
         shell._check_device_kinds()
     assert closed == [True]
+
+
+@pytest.mark.parametrize("rank, refused", [(0, False), (2, False), (1, True)])
+def test_a_member_whose_config_differs_from_rank_0s_leaves_and_the_others_form_again(rank, refused):
+    """Rank 0's config is the job's: the member that differs exits 78 (ConfigError naming
+    the ranks it differs from), the others are told to form the group again without it."""
+    from rlinkd.daemon.config import ClusterConfig
+    from rlinkd.daemon.errors import ConfigError
+    from rlinkd.daemon.learner.job_shell import JobShell
+    job = GatherJob([11, 22, 11])
+    job.members, job.close = [0, 1, 2], lambda: None
+    shell = JobShell.__new__(JobShell)
+    shell.cluster, shell.job, shell.policies = ClusterConfig(world_size=3, rank=rank), job, {}
+    if refused:
+        with pytest.raises(ConfigError, match=r"cluster\.world_size: rank 1 and rank\(s\) \[0, 2\] train different"):
+            shell._check_same_job()
+    else:
+        assert shell._check_same_job() is True
+    assert JobShell._check_same_job(SimpleNamespace(job=GatherJob([5, 5]), _ordered=lambda: [])) is False
