@@ -10,6 +10,7 @@ honours it per operation); a member that dies makes the others' collective fail 
 from __future__ import annotations
 
 import datetime
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -25,6 +26,11 @@ from rlinkd.daemon.errors import ConfigError
 POLL_S = 0.02
 PLACEMENT_KEY = "placement"
 """Store key: rank 0's device kind and backend, which every rank of the job must share."""
+
+
+NCCL_ERRORS_VAR = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+"""torch's NCCL error mode; rlinkd sets 2 (abort the communicator, raise in the caller) unless
+the environment chose: a lost member must end in a re-form, not a killed learner."""
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -130,6 +136,8 @@ class Job:
     def _form_group(self, generation: int, members: list[int]) -> None:
         self.leave_group()
         self.generation, self.members = generation, members
+        if self.backend == "nccl":  # a timed-out NCCL collective raises (2) instead of aborting
+            os.environ.setdefault(NCCL_ERRORS_VAR, "2")  # the process (torch's default, 3)
         dist.init_process_group(self.backend, store=dist.PrefixStore(f"pg/{generation}/",
                                                                      self.membership.store),
                                 rank=self.index, world_size=len(members),

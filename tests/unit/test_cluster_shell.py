@@ -121,3 +121,25 @@ def test_a_rank_asking_to_join_beats_before_each_store_call():
     with pytest.raises(RuntimeError, match="timed out"):
         job._ask_until_member(lambda: events.append("beat"))
     assert events[:2] == ["beat", "store"]
+
+
+@pytest.mark.parametrize("backend, preset, want", [("nccl", None, "2"), ("nccl", "1", "1"), ("gloo", None, None)])
+def test_an_nccl_group_raises_on_a_timeout_instead_of_aborting(monkeypatch, backend, preset, want):
+    """torch's default NCCL error mode kills the process on a collective's timeout: a lost
+    member would crash every survivor instead of making them re-form. Unless the
+    environment chose a mode, rlinkd asks for 2 (raise in the caller)."""
+    import os
+
+    from rlinkd.daemon.cluster import job as job_module
+    from rlinkd.daemon.cluster.job import NCCL_ERRORS_VAR, Job
+    monkeypatch.setenv(NCCL_ERRORS_VAR, preset or "")  # (restored after the test either way)
+    if preset is None:
+        monkeypatch.delenv(NCCL_ERRORS_VAR)
+    monkeypatch.setattr(job_module.dist, "init_process_group", lambda *a, **kw: None)
+    monkeypatch.setattr(job_module.dist, "PrefixStore", lambda *a: None)
+    job = Job.__new__(Job)
+    job.backend, job.rank, job.membership = backend, 0, SimpleNamespace(store=None)
+    job.cluster = ClusterConfig(world_size=2, rank=0, master="127.0.0.1:1")
+    job.leave_group = lambda: None
+    job._form_group(1, [0, 1])
+    assert os.environ.get(NCCL_ERRORS_VAR) == want
