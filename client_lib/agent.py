@@ -179,10 +179,11 @@ class Agent:
     def truncate(self) -> None:
         """End the episode in progress as truncated at its last recorded step (nothing when
         it has no steps here): the next ``act`` starts an episode, with zeros for a recurrent
-        policy's state. For a driver that resets its env mid-episode. ValueError if an
-        action is pending (step it first)."""
+        policy's state; an evaluation episode cut short is not reported. For a driver that
+        resets its env mid-episode. ValueError if an action is pending (step it first)."""
         if self.pending is not None:
             raise ValueError("truncate(): an action is pending (step it first)")
+        self.tally.abandon()
         if self.buffer.actions:
             self.done_fragments.append(self.buffer.to_fragment(False, True))
         self.buffer = FragmentBuffer(max_seq_len=self.max_seq_len)

@@ -41,6 +41,11 @@ class EvalTally:
             if len(self.done) >= EVAL_BATCH or time.monotonic() - self.last_sent >= EVAL_PERIOD_S:
                 self.flush()
 
+    def abandon(self) -> None:
+        """Forget the running episode (cut short by a reset: its return is not a whole
+        episode's, and reporting it would bias the evaluation)."""
+        self.ret, self.length = 0.0, 0
+
     def flush(self) -> None:
         if self.done:
             episodes, self.done = tuple(self.done), []

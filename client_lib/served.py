@@ -340,7 +340,8 @@ class ServedAgent:
         self.lost_episodes = 0
         self.generation = link.generation  # the link's connection the open episode lives on
         self.metrics = MetricBuffer(link.send_message)
-        self.last_obs: Any = None  # the last step's next_obs (the final one, if truncated)
+        self.last_obs: Any = None  # the open episode's last next_obs (its final one, if truncated)
+        self.pending = False       # an act not stepped yet
 
     def log_metric(self, name: str, value: float) -> None:
         """A scalar for TensorBoard ``client/<name>`` (see ``Agent.log_metric``)."""
@@ -357,6 +358,7 @@ class ServedAgent:
                 raise
             self._recover(exc)
             action, self.weights_seq_no = self.link._with_retry(lambda: self._request(obs))
+        self.pending = True
         return action
 
     def _request(self, obs) -> tuple[object, int]:
@@ -370,7 +372,8 @@ class ServedAgent:
                 answer = link.request(OP_START, 0.0, _wire(obs), EVALUATE if self.evaluate else 0)
             else:
                 answer = link.start(eid, _wire(obs), self.evaluate, self.policy)
-            self.episode_id, self.generation = eid, link.generation  # (once it started)
+            # (set once it started)
+            self.episode_id, self.generation, self.last_obs = eid, link.generation, None
             return answer
         reward, self.reward = self.reward, 0.0
         if isinstance(link, ServedShmLink):
@@ -389,10 +392,12 @@ class ServedAgent:
         if self.episode_id is None:
             raise RuntimeError("step() must follow act()")
         self.reward += float(reward)
+        self.pending = False
         if not (terminated or truncated):
             self.last_obs = next_obs
             return
         reward, self.reward, eid, self.episode_id = self.reward, 0.0, self.episode_id, None
+        self.last_obs = None
         if self.link.generation != self.generation:  # (its connection is gone: nothing to end)
             self.lost_episodes += 1
             return
@@ -410,7 +415,10 @@ class ServedAgent:
     def truncate(self) -> None:
         """End the episode in progress as truncated at its last step (its final observation
         the last ``step``'s): the next ``act`` starts an episode. For a driver that resets
-        its env mid-episode; nothing when no episode is open."""
+        its env mid-episode; nothing when no episode is open. ValueError if an action is
+        pending (step it first)."""
+        if self.pending:
+            raise ValueError("truncate(): an action is pending (step it first)")
         if self.episode_id is not None and self.last_obs is not None:
             self.step(0.0, self.last_obs, False, True)
         self.episode_id, self.last_obs = None, None

@@ -29,8 +29,11 @@ PLACEMENT_KEY = "placement"
 
 
 NCCL_ERRORS_VAR = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
-"""torch's NCCL error mode; rlinkd sets 2 (abort the communicator, raise in the caller) unless
-the environment chose: a lost member must end in a re-form, not a killed learner."""
+NCCL_ENV = {NCCL_ERRORS_VAR: "2", "TORCH_NCCL_BLOCKING_WAIT": "1"}
+"""Set before an NCCL group forms, unless the environment chose: torch's default error mode
+tears the process down on a timed-out collective; 2 only aborts the communicator, and a
+blocking wait makes the collective's own call raise (a RuntimeError) before its result is
+used: a lost member must end in a re-form, not a killed learner or a half-reduced gradient."""
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -136,8 +139,9 @@ class Job:
     def _form_group(self, generation: int, members: list[int]) -> None:
         self.leave_group()
         self.generation, self.members = generation, members
-        if self.backend == "nccl":  # a timed-out NCCL collective raises (2) instead of aborting
-            os.environ.setdefault(NCCL_ERRORS_VAR, "2")  # the process (torch's default, 3)
+        if self.backend == "nccl":  # a timed-out collective must raise before its result is read
+            for var, value in NCCL_ENV.items():
+                os.environ.setdefault(var, value)
         dist.init_process_group(self.backend, store=dist.PrefixStore(f"pg/{generation}/",
                                                                      self.membership.store),
                                 rank=self.index, world_size=len(members),

@@ -16,7 +16,7 @@ head_fcnet_hiddens: []}``.
 
 Served networks (``rllib_net_error`` says why another is not): a rank-1 float Box
 observation and a Discrete (start 0) or float rank-1 Box action (Gaussian), at least one
-hidden layer, no ``encoder_hidden_sizes``, CNN or action mask. Mapping (``rllib_state``):
+hidden layer, no ``encoder_hidden_sizes``, CNN, action mask or recurrent cell. Mapping (``rllib_state``):
 ``pi.i``/``vf.i`` hidden layers -> ``encoder.{actor,critic}_encoder.net.mlp.{2i}``; the
 heads -> ``{pi,vf}.net.mlp.0``; the observation normaliser is folded into the first layer
 (W / std, b - W @ (mean / std)); a Box action's state-independent log-std becomes the

@@ -92,9 +92,9 @@ class JobShell(LearnerShell):
         policy the newest member's state and sequence number, publish."""
         self._check_device_kinds()  # (local: before the group, which would wait for us)
         self.job.enter(window_s, self.ctx.heartbeat)
-        while self._check_same_job():  # (some member differs from rank 0 and leaves: again
-            self.job.leave_group()      # without it)
-            self.job.members = [0] if self.cluster.rank == 0 else []
+        while refused := self._check_same_job():  # (they leave: form the group again without
+            self.job.leave_group()                 # them, waiting for the members that agreed)
+            self.job.members = [m for m in self.job.members if m not in refused]
             self.job.enter(window_s, self.ctx.heartbeat)
         sources = {learner.name: learner.join_job() for learner in self._ordered()}
         self.detached = False
@@ -112,17 +112,17 @@ class JobShell(LearnerShell):
                               f"the job's device kind ({self.job.device.type}); here they learn on "
                               f"{', '.join(kinds)}")
 
-    def _check_same_job(self) -> bool:
+    def _check_same_job(self) -> list[int]:
         """One gather of every member's trainable policies, spaces, networks and shared
         settings. A member whose differ from rank 0's raises ConfigError (exit 78: its config
-        must change); the others log it and return True (that member leaves the group: form
-        it again without it); False when all agree. Rank 0's config is the job's."""
+        must change); the others log it and return the ranks that differ (they leave the
+        group: form it again without them); [] when all agree. Rank 0's config is the job's."""
         ordered = self._ordered()
         mine = hashlib.sha256(repr([(p.name, job_fingerprint(p.policy)) for p in ordered]).encode())
         prints = self.job.gather(int.from_bytes(mine.digest()[:7], "big"))
         odd = [self.job.members[i] for i, p in enumerate(prints) if p != prints[0]]
         if not odd:
-            return False
+            return []
         keys = sorted({f"{section}.{'/'.join(settings)}"
                        for section, settings in (shared_settings(p.policy) for p in ordered)})
         what = (f"train different trainable policies, spaces, networks, learner.algorithm or "
@@ -132,7 +132,7 @@ class JobShell(LearnerShell):
             others = [m for m in self.job.members if m not in odd]
             raise ConfigError(f"cluster.world_size: rank {self.cluster.rank} and rank(s) {others} {what}")
         log.error("job_member_refused", rank=self.cluster.rank, refused=odd, why=what)
-        return True
+        return odd
 
     def _reform(self, reason: str) -> None:
         """Re-form after a lost member or for a newcomer. A rank that cannot reach rank 0's

@@ -141,5 +141,8 @@ def test_an_nccl_group_raises_on_a_timeout_instead_of_aborting(monkeypatch, back
     job.backend, job.rank, job.membership = backend, 0, SimpleNamespace(store=None)
     job.cluster = ClusterConfig(world_size=2, rank=0, master="127.0.0.1:1")
     job.leave_group = lambda: None
+    monkeypatch.delenv("TORCH_NCCL_BLOCKING_WAIT", raising=False)
     job._form_group(1, [0, 1])
     assert os.environ.get(NCCL_ERRORS_VAR) == want
+    assert os.environ.get("TORCH_NCCL_BLOCKING_WAIT") == (None if backend == "gloo" else "1")
+    os.environ.pop("TORCH_NCCL_BLOCKING_WAIT", None)

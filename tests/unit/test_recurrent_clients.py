@@ -287,3 +287,19 @@ def test_a_vector_copy_whose_piece_was_sent_starts_its_next_episode_under_a_new_
     assert ids[("env_0", 100.0)] != ids[("env_0", 200.0)] and ids[("env_1", 150.0)] != ids[("env_1", 250.0)]
     check_chain(link, [[base + i for i in range(n)] for base, n in
                        ((100.0, 4), (150.0, 4), (200.0, 2), (250.0, 2))])
+
+
+def test_an_evaluation_episode_cut_short_by_truncate_is_not_reported():
+    link = Link("gru", steps=10)
+    sent: list = []
+    link.send_message, link.refresh = sent.append, lambda seq: None  # type: ignore[method-assign]
+    agent = Agent(link, mode="evaluate")
+    for i in range(5):
+        agent.act(obs(float(i)))
+        agent.step(1.0, obs(i + 1.0), False, False)
+    agent.truncate()
+    agent.act(obs(9.0))
+    agent.step(2.0, obs(10.0), True, False)
+    agent.close()
+    episodes = [e for msg in sent for e in msg.episodes]
+    assert [(e.episode_return, e.episode_length) for e in episodes] == [(2.0, 1)]

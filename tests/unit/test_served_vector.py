@@ -176,3 +176,20 @@ def test_a_served_agent_truncates_its_open_episode():
     (_, eid, _), (end, ended, reward, final, term, trunc), (start, new, _) = link.calls
     assert (end, ended, reward, final, term, trunc) == ("end", eid, 1.5, [1.0, 1.0], False, True)
     assert start == "start" and new != eid
+
+
+def test_a_served_agent_truncates_with_the_open_episodes_own_last_observation():
+    """After an episode ended, the next one's truncation ENDs with its own last observation
+    (not the ended one's); an act not stepped yet cannot be truncated."""
+    from rlinkd.client_lib.served import ServedAgent
+    link = AgentLink()
+    agent = ServedAgent(link)  # type: ignore[arg-type]
+    agent.act(np.zeros(2, np.float32))
+    agent.step(1.0, np.full(2, 4.0, np.float32), True, False)     # episode 1 ends
+    agent.act(np.full(2, 5.0, np.float32))
+    with pytest.raises(ValueError, match="pending"):
+        agent.truncate()
+    agent.step(1.0, np.full(2, 6.0, np.float32), False, False)
+    agent.truncate()
+    ends = [c for c in link.calls if c[0] == "end"]
+    assert [(c[3], c[4], c[5]) for c in ends] == [([4.0, 4.0], True, False), ([6.0, 6.0], False, True)]
