@@ -35,12 +35,13 @@ is averaged, how the averaged gradient is applied, or the schedules every rank s
 updates_per_step, learning_starts_steps, buffer_size_steps) are each rank's: its replay."""
 
 
-def joined_seq_no(seq_nos: list[int], prints: list[int], source: int) -> int:
+def joined_seq_no(seq_nos: list[int], prints: list[int], source: int, changed: bool = False) -> int:
     """The sequence number a newly formed group publishes member ``source``'s weights
     under: the newest, or one past it when a member published other weights (``prints``
-    differ) under that same number."""
+    differ) under that same number, or the source's weights changed since it published
+    them (``changed``: steps of a cut replay round stay applied)."""
     top = max(seq_nos)
-    clash = any(s == top and p != prints[source] for s, p in zip(seq_nos, prints))
+    clash = changed or any(s == top and p != prints[source] for s, p in zip(seq_nos, prints))
     return top + 1 if clash else top
 
 
@@ -108,13 +109,16 @@ class JobMember:
         those weights but fresh optimizer moments, targets and counters, and must not
         overwrite an intact copy (then the first such). The sequence number is one past the
         newest when another member published different weights under it (each rank's first
-        weights, seq 0, are its own random ones): readers keyed by the number would keep them."""
+        weights, seq 0, are its own random ones) or the source's changed since it published
+        them: readers keyed by the number would keep the old ones."""
         core = self._job_core()
         seq_nos, updates = self.job.gather(self.seq_no), self.job.gather(core.updates)
-        prints = self.job.gather(int(weights_digest(core.flat_weights())[:14], 16))  # 56 bits
+        now = weights_digest(core.flat_weights())
+        changed = bool(self.digest) and now != self.digest  # (a cut replay round's applied steps)
+        both = self.job.gather(int(now[:14], 16) << 1 | changed)  # (56 bits, then the flag)
         source = newest_member(seq_nos, updates)
         core.take_job_state(source)
-        self.seq_no = joined_seq_no(seq_nos, prints, source)
+        self.seq_no = joined_seq_no(seq_nos, [b >> 1 for b in both], source, bool(both[source] & 1))
         self._announce()
         return int(self.job.members[source])
 

@@ -46,7 +46,7 @@ class Core:
 
 class Member(JobMember):
     def __init__(self, job: GatherJob) -> None:
-        self.job, self.seq_no, self.core, self.announced = job, 7, Core(), False
+        self.job, self.seq_no, self.core, self.announced, self.digest = job, 7, Core(), False, ""
 
     def _job_core(self) -> Core:  # type: ignore[override]
         return self.core
@@ -58,7 +58,7 @@ class Member(JobMember):
 def test_a_restarted_rank_does_not_overwrite_an_intact_copy_on_a_tie():
     """Rank 0's learner restarted (its weights from the board, nothing else): rank 1's
     state, at the same sequence number but 120 steps run, is the one the job takes."""
-    member = Member(GatherJob([7, 7], [0, 120], [5, 5]))   # (the same weights: the board's)
+    member = Member(GatherJob([7, 7], [0, 120], [5 << 1, 5 << 1]))   # (the same weights: the board's)
     assert member.join_job() == 1
     assert member.core.taken == 1 and member.seq_no == 7 and member.announced
 
@@ -74,6 +74,18 @@ def test_a_number_another_member_published_other_weights_under_is_not_reused(seq
                                                                              seq_no):
     from rlinkd.daemon.learner.job_member import joined_seq_no
     assert joined_seq_no(seq_nos, prints, source) == seq_no
+
+
+def test_weights_changed_since_their_publication_take_a_new_number():
+    """A replay round cut after some steps were applied: the survivor's weights are not the
+    ones it published under its number any more."""
+    from rlinkd.daemon.learner.job_member import joined_seq_no
+    assert joined_seq_no([9], [11], 0, changed=True) == 10
+    assert joined_seq_no([9], [11], 0, changed=False) == 9
+    member = Member(GatherJob([9, 9], [5, 5], [22 << 1 | 1, 22 << 1]))
+    member.digest = "published"  # (not the current weights' digest: they changed)
+    member.join_job()
+    assert member.seq_no == 10
 
 
 class ExchangeJob:
