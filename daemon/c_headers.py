@@ -165,7 +165,8 @@ def client_header() -> str:
     out += _enum_values("RLK_LANE_", {n: getattr(lanes, f"STATUS_{n}") for n in ("OK", "BAD_OP", "BAD_OBS", "LOST")})
     out += ["\n/* step records (shm.records) */\n"]
     out += _enum_values("RLK_REC_", {n: getattr(records, n) for n in
-                                     ("TERMINATED", "TRUNCATED", "FINAL_OBS", "HAS_LOGP", "HAS_DIST")})
+                                     ("TERMINATED", "TRUNCATED", "FINAL_OBS", "HAS_LOGP", "HAS_DIST",
+                                      "HAS_STATE")})
     out += [unsigned("RLK_REC_HEADER_BYTES", records.STEP_HEADER_BYTES, "records.STEP_HEADER_BYTES"),
             *ring_and_board(), "\n#endif\n"]
     return "".join(out)

@@ -1,7 +1,8 @@
 """The C client's client-side inference agrees with Python's: the actor it interprets from
-ATTACHED's network description (``netops.network_json``) gives the dist inputs NumpyNet gives,
-and its action choice the greedy actions and log-probabilities of ``distributions.ActionDist``
-(sampled actions: their log-probs, bounds and moments). Runs the sanitized
+ATTACHED's network description (``netops.network_json``) gives the dist inputs NumpyNet gives
+(a recurrent one also its state_out: LSTM and GRU), and its action choice the greedy actions
+and log-probabilities of ``distributions.ActionDist`` (sampled actions: their log-probs,
+bounds and moments). Runs the sanitized
 client_lib/c/tests/forward_check.c, built here with the client's Makefile."""
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from rlinkd.client_lib.protocol.netnumpy import NumpyNet
-from rlinkd.client_lib.protocol.netops import DIST, network_json
+from rlinkd.client_lib.protocol.netops import DIST, STATE_OUT, network_json
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.spaces import space_from_json
 from tests.helpers import REPO
@@ -43,11 +44,13 @@ def make_spec(obs: dict, act: dict, **kw) -> tuple[PolicySpec, np.ndarray]:
 
 
 def run(checker, tmp_path, spec: PolicySpec, flat: np.ndarray, obs: np.ndarray,
-        epsilon: float = -1.0) -> dict:
+        epsilon: float = -1.0, state: np.ndarray | None = None, samples: int = SAMPLES) -> dict:
     case = {"network": network_json(spec.net, spec.action_components), "weights": flat.tolist(),
             "obs": obs.reshape(-1).tolist(), "rows": len(obs), "obs_size": spec.obs_size,
-            "act_size": spec.action_size, "dist_size": spec.dist_size, "samples": SAMPLES,
+            "act_size": spec.action_size, "dist_size": spec.dist_size, "samples": samples,
             "epsilon": epsilon, "seed": 11}
+    if state is not None:
+        case["state"] = state.reshape(-1).tolist()
     path = tmp_path / "case.json"
     path.write_text(json.dumps(case))
     proc = subprocess.run([str(checker), str(path)], capture_output=True, text=True, timeout=120)
@@ -86,6 +89,41 @@ def test_c_actor_and_choice_agree_with_python(checker, tmp_path, name):
     spread = reference.std(axis=0)  # five standard errors of the two estimates' difference
     assert np.all(np.abs(sampled.mean(axis=0) - reference.mean(axis=0)) <= 5 * spread * np.sqrt(2 / SAMPLES) + 1e-3)
     assert np.all(np.abs(sampled.std(axis=0) - spread) <= 5 * spread / np.sqrt(SAMPLES) + 1e-3)
+
+
+RECURRENT = {
+    "lstm": (box([3]), {"type": "Discrete", "n": 3}, {"recurrent": "lstm", "recurrent_size": 6}),
+    "gru": (box([2, 2]), box([2], -2.0, 2.0), {"recurrent": "gru", "recurrent_size": 5,
+                                               "hidden_sizes": (16,), "activation": "relu"}),
+}
+
+
+def recurrent_step(checker, tmp_path, spec, flat, obs, state) -> tuple[np.ndarray, np.ndarray]:
+    """One step in C, checked against NumpyNet from the same state: C's (dist, state_out)."""
+    got = run(checker, tmp_path, spec, flat, obs, state=state, samples=0)
+    want = NumpyNet(spec, flat, (DIST,)).run({"": obs.reshape(len(obs), *spec.obs_space.shape)}, state)
+    state_out = got["state_out"].reshape(want[STATE_OUT].shape)
+    np.testing.assert_allclose(got["dist"].reshape(want[DIST].shape), want[DIST], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(state_out, want[STATE_OUT], rtol=1e-4, atol=1e-5)
+    return got["dist"], state_out
+
+
+@pytest.mark.parametrize("cell", sorted(RECURRENT))
+def test_c_recurrent_actor_agrees_with_python(checker, tmp_path, cell):
+    """The cell from a nonzero state, then an episode of steps chained from zeros (each fed
+    the state_out C gave at the step before): dist inputs and state_out as NumpyNet's."""
+    obs_space, act_space, kw = RECURRENT[cell]
+    spec, flat = make_spec(obs_space, act_space, **kw)
+    rng = np.random.default_rng(5)
+    width = spec.net.state_width
+    assert width == (12 if cell == "lstm" else 5)
+    obs = rng.normal(0.0, 1.0, (4, 8, spec.obs_size)).astype(np.float32)
+    recurrent_step(checker, tmp_path, spec, flat, obs[0], rng.normal(0.0, 1.0, (8, width)).astype(np.float32))
+    state = np.zeros((8, width), np.float32)
+    for step in obs:
+        _, new_state = recurrent_step(checker, tmp_path, spec, flat, step, state)
+        assert not np.allclose(new_state, state)  # (the state moves: the cell is really run)
+        state = new_state
 
 
 def test_c_epsilon_greedy_matches_the_python_mixture(checker, tmp_path):

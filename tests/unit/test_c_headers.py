@@ -86,10 +86,11 @@ C_KEY_READS = re.compile(r'(?:rlk_json_get\([^;]*?|\b(?:str|value|param|size)_fi
 
 def python_json_keys() -> set[str]:
     """Every key Python puts into what the C client reads: message fields (plus "type"),
-    the rendered network, spaces, step and lane layouts."""
+    the rendered networks (a recurrent one too), spaces, step and lane layouts, the state
+    contract."""
     import dataclasses as dc
 
-    from rlinkd.client_lib.protocol import codec, netops, serving
+    from rlinkd.client_lib.protocol import codec, netops, recurrent, serving
     from rlinkd.client_lib.protocol.distributions import components
     from rlinkd.client_lib.protocol.policy_spec import PolicySpec
     from rlinkd.client_lib.protocol.spaces import Box, Dict, Discrete, MultiDiscrete
@@ -103,7 +104,10 @@ def python_json_keys() -> set[str]:
     spec = PolicySpec(Box((3,), low=-1.0, high=1.0),  # (a mixed action: Slice, Tile, Clip ops)
                       Dict({"a": Discrete(2), "b": Box((2,), low=-1.0, high=1.0)}))
     step = StepLayout.flat(3, 2, 4)
+    memory = PolicySpec(Box((3,)), Discrete(2), recurrent="lstm", recurrent_size=4)
     rendered = [netops.network_json(spec.net, components(spec.act_space)), step.to_json(),
+                netops.network_json(memory.net, memory.action_components),
+                StepLayout.flat(3, 1, 2, state_size=8).to_json(), recurrent.state_contract("lstm", 4, 5),
                 lanes.LaneLayout(step).to_json(), Discrete(3).to_json(),
                 MultiDiscrete((2, 3)).to_json(), spec.obs_space.to_json()]
     return keys | set().union(*(_keys_of(r) for r in rendered))

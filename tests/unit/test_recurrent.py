@@ -1,11 +1,11 @@
 """The recurrent cell of the op list (`client_lib.protocol.recurrent`): torch, numpy and
 onnxruntime agree on outputs and state over sequences with episode resets, the cells are
 PyTorch's, feed-forward networks are untouched, and the paths that cannot carry a state
-(native backend, C client, a forward called without a state) refuse with a clear error."""
+(native backend, a forward called without a state) refuse with a clear error (the C client's
+cell: test_c_forward.py)."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import onnx
@@ -198,20 +198,6 @@ def test_the_native_backend_refuses_a_recurrent_network(cell):
     spec = PolicySpec(Box((3,)), Discrete(2), recurrent=cell, recurrent_size=4)
     with pytest.raises(netnative.Unsupported, match=f"recurrent network \\({cell}"):
         netnative.NativeNet(spec, spec.init_flat(np.random.default_rng(0)))
-
-
-def test_the_c_client_refuses_a_recurrent_network(tmp_path, c_build):
-    out = c_build("san/forward_check")
-    spec = PolicySpec(Box((3,)), Discrete(2), recurrent="gru", recurrent_size=4)
-    case = {"network": netops.network_json(spec.net, spec.action_components),
-            "weights": spec.init_flat(np.random.default_rng(0)).tolist(), "obs": [0.0] * 3,
-            "rows": 1, "obs_size": 3, "act_size": 1, "dist_size": 2, "samples": 0,
-            "epsilon": -1, "seed": 1}
-    (tmp_path / "case.json").write_text(json.dumps(case))
-    proc = subprocess.run([str(out / "san" / "forward_check"), str(tmp_path / "case.json")],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 3 and proc.stderr.startswith("RLK_E_UNSUPPORTED"), proc.stderr
-    assert "recurrent (op State)" in proc.stderr and "server-side inference" in proc.stderr
 
 
 def test_gradients_flow_through_the_chunk_and_stop_at_a_reset():

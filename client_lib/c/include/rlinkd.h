@@ -54,9 +54,11 @@
  * Every env_steps_per_sample steps (the daemon's setting) the sample is sent and newer
  * weights are read (with force_on_policy, after the learner trained on it). The step records
  * of a sample are kept until the daemon acknowledged it: after a reconnect they are written
- * again into the new ring, and the episodes in progress go on. Networks other than an MLP
- * over a flat float Box (images, action masks, discrete observations) and frozen models fail
- * rlk_connect with RLK_E_UNSUPPORTED: use server-side inference for those. Memory: the
+ * again into the new ring, and the episodes in progress go on. A policy with memory (an LSTM
+ * or GRU cell) keeps each agent's state here: zeros when its episode opens, then the cell's
+ * output after each action; records carry it on the daemon's state grid. Networks other than
+ * an MLP over a flat float Box (images, action masks, discrete observations) and frozen
+ * models fail rlk_connect with RLK_E_UNSUPPORTED: use server-side inference for those. Memory: the
  * network's values for max_agents rows (at most 256 MiB, else RLK_E_LIMIT), the weights (at
  * most 64 Mi floats), and the staged records of one sample (at most 64 MiB and the ring's
  * capacity, but at least 4 records per agent); a sample is written into the ring all at

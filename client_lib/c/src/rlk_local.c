@@ -41,6 +41,10 @@ struct rlk_local {
     local_agent *agents;
     float *obs, *actions, *dist;   /* [max_agents, O | A | D] */
     float *batch_obs, *batch_dist; /* [max_agents, O | D] scratch of one forward */
+    float *states;          /* [4, max_agents, S] (S = 0: feed-forward): next, fed, batch in, batch out */
+    float *state_next;      /* each agent's state for its next step (zeros when its episode opens) */
+    float *state_fed;       /* ... and the state fed before its current step (the record's) */
+    float *batch_state, *batch_state_out;  /* one forward's */
     int *rows;              /* [max_agents] agents of one forward */
     unsigned char *staged;  /* [staging_cap, record_bytes] */
     size_t n_staged, staging_cap;
@@ -59,6 +63,28 @@ static int str_of(const char *s, const rlk_jtok *toks, int key, char *out, size_
     return key >= 0 && toks[key].type == RLK_J_STRING && (size_t)toks[key].len < cap ? rlk_json_str(s, &toks[key], out, cap) : -1;
 }
 
+/* The record layout of the spaces, the dist inputs and the network's state, checked against ATTACHED's. */
+static rlk_status read_layout(const char *s, const rlk_jtok *toks, const rlk_spaces *sp, size_t dist_size,
+                              rlk_attached *out, rlk_reply_info *info) {
+    out->layout = rlk_layout_flat(sp->obs_size, sp->act_size, dist_size, rlk_mlp_state_width(out->mlp));
+    rlk_status st = rlk_layout_check(s, toks, rlk_json_get(s, toks, 0, "layout"), &out->layout);
+    return st == RLK_OK ? st : fail(info, st, "ATTACHED's record layout does not match the spaces");
+}
+
+/* ATTACHED's additive "state" (recurrent.state_contract): present exactly when the network
+ * carries a state; its max_seq_len L places the records' states (fragment steps 0, L, 2L, ...). */
+static rlk_status read_state_grid(const char *s, const rlk_jtok *toks, rlk_attached *out, rlk_reply_info *info) {
+    int state = rlk_json_get(s, toks, 0, "state"), len = rlk_json_get(s, toks, state, "max_seq_len");
+    double l = 0;
+    if (state < 0 && !out->layout.state_size) return RLK_OK;
+    if (state < 0 || !out->layout.state_size || len < 0 || rlk_json_num(s, &toks[len], &l) != 0 ||
+        !(l >= 1 && l <= 1e9) || l != floor(l))
+        return fail(info, RLK_E_PROTOCOL, "ATTACHED's \"state\" does not fit the network (a recurrent state and "
+                    "a positive integer max_seq_len)");
+    out->max_seq_len = (long)l;
+    return RLK_OK;
+}
+
 rlk_status rlk_parse_attached(const char *s, size_t len, rlk_jtok *toks, int max_toks, const rlk_spaces *sp,
                               int max_rows, rlk_attached *out, rlk_reply_info *info) {
     memset(out, 0, sizeof *out);
@@ -75,9 +101,6 @@ rlk_status rlk_parse_attached(const char *s, size_t len, rlk_jtok *toks, int max
         snprintf(out->policy, sizeof out->policy, "%s", RLK_DEFAULT_POLICY);
     if (!out->board_path[0])
         return fail(info, RLK_E_UNSUPPORTED, "this policy has no board weights (a frozen model): use server-side inference");
-    if (rlk_json_get(s, toks, 0, "state") >= 0)  /* (a recurrent policy's state contract) */
-        return fail(info, RLK_E_UNSUPPORTED, "the policy is recurrent (ATTACHED has a \"state\"): the C client "
-                    "does not run recurrent networks, use server-side inference");
     int network = rlk_json_get(s, toks, 0, "network");
     if (network < 0 || toks[network].type != RLK_J_OBJECT)
         return fail(info, RLK_E_UNSUPPORTED, "ATTACHED without a network description (an older rlinkd?)");
@@ -90,10 +113,9 @@ rlk_status rlk_parse_attached(const char *s, size_t len, rlk_jtok *toks, int max
             return fail(info, RLK_E_PROTOCOL, "ATTACHED holds a malformed action distribution");
         dist_size += (size_t)w * (rlk_json_str_eq(s, &toks[kind], "categorical") ? 1 : 2);
     }
-    out->layout = rlk_layout_flat(sp->obs_size, sp->act_size, dist_size);
-    st = rlk_layout_check(s, toks, rlk_json_get(s, toks, 0, "layout"), &out->layout);
-    if (st != RLK_OK) return fail(info, st, "ATTACHED's record layout does not match the spaces");
     st = rlk_mlp_parse(s, toks, network, sp->obs_size, dist_size, max_rows, &out->mlp, info->err, info->err_cap);
+    if (st == RLK_OK) st = read_layout(s, toks, sp, dist_size, out, info);
+    if (st == RLK_OK) st = read_state_grid(s, toks, out, info);
     if (st == RLK_OK) st = rlk_dist_parse(s, toks, dist, dist_size, sp->act_size, &out->dist, info->err, info->err_cap);
     if (st != RLK_OK) rlk_attached_free(out);
     return st;
@@ -145,7 +167,7 @@ void rlk_local_free(rlk_local *l) {
     rlk_local_detach(l);
     rlk_attached_free(&l->at);
     void *parts[] = {l->agents, l->obs, l->actions, l->dist, l->batch_obs, l->batch_dist, l->rows, l->staged,
-                     l->weights, l->done};
+                     l->weights, l->done, l->states};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) free(parts[i]);
     free(l);
 }
@@ -156,6 +178,7 @@ const char *rlk_local_policy(const rlk_local *l) { return l->at.policy; }
  * what the ring does (a sample is written all at once). */
 static rlk_status allocate_for(rlk_local *l, size_t ring_capacity, char *err, size_t cap) {
     size_t m = (size_t)l->max_agents, d = l->at.layout.dist_size, rec = l->at.layout.record_bytes;
+    size_t ms = m * l->at.layout.state_size;
     size_t by_bytes = RLK_STAGING_BYTES / rec, least = RLK_STAGING_LEAST(m);
     l->staging_cap = l->evaluate ? 0 : by_bytes > least ? by_bytes : least;
     if (l->staging_cap > ring_capacity) l->staging_cap = ring_capacity;
@@ -167,13 +190,21 @@ static rlk_status allocate_for(rlk_local *l, size_t ring_capacity, char *err, si
     l->batch_dist = calloc(m * d, sizeof(float));
     l->weights = calloc(rlk_mlp_n_params(l->at.mlp), sizeof(float));
     l->staged = l->staging_cap ? malloc(l->staging_cap * rec) : NULL;
-    return l->dist && l->batch_dist && l->weights && (l->staged || !l->staging_cap) ? RLK_OK : RLK_E_NOMEM;
+    l->states = calloc(4 * ms + 1, sizeof(float));
+    if (l->states) {
+        l->state_next = l->states;
+        l->state_fed = l->states + ms;
+        l->batch_state = l->states + 2 * ms;
+        l->batch_state_out = l->states + 3 * ms;
+    }
+    return l->dist && l->batch_dist && l->weights && l->states && (l->staged || !l->staging_cap) ? RLK_OK : RLK_E_NOMEM;
 }
 
 /* Take the parsed ATTACHED: the first one sizes the buffers, later ones must describe the same policy. */
 static rlk_status adopt(rlk_local *l, rlk_attached *a, size_t ring_capacity, char *err, size_t cap) {
     if (l->attached_once) {  /* (new paths and sample size; the network must be the same) */
-        int same = rlk_mlp_same(l->at.mlp, a->mlp) && a->layout.record_bytes == l->at.layout.record_bytes;
+        int same = rlk_mlp_same(l->at.mlp, a->mlp) && a->layout.record_bytes == l->at.layout.record_bytes &&
+                   a->max_seq_len == l->at.max_seq_len;
         rlk_mlp *mlp = l->at.mlp;
         rlk_dist *dist = l->at.dist;
         rlk_attached_free(a);
@@ -230,15 +261,26 @@ rlk_status rlk_local_attach(rlk_local *l, rlk_attached *a, int sock, double time
 }
 
 /* ------------------------------------------------------------------ acting */
-/* One batched forward for the agents in l->rows[0..k): their actions, log-probs, dist inputs. */
+/* Row `to` of dst = row `from` of src (rows of w floats). */
+static void copy_row(float *dst, int to, const float *src, int from, size_t w) {
+    memcpy(dst + (size_t)to * w, src + (size_t)from * w, w * sizeof(float));
+}
+
+/* One batched forward for the agents in l->rows[0..k): their actions, log-probs, dist inputs
+ * and (a recurrent network) the state fed and the next one. */
 static void choose(rlk_local *l, int k) {
-    size_t os = l->sp.obs_size, as = l->sp.act_size, ds = l->at.layout.dist_size;
-    for (int r = 0; r < k; r++) memcpy(l->batch_obs + (size_t)r * os, l->obs + (size_t)l->rows[r] * os, os * sizeof(float));
-    rlk_mlp_forward(l->at.mlp, l->weights, l->batch_obs, k, l->batch_dist);
+    size_t os = l->sp.obs_size, as = l->sp.act_size, ds = l->at.layout.dist_size, ss = l->at.layout.state_size;
+    for (int r = 0; r < k; r++) {
+        copy_row(l->batch_obs, r, l->obs, l->rows[r], os);
+        copy_row(l->batch_state, r, l->state_next, l->rows[r], ss);
+    }
+    rlk_mlp_forward(l->at.mlp, l->weights, l->batch_obs, l->batch_state, k, l->batch_dist, l->batch_state_out);
     for (int r = 0; r < k; r++) {
         int i = l->rows[r];
         float *dist = l->dist + (size_t)i * ds;
-        memcpy(dist, l->batch_dist + (size_t)r * ds, ds * sizeof(float));
+        copy_row(l->dist, i, l->batch_dist, r, ds);
+        copy_row(l->state_fed, i, l->batch_state, r, ss);
+        copy_row(l->state_next, i, l->batch_state_out, r, ss);
         rlk_dist_choose(l->at.dist, dist, !l->evaluate, l->epsilon, &l->rng, l->actions + (size_t)i * as,
                         &l->agents[i].logp);
         l->agents[i].seq = l->weights_seq;
@@ -254,7 +296,8 @@ rlk_status rlk_local_act(rlk_local *l, int n, const float *obs, float *actions) 
     for (int i = 0; i < n; i++) {
         local_agent *a = &l->agents[i];
         if (a->open) continue;
-        memcpy(l->obs + (size_t)i * os, obs + (size_t)i * os, os * sizeof(float));
+        copy_row(l->obs, i, obs, i, os);
+        memset(l->state_next + (size_t)i * l->at.layout.state_size, 0, l->at.layout.state_size * sizeof(float));
         a->open = 1;
         a->frag_steps = a->length = 0;
         a->ret = 0.0;
@@ -275,6 +318,13 @@ void rlk_local_next(rlk_local *l, int n) {
 
 /* ------------------------------------------------------------------ recording */
 static unsigned char *stage(rlk_local *l) { return l->staged + l->n_staged++ * l->at.layout.record_bytes; }
+
+/* The state to record with agent i's current step: the one fed before it on the fragment's
+ * state grid (steps 0, L, 2L, ...), else NULL (a zero state, no HAS_STATE). */
+static const float *grid_state(const rlk_local *l, int i) {
+    size_t ss = l->at.layout.state_size;
+    return ss && l->agents[i].frag_steps % l->at.max_seq_len == 0 ? l->state_fed + (size_t)i * ss : NULL;
+}
 
 int rlk_local_can_step(const rlk_local *l, int n) {
     for (int i = 0; i < n; i++)
@@ -304,16 +354,17 @@ rlk_status rlk_local_step(rlk_local *l, int n, const float *rewards, const float
         a->ret += rewards[i];
         a->length++;
         if (!l->evaluate) {
-            rlk_record_fill(stage(l), lay, flags, (uint32_t)i, a->seq, rewards[i], a->logp, l->obs + (size_t)i * os,
-                            l->actions + (size_t)i * as, l->dist + (size_t)i * ds);
+            const float *state = grid_state(l, i);
+            rlk_record_fill(stage(l), lay, flags | (state ? RLK_REC_HAS_STATE : 0), (uint32_t)i, a->seq, rewards[i],
+                            a->logp, l->obs + (size_t)i * os, l->actions + (size_t)i * as, l->dist + (size_t)i * ds, state);
             a->frag_steps++;
             l->staged_steps++;
             l->steps_since_sample++;
         }
         if (done) {
             flags = RLK_REC_FINAL_OBS | (terminated[i] ? RLK_REC_TERMINATED : 0) | (truncated[i] ? RLK_REC_TRUNCATED : 0);
-            if (!l->evaluate) rlk_record_fill(stage(l), lay, flags, (uint32_t)i, a->seq, 0.0f, 0.0f, next_obs + (size_t)i * os, NULL, NULL);
-            else finish_eval(l, a);
+            if (l->evaluate) finish_eval(l, a);
+            else rlk_record_fill(stage(l), lay, flags, (uint32_t)i, a->seq, 0.0f, 0.0f, next_obs + (size_t)i * os, NULL, NULL, NULL);
             a->open = 0;
             ++*ended;
         } else {
@@ -329,7 +380,7 @@ void rlk_local_cut(rlk_local *l) {
         local_agent *a = &l->agents[i];
         if (!a->open || a->frag_steps == 0) continue;
         rlk_record_fill(stage(l), &l->at.layout, RLK_REC_FINAL_OBS, (uint32_t)i, a->seq, 0.0f, 0.0f,
-                        l->obs + (size_t)i * l->sp.obs_size, NULL, NULL);
+                        l->obs + (size_t)i * l->sp.obs_size, NULL, NULL, NULL);
         a->frag_steps = 0;
     }
     l->steps_since_sample = 0;

@@ -5,13 +5,20 @@
  *
  * Per agent: closed, or open with its current observation; `ready` when the next action has
  * been chosen but not yet returned by act. Each step is staged as one record (obs, action,
- * reward, log-prob, dist inputs, weights version; stream_id = the agent's slot); an episode's
- * end adds a FINAL_OBS record (TERMINATED/TRUNCATED). A sample (env_steps_per_sample steps, or
- * a full staging area) cuts every open fragment with a FINAL_OBS record of its current
- * observation and is written into the ring as one batch; the fragment goes on in the next
- * sample from that observation (RLlink's rule). Staged records are kept until the daemon has
- * acknowledged them (WEIGHTS_READY), so a reconnect writes them again into the new ring.
- * Evaluation clients stage nothing: their finished episodes are reported (EVAL_RESULTS).
+ * reward, log-prob, dist inputs, weights version; stream_id = the agent's slot; a recurrent
+ * policy's state, below); an episode's end adds a FINAL_OBS record (TERMINATED/TRUNCATED). A
+ * sample (env_steps_per_sample steps, or a full staging area) cuts every open fragment with a
+ * FINAL_OBS record of its current observation and is written into the ring as one batch; the
+ * fragment goes on in the next sample from that observation (RLlink's rule). Staged records
+ * are kept until the daemon has acknowledged them (WEIGHTS_READY), so a reconnect writes them
+ * again into the new ring. Evaluation clients stage nothing: their finished episodes are
+ * reported (EVAL_RESULTS).
+ *
+ * A recurrent policy (ATTACHED's "state", recurrent.state_contract): each agent carries its
+ * state, zeros when its episode opens, then the network's state_out after each choice (also
+ * when evaluating). The record of a step at fragment position 0, L, 2L, ... (L = max_seq_len;
+ * the position counts from the episode's start or the last cut) holds the state fed before
+ * that step and HAS_STATE; other records a zero state (the collector's grid, records.py).
  */
 #ifndef RLK_LOCAL_H
 #define RLK_LOCAL_H
@@ -34,6 +41,7 @@
 typedef struct {
     char board_path[RLK_PATH_CHARS], doorbell_path[RLK_PATH_CHARS], policy[80];
     long env_steps_per_sample;
+    long max_seq_len;       /* a recurrent policy's state grid L ("state"."max_seq_len"); 0: feed-forward */
     rlk_layout layout;
     rlk_mlp *mlp;
     rlk_dist *dist;

@@ -12,7 +12,7 @@
 #define MAX_CONCAT 16
 
 typedef enum { OP_INPUT, OP_FLATTEN, OP_NORMALIZE, OP_LINEAR, OP_TANH, OP_RELU, OP_SLICE, OP_TILE,
-               OP_CLIP, OP_CONCAT } op_kind;
+               OP_CLIP, OP_CONCAT, OP_STATE, OP_LSTM, OP_GRU } op_kind;
 
 typedef struct {
     char name[RLK_MLP_NAME_CHARS];
@@ -27,8 +27,10 @@ typedef struct {
 typedef struct {
     op_kind kind;
     int out, x, xs[MAX_CONCAT], n_xs;
-    int p1, p2;             /* weight & bias, mean & std, or the tiled param (p1) */
+    int p1, p2;             /* weight & bias, mean & std, or the tiled param (p1); a cell's _ih pair */
+    int p3, p4, state;      /* a cell: weight_hh & bias_hh, the state value it reads */
     size_t start, stop;     /* Slice */
+    size_t hidden;          /* a cell: H */
     float low, high;        /* Clip */
 } op;
 
@@ -36,8 +38,9 @@ struct rlk_mlp {
     op ops[RLK_MLP_MAX_OPS];
     param params[RLK_MLP_MAX_PARAMS];
     value *values;          /* [RLK_MLP_MAX_OPS] (each op makes one value) */
-    int n_ops, n_params, n_values, input, output, max_rows;
+    int n_ops, n_params, n_values, input, output, state_in, state_out, max_rows;
     size_t n_floats, obs_size, dist_size;
+    size_t gate_floats, gates;  /* the cell's gates: floats per row, scratch offset of [max_rows, gate_floats] */
     float *scratch;
     uint64_t fingerprint;   /* FNV-1a of the description's JSON text */
 };
@@ -180,6 +183,45 @@ static rlk_status read_concat(parser *p, int o, op *q, size_t *width) {
     return RLK_OK;
 }
 
+/* State: the carried state, a graph input of `width` columns (one per network). */
+static rlk_status read_state(parser *p, int o, op *q, size_t *width) {
+    if (p->m->state_in >= 0 || size_field(p, o, "width", RLK_MLP_MAX_WIDTH, width) != 0)
+        return bad(p, RLK_E_PROTOCOL, "%s", "a second or malformed State op");
+    q->kind = OP_STATE;
+    return RLK_OK;
+}
+
+/* Field `key` of cell op o: a parameter [rows, cols] (cols 0: a vector of rows floats). */
+static int cell_param(parser *p, int o, const char *key, size_t rows, size_t cols) {
+    int i = param_field(p, o, key, cols ? rows * cols : rows);
+    return i >= 0 && p->m->params[i].rows == (cols ? rows : 1) ? i : -1;
+}
+
+/* Recurrent (one per network, reading the State): lstm [h | c] of 2H columns or gru [h] of H,
+ * weight_ih [G*H, F], weight_hh [G*H, H], bias_ih and bias_hh [G*H] (PyTorch's layout). */
+static rlk_status read_cell(parser *p, int o, op *q, size_t *width) {
+    char cell[8] = "";
+    str_field(p, o, "cell", cell, sizeof cell);
+    if (strcmp(cell, "lstm") != 0 && strcmp(cell, "gru") != 0) return bad(p, RLK_E_UNSUPPORTED, "recurrent cell %s", cell);
+    q->kind = cell[0] == 'l' ? OP_LSTM : OP_GRU;
+    size_t g = q->kind == OP_LSTM ? 4 : 3;
+    q->x = value_field(p, o, "x");
+    q->state = value_field(p, o, "state");
+    if (p->m->state_out >= 0 || q->x < 0 || q->state != p->m->state_in || q->state < 0 ||
+        size_field(p, o, "size", RLK_MLP_MAX_WIDTH / 4, &q->hidden) != 0 || q->hidden < 1)
+        return bad(p, RLK_E_PROTOCOL, "%s", "a second Recurrent op, or one without its input, State or size");
+    size_t h = q->hidden;
+    *width = q->kind == OP_LSTM ? 2 * h : h;
+    q->p1 = cell_param(p, o, "weight_ih", g * h, width_of(p->m, q->x));
+    q->p3 = cell_param(p, o, "weight_hh", g * h, h);
+    q->p2 = cell_param(p, o, "bias_ih", g * h, 0);
+    q->p4 = cell_param(p, o, "bias_hh", g * h, 0);
+    if (q->p1 < 0 || q->p2 < 0 || q->p3 < 0 || q->p4 < 0 || width_of(p->m, q->state) != *width)
+        return bad(p, RLK_E_PROTOCOL, "%s", "a Recurrent op whose parameters or state do not fit its sizes");
+    p->m->gate_floats = 2 * g * h;
+    return RLK_OK;
+}
+
 /* Elementwise ops and the column ops: Flatten, Normalize, Act, Slice, Clip, Tile. */
 static rlk_status read_unary(parser *p, int o, const char *kind, op *q, size_t *width) {
     double low, high;
@@ -225,7 +267,7 @@ static rlk_status read_op(parser *p, int o) {
     size_t width = 0;
     rlk_status st;
     memset(q, 0, sizeof *q);
-    q->x = q->p1 = q->p2 = -1;
+    q->x = q->p1 = q->p2 = q->p3 = q->p4 = q->state = -1;
     if (p->t[o].type != RLK_J_OBJECT || str_field(p, o, "op", kind, sizeof kind) != 0)
         return bad(p, RLK_E_PROTOCOL, "%s", "a malformed op");
     if (strcmp(kind, "Input") == 0) {
@@ -240,9 +282,10 @@ static rlk_status read_op(parser *p, int o) {
     } else if (!strcmp(kind, "Flatten") || !strcmp(kind, "Normalize") || !strcmp(kind, "Act") ||
                !strcmp(kind, "Slice") || !strcmp(kind, "Clip") || !strcmp(kind, "Tile")) {
         st = read_unary(p, o, kind, q, &width);
-    } else if (!strcmp(kind, "State") || !strcmp(kind, "Recurrent")) {
-        return bad(p, RLK_E_UNSUPPORTED, "the policy network is recurrent (op %s): the C client does not "
-                   "carry its state (use server-side inference)", kind);
+    } else if (strcmp(kind, "State") == 0) {
+        st = read_state(p, o, q, &width);
+    } else if (strcmp(kind, "Recurrent") == 0) {
+        st = read_cell(p, o, q, &width);
     } else {
         return bad(p, RLK_E_UNSUPPORTED, "the policy network uses op %s, which the C client does not run "
                    "(use server-side inference)", kind);
@@ -255,6 +298,8 @@ static rlk_status read_op(parser *p, int o) {
     v->width = width;
     q->out = m->n_values++;
     if (q->kind == OP_INPUT) m->input = q->out;
+    if (q->kind == OP_STATE) m->state_in = q->out;
+    if (q->kind == OP_LSTM || q->kind == OP_GRU) m->state_out = q->out;
     m->n_ops++;
     return RLK_OK;
 }
@@ -270,19 +315,23 @@ static rlk_status read_ops(parser *p, int arr) {
     p->m->output = find_value(p->m, RLK_DIST_NAME);
     if (p->m->input < 0 || p->m->output < 0 || width_of(p->m, p->m->output) != p->m->dist_size)
         return bad(p, RLK_E_PROTOCOL, "%s", "the network does not map the observation to the distribution inputs");
+    if ((p->m->state_in >= 0) != (p->m->state_out >= 0))
+        return bad(p, RLK_E_PROTOCOL, "%s", "the network has a State without its Recurrent cell (or the reverse)");
     return RLK_OK;
 }
 
-/* One scratch block per value, max_rows rows each. */
+/* One scratch block per value, max_rows rows each, then the recurrent cell's gates. */
 static rlk_status make_scratch(parser *p) {
     rlk_mlp *m = p->m;
     size_t total = 0;
-    for (int i = 0; i < m->n_values; i++) {
-        m->values[i].scratch = total;
-        total += (size_t)m->max_rows * m->values[i].width;
+    for (int i = 0; i <= m->n_values; i++) {
+        size_t width = i < m->n_values ? m->values[i].width : m->gate_floats;
+        if (i < m->n_values) m->values[i].scratch = total;
+        total += (size_t)m->max_rows * width;
         if (total > RLK_MLP_MAX_SCRATCH_FLOATS)
             return bad(p, RLK_E_LIMIT, "%s", "the network's values for max_agents rows exceed RLK_MLP_MAX_SCRATCH_FLOATS");
     }
+    m->gates = total - (size_t)m->max_rows * m->gate_floats;
     m->scratch = malloc(total * sizeof(float));
     return m->scratch ? RLK_OK : RLK_E_NOMEM;
 }
@@ -306,7 +355,7 @@ rlk_status rlk_mlp_parse(const char *s, const rlk_jtok *toks, int network, size_
         return RLK_E_NOMEM;
     }
     parser p = {s, toks, m, err, cap};
-    m->input = m->output = -1;
+    m->input = m->output = m->state_in = m->state_out = -1;
     m->obs_size = obs_size;
     m->dist_size = dist_size;
     m->max_rows = max_rows;
@@ -331,16 +380,19 @@ void rlk_mlp_free(rlk_mlp *m) {
 
 size_t rlk_mlp_n_params(const rlk_mlp *m) { return m->n_floats; }
 
+size_t rlk_mlp_state_width(const rlk_mlp *m) { return m->state_in >= 0 ? m->values[m->state_in].width : 0; }
+
 int rlk_mlp_same(const rlk_mlp *a, const rlk_mlp *b) {
     return a->fingerprint == b->fingerprint && a->n_floats == b->n_floats && a->n_ops == b->n_ops &&
-           a->obs_size == b->obs_size && a->dist_size == b->dist_size;
+           a->obs_size == b->obs_size && a->dist_size == b->dist_size && rlk_mlp_state_width(a) == rlk_mlp_state_width(b);
 }
 
 /* ------------------------------------------------------------------ forward */
-/* y[n, out] = x[n, in] W^T + b, W [out, in] row-major. */
-static void linear(const float *x, const float *w, const float *b, size_t in, size_t out_w, int n, float *y) {
+/* y[n, out] = x[n, in] W^T + b, W [out, in] row-major; rows of x are x_stride floats apart. */
+static void linear(const float *x, size_t x_stride, const float *w, const float *b, size_t in, size_t out_w, int n,
+                   float *y) {
     for (int r = 0; r < n; r++) {
-        const float *xr = x + (size_t)r * in;
+        const float *xr = x + (size_t)r * x_stride;
         float *yr = y + (size_t)r * out_w;
         for (size_t o = 0; o < out_w; o++) {
             const float *wo = w + o * in;
@@ -358,10 +410,51 @@ static void copy_cols(const float *x, size_t xw, size_t start, size_t w, float *
     for (int r = 0; r < n; r++) memcpy(y + (size_t)r * yw + y0, x + (size_t)r * xw + start, w * sizeof(float));
 }
 
+static float sigmoid(float x) { return 0.5f * (tanhf(0.5f * x) + 1.0f); }  /* (overflow-free) */
+
+/* LSTM rows: gi, gh [n, 4H] (gate blocks i, f, g, o), state and y [n, 2H] = [h | c]. */
+static void lstm_rows(const float *gi, const float *gh, const float *state, size_t h, int n, float *y) {
+    for (int r = 0; r < n; r++) {
+        const float *a = gi + (size_t)r * 4 * h, *b = gh + (size_t)r * 4 * h, *c = state + (size_t)r * 2 * h + h;
+        float *yr = y + (size_t)r * 2 * h;
+        for (size_t k = 0; k < h; k++) {
+            float i = sigmoid(a[k] + b[k]), f = sigmoid(a[h + k] + b[h + k]);
+            float g = tanhf(a[2 * h + k] + b[2 * h + k]), o = sigmoid(a[3 * h + k] + b[3 * h + k]);
+            yr[h + k] = f * c[k] + i * g;
+            yr[k] = o * tanhf(yr[h + k]);
+        }
+    }
+}
+
+/* GRU rows: gi, gh [n, 3H] (gate blocks r, z, n), state and y [n, H] = [h]. */
+static void gru_rows(const float *gi, const float *gh, const float *state, size_t h, int n, float *y) {
+    for (int r = 0; r < n; r++) {
+        const float *a = gi + (size_t)r * 3 * h, *b = gh + (size_t)r * 3 * h, *hp = state + (size_t)r * h;
+        float *yr = y + (size_t)r * h;
+        for (size_t k = 0; k < h; k++) {
+            float reset = sigmoid(a[k] + b[k]), z = sigmoid(a[h + k] + b[h + k]);
+            float cand = tanhf(a[2 * h + k] + reset * b[2 * h + k]);
+            yr[k] = (1.0f - z) * cand + z * hp[k];
+        }
+    }
+}
+
+/* One step of the cell (recurrent.py's maths): the gates x W_ih^T + b_ih and h W_hh^T + b_hh
+ * (h: the state's first H columns), then the new state. */
+static void run_cell(rlk_mlp *m, const op *q, const float *wt, int n) {
+    size_t h = q->hidden, g = q->kind == OP_LSTM ? 4 * h : 3 * h, xw = m->values[q->x].width;
+    size_t sw = m->values[q->state].width;
+    float *gi = m->scratch + m->gates, *gh = gi + (size_t)n * g, *state = at(m, q->state);
+    linear(at(m, q->x), xw, wt + m->params[q->p1].offset, wt + m->params[q->p2].offset, xw, g, n, gi);
+    linear(state, sw, wt + m->params[q->p3].offset, wt + m->params[q->p4].offset, h, g, n, gh);
+    if (q->kind == OP_LSTM) lstm_rows(gi, gh, state, h, n, at(m, q->out));
+    else gru_rows(gi, gh, state, h, n, at(m, q->out));
+}
+
 static void run_op(rlk_mlp *m, const op *q, const float *wt, int n) {
     size_t w = m->values[q->out].width, xw = q->x >= 0 ? m->values[q->x].width : 0, total = (size_t)n * w;
     float *y = at(m, q->out);
-    const float *x = q->kind == OP_INPUT || q->kind == OP_CONCAT ? NULL : at(m, q->x);
+    const float *x = q->x >= 0 ? at(m, q->x) : NULL;
     const param *a = q->p1 >= 0 ? &m->params[q->p1] : NULL, *b = q->p2 >= 0 ? &m->params[q->p2] : NULL;
     switch (q->kind) {
     case OP_INPUT: break;  /* (the observation was copied in) */
@@ -369,7 +462,7 @@ static void run_op(rlk_mlp *m, const op *q, const float *wt, int n) {
     case OP_NORMALIZE:
         for (size_t k = 0; k < total; k++) y[k] = (x[k] - wt[a->offset + k % w]) / wt[b->offset + k % w];
         break;
-    case OP_LINEAR: linear(x, wt + a->offset, wt + b->offset, xw, w, n, y); break;
+    case OP_LINEAR: linear(x, xw, wt + a->offset, wt + b->offset, xw, w, n, y); break;
     case OP_TANH: for (size_t k = 0; k < total; k++) y[k] = tanhf(x[k]); break;
     case OP_RELU: for (size_t k = 0; k < total; k++) y[k] = x[k] > 0.0f ? x[k] : 0.0f; break;
     case OP_SLICE: copy_cols(x, xw, q->start, w, y, w, 0, n); break;
@@ -381,11 +474,17 @@ static void run_op(rlk_mlp *m, const op *q, const float *wt, int n) {
         for (int i = 0, col = 0; i < q->n_xs; col += (int)m->values[q->xs[i]].width, i++)
             copy_cols(at(m, q->xs[i]), m->values[q->xs[i]].width, 0, m->values[q->xs[i]].width, y, w, (size_t)col, n);
         break;
+    case OP_STATE: break;  /* (the state was copied in) */
+    case OP_LSTM: case OP_GRU: run_cell(m, q, wt, n); break;
     }
 }
 
-void rlk_mlp_forward(rlk_mlp *m, const float *weights, const float *obs, int n, float *dist) {
+void rlk_mlp_forward(rlk_mlp *m, const float *weights, const float *obs, const float *state_in, int n, float *dist,
+                     float *state_out) {
+    size_t s = rlk_mlp_state_width(m);
     memcpy(at(m, m->input), obs, (size_t)n * m->obs_size * sizeof(float));
+    if (s) memcpy(at(m, m->state_in), state_in, (size_t)n * s * sizeof(float));
     for (int i = 0; i < m->n_ops; i++) run_op(m, &m->ops[i], weights, n);
     memcpy(dist, at(m, m->output), (size_t)n * m->dist_size * sizeof(float));
+    if (s) memcpy(state_out, at(m, m->state_out), (size_t)n * s * sizeof(float));
 }

@@ -14,9 +14,12 @@
  *      "dist": [...]}                                       (read by rlk_dist.h)
  *
  * Supported ops (what the MLP policies of a flat float Box observation lower to): Input (the
- * root float32 leaf), Flatten, Normalize, Linear, Act (tanh, relu), Slice, Tile, Clip, Concat.
- * Anything else (images, masks, discrete observations) is RLK_E_UNSUPPORTED: such a policy
- * is served server-side. Python's netnumpy runs the same list; a test checks they agree.
+ * root float32 leaf), Flatten, Normalize, Linear, Act (tanh, relu), Slice, Tile, Clip, Concat,
+ * and a policy with memory's State (the carried state, an input [n, S]) and Recurrent cell
+ * (lstm: S = 2H columns [h | c]; gru: S = H; PyTorch's gate order, recurrent.py's maths; its
+ * output is the next state [n, S]), at most one of each. Anything else (images, masks,
+ * discrete observations) is RLK_E_UNSUPPORTED: such a policy is served server-side. Python's
+ * netnumpy runs the same list; a test checks they agree.
  *
  * Memory: parsing allocates the op and value tables and one scratch area of max_rows rows of
  * every value, all bounded by the RLK_MLP_* limits below (refused beyond them).
@@ -47,11 +50,17 @@ void rlk_mlp_free(rlk_mlp *m);
 /* Floats of the flat weight vector (every parameter, the critic's too). */
 size_t rlk_mlp_n_params(const rlk_mlp *m);
 
+/* S, the width of the carried state (0: a feed-forward network). */
+size_t rlk_mlp_state_width(const rlk_mlp *m);
+
 /* 1 when a and b compute the same function layout (same ops, params and sizes). */
 int rlk_mlp_same(const rlk_mlp *a, const rlk_mlp *b);
 
 /* dist[n, dist_size] = the actor on obs[n, obs_size] with weights[n_params]; 1 <= n <= max_rows.
+ * A recurrent network (S = rlk_mlp_state_width > 0) reads state_in[n, S] (zeros on an
+ * episode's first step) and writes the next state to state_out[n, S]; both NULL when S = 0.
  * Not thread-safe (the scratch area is the network's). */
-void rlk_mlp_forward(rlk_mlp *m, const float *weights, const float *obs, int n, float *dist);
+void rlk_mlp_forward(rlk_mlp *m, const float *weights, const float *obs, const float *state_in, int n, float *dist,
+                     float *state_out);
 
 #endif /* RLK_MLP_H */

@@ -24,9 +24,9 @@
 static size_t align_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 /* ------------------------------------------------------------------ records */
-rlk_layout rlk_layout_flat(size_t obs_size, size_t act_size, size_t dist_size) {
-    rlk_layout l = {obs_size, act_size, dist_size, 0};
-    l.record_bytes = align_up(RLK_REC_HEADER_BYTES + 4 * (obs_size + act_size + dist_size), 8);
+rlk_layout rlk_layout_flat(size_t obs_size, size_t act_size, size_t dist_size, size_t state_size) {
+    rlk_layout l = {obs_size, act_size, dist_size, state_size, 0};
+    l.record_bytes = align_up(RLK_REC_HEADER_BYTES + 4 * (obs_size + act_size + dist_size + state_size), 8);
     return l;
 }
 
@@ -39,12 +39,13 @@ static int size_key(const char *s, const rlk_jtok *toks, int obj, const char *ke
 }
 
 rlk_status rlk_layout_check(const char *s, const rlk_jtok *toks, int obj, const rlk_layout *want) {
-    size_t act, dist, bytes = want->record_bytes, elements = 1;
+    size_t act, dist, state = 0, bytes = want->record_bytes, elements = 1;
     int fields = obj >= 0 && toks[obj].type == RLK_J_OBJECT ? rlk_json_get(s, toks, obj, "obs_fields") : -1;
     if (fields < 0 || toks[fields].type != RLK_J_ARRAY || size_key(s, toks, obj, "action_size", &act) ||
         size_key(s, toks, obj, "dist_size", &dist))
         return RLK_E_PROTOCOL;
     if (rlk_json_get(s, toks, obj, "record_bytes") >= 0 && size_key(s, toks, obj, "record_bytes", &bytes)) return RLK_E_PROTOCOL;
+    if (rlk_json_get(s, toks, obj, "state_size") >= 0 && size_key(s, toks, obj, "state_size", &state)) return RLK_E_PROTOCOL;
     int field = fields + 1;
     if (toks[fields].count != 1 || toks[field].type != RLK_J_ARRAY || toks[field].count != 3 ||
         !rlk_json_str_eq(s, &toks[toks[field + 1].next], "<f4"))
@@ -57,13 +58,14 @@ rlk_status rlk_layout_check(const char *s, const rlk_jtok *toks, int obj, const 
         elements *= (size_t)d;
         if (elements > RLK_MAX_OBS_FLOATS) return RLK_E_PROTOCOL;
     }
-    int same = elements == want->obs_size && act == want->act_size && dist == want->dist_size && bytes == want->record_bytes;
+    int same = elements == want->obs_size && act == want->act_size && dist == want->dist_size &&
+               state == want->state_size && bytes == want->record_bytes;
     return same ? RLK_OK : RLK_E_PROTOCOL;
 }
 
 void rlk_record_fill(unsigned char *rec, const rlk_layout *l, int flags, uint32_t slot, int64_t seq, float reward,
-                     float logp, const float *obs, const float *action, const float *dist) {
-    size_t o = RLK_REC_HEADER_BYTES, a = o + 4 * l->obs_size, d = a + 4 * l->act_size;
+                     float logp, const float *obs, const float *action, const float *dist, const float *state) {
+    size_t o = RLK_REC_HEADER_BYTES, a = o + 4 * l->obs_size, d = a + 4 * l->act_size, st = d + 4 * l->dist_size;
     memset(rec, 0, l->record_bytes);
     rec[0] = (unsigned char)flags;
     memcpy(rec + 4, &slot, 4);
@@ -73,6 +75,7 @@ void rlk_record_fill(unsigned char *rec, const rlk_layout *l, int flags, uint32_
     if (obs) memcpy(rec + o, obs, 4 * l->obs_size);
     if (action) memcpy(rec + a, action, 4 * l->act_size);
     if (dist) memcpy(rec + d, dist, 4 * l->dist_size);
+    if (state) memcpy(rec + st, state, 4 * l->state_size);
 }
 
 /* ------------------------------------------------------------------ the ring */

@@ -11,7 +11,8 @@
  *   step record (a flat float observation of O floats, A action and D dist floats):
  *     0 flags u8 | 1 pad[3] | 4 stream_id u32 (the agent slot) | 8 weights_seq_no i64
  *     16 ingest_id u64 (0) | 24 reward f32 | 28 logp f32 | 32 obs f32[O] | 32+4O action f32[A]
- *     32+4(O+A) dist f32[D] | pad to a multiple of 8
+ *     32+4(O+A) dist f32[D] | 32+4(O+A+D) state f32[S] (a recurrent policy's; S = 0 otherwise)
+ *     | pad to a multiple of 8
  *   weights board:
  *     0 magic "RLKBOARD" | 8 layout_version u32 (1) | 12 spec_json_len u32 | 16 n_params u64
  *     24 writer_pid u32 | 64 seqlock u64 | 72 active u32 | 80 buffer_seq_no i64[2]
@@ -33,20 +34,21 @@
 #include "rlk_declared.h"  /* RLK_REC_ flags and header size: generated from shm/records.py */
 
 typedef struct {
-    size_t obs_size, act_size, dist_size, record_bytes;
+    size_t obs_size, act_size, dist_size, state_size, record_bytes;
 } rlk_layout;
 
 /* The record layout of these sizes (record_bytes computed as shm/records.py does). */
-rlk_layout rlk_layout_flat(size_t obs_size, size_t act_size, size_t dist_size);
+rlk_layout rlk_layout_flat(size_t obs_size, size_t act_size, size_t dist_size, size_t state_size);
 
 /* A step layout JSON object token ({"obs_fields": [[name, "<f4", [dims]]], "action_size",
- * "dist_size", "record_bytes"}) equal to want: RLK_OK; one float32 field of another size or
- * other sizes: RLK_E_PROTOCOL; several fields or another dtype: RLK_E_UNSUPPORTED. */
+ * "dist_size", "record_bytes", "state_size" (absent: 0)}) equal to want: RLK_OK; one float32
+ * field of another size or other sizes: RLK_E_PROTOCOL; several fields or another dtype:
+ * RLK_E_UNSUPPORTED. */
 rlk_status rlk_layout_check(const char *s, const rlk_jtok *toks, int obj, const rlk_layout *want);
 
-/* Fill record `rec` (want->record_bytes bytes). obs, action, dist may be NULL (zeros). */
+/* Fill record `rec` (want->record_bytes bytes). obs, action, dist, state may be NULL (zeros). */
 void rlk_record_fill(unsigned char *rec, const rlk_layout *l, int flags, uint32_t slot, int64_t seq, float reward,
-                     float logp, const float *obs, const float *action, const float *dist);
+                     float logp, const float *obs, const float *action, const float *dist, const float *state);
 
 typedef struct rlk_ring rlk_ring;
 

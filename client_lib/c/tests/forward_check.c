@@ -5,10 +5,12 @@
  *     forward_check CASE.json
  *
  * CASE.json: {"network": {...}, "weights": [...], "obs": [rows * obs_size], "rows": N,
- *             "obs_size": O, "act_size": A, "samples": K, "epsilon": e (-1: none), "seed": S}
+ *             "obs_size": O, "act_size": A, "samples": K, "epsilon": e (-1: none), "seed": S,
+ *             "state": [rows * S] (a recurrent network's state_in; absent: feed-forward)}
  * Prints one JSON object: "dist" (N * D, the actor's outputs), "greedy" and "greedy_logp" (per
- * row), "sampled" and "sampled_logp" (K draws for row 0). Exit 3 with the reason on stderr when
- * the network or distribution is refused (its rlk_status name first).
+ * row), "sampled" and "sampled_logp" (K draws for row 0), and with a state "state_out"
+ * (N * S). Exit 3 with the reason on stderr when the network or distribution is refused (its
+ * rlk_status name first).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,7 +62,7 @@ static void print_floats(const char *key, const float *x, size_t n, int last) {
 }
 
 int main(int argc, char **argv) {
-    size_t len, nw, no;
+    size_t len, nw, no, ns;
     char err[256] = "";
     char *s = argc == 2 ? slurp(argv[1], &len) : NULL;
     int max_toks = s ? (int)(len / 2 + 64) : 0;
@@ -82,12 +84,13 @@ int main(int argc, char **argv) {
         return 3;
     }
     float *weights = floats(s, t, 0, "weights", &nw), *obs = floats(s, t, 0, "obs", &no);
-    if (nw != rlk_mlp_n_params(m) || no != (size_t)rows * obs_size) return 2;
+    float *state = floats(s, t, 0, "state", &ns), *state_out = calloc(ns + 1, sizeof(float));
+    if (nw != rlk_mlp_n_params(m) || no != (size_t)rows * obs_size || ns != (size_t)rows * rlk_mlp_state_width(m)) return 2;
     float *dist = calloc((size_t)rows * dist_size, sizeof(float)), *act = calloc(act_size * (size_t)(rows + samples), sizeof(float));
     float *logp = calloc((size_t)(rows + samples), sizeof(float));
     rlk_rng rng;
     rlk_rng_seed(&rng, (uint64_t)num(s, t, 0, "seed"));
-    rlk_mlp_forward(m, weights, obs, rows, dist);
+    rlk_mlp_forward(m, weights, obs, state, rows, dist, state_out);
     for (int r = 0; r < rows; r++) rlk_dist_choose(d, dist + (size_t)r * dist_size, 0, -1.0, &rng, act + (size_t)r * act_size, &logp[r]);
     for (int k = 0; k < samples; k++)
         rlk_dist_choose(d, dist, 1, num(s, t, 0, "epsilon"), &rng, act + (size_t)(rows + k) * act_size, &logp[rows + k]);
@@ -96,12 +99,15 @@ int main(int argc, char **argv) {
     print_floats("greedy", act, (size_t)rows * act_size, 0);
     print_floats("greedy_logp", logp, (size_t)rows, 0);
     print_floats("sampled", act + (size_t)rows * act_size, (size_t)samples * act_size, 0);
-    print_floats("sampled_logp", logp + rows, (size_t)samples, 1);
+    print_floats("sampled_logp", logp + rows, (size_t)samples, ns == 0);
+    if (ns) print_floats("state_out", state_out, ns, 1);
     printf("}\n");
     rlk_mlp_free(m);
     rlk_dist_free(d);
     free(weights);
     free(obs);
+    free(state);
+    free(state_out);
     free(dist);
     free(act);
     free(logp);

@@ -74,6 +74,23 @@ static const char *ATTACHED_CARTPOLE =
     "[\"pi.0.weight\", [8, 4]], [\"pi.0.bias\", [8]], [\"pi.1.weight\", [2, 8]], [\"pi.1.bias\", [2]], [\"vf.0.weight\", [8, 4]], "
     "[\"vf.0.bias\", [8]], [\"vf.1.weight\", [1, 8]], [\"vf.1.bias\", [1]]], \"dist\": [{\"kind\": \"categorical\", "
     "\"dist\": 0, \"width\": 2, \"action\": 0, \"low\": [], \"high\": []}]}}";
+/* ... and a GRU policy's client (4 -> GRU of 3 -> 8 -> 2; a state of 3 floats, L = 5). */
+static const char *ATTACHED_GRU =
+    "{\"type\": \"ATTACHED\", \"board_path\": \"/dev/shm/board\", \"doorbell_path\": \"/run/doorbell\", "
+    "\"layout\": {\"obs_fields\": [[\"obs\", \"<f4\", [4]]], \"action_size\": 1, \"dist_size\": 2, "
+    "\"record_bytes\": 72, \"state_size\": 3}, \"env_steps_per_sample\": 64, \"policy\": \"default\", "
+    "\"network\": {\"ops\": [{\"op\": \"Input\", \"out\": \"onnx::Gemm_0\", \"key\": \"\", \"dtype\": \"<f4\", "
+    "\"shape\": [4]}, {\"op\": \"State\", \"out\": \"state_in\", \"width\": 3}, {\"op\": \"Recurrent\", "
+    "\"out\": \"state_out\", \"x\": \"onnx::Gemm_0\", \"state\": \"state_in\", \"cell\": \"gru\", \"size\": 3, "
+    "\"weight_ih\": \"rnn.weight_ih\", \"weight_hh\": \"rnn.weight_hh\", \"bias_ih\": \"rnn.bias_ih\", "
+    "\"bias_hh\": \"rnn.bias_hh\"}, {\"op\": \"Slice\", \"out\": \"rnn.h\", \"x\": \"state_out\", \"start\": 0, "
+    "\"stop\": 3}, {\"op\": \"Linear\", \"out\": \"pi.0.pre\", \"x\": \"rnn.h\", \"weight\": \"pi.0.weight\", "
+    "\"bias\": \"pi.0.bias\"}, {\"op\": \"Act\", \"out\": \"pi.0.out\", \"x\": \"pi.0.pre\", \"kind\": \"tanh\"}, "
+    "{\"op\": \"Linear\", \"out\": \"action_dist_inputs\", \"x\": \"pi.0.out\", \"weight\": \"pi.1.weight\", "
+    "\"bias\": \"pi.1.bias\"}], \"params\": [[\"rnn.weight_ih\", [9, 4]], [\"rnn.weight_hh\", [9, 3]], "
+    "[\"rnn.bias_ih\", [9]], [\"rnn.bias_hh\", [9]], [\"pi.0.weight\", [8, 3]], [\"pi.0.bias\", [8]], "
+    "[\"pi.1.weight\", [2, 8]], [\"pi.1.bias\", [2]]], \"dist\": [{\"kind\": \"categorical\", \"dist\": 0, "
+    "\"width\": 2, \"action\": 0, \"low\": [], \"high\": []}]}, \"state\": {\"cell\": \"gru\", \"max_seq_len\": 5}}";
 static const char *WEIGHTS_READY =
     "{\"type\": \"WEIGHTS_READY\", \"weights_seq_no\": 5, \"weights_seq_nos\": {\"default\": 6, \"b\": 1}, "
     "\"exploration\": {\"default\": {\"epsilon\": 0.25}}}";
@@ -153,6 +170,39 @@ static void test_parsers(void) {
     CHECK(rlk_parse_set_config(img, strlen(img), toks, MAX_TOKS, &sp, &i) == RLK_E_UNSUPPORTED);
 }
 
+/* ATTACHED with (and pieces without) a recurrent policy's state: the network, the record
+ * layout (state_size) and the "state" grid must agree. */
+static void test_recurrent_attached(const rlk_spaces *sp) {
+    rlk_attached a;
+    rlk_reply_info i = info();
+    CHECK(rlk_parse_attached(ATTACHED_GRU, strlen(ATTACHED_GRU), toks, MAX_TOKS, sp, 4, &a, &i) == RLK_OK);
+    CHECK(a.layout.state_size == 3 && a.layout.record_bytes == 72 && a.max_seq_len == 5 && rlk_mlp_state_width(a.mlp) == 3);
+    rlk_attached_free(&a);
+    const char *edits[][2] = {{"\"max_seq_len\": 5", "\"max_seq_len\": 0"}, {"\"max_seq_len\": 5", "\"max_seq_lex\": 5"},
+                              {"\"state\": {", "\"stale\": {"}, {"\"state_size\": 3", "\"state_size\": 4"},
+                              {"\"width\": 3", "\"width\": 6"}, {"\"gru\", \"size\": 3", "\"gru\", \"size\": 2"}};
+    for (size_t k = 0; k < sizeof edits / sizeof edits[0]; k++) {
+        char *bad = strdup(ATTACHED_GRU);
+        memcpy(strstr(bad, edits[k][0]), edits[k][1], strlen(edits[k][1]));
+        CHECK(rlk_parse_attached(bad, strlen(bad), toks, MAX_TOKS, sp, 4, &a, &i) == RLK_E_PROTOCOL);
+        free(bad);
+    }
+    char *cell = strdup(ATTACHED_GRU);  /* a cell the C client does not know */
+    memcpy(strstr(cell, "\"gru\", \"size\""), "\"rnn\"", 5);
+    CHECK(rlk_parse_attached(cell, strlen(cell), toks, MAX_TOKS, sp, 4, &a, &i) == RLK_E_UNSUPPORTED);
+    free(cell);
+    char *state = strdup(ATTACHED_CARTPOLE);  /* a "state" for a feed-forward network */
+    memcpy(strstr(state, "\"force_on_policy\": true"), "\"state\": {}           ", 23);
+    CHECK(rlk_parse_attached(state, strlen(state), toks, MAX_TOKS, sp, 4, &a, &i) == RLK_E_PROTOCOL);
+    free(state);
+    rlk_layout lay = rlk_layout_flat(4, 1, 2, 3);  /* (shm/records.py: state at 60, 72 bytes) */
+    unsigned char rec[72];
+    float st[3] = {1, 2, 3};
+    CHECK(lay.record_bytes == 72 && rlk_layout_flat(4, 1, 2, 4).record_bytes == 80);
+    rlk_record_fill(rec, &lay, RLK_REC_HAS_STATE, 0, 0, 0.0f, 0.0f, NULL, NULL, NULL, st);
+    CHECK(rec[0] == RLK_REC_HAS_STATE && !memcmp(rec + 60, st, sizeof st));
+}
+
 static void test_local_parsers(void) {
     rlk_spaces sp;
     rlk_attached a;
@@ -194,6 +244,7 @@ static void test_local_parsers(void) {
     rlk_spaces wrong = sp;  /* a layout that does not fit the spaces */
     wrong.obs_size = 5;
     CHECK(rlk_parse_attached(ATTACHED_CARTPOLE, strlen(ATTACHED_CARTPOLE), toks, MAX_TOKS, &wrong, 4, &a, &i) == RLK_E_PROTOCOL);
+    test_recurrent_attached(&sp);
 }
 
 static unsigned long long fuzz_state = 0x9E3779B97F4A7C15ull;
@@ -260,7 +311,7 @@ static void fuzz_local_parsers(void) {
     rlk_reply_info i = info();
     rlk_parse_set_config(CARTPOLE_CONFIG, strlen(CARTPOLE_CONFIG), toks, MAX_TOKS, &sp, &i);
     for (int round = 0; round < 30000; round++) {
-        const char *seed = round % 3 ? ATTACHED_CARTPOLE : WEIGHTS_READY;
+        const char *seed = round % 3 == 0 ? WEIGHTS_READY : round % 3 == 1 ? ATTACHED_CARTPOLE : ATTACHED_GRU;
         size_t len = strlen(seed), n;
         char *buf = malloc(len + 8);
         if (round < 3000) {
@@ -316,7 +367,7 @@ static int make_ring(int corrupt, int seal) {
 static int keep_reader = -1;  /* the collector's end of the doorbell FIFO */
 
 static void test_ring(const char *fifo) {
-    rlk_layout want = rlk_layout_flat(4, 1, 2);
+    rlk_layout want = rlk_layout_flat(4, 1, 2, 0);
     rlk_ring *r;
     char err[RLK_ERROR_CHARS];
     CHECK(want.record_bytes == 64);
@@ -333,7 +384,7 @@ static void test_ring(const char *fifo) {
     memcpy(m + 128, &head, 8);
     unsigned char recs[5 * 64];
     float obs[4] = {1, 2, 3, 4}, action = 1, dist[2] = {0.5f, -0.5f};
-    for (int k = 0; k < 5; k++) rlk_record_fill(recs + 64 * k, &want, RLK_REC_HAS_LOGP, (uint32_t)k, 9, 1.0f, -0.7f, obs, &action, dist);
+    for (int k = 0; k < 5; k++) rlk_record_fill(recs + 64 * k, &want, RLK_REC_HAS_LOGP, (uint32_t)k, 9, 1.0f, -0.7f, obs, &action, dist, NULL);
     CHECK(rlk_ring_write(r, recs, 5, -1, 1.0) == 0);
     uint64_t tail;
     memcpy(&tail, m + 64, 8);
