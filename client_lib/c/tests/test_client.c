@@ -337,16 +337,20 @@ static void fuzz_local_parsers(void) {
 
 /* ----------------------------------------------------------------- ring and board */
 #define RING_LAYOUT "{\"action_size\":1,\"dist_size\":2,\"obs_fields\":[[\"obs\",\"<f4\",[4]]],\"record_bytes\":64}"
+#define GRU_RING_LAYOUT \
+    "{\"action_size\":1,\"dist_size\":2,\"obs_fields\":[[\"obs\",\"<f4\",[4]]],\"record_bytes\":72,\"state_size\":3}"
 #define RING_CAPACITY 1024u
 
-static size_t ring_records_offset(void) { return (320 + strlen(RING_LAYOUT) + 63) / 64 * 64; }
+static size_t records_offset_of(const char *layout) { return (320 + strlen(layout) + 63) / 64 * 64; }
+static size_t ring_records_offset(void) { return records_offset_of(RING_LAYOUT); }
 
-/* A CartPole ring as the collector makes it: a sealed memfd; `corrupt` damages one field. */
-static int make_ring(int corrupt, int seal) {
-    size_t bytes = ring_records_offset() + RING_CAPACITY * 64;
+/* A ring of `layout` (records of record_bytes) as the collector makes it: a sealed memfd;
+ * `corrupt` damages one field. */
+static int make_ring_of(const char *ring_layout, uint32_t record_bytes, int corrupt, int seal) {
+    size_t bytes = records_offset_of(ring_layout) + RING_CAPACITY * record_bytes;
     unsigned char header[320 + 128];
-    uint32_t version = corrupt == 2 ? 2 : 3, record = corrupt == 3 ? 72 : 64, pid = 1;
-    uint32_t layout = (uint32_t)strlen(RING_LAYOUT);
+    uint32_t version = corrupt == 2 ? 2 : 3, record = record_bytes + (corrupt == 3 ? 8 : 0), pid = 1;
+    uint32_t layout = (uint32_t)strlen(ring_layout);
     uint64_t capacity = corrupt == 4 ? RING_CAPACITY - 1 : RING_CAPACITY;
     memset(header, 0, sizeof header);
     memcpy(header, corrupt == 1 ? "RLKRINGX" : "RLKRING1", 8);
@@ -355,7 +359,7 @@ static int make_ring(int corrupt, int seal) {
     memcpy(header + 16, &capacity, 8);
     memcpy(header + 24, &pid, 4);
     memcpy(header + 32, &layout, 4);
-    memcpy(header + 320, RING_LAYOUT, layout);
+    memcpy(header + 320, ring_layout, layout);
     if (corrupt == 5) memcpy(header + 320 + strlen("{\"action_size\":"), "2", 1);
     int fd = memfd_create("test-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0 || ftruncate(fd, (off_t)(bytes + (corrupt == 6 ? 64 : 0))) != 0 || pwrite(fd, header, sizeof header, 0) != (ssize_t)sizeof header)
@@ -363,6 +367,9 @@ static int make_ring(int corrupt, int seal) {
     if (seal) fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
     return fd;
 }
+
+/* The CartPole ring of the tests below. */
+static int make_ring(int corrupt, int seal) { return make_ring_of(RING_LAYOUT, 64, corrupt, seal); }
 
 static int keep_reader = -1;  /* the collector's end of the doorbell FIFO */
 
@@ -409,8 +416,8 @@ static void test_ring(const char *fifo) {
     rlk_ring_close(r);
 }
 
-/* A board file with n parameters of value v at version seq. */
-static void make_board(const char *path, uint64_t n, float v, int64_t seq, int corrupt) {
+/* A board file with n parameters (w[0..n), or all of value v when w is NULL) at version seq. */
+static void make_board(const char *path, uint64_t n, const float *w, float v, int64_t seq, int corrupt) {
     size_t stride = (4 * n + 63) / 64 * 64, bytes = 16512 + 2 * stride;
     unsigned char *b = calloc(1, bytes);
     uint32_t version = corrupt == 1 ? 2 : 1, pid = 1, active = 1;
@@ -420,7 +427,7 @@ static void make_board(const char *path, uint64_t n, float v, int64_t seq, int c
     memcpy(b + 24, &pid, 4);
     memcpy(b + 72, &active, 4);
     memcpy(b + 88, &seq, 8);
-    for (uint64_t k = 0; k < n; k++) memcpy(b + 16512 + stride + 4 * k, &v, 4);
+    for (uint64_t k = 0; k < n; k++) memcpy(b + 16512 + stride + 4 * k, w ? &w[k] : &v, 4);
     FILE *f = fopen(path, "wb");
     fwrite(b, 1, bytes - (corrupt == 2 ? 4 : 0), f);
     fclose(f);
@@ -431,16 +438,128 @@ static void test_board(const char *path) {
     rlk_board *b;
     char err[RLK_ERROR_CHARS];
     float w[CARTPOLE_PARAMS];
-    make_board(path, CARTPOLE_PARAMS, 0.5f, 3, 0);
+    make_board(path, CARTPOLE_PARAMS, NULL, 0.5f, 3, 0);
     CHECK(rlk_board_attach(path, CARTPOLE_PARAMS, &b, err, sizeof err) == RLK_OK);
     CHECK(rlk_board_latest(b) == 3 && rlk_board_read(b, w) == 3 && w[0] == 0.5f && w[CARTPOLE_PARAMS - 1] == 0.5f);
     rlk_board_close(b);
     CHECK(rlk_board_attach(path, CARTPOLE_PARAMS + 1, &b, err, sizeof err) == RLK_E_UNSUPPORTED && !b);
-    make_board(path, CARTPOLE_PARAMS, 0.5f, 3, 1);
+    make_board(path, CARTPOLE_PARAMS, NULL, 0.5f, 3, 1);
     CHECK(rlk_board_attach(path, CARTPOLE_PARAMS, &b, err, sizeof err) == RLK_E_PROTOCOL);
-    make_board(path, CARTPOLE_PARAMS, 0.5f, 3, 2);
+    make_board(path, CARTPOLE_PARAMS, NULL, 0.5f, 3, 2);
     CHECK(rlk_board_attach(path, CARTPOLE_PARAMS, &b, err, sizeof err) == RLK_E_PROTOCOL);
     CHECK(rlk_board_attach("/nonexistent/board", CARTPOLE_PARAMS, &b, err, sizeof err) == RLK_E_IO);
+}
+
+/* The collector's side of ATTACHED's descriptor: fd over sock with the marker byte. */
+static int send_fd(int sock, int fd) {
+    char byte = RLK_FD_BYTE;
+    struct iovec iov = {&byte, 1};
+    union { struct cmsghdr h; char buf[CMSG_SPACE(sizeof(int))]; } ctl;
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    memset(&ctl, 0, sizeof ctl);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = sizeof ctl.buf;
+    struct cmsghdr *h = CMSG_FIRSTHDR(&msg);
+    h->cmsg_level = SOL_SOCKET;
+    h->cmsg_type = SCM_RIGHTS;
+    h->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(h), &fd, sizeof(int));
+    return sendmsg(sock, &msg, 0) == 1 ? 0 : -1;
+}
+
+#define GRU_PARAMS 131
+#define GRU_STEPS 12
+
+/* The test's own chain of one agent's states (another copy of the network, one row at a
+ * time): zeros when its episode opens, else the state after its previous step. */
+static void oracle_step(rlk_mlp *m, const float *w, const float *obs, int opens, float *state, float *fed) {
+    float dist[2];
+    if (opens) memset(state, 0, 3 * sizeof(float));
+    memcpy(fed, state, 3 * sizeof(float));
+    rlk_mlp_forward(m, w, obs, fed, 1, dist, state);
+}
+
+/* Two agents of a GRU policy (L = 5) over 12 steps: agent 0's episode ends at step 6 and a
+ * new one opens, a sample cuts both fragments after step 8; fed: the oracle's states. */
+static void drive_gru(rlk_local *l, rlk_mlp *oracle, const float *w, float fed[2][GRU_STEPS][3]) {
+    float obs[8], next[8], actions[2], rewards[2] = {1.0f, 1.0f}, state[2][3];
+    unsigned char term[2] = {0, 0}, trunc[2] = {0, 0};
+    int due, ended;
+    for (int t = 0; t < GRU_STEPS; t++) {
+        for (int i = 0; i < 2; i++) {
+            int opens = t == 0 || (i == 0 && t == 7);
+            for (int k = 0; k < 4 && opens; k++) obs[4 * i + k] = 0.1f * (float)(k - i);
+            oracle_step(oracle, w, obs + 4 * i, opens, state[i], fed[i][t]);
+            for (int k = 0; k < 4; k++) next[4 * i + k] = 0.3f * (float)(t % 3) - 0.05f * (float)(k + i);
+        }
+        CHECK(rlk_local_act(l, 2, obs, actions) == RLK_OK);
+        term[0] = t == 6;
+        CHECK(rlk_local_step(l, 2, rewards, next, term, trunc, &due, &ended) == RLK_OK && ended == (t == 6));
+        memcpy(obs, next, sizeof obs);
+        if (t == 8) rlk_local_cut(l);
+        rlk_local_next(l, 2);
+    }
+    rlk_local_cut(l);
+}
+
+/* drive_gru's records as the ring holds them (24 steps, 5 FINAL_OBS): HAS_STATE and the state
+ * fed before the step exactly at fragment positions 0 and 5, zeros elsewhere. */
+static void check_gru_records(const unsigned char *recs, size_t n, float fed[2][GRU_STEPS][3]) {
+    int pos[2] = {0, 0}, step[2] = {0, 0};
+    float zeros[3] = {0, 0, 0};
+    CHECK(n == 2 * GRU_STEPS + 5);
+    for (size_t r = 0; r < n; r++) {
+        const unsigned char *rec = recs + 72 * r;
+        uint32_t slot;
+        memcpy(&slot, rec + 4, 4);
+        if (slot > 1 || step[slot] >= GRU_STEPS) continue;
+        int final = rec[0] & RLK_REC_FINAL_OBS, on_grid = !final && pos[slot] % 5 == 0;
+        CHECK(!!(rec[0] & RLK_REC_HAS_STATE) == on_grid);
+        CHECK(!memcmp(rec + 60, on_grid ? fed[slot][step[slot]] : zeros, sizeof zeros));
+        pos[slot] = final ? 0 : pos[slot] + 1;
+        step[slot] += !final;
+    }
+    CHECK(step[0] == GRU_STEPS && step[1] == GRU_STEPS && memcmp(fed[1][9], zeros, sizeof zeros) != 0);
+}
+
+/* rlk_local over a GRU policy's ring and board (the daemon's side played here). */
+static void test_recurrent_records(const char *fifo, const char *board) {
+    rlk_spaces sp;
+    rlk_attached a;
+    rlk_reply_info i = info();
+    rlk_local *l = NULL;
+    rlk_mlp *oracle = NULL;
+    char err[RLK_ERROR_CHARS];
+    int sv[2], ring = make_ring_of(GRU_RING_LAYOUT, 72, 0, 1), view = dup(ring);
+    float fed[2][GRU_STEPS][3], w[GRU_PARAMS];
+    for (int k = 0; k < GRU_PARAMS; k++) w[k] = 0.5f - 0.1f * (float)(k % 7);
+    rlk_parse_set_config(CARTPOLE_CONFIG, strlen(CARTPOLE_CONFIG), toks, MAX_TOKS, &sp, &i);
+    CHECK(rlk_parse_attached(ATTACHED_GRU, strlen(ATTACHED_GRU), toks, MAX_TOKS, &sp, 4, &a, &i) == RLK_OK);
+    CHECK(rlk_mlp_parse(ATTACHED_GRU, toks, rlk_json_get(ATTACHED_GRU, toks, 0, "network"), 4, 2, 1, &oracle, err,
+                        sizeof err) == RLK_OK);
+    snprintf(a.board_path, sizeof a.board_path, "%s", board);
+    snprintf(a.doorbell_path, sizeof a.doorbell_path, "%s", fifo);
+    make_board(board, GRU_PARAMS, w, 0.0f, 0, 0);
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0 && send_fd(sv[1], ring) == 0);
+    close(ring);
+    CHECK(rlk_local_new(&sp, 2, 0, 1, &l) == RLK_OK);
+    CHECK(rlk_local_attach(l, &a, sv[0], 1.0, toks, MAX_TOKS, err, sizeof err) == RLK_OK);
+    drive_gru(l, oracle, w, fed);
+    CHECK(rlk_local_write(l, sv[0], 1.0) == 0);
+    size_t off = records_offset_of(GRU_RING_LAYOUT), bytes = off + RING_CAPACITY * 72;
+    unsigned char *m = mmap(NULL, bytes, PROT_READ, MAP_SHARED, view, 0);
+    uint64_t tail;
+    memcpy(&tail, m + 64, 8);
+    check_gru_records(m + off, (size_t)tail, fed);
+    munmap(m, bytes);
+    rlk_local_free(l);
+    rlk_mlp_free(oracle);
+    close(view);
+    close(sv[0]);
+    close(sv[1]);
 }
 
 static void test_shared_memory_pieces(void) {
@@ -453,6 +572,7 @@ static void test_shared_memory_pieces(void) {
     snprintf(board, sizeof board, "%s/board", dir);
     keep_reader = mkfifo(fifo, 0600) == 0 ? open(fifo, O_RDONLY | O_NONBLOCK) : -1;  /* (the collector's end) */
     CHECK(keep_reader >= 0);
+    test_recurrent_records(fifo, board);
     test_ring(fifo);
     test_board(board);
     if (keep_reader >= 0) close(keep_reader);
