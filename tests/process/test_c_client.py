@@ -152,7 +152,8 @@ def test_c_client_side_inference_trains_a_recurrent_policy(daemon_factory, built
     """Client-side inference with memory (the sanitized build): the C client carries each
     agent's state and writes its records on the state grid (L = 7, cut by samples of 300
     steps at other positions); the collector takes them all and the learner trains on them
-    (force_on_policy: every sample waits for its update)."""
+    (force_on_policy: every sample waits for its update). A greedy evaluation client acts
+    with the trained policy, carrying the state as well."""
     d = daemon_factory("--set", f"ppo.recurrent={cell}", "--set", "ppo.recurrent_size=8",
                        "--set", "ppo.max_seq_len=7", "--set", "sampling.env_steps_per_sample=300",
                        "--set", "sampling.train_batch_size=600", "--set", "ppo.minibatch_size=200",
@@ -165,3 +166,7 @@ def test_c_client_side_inference_trains_a_recurrent_policy(daemon_factory, built
                       what="the learner's updates on the C client's records")
     assert status["protocol_errors"] == 0 and status["env_steps"] >= 2700, status
     assert "ring records" not in d.log()  # (no ring refused: the state grid held)
+    greedy = run_cartpole(built / "san" / "cartpole", *variant_args(d, "shm-client"), "--agents", "2",
+                          "--target", "1e9", "--max-steps", "400", "--evaluate", "1", timeout_s=60)
+    assert greedy["status"] == "RLK_OK" and greedy["episodes"] >= 1, greedy  # (evaluation carries it too)
+    assert "runtime error" not in greedy["stderr"] and "AddressSanitizer" not in greedy["stderr"], greedy["stderr"]
