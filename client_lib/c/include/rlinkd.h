@@ -58,11 +58,11 @@
  * or GRU cell) keeps each agent's state here: zeros when its episode opens, then the cell's
  * output after each action; records carry it on the daemon's state grid. Networks other than
  * an MLP over a flat float Box (images, action masks, discrete observations) and frozen
- * models fail rlk_connect with RLK_E_UNSUPPORTED: use server-side inference for those. Memory: the
- * network's values for max_agents rows (at most 256 MiB, else RLK_E_LIMIT), the weights (at
- * most 64 Mi floats), and the staged records of one sample (at most 64 MiB and the ring's
- * capacity, but at least 4 records per agent); a sample is written into the ring all at
- * once. A sample that fails for good (not retried, or reconnecting gave up) is dropped and the
+ * models fail rlk_connect with RLK_E_UNSUPPORTED: use server-side inference for those.
+ * Memory: the network's values for max_agents rows (at most 256 MiB, else RLK_E_LIMIT), the
+ * weights (at most 64 Mi floats), and the staged records of one sample (at most 64 MiB and
+ * the ring's capacity, but at least 4 records per agent); a sample is written into the ring
+ * all at once. A sample that fails for good (not retried, or reconnecting gave up) is dropped and the
  * open episodes are abandoned: each agent starts a new one at its next rlk_act.
  *
  * Errors: no function aborts or exits; each returns an rlk_status (0 = RLK_OK) and
