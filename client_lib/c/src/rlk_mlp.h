@@ -58,7 +58,8 @@ int rlk_mlp_same(const rlk_mlp *a, const rlk_mlp *b);
 
 /* dist[n, dist_size] = the actor on obs[n, obs_size] with weights[n_params]; 1 <= n <= max_rows.
  * A recurrent network (S = rlk_mlp_state_width > 0) reads state_in[n, S] (zeros on an
- * episode's first step) and writes the next state to state_out[n, S]; both NULL when S = 0.
+ * episode's first step) and writes the next state to state_out[n, S]; both are ignored (may
+ * be NULL) when S = 0.
  * Not thread-safe (the scratch area is the network's). */
 void rlk_mlp_forward(rlk_mlp *m, const float *weights, const float *obs, const float *state_in, int n, float *dist,
                      float *state_out);
