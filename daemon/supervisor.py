@@ -113,6 +113,7 @@ class Supervisor:
         self.core = core.SupervisorCore(cfg.daemon, START_ORDER, writes_checkpoints(cfg.cluster))
         self.children = {role: Child(role) for role in START_ORDER}
         self.sig_queue: collections.deque[int] = collections.deque()
+        self.previous_handlers: dict[int, Any] = {}
         self._topo: Topology | None = None
         self.exit_code: int | None = None
         self.ready_parts: set[str] = set()
@@ -154,11 +155,14 @@ class Supervisor:
     # ------------------------------------------------------------ lifecycle
     def run(self) -> int:
         """Prepare (a ``ConfigError`` here reaches the CLI: one line, exit 78), then
-        supervise until the core decides the exit code; always clean up."""
+        supervise until the core decides the exit code; always clean up. The handlers come
+        first: a signal during a long preparation (a replay buffer refilled from a checkpoint)
+        waits in the queue for the first turn of the loop instead of killing the daemon
+        before its cleanup."""
         lock = StateDirLock(self.cfg.state_dir)
         try:
-            self._prepare()
             self._install_signals()
+            self._prepare()
             return self._supervise()
         finally:
             self._cleanup()
@@ -234,13 +238,15 @@ class Supervisor:
     def _install_signals(self) -> None:
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         for sig in HANDLED_SIGNALS:
-            signal.signal(sig, self._enqueue_signal)
+            self.previous_handlers[sig] = signal.signal(sig, self._enqueue_signal)
 
     def _enqueue_signal(self, signum, _frame) -> None:
         self.sig_queue.append(signum)  # nothing else: no logging, no raising
 
     def _cleanup(self) -> None:
         signal.set_wakeup_fd(-1)
+        for sig, handler in self.previous_handlers.items():  # (an in-process run goes on)
+            signal.signal(sig, handler)
         if self.endpoint is not None:  # first: no scrape sees the roles go
             self.endpoint.close()
         for child in self.children.values():

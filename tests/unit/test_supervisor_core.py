@@ -464,3 +464,23 @@ def test_a_rank_other_than_0_writes_no_checkpoint_periodic_usr1_or_final():
     assert sent(actions, m.CheckpointRequest) == [] and sent(actions, m.Drain)
     stop = core.tick(100.1, fresh())  # no final checkpoint to wait for: straight to Stop
     assert {target for target, _ in sent(stop, m.Stop)} == set(ROLES)
+
+
+def test_a_signal_during_preparation_is_queued_and_the_handlers_restored(tmp_path, monkeypatch):
+    """SIGTERM and SIGUSR1 while the supervisor prepares (a long replay refill) wait in the
+    queue for the loop instead of killing the daemon before its cleanup (the default action)."""
+    from rlinkd.daemon.errors import ConfigError
+    from rlinkd.daemon.sdnotify import Notifier
+    from rlinkd.daemon.supervisor import Supervisor
+    sup = Supervisor(load_config(overrides=[("daemon", "state_dir", str(tmp_path))]), notifier=Notifier(""))
+    before = signal.getsignal(signal.SIGTERM)
+
+    def prepare() -> None:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise ConfigError("stop the run here")
+    monkeypatch.setattr(sup, "_prepare", prepare)
+    with pytest.raises(ConfigError):
+        sup.run()
+    assert list(sup.sig_queue) == [signal.SIGUSR1, signal.SIGTERM]
+    assert signal.getsignal(signal.SIGTERM) is before
