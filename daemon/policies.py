@@ -9,12 +9,13 @@ Called by the supervisor (``build_topology``); raises ``ConfigError`` naming the
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rlinkd.client_lib.protocol.agents import DEFAULT_POLICY
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.client_lib.protocol.spaces import Space, SpaceError, space_from_gym
-from rlinkd.daemon.config import (APPOConfig, Config, DQNConfig, PolicyConfig, PPOConfig,
+from rlinkd.daemon.config import (APPOConfig, Config, ConfigValue, DQNConfig, PolicyConfig, PPOConfig,
                                   SACConfig, batch_slot_rows)
 from rlinkd.daemon.errors import ConfigError
 
@@ -59,6 +60,21 @@ class PolicyDef:
 
 OFF_POLICY = ("dqn", "sac", "appo")
 REPLAY_ALGORITHMS = ("dqn", "sac")
+
+
+RELOADED_SECTIONS = ("ppo", "dqn", "sac")  # the sections whose reloadable keys a SIGHUP applies
+
+
+def reloaded_sections(cfg: Config, name: str, changes: Mapping[str, ConfigValue]
+                      ) -> dict[str, dict[str, ConfigValue]]:
+    """The reloaded keys that reach policy ``name``: {section: {key: value}} of the changed
+    ``ppo.*`` / ``dqn.*`` / ``sac.*`` keys, less each section the policy's own table replaces
+    (``[policies.NAME.<section>]``: its values stay that table's, as a restart would give)."""
+    table = cfg.policies.get(name, PolicyConfig())
+    parts = {section: {key.split(".", 1)[1]: value for key, value in changes.items()
+                       if key.startswith(f"{section}.")} for section in RELOADED_SECTIONS}
+    return {section: values for section, values in parts.items()
+            if values and getattr(table, section) is None}
 
 
 def policy_defs(cfg: Config) -> dict[str, PolicyDef]:

@@ -243,17 +243,18 @@ def _policy_segments(cfg: Config, d: PolicyDef, path) -> PolicyTopology:
 
 def reconfigured(topo: Topology, cfg: Config, changes: dict) -> Topology:
     """The topology under a reloaded config (supervisor, after SIGHUP). Reloaded ``ppo.*``,
-    ``dqn.*`` and ``sac.*`` keys apply to every policy, as the running learner applies them, so a
-    learner restarted later trains with them too."""
-    parts = {section: {key.split(".", 1)[1]: value for key, value in changes.items()
-                       if key.startswith(f"{section}.")} for section in ("ppo", "dqn", "sac")}
-    if not any(parts.values()):
-        return dataclasses.replace(topo, cfg=cfg)
-    policies = {name: dataclasses.replace(p, definition=dataclasses.replace(
-        p.definition, **{section: dataclasses.replace(getattr(p.definition, section), **values)
-                         for section, values in parts.items() if values}))
-        for name, p in topo.policies.items()}
-    return dataclasses.replace(topo, cfg=cfg, policies=policies)
+    ``dqn.*`` and ``sac.*`` keys apply to every policy without its own table for that section
+    (``policies.reloaded_sections``), as the running learner applies them, so a learner
+    restarted later trains with them too."""
+    def updated(name: str, p: PolicyTopology) -> PolicyTopology:
+        parts = policies.reloaded_sections(cfg, name, changes)
+        if not parts:
+            return p
+        return dataclasses.replace(p, definition=dataclasses.replace(p.definition, **{
+            section: dataclasses.replace(getattr(p.definition, section), **values)
+            for section, values in parts.items()}))
+    return dataclasses.replace(topo, cfg=cfg, policies={
+        name: updated(name, p) for name, p in topo.policies.items()})
 
 
 def destroy_topology(topo: Topology) -> None:

@@ -11,6 +11,7 @@ from rlinkd.daemon.frozen import load_frozen
 from rlinkd.daemon.learner.policy_learner import PolicyLearner
 from rlinkd.daemon.learner.replay_learner import ReplayLearner
 from rlinkd.daemon.log import reload_level
+from rlinkd.daemon.policies import reloaded_sections
 from rlinkd.daemon.roles import RoleContext
 from rlinkd.daemon.wiring import PolicyTopology, Topology
 from rlinkd.shm.board import WeightsBoard
@@ -109,11 +110,13 @@ class LearnerShell:
         self.ctx.send("checkpointer", reply)
 
     def on_reload(self, msg: m.Reload) -> None:
+        """Reloaded hyperparameters, each policy its own (``policies.reloaded_sections``)."""
         reload_level(msg.changes, "learner")
         for learner in self.policies.values():
+            parts = reloaded_sections(self.topo.cfg, learner.name, msg.changes)
             section = learner.algorithm if isinstance(learner, ReplayLearner) else "ppo"
-            lr = _float_or_none(msg.changes.get(f"{section}.lr"))
-            ent = _float_or_none(msg.changes.get("ppo.ent_coef"))
+            lr = _float_or_none(parts.get(section, {}).get("lr"))
+            ent = _float_or_none(parts.get("ppo", {}).get("ent_coef"))
             if lr is not None or ent is not None:
                 learner.set_hparams(lr, ent)
                 log.info("hparams_reloaded", policy=learner.name, lr=lr, ent_coef=ent)

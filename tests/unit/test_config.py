@@ -312,6 +312,19 @@ def test_every_reloadable_key_is_reported_as_applied():
         "checkpoint.keep_checkpoints", "daemon.log_level"}
 
 
+def test_a_reloaded_section_skips_the_policies_with_their_own_table(tmp_path):
+    """[ppo] lr reloaded: policies taking [ppo] get it, one with [policies.red.ppo] keeps its
+    own (a restart would give it that table's value too), on the learner and in the topology."""
+    from rlinkd.daemon.policies import reloaded_sections
+    cfg = load_text(tmp_path, "[policies.red]\ntrainable = true\n[policies.red.ppo]\nlr = 0.01\n"
+                              "[policies.blue]\ntrainable = true\n")
+    changes = {"ppo.lr": 0.5, "ppo.ent_coef": 0.02, "dqn.lr": 0.1, "daemon.log_level": "debug"}
+    assert reloaded_sections(cfg, "blue", changes) == {"ppo": {"lr": 0.5, "ent_coef": 0.02},
+                                                       "dqn": {"lr": 0.1}}
+    assert reloaded_sections(cfg, "default", changes) == reloaded_sections(cfg, "blue", changes)
+    assert reloaded_sections(cfg, "red", changes) == {"dqn": {"lr": 0.1}}
+
+
 # ---------------------------------------------------------------- TOML output
 def _round_trip(tmp_path: Path, cfg: Config) -> Config:
     path = write(tmp_path, to_toml(cfg), "roundtrip.toml")
