@@ -12,9 +12,10 @@ import structlog
 
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.batch_schema import BatchMeta, read_columns
-from rlinkd.daemon.checkpoint.store import policy_file, read_checkpoint_file, verify
+from rlinkd.daemon.checkpoint.store import policy_file, verify
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.learner.device_choice import device_fields
+from rlinkd.daemon.learner.resume import resume_state
 from rlinkd.daemon.roles import RoleContext
 from rlinkd.daemon.wiring import PolicyTopology
 from rlinkd.shm.blob import BlobArea
@@ -65,7 +66,7 @@ class PolicyLearner:
         board_seq = self.board.latest_seq_no()
         if board_seq > self.seq_no:
             _, flat = self.board.read()
-            self.learner.model.load_flat(flat)
+            self.learner.adopt_weights(flat)
             log.info("adopted_board_weights", policy=self.name, board_seq_no=board_seq,
                      checkpoint_seq_no=self.seq_no)
             self.seq_no = board_seq
@@ -73,10 +74,7 @@ class PolicyLearner:
     def _resume(self, path: str) -> None:
         """State from the checkpoint, hyperparameters from the config (which, after a
         SIGHUP, is the reloaded one): log both so an override is never silent."""
-        import torch
-        payload = read_checkpoint_file(path, policy_file(self.name, "learner.pt"))
-        state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
-        saved = self.learner.load_state_dict(state["learner"])
+        state, saved = resume_state(self.learner, path, self.name)
         live = self.learner.live_hparams()
         log.info("hparams_from_config", policy=self.name, **live,
                  **{f"checkpoint_{k}": v for k, v in saved.items()},

@@ -19,9 +19,10 @@ import numpy as np
 import structlog
 
 from rlinkd.daemon import messages as m
-from rlinkd.daemon.checkpoint.store import policy_file, read_checkpoint_file
+from rlinkd.daemon.checkpoint.store import policy_file
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.learner.device_choice import device_fields
+from rlinkd.daemon.learner.resume import resume_state
 from rlinkd.daemon.roles import RoleContext
 from rlinkd.daemon.wiring import PolicyTopology
 from rlinkd.shm.blob import BlobArea
@@ -79,10 +80,7 @@ class ReplayLearner:
                  replay_steps=len(self.replay))
 
     def _resume(self, path: str) -> None:
-        import torch
-        payload = read_checkpoint_file(path, policy_file(self.name, "learner.pt"))
-        state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
-        saved = self.core.load_state_dict(state["learner"])
+        state, saved = resume_state(self.core, path, self.name)
         log.info("hparams_from_config", policy=self.name, lr=self.hp.lr, checkpoint_lr=saved["lr"])
         self.seq_no = int(state["weights_seq_no"])
         self.rng.bit_generator.state = state["sampler_rng"]
