@@ -409,6 +409,16 @@ class Learner:
             self.model.set_normalizer(key, normalizer.mean, normalizer.std)
 
     # ----------------------------------------------------------------- checkpointing
+    def adopt_weights(self, flat: np.ndarray) -> None:
+        """Weights published after the state this learner resumed (a restarted learner takes
+        the board's newer ones): the model loads them, and each running normaliser that has
+        seen data re-bases on the published statistics, so the next batch folds into them and
+        not into the older checkpoint's (``ObsNormalizer.rebase``)."""
+        self.model.load_flat(flat)
+        for key, normalizer in self.normalizers.items():
+            if normalizer.count:
+                normalizer.rebase(*self.model.normalizer_stats(key))
+
     def state_dict(self) -> dict:
         """Everything an exact resume needs, as types torch.load(weights_only=True) accepts;
         tensors are CPU copies, independent of later training."""

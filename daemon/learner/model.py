@@ -310,6 +310,13 @@ class ActorCritic(nn.Module):
             target = tensors[name]
             target.copy_(torch.as_tensor(value, dtype=torch.float32).reshape(target.shape))
 
+    def normalizer_stats(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, std) in leaf `key`'s normaliser buffers, float64 flat; KeyError as above."""
+        entry = {n.key: n for n in self.spec.normalizers()}[key]
+        tensors = self._layout_tensors()
+        return tuple(tensors[name].detach().cpu().double().numpy().reshape(-1)  # type: ignore[return-value]
+                     for name in (entry.mean, entry.std))
+
     def set_obs_normalization(self, mean: np.ndarray, std: np.ndarray) -> None:
         """`set_normalizer` for a root observation leaf (the MLP-era spelling)."""
         self.set_normalizer("", mean, std)
@@ -350,6 +357,13 @@ class ObsNormalizer:
         self.m2 += batch_m2 + delta**2 * self.count * n / total
         self.mean += delta * n / total
         self.count = total
+
+    def rebase(self, mean: np.ndarray, std: np.ndarray) -> None:
+        """Take another learner's published statistics (mean, std = sqrt(var + eps)) as this
+        normaliser's, keeping its count (the weight they carry against later batches)."""
+        self.mean = np.asarray(mean, np.float64).reshape(self.size).copy()
+        var = np.maximum(np.asarray(std, np.float64).reshape(self.size) ** 2 - self.eps, 0.0)
+        self.m2 = var * self.count
 
     @property
     def var(self) -> np.ndarray:

@@ -179,6 +179,30 @@ def test_learner_normalizer_reaches_the_published_weights():
     np.testing.assert_array_equal(CARTPOLE.split_flat(plain.flat_weights())["obs_std"], 1.0)
 
 
+def test_a_restarted_learner_folds_new_data_into_the_published_statistics():
+    """A restarted learner resumes an older checkpoint, then adopts the board's newer weights:
+    its normaliser takes their statistics (keeping its count), so the next batch moves them
+    on from there instead of back towards the checkpoint's."""
+    def shifted(learner, seed: int, loc: float) -> dict:
+        batch = make_batch(CARTPOLE, learner, n=256, seed=seed)
+        batch["obs"] = (batch["obs"] + loc).astype(np.float32)
+        return batch
+    first = Learner(CARTPOLE, HP(normalize_observations=True), device="cpu")
+    first.update(shifted(first, 0, 0.0))
+    checkpoint = first.state_dict()
+    for seed in (1, 2, 3):
+        first.update(shifted(first, seed, 10.0))
+    published = first.flat_weights()
+    published_mean = CARTPOLE.split_flat(published)["obs_mean"]
+    restarted = Learner(CARTPOLE, HP(normalize_observations=True), device="cpu")
+    restarted.load_state_dict(checkpoint)
+    restarted.adopt_weights(published)
+    np.testing.assert_allclose(restarted.normalizers[""].mean, published_mean, rtol=1e-6)
+    restarted.update(shifted(restarted, 4, 10.0))
+    after = CARTPOLE.split_flat(restarted.flat_weights())["obs_mean"]
+    assert (after > 5.0).all(), (published_mean, after)  # (the checkpoint's mean is ~0)
+
+
 def test_explained_variance():
     assert explained_variance(np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 3.0])) == 1.0
     # residual [1, -1, 0] has variance 2/3; targets [1, 2, 3] too -> 0
