@@ -68,11 +68,16 @@ class PolicyFiles:
 @dataclass
 class Pending:
     request: m.CheckpointRequest
-    asked_at: float
+    asked_at: float = 0.0
 
 
 class Checkpointer:
-    """Pending requests and the write path.
+    """Requests and the write path.
+
+    One snapshot is asked of the learner at a time (``asking``): the learner serialises every
+    request it gets into the one snapshot area, so a second request in flight would overwrite
+    the first's snapshot before it was saved. Requests that come meanwhile wait (``waiting``)
+    and are answered together by the next checkpoint, which is newer than each of them.
 
     ``cfg`` is the config in force: the spawn-time one with every SIGHUP reload
     applied (``Reload``); each checkpoint saves it and its sha256.
@@ -86,37 +91,50 @@ class Checkpointer:
         for p in topo.trainable():
             if p.uses_replay and topo.cfg.checkpoint.save_replay:
                 self.policies[p.name].replay = ReplayBuffer.attach(p.replay_path)
-        self.pending: dict[int, Pending] = {}
+        self.asking: list[Pending] = []   # the requests the snapshot in flight answers
+        self.waiting: list[Pending] = []  # requests that came while it was in flight
 
     def on_request(self, req: m.CheckpointRequest) -> None:
-        self.pending[req.request_id] = Pending(req, time.monotonic())
-        self.ctx.send("learner", m.SnapshotRequest(req.request_id))
+        self.waiting.append(Pending(req))
+        self._ask_next()
+
+    def _ask_next(self) -> None:
+        """Ask for one snapshot for every waiting request, unless one is in flight."""
+        if self.asking or not self.waiting:
+            return
+        self.asking, self.waiting = self.waiting, []
+        self.asking[0].asked_at = time.monotonic()
+        self.ctx.send("learner", m.SnapshotRequest(self.asking[0].request.request_id))
 
     def on_snapshot(self, snap: m.SnapshotReady) -> None:
-        pending = self.pending.pop(snap.request_id, None)
-        if pending is None:
-            return
-        req = pending.request
+        if not self.asking or snap.request_id != self.asking[0].request.request_id:
+            return  # (an answer to a request that already timed out)
+        group, self.asking = self.asking, []
+        reason = ", ".join(dict.fromkeys(p.request.reason for p in group))
         try:
             if not snap.ok:
                 raise CheckpointError(f"learner could not snapshot: {snap.error}")
-            ckpt = self._write(req, snap)
+            ckpt = self._write(reason, snap)
         except (CheckpointError, OSError, ValueError) as exc:
-            log.error("checkpoint_failed", reason=req.reason, error=str(exc))
-            self.ctx.send("supervisor", m.CheckpointDone(req.request_id, req.reason, False, "",
-                                                         snap.seq_no, str(exc)))
-            return
-        log.info("checkpoint_written", path=str(ckpt.path), reason=req.reason,
-                 weights_seq_no=snap.seq_no)
-        self.ctx.send("supervisor", m.CheckpointDone(req.request_id, req.reason, True,
-                                                     str(ckpt.path), snap.seq_no, ""))
+            log.error("checkpoint_failed", reason=reason, error=str(exc))
+            self._answer(group, False, "", snap.seq_no, str(exc))
+        else:
+            log.info("checkpoint_written", path=str(ckpt.path), reason=reason,
+                     weights_seq_no=snap.seq_no)
+            self._answer(group, True, str(ckpt.path), snap.seq_no, "")
+        self._ask_next()
 
-    def _write(self, req: m.CheckpointRequest, snap: m.SnapshotReady) -> store.Checkpoint:
+    def _answer(self, group: list[Pending], ok: bool, path: str, seq_no: int, error: str) -> None:
+        for p in group:
+            self.ctx.send("supervisor", m.CheckpointDone(p.request.request_id, p.request.reason,
+                                                         ok, path, seq_no, error))
+
+    def _write(self, reason: str, snap: m.SnapshotReady) -> store.Checkpoint:
         config_text = to_toml(self.cfg).encode()
         files = {"config.toml": config_text}
         for name, policy in self.policies.items():
             files.update(policy.files(snap.generations.get(name, -1), snap.seq_nos.get(name, -1)))
-        meta = {"package_version": package_version(), "reason": req.reason,
+        meta = {"package_version": package_version(), "reason": reason,
                 "config_sha256": hashlib.sha256(config_text).hexdigest(),
                 "counters": self.topo.read_counters(), "weights_seq_no": snap.seq_no,
                 "policies": dict(snap.seq_nos)}
@@ -125,14 +143,12 @@ class Checkpointer:
         return ckpt
 
     def expire(self) -> None:
-        """Requests the learner never answered (e.g. it was killed) fail after a timeout."""
-        now = time.monotonic()
-        for rid, pending in list(self.pending.items()):
-            if now - pending.asked_at > SNAPSHOT_TIMEOUT_S:
-                del self.pending[rid]
-                req = pending.request
-                self.ctx.send("supervisor", m.CheckpointDone(rid, req.reason, False, "", -1,
-                                                             "learner did not answer in time"))
+        """A snapshot the learner never sent (it was killed) fails its requests after a
+        timeout; the waiting ones are asked for next."""
+        if self.asking and time.monotonic() - self.asking[0].asked_at > SNAPSHOT_TIMEOUT_S:
+            group, self.asking = self.asking, []
+            self._answer(group, False, "", -1, "learner did not answer in time")
+            self._ask_next()
 
     def on_reload(self, msg: m.Reload) -> None:
         reload_level(msg.changes, "checkpointer")
