@@ -283,15 +283,40 @@ def _signal_and_wait(args: argparse.Namespace, sig: int, key: str, describe) -> 
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
-    cluster = (query_status(running_daemon(args)).get("learner") or {}).get("cluster") or {}
+    """SIGUSR1, then wait for the outcome of that request (``signal_checkpoint_request``)."""
+    info = running_daemon(args)
+    status = query_status(info)
+    cluster = (status.get("learner") or {}).get("cluster") or {}
     if cluster.get("rank", 0) != 0:
         return _fail(f"this daemon is rank {cluster['rank']} of a job: rank 0 writes the job's "
                      "checkpoints (run this against rank 0)", ExitCode.USAGE)
+    before, asked = status.get("signal_checkpoint_request", 0), 0
+    os.kill(int(info["pid"]), signal.SIGUSR1)
+    deadline = time.monotonic() + args.timeout_s
+    while time.monotonic() < deadline:
+        status = query_status(info)
+        latest = status.get("signal_checkpoint_request", 0)
+        asked = asked or (latest if latest > before else 0)
+        outcome = _checkpoint_outcome(status, asked)
+        if outcome is not None:
+            return outcome
+        time.sleep(0.1)
+    return _fail(f"timed out after {args.timeout_s:g} s waiting for the daemon", ExitCode.TIMEOUT)
 
-    def describe(status: dict) -> int:
-        print(status.get("last_checkpoint", {}).get("path"))
+
+def _checkpoint_outcome(status: dict, asked: int) -> int | None:
+    """The exit code once the checkpoint request ``asked`` (0: not seen yet) ended: its path
+    printed (or a newer checkpoint's: requests are answered in order), or the failure's
+    reason with CANT_CREATE; None while it runs. A stopping daemon takes no request."""
+    written, failed = status.get("last_checkpoint", {}), status.get("last_checkpoint_failure", {})
+    if asked and written.get("request_id", 0) >= asked:
+        print(written["path"])
         return 0
-    return _signal_and_wait(args, signal.SIGUSR1, "checkpoints_written", describe)
+    if asked and failed.get("request_id", 0) >= asked:
+        return _fail(f"the checkpoint failed: {failed.get('error')}", ExitCode.CANT_CREATE)
+    if not asked and status.get("state") == "stopping":
+        return _fail("the daemon is stopping: it writes its final checkpoint itself", ExitCode.NOT_RUNNING)
+    return None
 
 
 def cmd_reload(args: argparse.Namespace) -> int:

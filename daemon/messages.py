@@ -237,6 +237,17 @@ class CheckpointInfo:
     path: str
     weights_seq_no: int
     created_at: float
+    request_id: int = 0  # the request it answered (0: the checkpoint the daemon resumed)
+
+
+@dataclass(frozen=True)
+class CheckpointFailure:
+    """The newest checkpoint request that failed, and why."""
+
+    request_id: int
+    reason: str
+    error: str
+    at: float
 
 
 @dataclass(frozen=True)
@@ -261,6 +272,9 @@ class DaemonInfo:
     children: dict[str, ChildInfo]
     last_checkpoint: CheckpointInfo | None
     checkpoints_written: int
+    checkpoints_failed: int
+    last_checkpoint_failure: CheckpointFailure | None
+    signal_checkpoint_request: int  # the newest SIGUSR1 request's id (0: none yet)
     undelivered_messages: int
     reload_generation: int
     last_reload: ReloadResult | None
@@ -270,9 +284,9 @@ class DaemonInfo:
 
 
 def daemon_report(info: DaemonInfo) -> dict[str, Any]:
-    """``info`` as the flat keys of ``rlinkd status`` (absent checkpoint/reload: ``{}``)."""
+    """``info`` as the flat keys of ``rlinkd status`` (absent checkpoint, failure, reload: ``{}``)."""
     report = asdict(info)
-    for key in ("last_checkpoint", "last_reload"):
+    for key in ("last_checkpoint", "last_checkpoint_failure", "last_reload"):
         report[key] = report[key] or {}
     if info.last_checkpoint is not None:
         report["last_checkpoint"]["age_s"] = round(time.time() - info.last_checkpoint.created_at, 1)

@@ -61,6 +61,8 @@ COUNTERS: dict[str, tuple[Path, str]] = {
     "rlinkd_paced_samples_total": (("paced_samples",), "Samples whose client waited for its "
                                    "learner (pacing: `max_lead_steps`)."),
     "rlinkd_checkpoints_written_total": (("checkpoints_written",), "Checkpoints written."),
+    "rlinkd_checkpoints_failed_total": (("checkpoints_failed",),
+                                        "Checkpoint requests that failed (see the log's reason)."),
     "rlinkd_undelivered_messages_total": (("undelivered_messages",),
                                           "Supervisor messages dropped at a full inbox."),
     "rlinkd_reloads_total": (("reload_generation",), "SIGHUP reloads attempted."),

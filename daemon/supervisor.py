@@ -122,6 +122,9 @@ class Supervisor:
         self.collector_status: m.CollectorStatus | None = None
         self.last_checkpoint: m.CheckpointInfo | None = None
         self.checkpoints_written = 0
+        self.checkpoints_failed = 0
+        self.last_checkpoint_failure: m.CheckpointFailure | None = None
+        self.signal_checkpoint_request = 0
         self.undelivered_messages = 0
         self.reload_generation = 0
         self.last_reload: m.ReloadResult | None = None
@@ -321,8 +324,8 @@ class Supervisor:
         if not self._deliver(action.target, action.msg) and isinstance(action.msg,
                                                                        m.CheckpointRequest):
             req = action.msg
-            log.error("checkpoint_failed", reason=req.reason, request_id=req.request_id,
-                      error="checkpointer inbox full: request not delivered")
+            self._checkpoint_failed(req.request_id, req.reason,
+                                    "checkpointer inbox full: request not delivered")
             self.core.checkpoint_finished(req.request_id)
 
     def _do_shutdown_begun(self, _action: core.ShutdownBegun) -> None:
@@ -404,18 +407,30 @@ class Supervisor:
 
     # ------------------------------------------------------------ checkpoints
     def request_checkpoint(self, reason: str) -> None:
-        """Timer and SIGUSR1: ask for a checkpoint without waiting (none while stopping)."""
-        self._perform(self.core.request_checkpoint(reason))
+        """Timer and SIGUSR1: ask for a checkpoint without waiting (none while stopping).
+        A SIGUSR1 request's id goes into status (``signal_checkpoint_request``): ``rlinkd
+        checkpoint`` waits for the outcome of that request."""
+        actions = self.core.request_checkpoint(reason)
+        if reason == "SIGUSR1":
+            for action in actions:
+                if isinstance(action, core.Send) and isinstance(action.msg, m.CheckpointRequest):
+                    self.signal_checkpoint_request = action.msg.request_id
+        self._perform(actions)
 
     def on_checkpoint_done(self, msg: m.CheckpointDone) -> None:
         if msg.ok:
             self.checkpoints_written += 1
-            self.last_checkpoint = m.CheckpointInfo(msg.path, msg.seq_no, time.time())
+            self.last_checkpoint = m.CheckpointInfo(msg.path, msg.seq_no, time.time(), msg.request_id)
             self.topo.resume_checkpoint = msg.path
             log.info("checkpoint_done", path=msg.path, reason=msg.reason, weights_seq_no=msg.seq_no)
         else:
-            log.error("checkpoint_failed", reason=msg.reason, error=msg.error)
+            self._checkpoint_failed(msg.request_id, msg.reason, msg.error)
         self.core.checkpoint_finished(msg.request_id)
+
+    def _checkpoint_failed(self, request_id: int, reason: str, error: str) -> None:
+        log.error("checkpoint_failed", reason=reason, request_id=request_id, error=error)
+        self.checkpoints_failed += 1
+        self.last_checkpoint_failure = m.CheckpointFailure(request_id, reason, error, time.time())
 
     # ------------------------------------------------------------ reload
     def reload(self) -> None:
@@ -475,7 +490,9 @@ class Supervisor:
         return m.DaemonInfo(
             daemon_pid=os.getpid(), state="stopping" if self.stopping else "running",
             children=children, last_checkpoint=self.last_checkpoint,
-            checkpoints_written=self.checkpoints_written,
+            checkpoints_written=self.checkpoints_written, checkpoints_failed=self.checkpoints_failed,
+            last_checkpoint_failure=self.last_checkpoint_failure,
+            signal_checkpoint_request=self.signal_checkpoint_request,
             undelivered_messages=self.undelivered_messages,
             reload_generation=self.reload_generation, last_reload=self.last_reload,
             state_dir=str(self.cfg.state_dir), config=reloadable_values(self.cfg),

@@ -184,6 +184,19 @@ def test_cli_checkpoint_and_reload_wait_for_the_result(daemon_factory, tmp_path)
     out = subprocess.run([*cli, "reload", "--state-dir", str(d.state_dir)], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 78 and '"ok": false' in out.stdout
+    status = d.status()
+    assert status["last_checkpoint"]["request_id"] == status["signal_checkpoint_request"] > 0
+    root = store.checkpoints_dir(d.state_dir)      # a file where the checkpoints go: the write fails
+    root.rename(root.with_name("aside"))
+    root.write_text("not a directory")
+    out = subprocess.run([*cli, "checkpoint", "--state-dir", str(d.state_dir)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 73 and "the checkpoint failed" in out.stderr, out.stdout + out.stderr
+    status = d.status()
+    assert status["checkpoints_failed"] == 1
+    assert status["last_checkpoint_failure"]["request_id"] == status["signal_checkpoint_request"]
+    root.unlink()
+    root.with_name("aside").rename(root)
 
 
 def test_unknown_env_id_exits_78_with_one_line(tmp_path):

@@ -80,3 +80,16 @@ def _defaults_not_shown(parser: argparse.ArgumentParser) -> list[str]:
 def test_every_flag_with_a_default_says_it():
     """`client --help` used to hide where it connects (tcp://127.0.0.1:5555)."""
     assert _defaults_not_shown(cli.build_parser()) == []
+
+
+def test_rlinkd_checkpoint_waits_for_its_own_request(capsys):
+    """The outcome of request 4 (the SIGUSR1 this invocation sent): not an older checkpoint,
+    a newer one does (requests are answered in order), a failure of it is exit 73."""
+    from rlinkd.daemon.cli import _checkpoint_outcome
+    older = {"last_checkpoint": {"request_id": 3, "path": "/c/ckpt-3"}}
+    assert _checkpoint_outcome(older, 0) is None and _checkpoint_outcome(older, 4) is None
+    assert _checkpoint_outcome({"last_checkpoint": {"request_id": 5, "path": "/c/ckpt-5"}}, 4) == 0
+    assert capsys.readouterr().out.strip() == "/c/ckpt-5"
+    failed = {**older, "last_checkpoint_failure": {"request_id": 4, "error": "disk full"}}
+    assert _checkpoint_outcome(failed, 4) == 73 and "disk full" in capsys.readouterr().err
+    assert _checkpoint_outcome({**older, "state": "stopping"}, 0) == 5

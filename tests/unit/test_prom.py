@@ -34,7 +34,8 @@ def daemon_info() -> m.DaemonInfo:
     return m.DaemonInfo(
         daemon_pid=10, state="running", children=CHILDREN,
         last_checkpoint=m.CheckpointInfo("/s/checkpoints/ckpt-000003", 7, time.time() - 30),
-        checkpoints_written=3, undelivered_messages=0, reload_generation=1,
+        checkpoints_written=3, checkpoints_failed=1, last_checkpoint_failure=None,
+        signal_checkpoint_request=0, undelivered_messages=0, reload_generation=1,
         last_reload=m.ReloadResult(1, True, 1_700_000_000.0, {"ppo.lr": 0.001}, (), ""),
         state_dir="/s", config={"ppo.lr": 0.001, "daemon.log_level": "info",
                                 "checkpoint.keep_checkpoints": cfg.checkpoint.keep_checkpoints},
@@ -115,6 +116,7 @@ def test_counters_are_counters_named_total_with_the_reports_values(full):
     assert value(full, "rlinkd_learner_updates_total") == 2
     assert value(full, "rlinkd_train_batches_total") == 2
     assert value(full, "rlinkd_checkpoints_written_total") == 3
+    assert value(full, "rlinkd_checkpoints_failed_total") == 1
     assert value(full, "rlinkd_role_restarts_total", role="learner") == 2
     assert value(full, "rlinkd_role_cpu_seconds_total", role="learner") == 42.0
 
