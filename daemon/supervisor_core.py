@@ -152,10 +152,12 @@ class SupervisorCore:
     def child_exited(self, role: str, code: int, now: float) -> list[Action]:
         """The shell reaped ``role`` with ``code``: restart it later, or stop the daemon
         (boot error, crash loop). While stopping, exits are expected and final. Logged at info
-        level when the role exits 0 after being sent Stop (``requested``), else at warning."""
+        level when the role exits 0 after being sent Stop, or Drain for the collector
+        (``requested``), else at warning."""
         state = self.roles[role]
         state.mark_exited(code)
-        requested = code == ExitCode.OK and self.phase in (Phase.STOP, Phase.DONE)
+        drained = role == "collector" and self.stopping is not None  # (Drain asks it to exit)
+        requested = code == ExitCode.OK and (drained or self.phase in (Phase.STOP, Phase.DONE))
         level = log.info if requested else log.warning
         level("child_exited", child=role, exit_code=code, stopping=bool(self.stopping), requested=requested)
         if self.stopping:

@@ -443,9 +443,10 @@ def test_an_exit_nobody_asked_for_is_a_warning_even_while_stopping():
     with capture_logs() as logs:
         core.child_exited("connector", 1, 1.0)               # a crash while running
         core.terminate(2.0)                                  # draining, no Stop sent yet
-        core.child_exited("collector", 0, 2.5)
+        core.child_exited("learner", 0, 2.4)
+        core.child_exited("collector", 0, 2.5)               # (Drain asked it to exit 0)
     assert [(e["child"], e["log_level"], e["requested"]) for e in events(logs, "child_exited")] == [
-        ("connector", "warning", False), ("collector", "warning", False)]
+        ("connector", "warning", False), ("learner", "warning", False), ("collector", "info", True)]
 
 
 # ---------------------------------------------------------------- a job's rank other than 0
