@@ -44,7 +44,7 @@ from rlinkd.daemon.config import (Config, ConfigError, apply_changes, load_confi
                                   reloadable_changes, reloadable_values, writes_checkpoints)
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec
 from rlinkd.daemon.errors import CheckpointError, ExitCode
-from rlinkd.daemon.export import POLICY_FILE, describe_checkpoint
+from rlinkd.daemon.export import POLICY_FILE, checkpoint_policies, describe_checkpoint
 from rlinkd.daemon.frozen import check_frozen
 from rlinkd.daemon.metrics import TensorBoardMetrics
 from rlinkd.daemon.roles import child_main
@@ -207,18 +207,29 @@ class Supervisor:
             if not policy.trainable:
                 check_frozen(policy.definition)
         if resume is not None:
-            for policy in self.topo.trainable():
-                check_resume_matches(resume, policy.spec, policy.name)
-            self.topo.resume_checkpoint = str(resume.path)
-            self.topo.write_counters(resume.counters)
-            self._restore_replays(str(resume.path))
-            self.last_checkpoint = m.CheckpointInfo(str(resume.path), resume.weights_seq_no,
-                                                    resume.manifest.get("created_at", time.time()))
-            log.info("resuming", checkpoint=str(resume.path), weights_seq_no=resume.weights_seq_no)
+            self._resume_from(resume)
         self.timers["checkpoint"] = time.monotonic() + self.cfg.checkpoint.checkpoint_interval_s
         if self.endpoint is not None:
             self.endpoint.start()
             self.endpoint.publish(self.info())
+
+    def _resume_from(self, resume: store.Checkpoint) -> None:
+        """Check the checkpoint fits the config (ConfigError, exit 78), then hand it to the
+        roles: its path, counters and replay buffers. A policy it holds that the config no
+        longer trains is named in a warning (its state stays in that checkpoint only)."""
+        trainable = self.topo.trainable()
+        for policy in trainable:
+            check_resume_matches(resume, policy.spec, policy.name)
+        if dropped := sorted(set(checkpoint_policies(resume)) - {p.name for p in trainable}):
+            log.warning("checkpoint_policies_not_resumed", policies=dropped, checkpoint=str(resume.path),
+                        why="not trainable policies of this config: their state stays in this "
+                            "checkpoint only, until it is pruned")
+        self.topo.resume_checkpoint = str(resume.path)
+        self.topo.write_counters(resume.counters)
+        self._restore_replays(str(resume.path))
+        self.last_checkpoint = m.CheckpointInfo(str(resume.path), resume.weights_seq_no,
+                                                resume.manifest.get("created_at", time.time()))
+        log.info("resuming", checkpoint=str(resume.path), weights_seq_no=resume.weights_seq_no)
 
     def _restore_replays(self, checkpoint: str) -> None:
         """``checkpoint.save_replay``: refill each DQN policy's new replay buffer from the

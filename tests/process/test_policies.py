@@ -11,7 +11,7 @@ import numpy as np
 
 from rlinkd.daemon.checkpoint import store
 from rlinkd.daemon.export import checkpoint_policies, export_policy
-from tests.helpers import raw_connect, raw_recv, raw_send
+from tests.helpers import raw_connect, raw_recv, raw_send, wait_for
 
 TWO_POLICIES = ["--set", "sampling.train_batch_size=128", "--set", "ppo.minibatch_size=64",
                 "--set", "ppo.num_epochs=2", "--set", "sampling.env_steps_per_sample=64",
@@ -85,6 +85,13 @@ def test_two_policies_train_with_their_own_versions_checkpoint_and_resume(daemon
     assert state["weights_seq_no"] >= saved["default"]
     assert state["policies"]["red"]["weights_seq_no"] >= saved["red"]
     sock.close()
+    assert d.stop() == 0
+    d.proc = None
+    d.args = TWO_POLICIES[:8]                            # red taken out of the config: named
+    d.start()
+    wait_for(lambda: '"checkpoint_policies_not_resumed"' in d.log(), 10, what="the warning")
+    line = next(x for x in d.log().splitlines() if '"checkpoint_policies_not_resumed"' in x)
+    assert '"policies": ["red"]' in line, line
 
 
 def test_a_frozen_policy_never_changes_while_the_other_trains(daemon_factory, tmp_path):
