@@ -31,7 +31,7 @@ def replay_files(policy: str, buffer: ReplayBuffer) -> dict[str, bytes]:
 def restore_replay(checkpoint: str, policy: str, buffer: ReplayBuffer) -> int:
     """Refill ``buffer`` from the checkpoint's files of ``policy``; the rows restored (0
     when the checkpoint has none). CheckpointError when they do not fit this buffer's layout."""
-    if store.policy_file(policy, META_FILE) not in store.verify(Path(checkpoint)).manifest.get("files", {}):
+    if store.policy_file(policy, META_FILE) not in store.read_manifest(Path(checkpoint)).manifest.get("files", {}):
         return 0
     meta = json.loads(store.read_checkpoint_file(checkpoint, store.policy_file(policy, META_FILE)))
     if ReplayLayout.from_json(meta["layout"]) != buffer.layout:

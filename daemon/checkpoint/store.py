@@ -131,6 +131,16 @@ def write_checkpoint(root: Path, files: dict[str, bytes], meta: dict) -> Checkpo
 
 def verify(path: Path) -> Checkpoint:
     """Check the manifest and every file's size and sha256; CheckpointError if anything is off."""
+    ckpt = read_manifest(path)
+    for name, info in ckpt.manifest.get("files", {}).items():
+        _verified_bytes(path, name, info)
+    return ckpt
+
+
+def read_manifest(path: Path) -> Checkpoint:
+    """The checkpoint with its manifest checked (format, file entries, names) but no file
+    read: for a reader that then takes single files with ``read_checkpoint_file`` (each
+    checked on its own) rather than hashing every file, a large replay.bin included, again."""
     index = _index_of(path)
     try:
         manifest = json.loads((path / MANIFEST).read_bytes())
@@ -143,7 +153,6 @@ def verify(path: Path) -> Checkpoint:
         raise CheckpointError(f"{path}: malformed manifest (files)")
     for name in files:
         _check_name(path, name)
-        _verified_bytes(path, name, files[name])
     return Checkpoint(path, index or 0, manifest)
 
 
@@ -182,9 +191,9 @@ def latest_valid(root: Path, warn=None) -> Checkpoint | None:
 
 
 def read_checkpoint_file(path: str | os.PathLike, name: str) -> bytes:
-    """One file of a checkpoint, re-verified against the manifest (the bytes returned are
-    the bytes checked, not a second read)."""
-    files = verify(Path(path)).manifest.get("files", {})
+    """One file of a checkpoint, verified against the manifest (the bytes returned are the
+    bytes checked, not a second read)."""
+    files = read_manifest(Path(path)).manifest.get("files", {})
     if name not in files:
         raise CheckpointError(f"{path}: has no {name}")
     return _verified_bytes(Path(path), name, files[name])

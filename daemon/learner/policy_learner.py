@@ -12,7 +12,7 @@ import structlog
 
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.batch_schema import BatchMeta, read_columns
-from rlinkd.daemon.checkpoint.store import policy_file, verify
+from rlinkd.daemon.checkpoint.store import policy_file, read_manifest
 from rlinkd.daemon.config import Config
 from rlinkd.daemon.learner.device_choice import device_fields
 from rlinkd.daemon.learner.resume import resume_state
@@ -155,4 +155,4 @@ class PolicyLearner:
 
 
 def _manifest_files(checkpoint: str) -> dict:
-    return verify(Path(checkpoint)).manifest.get("files", {})
+    return read_manifest(Path(checkpoint)).manifest.get("files", {})

@@ -202,5 +202,5 @@ def _core_class(algorithm: str) -> type:
 def _holds(checkpoint: str, name: str) -> bool:
     from pathlib import Path
 
-    from rlinkd.daemon.checkpoint.store import verify
-    return name in verify(Path(checkpoint)).manifest.get("files", {})
+    from rlinkd.daemon.checkpoint.store import read_manifest
+    return name in read_manifest(Path(checkpoint)).manifest.get("files", {})

@@ -214,10 +214,10 @@ def test_read_checkpoint_file(tmp_path):
     assert store.read_checkpoint_file(str(ckpt.path), "config.toml") == b"[ppo]\n0"
 
 
-def test_read_checkpoint_file_reverifies(tmp_path):
+def test_read_checkpoint_file_refuses_a_changed_file(tmp_path):
     (ckpt,) = write(tmp_path, 1)
-    (ckpt.path / "config.toml").write_bytes(b"changed")       # another file: still refused
-    with pytest.raises(CheckpointError, match=r"config\.toml does not match"):
+    (ckpt.path / "learner.pt").write_bytes(b"changed")
+    with pytest.raises(CheckpointError, match=r"learner\.pt does not match"):
         store.read_checkpoint_file(ckpt.path, "learner.pt")
 
 
@@ -231,14 +231,14 @@ def test_read_checkpoint_file_unknown_name(tmp_path):
 def test_read_checkpoint_file_returns_the_bytes_it_verified(tmp_path, monkeypatch):
     """The data handed back is the data whose sha256 was checked, not a second read."""
     (ckpt,) = write(tmp_path, 1)
-    real_verify = store.verify
+    real_verify = store.read_manifest
 
     def verify_then_tamper(path):
         result = real_verify(path)
         (path / "learner.pt").write_bytes(b"swapped after verification")
         return result
 
-    monkeypatch.setattr(store, "verify", verify_then_tamper)
+    monkeypatch.setattr(store, "read_manifest", verify_then_tamper)
     try:
         data = store.read_checkpoint_file(ckpt.path, "learner.pt")
     except CheckpointError:
@@ -297,3 +297,20 @@ def test_only_a_checkpoint_writer_resumes_its_state_dirs_checkpoints(tmp_path, w
     sup.cfg = SimpleNamespace(cluster=ClusterConfig(world_size=world_size, rank=rank, master="127.0.0.1:1"))
     got = sup._checkpoint_to_resume(root)
     assert (got.path if got else None) == (written.path if resumes else None)
+
+
+def test_reading_one_file_checks_that_file_without_hashing_the_others(tmp_path, monkeypatch):
+    """read_checkpoint_file (the roles' reads at boot) checks the manifest and the file it
+    returns, not every file again (a saved replay can be large): verify still checks all."""
+    ckpt = store.write_checkpoint(tmp_path, {"learner.pt": b"L" * 10, "replay.bin": b"R" * 1000}, {})
+    hashed: list[int] = []
+    real = hashlib.sha256
+    monkeypatch.setattr(store.hashlib, "sha256", lambda data=b"": hashed.append(len(data)) or real(data))
+    assert store.read_checkpoint_file(ckpt.path, "learner.pt") == b"L" * 10
+    assert hashed == [10]
+    (ckpt.path / "replay.bin").write_bytes(b"X" * 1000)
+    assert store.read_checkpoint_file(ckpt.path, "learner.pt") == b"L" * 10
+    with pytest.raises(CheckpointError, match=r"replay\.bin"):
+        store.read_checkpoint_file(ckpt.path, "replay.bin")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        store.verify(ckpt.path)
