@@ -119,6 +119,46 @@ def test_a_failed_capture_is_logged_and_the_eager_step_runs(monkeypatch):
     assert stepper.failed and stepper.captures == 0 and len(calls) == 1
 
 
+class ReplayedOnTheCpu:
+    """A stand-in for a captured graph: replay runs the step on the static buffers."""
+
+    def __init__(self, stepper: graphed.GraphedStepper) -> None:
+        self.stepper = stepper
+
+    def replay(self) -> None:
+        s = self.stepper
+        s.static_out = s.step(s.static, s.static_idx)
+
+
+def test_batches_of_varying_sizes_replay_one_graph_of_a_growing_capacity(monkeypatch):
+    """Train batches come in whatever size the connector had: a capture per size would
+    cost more than it saves. The buffers hold a power-of-two row capacity that only grows;
+    the batch sits in their first N rows, which are all a minibatch index reaches."""
+    def step(data, idx):                                   # reads its rows through idx only
+        return data["x"][idx] * 10 + data["obs"]["o"][idx].sum(dim=1)
+    stepper = graphed.GraphedStepper(step, [torch.zeros(3)], "ppo")
+    recorded = []
+
+    def record(rows: int) -> None:
+        recorded.append(graphed._rows_of(stepper.static))
+        stepper.graph = ReplayedOnTheCpu(stepper)           # type: ignore[assignment]
+        stepper.captures += 1
+    monkeypatch.setattr(stepper, "_record", record)
+    rng = np.random.default_rng(0)
+    for n in (256, 768, 512, 1024, 256, 1000):
+        data = {"x": torch.from_numpy(rng.normal(size=n)), "obs": {"o": torch.from_numpy(rng.normal(size=(n, 3)))}}
+        idx = torch.from_numpy(rng.integers(0, n, 64))
+        np.testing.assert_allclose(stepper.bind(data, 64)(idx), step(data, idx))
+    assert recorded == [256, 1024]                         # (not one capture per batch size)
+    whole = graphed.GraphedStepper(lambda data, idx: data["x"].sum(), [torch.zeros(1)], "dqn")
+    monkeypatch.setattr(whole, "_record", lambda rows: setattr(whole, "graph", ReplayedOnTheCpu(whole)))
+    for n in (32, 32, 48):                                 # a step that reads everything: exact shapes
+        data = {"x": torch.ones(n)}
+        assert float(whole.bind(data, 0)(torch.zeros(0, dtype=torch.long))) == n
+    assert graphed.row_capacity(1) == 1 and graphed.row_capacity(257) == 512
+    assert graphed.row_capacity(100, 512) == 512
+
+
 def pair(spec, hp):
     return (Learner(spec, hp, device="cuda", seed=3),
             Learner(spec, hp, device="cuda", seed=3, graphs=False))
@@ -238,7 +278,8 @@ def test_a_capture_failing_inside_the_sac_step_leaves_an_eager_learner_as_if_unt
 
     from rlinkd.daemon.learner import sac_learner
     for name, stand in (("Stream", lambda device: _Stand()), ("current_stream", lambda device: _Stand()),
-                        ("stream", lambda s: nullcontext()), ("graph", lambda g: nullcontext()),
+                        ("stream", lambda s: nullcontext()), ("graph", lambda g, stream: nullcontext()),
+                        ("device", lambda device: nullcontext()),
                         ("CUDAGraph", _Stand), ("synchronize", lambda device: None)):
         monkeypatch.setattr(graphed.torch.cuda, name, stand)
     calls, real = [], sac_learner.actor_loss_terms
