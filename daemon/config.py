@@ -10,6 +10,7 @@ raises ``ConfigError`` naming the offending key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import sys
@@ -601,6 +602,8 @@ def _coerce_space(key: str, value: Any) -> Space:
 
 def _check_limits(key: str, f: dataclasses.Field, value: Any) -> None:
     meta = f.metadata
+    if isinstance(value, float) and not math.isfinite(value):  # (nan passes every comparison)
+        raise ConfigError(f"{key}: must be a finite number, got {value!r}")
     if meta.get("min") is not None and value < meta["min"]:
         raise ConfigError(f"{key}: must be >= {meta['min']}, got {value!r}")
     if meta.get("max") is not None and value > meta["max"]:

@@ -53,16 +53,18 @@ def place(definition: PolicyDef, cfg: Config, time_fn: TimeFn | None = None,
 
 def _timed(definition: PolicyDef, minibatch: int, device: str, threads: int) -> float:
     """Seconds per SGD step on ``device``; inf (logged) when a GPU fails to run it (out of
-    memory, a driver error): the policy then trains on the CPU rather than not at all."""
+    memory, a driver error): the policy then trains on the CPU rather than not at all. A
+    failure on the CPU is a BootError naming ``learner.device`` (a restart would fail alike)."""
     if threads > 0:
         torch.set_num_threads(threads)
     try:
         return time_sgd_step(definition.spec, minibatch, device)
-    except RuntimeError as exc:
+    except Exception as exc:  # (the timing boundary: any failure decides, never crashes)
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if device == "cpu":
-            raise
-        log.warning("device_timing_failed", policy=definition.name, device=device,
-                    error=str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            raise BootError(f"learner.device = 'auto': timing policy {definition.name!r}'s step "
+                            f"on the cpu failed ({type(exc).__name__}: {reason})") from exc
+        log.warning("device_timing_failed", policy=definition.name, device=device, error=reason)
         return math.inf
 
 

@@ -675,3 +675,11 @@ def test_remote_master_with_insecure_remote_is_accepted():
                                  ("cluster", "master", "10.1.2.3:29500"),
                                  ("cluster", "insecure_remote", True)], resolve_dirs=False)
     assert C.cluster_address(cfg.cluster) == ("10.1.2.3", 29500)
+
+
+@pytest.mark.parametrize("text", ["lr = inf", "lr = nan", "ent_coef = -inf"])
+def test_a_non_finite_number_is_refused(tmp_path, text):
+    """inf passed `minimum = 0` and nan every comparison: an lr of inf reached the learner,
+    whose reload then crashed it and whose boot rejected every batch."""
+    with pytest.raises(ConfigError, match=r"must be a finite number|expected float, got nan"):
+        load_text(tmp_path, f"[ppo]\n{text}\n")

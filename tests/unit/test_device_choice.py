@@ -142,6 +142,28 @@ def test_the_real_timing_function_times_a_step_on_the_cpu():
     assert host_signature(1) != host_signature(2)
 
 
+def test_a_recurrent_policy_is_timed_over_chunks_with_the_real_function(tmp_path, monkeypatch):
+    """An LSTM policy's step needs a state: the timing runs it as the learner does (BPTT over
+    whole chunks, eagerly). Here a "GPU" that torch cannot use loses, and the CPU wins."""
+    from rlinkd.daemon.learner import placement
+    monkeypatch.setattr(placement, "host_signature", lambda threads: "h")
+    cfg = load_config(None, [("daemon", "state_dir", str(tmp_path)), ("ppo", "recurrent", "lstm"),
+                             ("ppo", "max_seq_len", 8), ("ppo", "minibatch_size", 32)])
+    choice = place(policy_defs(cfg)["default"], cfg, cuda_count=1)
+    assert choice.device == "cpu" and choice.how == "measured" and math.isfinite(choice.step_s["cpu"])
+
+
+def test_a_cpu_timing_that_fails_is_a_boot_error_not_a_crash(tmp_path, monkeypatch):
+    from rlinkd.daemon.learner import placement
+
+    def broken(spec, minibatch, device):
+        raise ValueError("a network the timing cannot run")
+    monkeypatch.setattr(placement, "time_sgd_step", broken)
+    cfg, defs = two_policies(tmp_path)
+    with pytest.raises(BootError, match=r"learner.device = 'auto'.*'default'.*cannot run"):
+        place(defs["default"], cfg, cuda_count=1)
+
+
 def test_rlinkd_status_shows_each_policys_device_and_timings():
     from rlinkd.daemon.cli import format_status
     timed = {"device": "cuda:0", "device_choice": "measured",
