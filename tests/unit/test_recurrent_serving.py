@@ -1,6 +1,7 @@
 """Tier 1: server-side actions with a recurrent policy. The inference role keeps a state per
 lane (zeros at START, the network's state out after each answered step), feeds it to its
-Python forward (never the native step), and the step records it writes carry the states on
+step (on the backend forced or timed fastest; never the native lone step, which keeps no
+state), and the step records it writes carry the states on
 the fragment grid, also for fragments a sample boundary cut mid-episode. A role restart
 loses the lanes' episodes and their states: their next STEP is answered STATUS_LOST."""
 from __future__ import annotations
@@ -15,7 +16,8 @@ from rlinkd.client_lib.protocol.netnumpy import NumpyNet
 from rlinkd.client_lib.protocol.netops import STATE_OUT
 from rlinkd.daemon import policies as P
 from rlinkd.daemon.config import load_config
-from rlinkd.daemon.inference.backend import STEP_MAKERS, PolicyRunner, recurrent_backend
+from rlinkd.daemon.inference import backend as B
+from rlinkd.daemon.inference.backend import STEP_MAKERS, PolicyRunner
 from rlinkd.daemon.inference.episodes import SlotPool
 from rlinkd.daemon.inference.lonestep import LoneStepper
 from rlinkd.daemon.inference.policy_lanes import ServedArea
@@ -95,7 +97,8 @@ def fragments(rec: np.ndarray, stream: int) -> list[np.ndarray]:
 def test_served_episodes_carry_the_lane_states_on_the_grid_across_cuts(served):
     server, area, link, net, policy = served
     run_episodes(server, area, {0: 8, 1: 5})
-    assert policy.lone is None and policy.runner.backends == ("numpy", "numpy")  # ("native" asked)
+    assert policy.lone is None
+    assert policy.runner.backends == (("native", "native") if B.netnative.available() else ("numpy", "numpy"))
     rec = link.all
     for lane, steps in ((0, 8), (1, 5)):
         want = expected_states(net, lane, steps)
@@ -154,10 +157,9 @@ def test_every_recurrent_backend_agrees_with_numpy(cell):
     obs_rows = {"": np.stack([obs(0, i) for i in range(3)])}
     state = np.random.default_rng(2).normal(size=(3, d.spec.state_size)).astype(np.float32)
     want = STEP_MAKERS["numpy"](d.spec, flat)(obs_rows, state)
-    for name in ("onnxruntime", "torch"):
+    for name in ("onnxruntime", "torch", *(["native"] if B.netnative.available() else [])):
         for got, ref in zip(STEP_MAKERS[name](d.spec, flat)(obs_rows, state), want):
             np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5, err_msg=name)
-    assert recurrent_backend(d.spec, "auto") == recurrent_backend(d.spec, "native") == "numpy"
 
 
 def test_records_after_the_link_reconnects_start_on_the_state_grid(served):
