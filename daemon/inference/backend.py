@@ -126,7 +126,8 @@ def step_timed(make: Callable[[PolicySpec, np.ndarray], Step]) -> Callable[[Poli
     nonzero state (0.1 everywhere: every gate's matmul and maths do work) of the batch's
     rows, made once per batch size (not inside the timed call)."""
     def make_forward(spec: PolicySpec, flat: np.ndarray) -> Forward:
-        step, states = make(spec, flat), {}
+        step = make(spec, flat)
+        states: dict[int, np.ndarray] = {}
 
         def run(obs: Mapping[str, np.ndarray]) -> np.ndarray:
             rows = len(next(iter(obs.values())))
@@ -193,20 +194,20 @@ def time_backend(forward: Forward, obs: Mapping[str, np.ndarray], repeats: int =
 
 def choose_backend(spec: PolicySpec, flat: np.ndarray, wanted: str,
                    sample_obs: Callable[[int], Mapping[str, np.ndarray]], native: bool = True,
-                   makers: Mapping[str, Callable[[PolicySpec, np.ndarray], Forward]] = MAKERS,
+                   makers: Mapping[str, Callable[[PolicySpec, np.ndarray], Forward]] | None = None,
                    ) -> tuple[tuple[str, str], dict[str, float]]:
     """((backend for small batches, for large ones), seconds measured per candidate and batch
     size). ``wanted`` other than "auto" is taken for both, without timing; ``native``: the
     native interpreter is a candidate of "auto" (config.validate refuses "native" without it).
-    ``makers``: what is timed, ``MAKERS`` (forwards) or ``STEP_TIMED`` (a recurrent policy's
-    steps)."""
+    ``makers``: what is timed, ``MAKERS`` (forwards: the default) or ``STEP_TIMED`` (a
+    recurrent policy's steps)."""
     if wanted == "native" and (has_conv(spec) or not netnative.available()):
         log.warning("inference_backend_unavailable", wanted=wanted,
                     reason="convolutions" if netnative.available() else "the _native extension is not built")
         wanted = "auto"
     if wanted != "auto":
         return (wanted, wanted), {}
-    timings, names = {}, candidates(spec, native=native)
+    timings, names, makers = {}, candidates(spec, native=native), MAKERS if makers is None else makers
     for name in names:
         forward = makers[name](spec, flat)
         for rows in (1, 64):

@@ -6,6 +6,7 @@ the fragment grid, also for fragments a sample boundary cut mid-episode. A role 
 loses the lanes' episodes and their states: their next STEP is answered STATUS_LOST."""
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -13,7 +14,7 @@ import orjson
 import pytest
 
 from rlinkd.client_lib.protocol.netnumpy import NumpyNet
-from rlinkd.client_lib.protocol.netops import STATE_OUT
+from rlinkd.client_lib.protocol.netops import DIST, STATE_OUT
 from rlinkd.daemon import policies as P
 from rlinkd.daemon.config import load_config
 from rlinkd.daemon.inference import backend as B
@@ -199,3 +200,55 @@ def test_the_role_starts_new_fragments_when_a_link_connects():
     inf.next_connect, inf.backoff = {"p": 0.0}, {"p": 0.1}
     inf._connect_links()
     assert told == ["p"]
+
+
+class Named:
+    """A candidate's timed step, named for a fake timer."""
+
+    def __init__(self, make, name: str, spec, flat) -> None:
+        self.forward, self.name = make(spec, flat), name
+
+    def __call__(self, obs):
+        return self.forward(obs)
+
+
+@pytest.mark.skipif(not B.netnative.available(), reason="the _native extension is not built")
+@pytest.mark.parametrize("fastest, backends", [
+    ({"native@1", "native@64"}, ("native", "native")),
+    ({"numpy@1", "numpy@64"}, ("numpy", "numpy")),
+    ({"native@1", "numpy@64"}, ("native", "numpy")),
+])
+def test_a_recurrent_policy_keeps_the_step_timed_fastest_per_batch_size(tmp_path, monkeypatch, fastest,
+                                                                         backends):
+    """As for a feed-forward policy: every candidate step is timed at batches of 1 and 64
+    (here with injected timings) and each batch size keeps its fastest; the steps the
+    runner then uses are those backends' and answer as numpy does."""
+    d = recurrent_def("lstm")
+    board = WeightsBoard.create(str(tmp_path / "board"), d.spec.n_params(), orjson.dumps(d.spec.to_json()))
+    flat = np.random.default_rng(3).normal(size=d.spec.n_params()).astype(np.float32) * 0.5
+    board.publish(1, flat)
+    timed: list[str] = []
+
+    def fake_time(forward: Named, obs) -> float:
+        forward(obs)  # (the candidate really runs, with a state of the batch's rows)
+        key = f"{forward.name}@{len(next(iter(obs.values())))}"
+        timed.append(key)
+        return 1e-6 if key in fastest else 1e-3
+    monkeypatch.setattr(B, "cuda_present", lambda: False)
+    monkeypatch.setattr(B, "time_backend", fake_time)
+    monkeypatch.setattr(B, "STEP_TIMED", {name: functools.partial(Named, make, name)
+                                          for name, make in B.STEP_TIMED.items()})
+    runner = PolicyRunner("p", d.spec, d.obs_space, d.act_space, board, "auto", seed=0)
+    assert runner.refresh() and runner.backends == backends
+    assert set(timed) == {f"{n}@{rows}" for n in ("native", "numpy", "onnxruntime") for rows in (1, 64)}
+    assert runner.backend == (backends[0] if backends[0] == backends[1] else "/".join(backends))
+    kinds = [type(getattr(step, "__self__", None)) is B.netnative.NativeStep for step in runner.steps]
+    assert kinds == [name == "native" for name in backends]
+    for rows in (1, 20):  # (a small batch and a large one: each on its own step)
+        state = np.random.default_rng(rows).normal(size=(rows, d.spec.state_size)).astype(np.float32)
+        lanes = np.zeros(rows, LaneLayout(step_layout(d)).dtype)
+        lanes["obs"]["obs"] = np.stack([obs(0, i) for i in range(rows)])
+        *_, dist, state_out = runner.act_with_state(lanes["obs"], np.zeros(rows, bool), state)
+        want = NumpyNet(d.spec, flat).run({"": lanes["obs"]["obs"]}, state)
+        np.testing.assert_allclose(state_out, want[STATE_OUT], atol=1e-5)
+        np.testing.assert_allclose(dist, want[DIST], atol=1e-5)
