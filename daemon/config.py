@@ -375,7 +375,7 @@ class InferenceConfig:
     """[inference]: server-side action serving (the `inference` role)."""
 
     backend: str = setting("auto", "Forward-pass backend: `auto` times the native interpreter "
-                           "(a compiled extension; MLPs only), numpy and onnxruntime at start "
+                           "(a compiled extension: MLPs and LSTM/GRU cells), numpy and onnxruntime at start "
                            "and keeps the fastest per batch size (torch on CUDA timed beside them "
                            "when a GPU is present). `native` where it cannot run (convolutions, extension not "
                            "built) logs a warning and falls back to `auto`.",

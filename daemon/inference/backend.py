@@ -13,9 +13,10 @@ with the client library's own distributions, so a served action is distributed e
 client-side one.
 
 A recurrent policy (``PolicySpec.recurrent``) runs a ``Step`` instead, (obs, state) ->
-(dist inputs, state out), on numpy (default), onnxruntime (forced, or for convolutions) or
-torch (forced): the native interpreter refuses recurrent cells, so it is never chosen for
-one, and nothing is timed. The caller (``LaneBook``) keeps each lane's state.
+(dist inputs, state out), chosen the same way: ``choose_backend`` times the candidates'
+steps (``STEP_MAKERS``: the native interpreter's ``NativeStep``, numpy, onnxruntime; torch
+beside them on a GPU) per batch size and keeps the fastest (``inference.backend`` forces
+one). The caller (``LaneBook``) keeps each lane's state.
 """
 from __future__ import annotations
 
@@ -111,18 +112,35 @@ def torch_step(spec: PolicySpec, flat: np.ndarray) -> Step:
     return run
 
 
+def native_step(spec: PolicySpec, flat: np.ndarray) -> Step:
+    """``netnative.Unsupported`` for a network with convolutions, or without the extension."""
+    return netnative.NativeStep(spec, flat).run
+
+
 STEP_MAKERS: dict[str, Callable[[PolicySpec, np.ndarray], Step]] = {
-    "numpy": numpy_step, "onnxruntime": onnx_step, "torch": torch_step}
+    "native": native_step, "numpy": numpy_step, "onnxruntime": onnx_step, "torch": torch_step}
 
 
-def recurrent_backend(spec: PolicySpec, wanted: str) -> str:
-    """The backend of a recurrent policy: ``wanted`` when it runs one (numpy, onnxruntime,
-    torch), else onnxruntime for convolutions and numpy otherwise (never native)."""
-    if wanted in STEP_MAKERS:
-        return wanted
-    if wanted == "native":
-        log.warning("inference_backend_unavailable", wanted=wanted, reason="a recurrent network")
-    return "onnxruntime" if has_conv(spec) else "numpy"
+def step_timed(make: Callable[[PolicySpec, np.ndarray], Step]) -> Callable[[PolicySpec, np.ndarray], Forward]:
+    """A Step maker as a Forward maker for ``choose_backend`` to time: the step fed a
+    nonzero state (0.1 everywhere: every gate's matmul and maths do work) of the batch's
+    rows, made once per batch size (not inside the timed call)."""
+    def make_forward(spec: PolicySpec, flat: np.ndarray) -> Forward:
+        step = make(spec, flat)
+        states: dict[int, np.ndarray] = {}
+
+        def run(obs: Mapping[str, np.ndarray]) -> np.ndarray:
+            rows = len(next(iter(obs.values())))
+            state = states.get(rows)
+            if state is None:
+                state = states[rows] = np.full((rows, spec.state_size), 0.1, np.float32)
+            return step(obs, state)[0]
+        return run
+    return make_forward
+
+
+STEP_TIMED = {name: step_timed(make) for name, make in STEP_MAKERS.items()}
+"""A recurrent policy's candidates, as ``choose_backend`` times them."""
 
 
 def native_forward(spec: PolicySpec, flat: np.ndarray) -> Forward:
@@ -175,20 +193,23 @@ def time_backend(forward: Forward, obs: Mapping[str, np.ndarray], repeats: int =
 
 
 def choose_backend(spec: PolicySpec, flat: np.ndarray, wanted: str,
-                   sample_obs: Callable[[int], Mapping[str, np.ndarray]], native: bool = True
+                   sample_obs: Callable[[int], Mapping[str, np.ndarray]], native: bool = True,
+                   makers: Mapping[str, Callable[[PolicySpec, np.ndarray], Forward]] | None = None,
                    ) -> tuple[tuple[str, str], dict[str, float]]:
     """((backend for small batches, for large ones), seconds measured per candidate and batch
     size). ``wanted`` other than "auto" is taken for both, without timing; ``native``: the
-    native interpreter is a candidate of "auto" (config.validate refuses "native" without it)."""
+    native interpreter is a candidate of "auto" (config.validate refuses "native" without it).
+    ``makers``: what is timed, ``MAKERS`` (forwards: the default) or ``STEP_TIMED`` (a
+    recurrent policy's steps)."""
     if wanted == "native" and (has_conv(spec) or not netnative.available()):
         log.warning("inference_backend_unavailable", wanted=wanted,
                     reason="convolutions" if netnative.available() else "the _native extension is not built")
         wanted = "auto"
     if wanted != "auto":
         return (wanted, wanted), {}
-    timings, names = {}, candidates(spec, native=native)
+    timings, names, makers = {}, candidates(spec, native=native), MAKERS if makers is None else makers
     for name in names:
-        forward = MAKERS[name](spec, flat)
+        forward = makers[name](spec, flat)
         for rows in (1, 64):
             timings[f"{name}@{rows}"] = time_backend(forward, sample_obs(rows))
     small = min(names, key=lambda n: timings[f"{n}@1"])
@@ -221,7 +242,7 @@ class PolicyRunner:
         self.weights_seq_no = -1
         self.flat = np.empty(spec.n_params(), np.float32)
         self.forwards: tuple[Forward, Forward] | None = None
-        self.step: Step | None = None  # a recurrent policy's forward (``forwards`` stays None)
+        self.steps: tuple[Step, Step] | None = None  # a recurrent policy's (``forwards`` stays None)
         self.native_small: netnative.NativeNet | None = None
         self.timings: dict[str, float] = {}
         self.batch1_s = 0.0  # one batch-1 forward pass of the small-batch backend (measured once)
@@ -265,7 +286,7 @@ class PolicyRunner:
 
     @property
     def ready(self) -> bool:
-        return self.forwards is not None or self.step is not None
+        return self.forwards is not None or self.steps is not None
 
     @property
     def backend(self) -> str:
@@ -278,13 +299,24 @@ class PolicyRunner:
         if latest < 0 or latest == self.weights_seq_no:
             return False
         seq, _ = self.board.read(self.flat)
-        if self.spec.state_size:
-            return self._load_step(seq)
         if not self.backends[0]:
-            self.backends, self.timings = choose_backend(self.spec, self.flat, self.wanted, self._sample_obs,
-                                                         self.native)
-            log.info("inference_backend", policy=self.name, backend=self.backend,
-                     timings_us={k: round(v * 1e6, 1) for k, v in self.timings.items()})
+            self._choose_backends()
+        if self.spec.state_size:
+            self._load_steps()
+        else:
+            self._load_forwards()
+        self.weights_seq_no = seq
+        return True
+
+    def _choose_backends(self) -> None:
+        """The backends per batch size (timed once, at the first version), logged."""
+        recurrent = {"recurrent": self.spec.recurrent} if self.spec.state_size else {}
+        self.backends, self.timings = choose_backend(self.spec, self.flat, self.wanted, self._sample_obs,
+                                                     self.native, STEP_TIMED if recurrent else MAKERS)
+        log.info("inference_backend", policy=self.name, backend=self.backend,
+                 timings_us={k: round(v * 1e6, 1) for k, v in self.timings.items()}, **recurrent)
+
+    def _load_forwards(self) -> None:
         small = MAKERS[self.backends[0]](self.spec, self.flat)
         if not self.batch1_s:  # (timed by choose_backend, unless the backend was forced)
             self.batch1_s = self.timings.get(f"{self.backends[0]}@1") or time_backend(small, self._sample_obs(1))
@@ -292,20 +324,17 @@ class PolicyRunner:
         self.forwards = (small, large)
         # (the native net behind a batch-1 forward: a lone request's native step runs it)
         self.native_small = getattr(small, "__self__", None) if self.backends[0] == "native" else None
-        self.weights_seq_no = seq
-        return True
 
-    def _load_step(self, seq: int) -> bool:
-        name = recurrent_backend(self.spec, self.wanted)
-        if self.backends[0] != name:
-            self.backends = (name, name)
-            log.info("inference_backend", policy=self.name, backend=name, recurrent=self.spec.recurrent)
-        self.step = step = STEP_MAKERS[name](self.spec, self.flat)
+    def _load_steps(self) -> None:
+        """A recurrent policy's steps (``native_small`` stays None: the native lone step
+        keeps no state, lonestep.py)."""
+        small = STEP_MAKERS[self.backends[0]](self.spec, self.flat)
         if not self.batch1_s:  # (the serving turn's gather wait is scaled by it)
             zeros = np.zeros((1, self.spec.state_size), np.float32)
-            self.batch1_s = time_backend(lambda obs: step(obs, zeros)[0], self._sample_obs(1))
-        self.weights_seq_no = seq
-        return True
+            self.batch1_s = (self.timings.get(f"{self.backends[0]}@1")
+                             or time_backend(lambda obs: small(obs, zeros)[0], self._sample_obs(1)))
+        large = small if self.backends[1] == self.backends[0] else STEP_MAKERS[self.backends[1]](self.spec, self.flat)
+        self.steps = (small, large)
 
     def _sample_obs(self, rows: int) -> Mapping[str, np.ndarray]:
         from rlinkd.shm.records import StepLayout
@@ -324,8 +353,9 @@ class PolicyRunner:
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``act`` for a recurrent policy: also the lanes' states before the step [N, S]
         in, and their states after it out (actions, logp, dist, state out)."""
-        assert self.step is not None, "refresh() first"
-        dist, state_out = self.step(self.columns(obs_rows), np.ascontiguousarray(state, np.float32))
+        assert self.steps is not None, "refresh() first"
+        step = self.steps[0 if len(obs_rows) < SMALL_BATCH else 1]
+        dist, state_out = step(self.columns(obs_rows), np.ascontiguousarray(state, np.float32))
         return (*self._choose(np.asarray(dist, np.float32), explore), np.asarray(state_out, np.float32))
 
     def _choose(self, dist: np.ndarray, explore: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -16,7 +16,10 @@ natively; the episodes of others are never handed over. ``maybe`` is None where 
 extension is not built, and where direct.c's reply text or grammar disagrees with the Python
 codec on the samples of native_agrees.py (checked once per role start; logged). The Python
 path (direct.py + front.py) serves every message the native path declines, and is
-the oracle of tests/unit/test_direct_native.py.
+the oracle of tests/unit/test_direct_native.py. It never runs the network: it writes and
+publishes lanes, and the serving turn answers them, so a recurrent policy's plain steps go
+this way too (a served step carries no state; the turn feeds each lane's state to the
+policy's Step).
 """
 from __future__ import annotations
 

@@ -64,7 +64,8 @@ class LoneStepper:
     @classmethod
     def maybe(cls, runner: PolicyRunner, lane_layout: LaneLayout) -> LoneStepper | None:
         """A stepper when the policy's spaces are the common case and the extension is built;
-        None for a recurrent policy (the native step keeps no state)."""
+        None for a recurrent policy (the native lone step keeps no state; the role feeds each
+        lane's state to the policy's Step, which may be the native interpreter's)."""
         step, bounds = lane_layout.step, runner.float_bounds
         if (native_module() is None or not step.is_flat or bounds is None or len(bounds) != 1
                 or step.state_size  # (a recurrent policy: its lanes' states are kept in Python)

@@ -32,7 +32,8 @@ def main(path: str) -> int:
                             "tests/unit/test_direct_fuzz.py",
                             "tests/unit/test_native_agrees.py",
                             "tests/unit/test_native_parts.py",
-                            "-k", "lane_scan or lonestep or netnative or native"]))
+                            "tests/unit/test_recurrent_serving.py",  # (served through NativeStep)
+                            "-k", "lane_scan or lonestep or netnative or native or recurrent"]))
 
 
 if __name__ == "__main__":

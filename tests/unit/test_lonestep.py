@@ -345,3 +345,19 @@ def test_serve_stops_at_a_declined_lane_and_at_max_steps(twins):
         lone.native.serve(program, lanes, order, 0, lambda: 0.5, 3, lone.records, 0)
     with pytest.raises(IndexError, match="lane 99"):
         lone.native.serve(program, lanes, np.array([99], np.int64), 0, lambda: 0.5, 3, lone.records, 1)
+
+
+def test_a_recurrent_program_is_refused_by_the_lone_step(twins):
+    """The lone step runs a Program's forward with no state to feed or keep: handed a
+    recurrent step's program (same obs and dist widths) it refuses, answering nothing."""
+    from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+    from rlinkd.client_lib.protocol.spaces import Box, Discrete
+    native, _ = twins
+    lone = native.policy.lone
+    spec = PolicySpec(Box((4,)), Discrete(2), recurrent="gru", recurrent_size=8)
+    program = netnative.NativeStep(spec, spec.init_flat(np.random.default_rng(0))).program
+    native.request(0, OP_START, np.zeros(4, np.float32), 0.0, 0)
+    lanes = native.server.lanes["default"].region.lanes
+    with pytest.raises(ValueError, match="widths are not this layout's"):
+        lone.native.serve(program, lanes, np.zeros(1, np.int64), 0, lambda: 0.5, 3, lone.records, 64)
+    assert not native.area.answered(0)

@@ -1,6 +1,7 @@
 """The native interpreter of the op list (daemon/inference/native/net.c via netnative): it agrees with
 numpy (hence with ONNX and torch, tests/unit/test_networks.py) on every space family it supports,
-its tanh is accurate, and a malformed program is a ValueError, never a stray read."""
+and a recurrent network's step (LSTM, GRU) with numpy's over chained steps; its tanh is accurate,
+and a malformed program is a ValueError, never a stray read."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +9,8 @@ import pytest
 
 from rlinkd.client_lib.protocol import netops
 from rlinkd.client_lib.protocol.netnumpy import NumpyNet
+from rlinkd.client_lib.protocol.policy_spec import PolicySpec
+from rlinkd.client_lib.protocol.spaces import Discrete
 from rlinkd.daemon.inference import netnative
 from rlinkd.daemon.inference.backend import choose_backend
 from tests.unit.test_networks import ACT_FAMILIES, MASKED, OBS_FAMILIES, random_flat, random_obs, spec_for
@@ -117,3 +120,87 @@ def test_a_program_is_initialised_once_and_runs_only_then():
     with pytest.raises(RuntimeError, match="not initialised"):
         bare.run(0, (), np.zeros(0, np.float32))
     prog.run(0, (np.zeros((0, 3), np.float32),), np.zeros((0, 3), np.float32))  # (n = 0: nothing to do)
+
+
+def recurrent_spec(cell: str, size: int = 16) -> PolicySpec:
+    return PolicySpec(OBS_FAMILIES["nested"], Discrete(3), hidden_sizes=(32,), recurrent=cell,
+                      recurrent_size=size)
+
+
+@pytest.mark.parametrize("cell", netops.CELLS)
+@pytest.mark.parametrize("rows", [1, 37])
+def test_native_recurrent_step_agrees_with_numpy_over_chained_steps(cell, rows):
+    """dist and state_out, from a nonzero state, five steps each fed the previous state out
+    (numpy's chain and the native chain run side by side: errors do not get to compound
+    unseen)."""
+    spec = recurrent_spec(cell)
+    flat = random_flat(spec)
+    flat *= 4  # (weights large enough that gates saturate somewhere: both tanh branches run)
+    oracle, step = NumpyNet(spec, flat, (netops.DIST,)), netnative.NativeStep(spec, flat)
+    state = np.random.default_rng(rows).normal(size=(rows, spec.state_size)).astype(np.float32)
+    mine = state.copy()
+    for t in range(5):
+        obs = random_obs(spec, rows, t)
+        want = oracle.run(obs, state)
+        dist, mine = step.run(obs, mine)
+        assert dist.shape == want[netops.DIST].shape and mine.shape == state.shape
+        assert dist.dtype == mine.dtype == np.float32
+        np.testing.assert_allclose(dist, want[netops.DIST], atol=2e-5)
+        np.testing.assert_allclose(mine, want[netops.STATE_OUT], atol=2e-5)
+        state = want[netops.STATE_OUT]
+    assert np.abs(state).max() > 1e-2 and np.abs(state - mine).max() < 2e-5
+
+
+def test_native_step_and_net_each_refuse_the_other_kind_of_network():
+    plain = spec_for("nested")
+    with pytest.raises(netnative.Unsupported, match="feed-forward"):
+        netnative.NativeStep(plain, random_flat(plain))
+    spec = recurrent_spec("lstm", 4)
+    with pytest.raises(netnative.Unsupported, match="NativeStep"):
+        netnative.NativeNet(spec, random_flat(spec))
+
+
+def test_native_step_checks_its_state_buffer():
+    spec = recurrent_spec("gru", 4)
+    step = netnative.NativeStep(spec, random_flat(spec))
+    obs = random_obs(spec, 3)
+    for bad in (np.zeros((2, 4), np.float32), np.zeros((3, 8), np.float32), np.zeros((3, 3), np.float32)):
+        with pytest.raises(ValueError, match="input"):
+            step.run(obs, bad)
+    dist, out = step.run(obs, np.zeros((3, 4)))  # (float64 zeros: converted)
+    assert dist.shape == (3, 3) and out.shape == (3, 4)
+    with pytest.raises(ValueError, match="state_out"):  # (a recurrent program needs both outputs)
+        step.program.run(3, (*(np.ascontiguousarray(obs[i.key], np.float32) for i in step.inputs),
+                             np.zeros((3, 4), np.float32)), dist)
+    with pytest.raises(ValueError, match="state_out"):  # (a feed-forward program has no second)
+        tanh_program(3).run(1, (np.zeros(3, np.float32),), np.zeros(3, np.float32), np.zeros(3, np.float32))
+
+
+def cell_program(code: int, h: int, widths: list[int], state: int = 1, scratch: int = 3, consts: int = 0,
+                 outputs: tuple[int, ...] = (2,)):
+    """x = register 0 [N, 2], state = register ``state``, out = register 2, scratch ``scratch``;
+    the cell's weights back to back from constant 0 (``consts`` floats in all, default exact)."""
+    g = (4 if code == netnative._native.OP_LSTM else 3) * h
+    need = consts or (2 + 1) * g + (h + 1) * g
+    insn = np.array([code, 2, 0, 0, (2 + 1) * g, state, h, scratch], np.int32)
+    return netnative._native.Program(insn, np.zeros(need, np.float32), np.array(widths, np.int32), 2, *outputs)
+
+
+def test_a_malformed_cell_instruction_is_refused():
+    c = netnative._native
+    cell_program(c.OP_LSTM, 3, [2, 6, 6, 24])  # (well formed: the cases below break one thing each)
+    cell_program(c.OP_GRU, 3, [2, 3, 3, 18], outputs=(2, 2))
+    for code, h, widths, kw in [
+        (c.OP_LSTM, 3, [2, 6, 6, 24], dict(consts=20)),        # weights past the constants
+        (c.OP_LSTM, 3, [2, 6, 6, 23], {}),                      # scratch too narrow
+        (c.OP_LSTM, 3, [2, 3, 3, 24], {}),                      # an LSTM state is 2H wide
+        (c.OP_GRU, 3, [2, 3, 6, 18], {}),                       # out not the state's width
+        (c.OP_GRU, 0, [2, 3, 3, 18], {}),                       # no hidden size
+        (c.OP_GRU, 3, [2, 3, 3, 18], dict(state=2)),            # the state is the out register
+        (c.OP_GRU, 3, [2, 3, 3, 18], dict(state=9)),            # state register past the end
+        (c.OP_GRU, 3, [2, 3, 3, 18], dict(scratch=1)),          # scratch over an input (the state)
+        (c.OP_GRU, 3, [2, 3, 3, 18], dict(scratch=2)),          # scratch is the out register
+        (c.OP_GRU, 3, [2, 3, 3, 18], dict(outputs=(2, 7))),     # state output past the end
+    ]:
+        with pytest.raises(ValueError):
+            cell_program(code, h, widths, **kw)

@@ -1,8 +1,8 @@
 """The recurrent cell of the op list (`client_lib.protocol.recurrent`): torch, numpy and
 onnxruntime agree on outputs and state over sequences with episode resets, the cells are
 PyTorch's, feed-forward networks are untouched, and the paths that cannot carry a state
-(native backend, a forward called without a state) refuse with a clear error (the C client's
-cell: test_c_forward.py)."""
+(the native backend's stateless NativeNet, a forward called without a state) refuse with a
+clear error (the native step: test_netnative.py; the C client's cell: test_c_forward.py)."""
 from __future__ import annotations
 
 import json
@@ -194,7 +194,7 @@ def test_a_forward_without_a_good_state_refuses():
 
 @pytest.mark.skipif(not netnative.available(), reason="the _native extension is not built")
 @pytest.mark.parametrize("cell", netops.CELLS)
-def test_the_native_backend_refuses_a_recurrent_network(cell):
+def test_the_native_stateless_net_refuses_a_recurrent_network(cell):
     spec = PolicySpec(Box((3,)), Discrete(2), recurrent=cell, recurrent_size=4)
     with pytest.raises(netnative.Unsupported, match=f"recurrent network \\({cell}"):
         netnative.NativeNet(spec, spec.init_flat(np.random.default_rng(0)))

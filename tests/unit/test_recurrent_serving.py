@@ -1,10 +1,12 @@
 """Tier 1: server-side actions with a recurrent policy. The inference role keeps a state per
 lane (zeros at START, the network's state out after each answered step), feeds it to its
-Python forward (never the native step), and the step records it writes carry the states on
+step (on the backend forced or timed fastest; never the native lone step, which keeps no
+state), and the step records it writes carry the states on
 the fragment grid, also for fragments a sample boundary cut mid-episode. A role restart
 loses the lanes' episodes and their states: their next STEP is answered STATUS_LOST."""
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -12,10 +14,11 @@ import orjson
 import pytest
 
 from rlinkd.client_lib.protocol.netnumpy import NumpyNet
-from rlinkd.client_lib.protocol.netops import STATE_OUT
+from rlinkd.client_lib.protocol.netops import DIST, STATE_OUT
 from rlinkd.daemon import policies as P
 from rlinkd.daemon.config import load_config
-from rlinkd.daemon.inference.backend import STEP_MAKERS, PolicyRunner, recurrent_backend
+from rlinkd.daemon.inference import backend as B
+from rlinkd.daemon.inference.backend import STEP_MAKERS, PolicyRunner
 from rlinkd.daemon.inference.episodes import SlotPool
 from rlinkd.daemon.inference.lonestep import LoneStepper
 from rlinkd.daemon.inference.policy_lanes import ServedArea
@@ -95,7 +98,8 @@ def fragments(rec: np.ndarray, stream: int) -> list[np.ndarray]:
 def test_served_episodes_carry_the_lane_states_on_the_grid_across_cuts(served):
     server, area, link, net, policy = served
     run_episodes(server, area, {0: 8, 1: 5})
-    assert policy.lone is None and policy.runner.backends == ("numpy", "numpy")  # ("native" asked)
+    assert policy.lone is None
+    assert policy.runner.backends == (("native", "native") if B.netnative.available() else ("numpy", "numpy"))
     rec = link.all
     for lane, steps in ((0, 8), (1, 5)):
         want = expected_states(net, lane, steps)
@@ -154,10 +158,9 @@ def test_every_recurrent_backend_agrees_with_numpy(cell):
     obs_rows = {"": np.stack([obs(0, i) for i in range(3)])}
     state = np.random.default_rng(2).normal(size=(3, d.spec.state_size)).astype(np.float32)
     want = STEP_MAKERS["numpy"](d.spec, flat)(obs_rows, state)
-    for name in ("onnxruntime", "torch"):
+    for name in ("onnxruntime", "torch", *(["native"] if B.netnative.available() else [])):
         for got, ref in zip(STEP_MAKERS[name](d.spec, flat)(obs_rows, state), want):
             np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5, err_msg=name)
-    assert recurrent_backend(d.spec, "auto") == recurrent_backend(d.spec, "native") == "numpy"
 
 
 def test_records_after_the_link_reconnects_start_on_the_state_grid(served):
@@ -197,3 +200,55 @@ def test_the_role_starts_new_fragments_when_a_link_connects():
     inf.next_connect, inf.backoff = {"p": 0.0}, {"p": 0.1}
     inf._connect_links()
     assert told == ["p"]
+
+
+class Named:
+    """A candidate's timed step, named for a fake timer."""
+
+    def __init__(self, make, name: str, spec, flat) -> None:
+        self.forward, self.name = make(spec, flat), name
+
+    def __call__(self, obs):
+        return self.forward(obs)
+
+
+@pytest.mark.skipif(not B.netnative.available(), reason="the _native extension is not built")
+@pytest.mark.parametrize("fastest, backends", [
+    ({"native@1", "native@64"}, ("native", "native")),
+    ({"numpy@1", "numpy@64"}, ("numpy", "numpy")),
+    ({"native@1", "numpy@64"}, ("native", "numpy")),
+])
+def test_a_recurrent_policy_keeps_the_step_timed_fastest_per_batch_size(tmp_path, monkeypatch, fastest,
+                                                                         backends):
+    """As for a feed-forward policy: every candidate step is timed at batches of 1 and 64
+    (here with injected timings) and each batch size keeps its fastest; the steps the
+    runner then uses are those backends' and answer as numpy does."""
+    d = recurrent_def("lstm")
+    board = WeightsBoard.create(str(tmp_path / "board"), d.spec.n_params(), orjson.dumps(d.spec.to_json()))
+    flat = np.random.default_rng(3).normal(size=d.spec.n_params()).astype(np.float32) * 0.5
+    board.publish(1, flat)
+    timed: list[str] = []
+
+    def fake_time(forward: Named, obs) -> float:
+        forward(obs)  # (the candidate really runs, with a state of the batch's rows)
+        key = f"{forward.name}@{len(next(iter(obs.values())))}"
+        timed.append(key)
+        return 1e-6 if key in fastest else 1e-3
+    monkeypatch.setattr(B, "cuda_present", lambda: False)
+    monkeypatch.setattr(B, "time_backend", fake_time)
+    monkeypatch.setattr(B, "STEP_TIMED", {name: functools.partial(Named, make, name)
+                                          for name, make in B.STEP_TIMED.items()})
+    runner = PolicyRunner("p", d.spec, d.obs_space, d.act_space, board, "auto", seed=0)
+    assert runner.refresh() and runner.backends == backends
+    assert set(timed) == {f"{n}@{rows}" for n in ("native", "numpy", "onnxruntime") for rows in (1, 64)}
+    assert runner.backend == (backends[0] if backends[0] == backends[1] else "/".join(backends))
+    kinds = [type(getattr(step, "__self__", None)) is B.netnative.NativeStep for step in runner.steps]
+    assert kinds == [name == "native" for name in backends]
+    for rows in (1, 20):  # (a small batch and a large one: each on its own step)
+        state = np.random.default_rng(rows).normal(size=(rows, d.spec.state_size)).astype(np.float32)
+        lanes = np.zeros(rows, LaneLayout(step_layout(d)).dtype)
+        lanes["obs"]["obs"] = np.stack([obs(0, i) for i in range(rows)])
+        *_, dist, state_out = runner.act_with_state(lanes["obs"], np.zeros(rows, bool), state)
+        want = NumpyNet(d.spec, flat).run({"": lanes["obs"]["obs"]}, state)
+        np.testing.assert_allclose(state_out, want[STATE_OUT], atol=1e-5)
+        np.testing.assert_allclose(dist, want[DIST], atol=1e-5)

@@ -20,6 +20,7 @@ typedef struct {
     Py_ssize_t n_regs;
     Py_ssize_t n_inputs; /* registers 0..n_inputs-1 */
     int32_t output;
+    int32_t state_output; /* a recurrent step's state_out register, or -1 (feed-forward) */
     Py_ssize_t *offset;  /* per register: its column offset in one arena row-block */
     Py_ssize_t row_floats; /* sum of widths */
     float *arena;

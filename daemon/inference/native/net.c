@@ -42,6 +42,10 @@ enum {
     OP_TILE = 8,      /* out[n, :] = c[p0:]                                                     */
     OP_CLIP = 9,      /* out = min(max(x, c[p0]), c[p0+1])                                      */
     OP_MASK = 10,     /* out[:, j] = reg(i0)[:, i1+j] != 0 ? x[:, j] : c[p0]                    */
+    OP_LSTM = 11,     /* out = the LSTM step of x and state reg(i0) [h | c], hidden size i1;     */
+    OP_GRU = 12,      /* ... the GRU step (state [h]). c[p0:] = W_ih^T [in, G*H] then b_ih,     */
+                      /* c[p1:] = W_hh^T [H, G*H] then b_hh (G = 4 | 3, PyTorch's gate order);  */
+                      /* reg(i2) [N, 2*G*H] is scratch for the gates (recurrent.py's maths)     */
 };
 
 
@@ -91,6 +95,14 @@ static int valid_insn(const Program *p, const int32_t *w)
         return wx == wo;
     case OP_CLIP:
         return wx == wo && check_consts(p, w[3], 2);
+    case OP_LSTM:
+    case OP_GRU: {
+        const Py_ssize_t h = w[6], g = (code == OP_LSTM ? 4 : 3) * h;
+        const int32_t st = w[5], sc = w[7];
+        return h > 0 && check_reg(p, st) && check_reg(p, sc) && st != out && sc != out && sc != x && sc != st
+               && sc >= p->n_inputs && wo == (code == OP_LSTM ? 2 : 1) * h && p->width[st] == wo
+               && p->width[sc] == 2 * g && check_consts(p, w[3], (wx + 1) * g) && check_consts(p, w[4], (h + 1) * g);
+    }
     case OP_MASK:
         return wx == wo && check_reg(p, w[5]) && w[5] != out && w[6] >= 0
                && (Py_ssize_t)w[6] + wo <= p->width[w[5]] && check_consts(p, w[3], 1);
@@ -127,18 +139,75 @@ static inline float fast_tanh(float x)
     return fabsf(a) < 0.25f ? small : big;
 }
 
-static void linear(const float *restrict x, float *restrict out, Py_ssize_t n, Py_ssize_t in, Py_ssize_t wo,
-                   const float *restrict wt, const float *restrict b)
+/* out[r, :wo] = x[r, :in] @ wt + b for n rows, rows ldx and ldo floats apart. Four rows at
+ * a time share each row of W^T as it is read (a 64-wide LSTM's weights are ~70 kB: read
+ * once per row they made a batch of 64 memory-bound); every output sums in the same order
+ * either way (b, then i = 0, 1, ...), so the blocking changes no result. */
+static void linear(const float *restrict x, Py_ssize_t ldx, float *restrict out, Py_ssize_t ldo, Py_ssize_t n,
+                   Py_ssize_t in, Py_ssize_t wo, const float *restrict wt, const float *restrict b)
 {
-    for (Py_ssize_t r = 0; r < n; r++) {
-        const float *xr = x + r * in;
-        float *o = out + r * wo;
+    Py_ssize_t r = 0;
+    for (; r + 4 <= n; r += 4) {
+        const float *x0 = x + r * ldx, *x1 = x0 + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx;
+        float *o0 = out + r * ldo, *o1 = o0 + ldo, *o2 = o1 + ldo, *o3 = o2 + ldo;
+        for (Py_ssize_t j = 0; j < wo; j++)
+            o0[j] = o1[j] = o2[j] = o3[j] = b[j];
+        for (Py_ssize_t i = 0; i < in; i++) {
+            const float a0 = x0[i], a1 = x1[i], a2 = x2[i], a3 = x3[i];
+            const float *wi = wt + i * wo; /* row i of W^T: contiguous over the outputs */
+            for (Py_ssize_t j = 0; j < wo; j++) {
+                const float wj = wi[j];
+                o0[j] += a0 * wj;
+                o1[j] += a1 * wj;
+                o2[j] += a2 * wj;
+                o3[j] += a3 * wj;
+            }
+        }
+    }
+    for (; r < n; r++) {
+        const float *xr = x + r * ldx;
+        float *o = out + r * ldo;
         memcpy(o, b, (size_t)wo * sizeof(float));
         for (Py_ssize_t i = 0; i < in; i++) {
             const float xi = xr[i];
-            const float *wi = wt + i * wo; /* row i of W^T: contiguous over the outputs */
+            const float *wi = wt + i * wo;
             for (Py_ssize_t j = 0; j < wo; j++)
                 o[j] += xi * wi[j];
+        }
+    }
+}
+
+static inline float sigmoid(float x)
+{
+    return 0.5f * (fast_tanh(0.5f * x) + 1.0f); /* (as recurrent.py: no overflow) */
+}
+
+/* OP_LSTM / OP_GRU over n rows (see the enum): the gates of x and of h into the scratch
+ * register, [ih | hh] per row, then the cell's element-wise maths into out. */
+static void recurrent(const Program *p, const int32_t *w, Py_ssize_t n, const float *x, float *out)
+{
+    const int lstm = w[0] == OP_LSTM;
+    const Py_ssize_t h = w[6], g = (lstm ? 4 : 3) * h, wx = p->width[w[2]], ws = p->width[w[5]];
+    const float *s = p->arena + n * p->offset[w[5]], *c = p->consts;
+    float *gates = p->arena + n * p->offset[w[7]];
+    linear(x, wx, gates, 2 * g, n, wx, g, c + w[3], c + w[3] + wx * g);
+    linear(s, ws, gates + g, 2 * g, n, h, g, c + w[4], c + w[4] + h * g); /* (h: the first H columns) */
+    for (Py_ssize_t r = 0; r < n; r++) {
+        const float *gi = gates + r * 2 * g, *gh = gi + g, *sr = s + r * ws;
+        float *o = out + r * ws;
+        if (lstm) {
+            for (Py_ssize_t j = 0; j < h; j++) {
+                const float i = sigmoid(gi[j] + gh[j]), f = sigmoid(gi[h + j] + gh[h + j]);
+                const float cn = f * sr[h + j] + i * fast_tanh(gi[2 * h + j] + gh[2 * h + j]);
+                o[h + j] = cn;
+                o[j] = sigmoid(gi[3 * h + j] + gh[3 * h + j]) * fast_tanh(cn);
+            }
+        } else {
+            for (Py_ssize_t j = 0; j < h; j++) {
+                const float rg = sigmoid(gi[j] + gh[j]), z = sigmoid(gi[h + j] + gh[h + j]);
+                const float nn = fast_tanh(gi[2 * h + j] + rg * gh[2 * h + j]);
+                o[j] = (1.0f - z) * nn + z * sr[j];
+            }
         }
     }
 }
@@ -174,7 +243,11 @@ void native_execute(Program *p, Py_ssize_t n)
                     out[r * wo + j] = x[r * wx + (Py_ssize_t)c[w[3] + j]] == c[w[4] + j] ? 1.0f : 0.0f;
             break;
         case OP_LINEAR:
-            linear(x, out, n, wx, wo, c + w[3], c + w[4]);
+            linear(x, wx, out, wo, n, wx, wo, c + w[3], c + w[4]);
+            break;
+        case OP_LSTM:
+        case OP_GRU:
+            recurrent(p, w, n, x, out);
             break;
         case OP_TANH:
             for (Py_ssize_t i = 0; i < total; i++)
@@ -240,11 +313,12 @@ static void Program_dealloc(Program *self)
 
 static int Program_init(Program *self, PyObject *args, PyObject *kwds)
 {
-    static char *names[] = {"code", "consts", "widths", "n_inputs", "output", NULL};
+    static char *names[] = {"code", "consts", "widths", "n_inputs", "output", "state_output", NULL};
     PyObject *code, *consts, *widths;
     Py_ssize_t n_code, n_inputs;
-    int output;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOni", names, &code, &consts, &widths, &n_inputs, &output))
+    int output, state_output = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOni|i", names, &code, &consts, &widths, &n_inputs, &output,
+                                     &state_output))
         return -1;
     if (self->code != NULL || self->consts != NULL || self->width != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Program is initialised once");
@@ -252,13 +326,14 @@ static int Program_init(Program *self, PyObject *args, PyObject *kwds)
     }
     self->n_inputs = n_inputs;
     self->output = output;
+    self->state_output = state_output;
     if (copy_array(code, "code", 4, (void **)&self->code, &n_code) < 0
         || copy_array(consts, "consts", 4, (void **)&self->consts, &self->n_consts) < 0
         || copy_array(widths, "widths", 4, (void **)&self->width, &self->n_regs) < 0)
         return -1;
     if (n_code % INSN_WORDS || self->n_inputs < 0 || self->n_inputs > self->n_regs
-        || !check_reg(self, self->output)) {
-        PyErr_SetString(PyExc_ValueError, "malformed program (code length, inputs or output)");
+        || !check_reg(self, self->output) || (self->state_output != -1 && !check_reg(self, self->state_output))) {
+        PyErr_SetString(PyExc_ValueError, "malformed program (code length, inputs or outputs)");
         return -1;
     }
     self->n_insns = n_code / INSN_WORDS;
@@ -304,20 +379,41 @@ int native_ensure_arena(Program *self, Py_ssize_t rows)
     return 0;
 }
 
-/* run(n, inputs, out): inputs a sequence of n_inputs C-contiguous float32 buffers of
- * n * width floats each; out a writable one of n * width(output) floats. */
+/* Register `reg`'s n rows into the writable float32 buffer `obj` (0, or -1 with an exception set). */
+static int copy_out(Program *self, int32_t reg, Py_ssize_t n, PyObject *obj, const char *what)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
+        return -1;
+    Py_ssize_t want = n * self->width[reg] * (Py_ssize_t)sizeof(float);
+    int ok = view.len == want && view.format && !strcmp(view.format, "f");
+    if (ok)
+        memcpy(view.buf, self->arena + n * self->offset[reg], (size_t)want);
+    PyBuffer_Release(&view);
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd float32 values", what, want / 4);
+        return -1;
+    }
+    return 0;
+}
+
+/* run(n, inputs, out[, state_out]): inputs a sequence of n_inputs C-contiguous float32
+ * buffers of n * width floats each; out a writable one of n * width(output) floats;
+ * state_out (given exactly when the program has a state_output) the same for that. */
 static PyObject *Program_run(Program *self, PyObject *args)
 {
     Py_ssize_t n;
-    PyObject *inputs, *out;
-    if (!PyArg_ParseTuple(args, "nOO", &n, &inputs, &out))
+    PyObject *inputs, *out, *state_out = NULL;
+    if (!PyArg_ParseTuple(args, "nOO|O", &n, &inputs, &out, &state_out))
         return NULL;
     if (!self->ready || self->busy) {
         PyErr_SetString(PyExc_RuntimeError, self->ready ? "Program is in use by a LoneStep" : "Program not initialised");
         return NULL;
     }
-    if (n < 0 || !PyTuple_Check(inputs) || PyTuple_GET_SIZE(inputs) != self->n_inputs) {
-        PyErr_SetString(PyExc_ValueError, "run(n, inputs: tuple of n_inputs buffers, out)");
+    if (n < 0 || !PyTuple_Check(inputs) || PyTuple_GET_SIZE(inputs) != self->n_inputs
+        || (state_out != NULL) != (self->state_output != -1)) {
+        PyErr_SetString(PyExc_ValueError, "run(n, inputs: tuple of n_inputs buffers, out"
+                                          "[, state_out: exactly for a program with a state output])");
         return NULL;
     }
     if (native_ensure_arena(self, n > 0 ? n : 1) < 0) /* (never a NULL arena, even for n = 0) */
@@ -336,25 +432,17 @@ static PyObject *Program_run(Program *self, PyObject *args)
         }
     }
     native_execute(self, n);
-    Py_buffer view;
-    if (PyObject_GetBuffer(out, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
+    if (copy_out(self, self->output, n, out, "out") < 0
+        || (state_out != NULL && copy_out(self, self->state_output, n, state_out, "state_out") < 0))
         return NULL;
-    Py_ssize_t want = n * self->width[self->output] * (Py_ssize_t)sizeof(float);
-    int ok = view.len == want && view.format && !strcmp(view.format, "f");
-    if (ok)
-        memcpy(view.buf, self->arena + n * self->offset[self->output], (size_t)want);
-    PyBuffer_Release(&view);
-    if (!ok) {
-        PyErr_Format(PyExc_ValueError, "out: expected %zd float32 values", want / 4);
-        return NULL;
-    }
     Py_RETURN_NONE;
 }
 
 static PyMethodDef Program_methods[] = {
     {"run", (PyCFunction)Program_run, METH_VARARGS,
-     "run(n, inputs, out): the program over n rows; inputs a tuple of float32 buffers "
-     "(one per input register, n * width values), out a writable float32 buffer."},
+     "run(n, inputs, out[, state_out]): the program over n rows; inputs a tuple of float32 "
+     "buffers (one per input register, n * width values), out (and state_out, for a program "
+     "with a state output) a writable float32 buffer."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -363,7 +451,8 @@ PyTypeObject NativeProgramType = {
     .tp_name = "rlinkd.daemon.inference._native.Program",
     .tp_basicsize = sizeof(Program),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Program(code, consts, widths, n_inputs, output): a lowered op list (netnative.py).",
+    .tp_doc = "Program(code, consts, widths, n_inputs, output, state_output=-1): a lowered op list "
+              "(netnative.py); state_output: a recurrent step's second output register.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Program_init,
     .tp_dealloc = (destructor)Program_dealloc,
@@ -391,6 +480,7 @@ static int add_opcodes(PyObject *m)
         {"OP_COPY", OP_COPY}, {"OP_SCALE", OP_SCALE}, {"OP_NORMALIZE", OP_NORMALIZE},
         {"OP_ONEHOT", OP_ONEHOT}, {"OP_LINEAR", OP_LINEAR}, {"OP_TANH", OP_TANH},
         {"OP_RELU", OP_RELU}, {"OP_TILE", OP_TILE}, {"OP_CLIP", OP_CLIP}, {"OP_MASK", OP_MASK},
+        {"OP_LSTM", OP_LSTM}, {"OP_GRU", OP_GRU},
     };
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
         if (PyModule_AddIntConstant(m, ops[i].name, ops[i].code) < 0)

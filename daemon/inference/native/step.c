@@ -366,7 +366,8 @@ static int usable(LoneStep *self, Program *p)
         PyErr_SetString(PyExc_RuntimeError, "LoneStep or Program not initialised, or in use");
         return -1;
     }
-    if (p->n_inputs != 1 || p->width[0] != at[K_OBS_FLOATS] || p->width[p->output] != at[K_DIST]) {
+    if (p->n_inputs != 1 || p->state_output != -1 /* (a recurrent program: its state is kept in Python) */
+        || p->width[0] != at[K_OBS_FLOATS] || p->width[p->output] != at[K_DIST]) {
         PyErr_SetString(PyExc_ValueError, "the program's input/output widths are not this layout's");
         return -1;
     }
