@@ -599,7 +599,7 @@ static rlk_status local_step(rlk_client *c, int n, const float *rewards, const f
     rlk_local_step(c->local, n, rewards, next_obs, terminated, truncated, &due, &ended);
     if (due) st = local_sample(c);
     if (st == RLK_OK && ended && c->o.evaluate) st = local_report(c);
-    rlk_local_next(c->local, n);  /* (the next actions, with the newest weights) */
+    if (st != RLK_E_UNSUPPORTED) rlk_local_next(c->local, n);  /* (the next actions, newest weights) */
     return st;
 }
 

@@ -208,11 +208,14 @@ static rlk_status adopt(rlk_local *l, rlk_attached *a, size_t ring_capacity, cha
         rlk_mlp *mlp = l->at.mlp;
         rlk_dist *dist = l->at.dist;
         rlk_attached_free(a);
-        if (!same) snprintf(err, cap, "%s", "the daemon's policy network changed across a reconnect");
+        if (!same) {  /* (l->at stays the first attachment's: the buffers were sized by it) */
+            snprintf(err, cap, "%s", "the daemon's policy network changed across a reconnect");
+            return RLK_E_UNSUPPORTED;
+        }
         l->at = *a;
         l->at.mlp = mlp;
         l->at.dist = dist;
-        return same ? RLK_OK : RLK_E_UNSUPPORTED;
+        return RLK_OK;
     }
     l->at = *a;
     memset(a, 0, sizeof *a);

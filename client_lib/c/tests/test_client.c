@@ -562,6 +562,44 @@ static void test_recurrent_records(const char *fifo, const char *board) {
     close(sv[1]);
 }
 
+/* One attachment of l (as rlk_client's connect or reconnect does) to the GRU daemon's ATTACHED,
+ * with max_seq_len L: a ring and a board of its own, the descriptor over a socket pair. */
+static rlk_status attach_gru(rlk_local *l, const rlk_spaces *sp, int seq_len, const char *fifo, const char *board) {
+    rlk_attached a;
+    rlk_reply_info i = info();
+    char err[RLK_ERROR_CHARS], *text = strdup(ATTACHED_GRU);
+    int sv[2], ring = make_ring_of(GRU_RING_LAYOUT, 72, 0, 1);
+    text[strstr(text, "\"max_seq_len\": 5") - text + 15] = (char)('0' + seq_len);
+    CHECK(rlk_parse_attached(text, strlen(text), toks, MAX_TOKS, sp, 4, &a, &i) == RLK_OK);
+    snprintf(a.board_path, sizeof a.board_path, "%s", board);
+    snprintf(a.doorbell_path, sizeof a.doorbell_path, "%s", fifo);
+    make_board(board, GRU_PARAMS, NULL, 0.1f, 0, 0);
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0 && send_fd(sv[1], ring) == 0);
+    close(ring);
+    rlk_status st = rlk_local_attach(l, &a, sv[0], 1.0, toks, MAX_TOKS, err, sizeof err);
+    close(sv[0]);
+    close(sv[1]);
+    free(text);
+    return st;
+}
+
+/* A reconnect to a daemon whose policy changed (here its max_seq_len) is refused, every time:
+ * the refused description must not replace the first one (the buffers were sized by it). */
+static void test_a_changed_policy_is_refused_at_every_reconnect(const char *fifo, const char *board) {
+    rlk_spaces sp;
+    rlk_reply_info i = info();
+    rlk_local *l = NULL;
+    float obs[4] = {0.1f, 0.2f, 0.3f, 0.4f}, action[1];
+    rlk_parse_set_config(CARTPOLE_CONFIG, strlen(CARTPOLE_CONFIG), toks, MAX_TOKS, &sp, &i);
+    CHECK(rlk_local_new(&sp, 1, 1, 1, &l) == RLK_OK);
+    CHECK(attach_gru(l, &sp, 5, fifo, board) == RLK_OK);
+    CHECK(attach_gru(l, &sp, 6, fifo, board) == RLK_E_UNSUPPORTED);
+    CHECK(attach_gru(l, &sp, 6, fifo, board) == RLK_E_UNSUPPORTED);
+    CHECK(attach_gru(l, &sp, 5, fifo, board) == RLK_OK);
+    CHECK(rlk_local_act(l, 1, obs, action) == RLK_OK);
+    rlk_local_free(l);
+}
+
 static void test_shared_memory_pieces(void) {
     char dir[] = "/tmp/rlk-test-XXXXXX", fifo[64], board[64];
     if (!mkdtemp(dir)) {
@@ -573,6 +611,7 @@ static void test_shared_memory_pieces(void) {
     keep_reader = mkfifo(fifo, 0600) == 0 ? open(fifo, O_RDONLY | O_NONBLOCK) : -1;  /* (the collector's end) */
     CHECK(keep_reader >= 0);
     test_recurrent_records(fifo, board);
+    test_a_changed_policy_is_refused_at_every_reconnect(fifo, board);
     test_ring(fifo);
     test_board(board);
     if (keep_reader >= 0) close(keep_reader);
