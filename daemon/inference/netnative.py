@@ -195,6 +195,8 @@ class NativeStep:
         the role feeds back what the step returned). ValueError on a misshapen state."""
         xs = tuple(np.ascontiguousarray(obs[inp.key], np.float32) for inp in self.inputs)
         n = len(xs[0]) if xs else len(state)
+        if np.shape(state) != (n, self.state_width):
+            raise ValueError(f"state must be [{n}, {self.state_width}], got {np.shape(state)}")
         dist = np.empty((n, self.out_width), np.float32)
         state_out = np.empty((n, self.state_width), np.float32)
         self.program.run(n, (*xs, np.ascontiguousarray(state, np.float32)), dist, state_out)

@@ -164,8 +164,9 @@ def test_native_step_checks_its_state_buffer():
     spec = recurrent_spec("gru", 4)
     step = netnative.NativeStep(spec, random_flat(spec))
     obs = random_obs(spec, 3)
-    for bad in (np.zeros((2, 4), np.float32), np.zeros((3, 8), np.float32), np.zeros((3, 3), np.float32)):
-        with pytest.raises(ValueError, match="input"):
+    for bad in (np.zeros((2, 4), np.float32), np.zeros((3, 8), np.float32), np.zeros((3, 3), np.float32),
+                np.zeros((4, 3), np.float32), np.zeros(12, np.float32), np.zeros((6, 2), np.float32)):
+        with pytest.raises(ValueError, match=r"state must be \[3, 4\]"):  # (as numpy's step refuses them)
             step.run(obs, bad)
     dist, out = step.run(obs, np.zeros((3, 4)))  # (float64 zeros: converted)
     assert dist.shape == (3, 3) and out.shape == (3, 4)
