@@ -39,7 +39,7 @@ from pathlib import Path
 
 import orjson
 
-from bench.harness.common import median_range, write_result
+from bench.harness.common import fmt_mr, median_range, write_result
 from rlinkd.daemon.config import NATIVE_PARTS
 from rlinkd.daemon.launch import ServeProcess
 
@@ -165,14 +165,10 @@ def table_markdown(result: dict) -> str:
             verdict += " (an arm did not serve as asked)"
         for i, (m, c) in enumerate(r["measures"].items()):
             unit = MEASURES[m][1]
-            lines.append(f"| {part if i == 0 else ''} | {m}: {unit} | {_mr(c['on'])} | {_mr(c['off'])} | "
+            lines.append(f"| {part if i == 0 else ''} | {m}: {unit} | {fmt_mr(c['on'], 1)} | {fmt_mr(c['off'], 1)} | "
                          f"{100 * c['gain']:+.1f} % | {100 * c['spread']:.1f} % | {c['verdict']} | "
                          f"{verdict if i == 0 else ''} |")
     return "\n".join(lines)
-
-
-def _mr(d: dict) -> str:
-    return f"{d['median']:,.1f} ({d['min']:,.1f} – {d['max']:,.1f})"
 
 
 def main() -> int:

@@ -28,7 +28,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # (
 
 import numpy as np  # noqa: E402
 
-from bench.harness.common import write_result  # noqa: E402
+from bench.harness.common import fmt_mr, write_result  # noqa: E402
 from bench.scenarios.native_ab import compare  # noqa: E402
 from rlinkd.client_lib.protocol.policy_spec import PolicySpec  # noqa: E402
 from rlinkd.client_lib.protocol.spaces import Box, Discrete  # noqa: E402
@@ -72,13 +72,10 @@ def table_markdown(result: dict) -> str:
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for cell, batches in result["cells"].items():
         for rows, c in batches.items():
-            lines.append(f"| {cell} | {rows} | {_mr(c['on'])} | {_mr(c['off'])} | {100 * c['gain']:+.1f} % | "
+            lines.append(f"| {cell} | {rows} | {fmt_mr(c['on'], 1)} | {fmt_mr(c['off'], 1)} | "
+                         f"{100 * c['gain']:+.1f} % | "
                          f"{100 * c['spread']:.1f} % | {c['verdict']} |")
     return "\n".join(lines)
-
-
-def _mr(d: dict) -> str:
-    return f"{d['median']:,.1f} ({d['min']:,.1f} – {d['max']:,.1f})"
 
 
 def main() -> int:

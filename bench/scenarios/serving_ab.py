@@ -31,7 +31,7 @@ from pathlib import Path
 
 import orjson
 
-from bench.harness.common import write_result
+from bench.harness.common import fmt_mr, write_result
 from bench.scenarios.native_ab import MEASURES, compare
 from rlinkd.daemon.launch import ServeProcess, serve_command
 
@@ -86,13 +86,10 @@ def table_markdown(result: dict) -> str:
     lines = [f"| measurement ({result['clients']} C clients) | this checkout | before | change | spread | "
              "beyond the spread |", "| --- | --- | --- | --- | --- | --- |"]
     for m, c in result["measures"].items():
-        lines.append(f"| {m}: {MEASURES[m][1]} | {_mr(c['on'])} | {_mr(c['off'])} | {100 * c['gain']:+.1f} % | "
+        lines.append(f"| {m}: {MEASURES[m][1]} | {fmt_mr(c['on'], 1)} | {fmt_mr(c['off'], 1)} | "
+                         f"{100 * c['gain']:+.1f} % | "
                      f"{100 * c['spread']:.1f} % | {c['verdict']} |")
     return "\n".join(lines)
-
-
-def _mr(d: dict) -> str:
-    return f"{d['median']:,.1f} ({d['min']:,.1f} – {d['max']:,.1f})"
 
 
 def main() -> int:
