@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlinkd.client_lib.protocol.agents import (DEFAULT_POLICY, MAX_POLICIES, MappingError,
-                                               PolicyMapping, check_policy_name)
+from rlinkd.client_lib.protocol.agents import (DEFAULT_POLICY, MAX_POLICIES, POLICY_NAME,
+                                               MappingError, PolicyMapping,
+                                               check_policy_name)
 from rlinkd.client_lib.protocol.discovery import default_state_dir
 from rlinkd.client_lib.protocol.spaces import Space, SpaceError, space_from_json
 from rlinkd.client_lib.transport import parse_address
@@ -896,52 +897,97 @@ def is_loopback(host: str) -> bool:
 def reloadable_changes(old: Config, new: Config) -> tuple[dict[str, Any], list[str]]:
     """Split the differences between two configs into (applicable, ignored) keys.
 
-    Returns ``{"ppo.lr": 0.001, ...}`` for reloadable keys that changed and the
-    names of changed keys that need a restart (logged, not applied).
+    Returns ``{"ppo.lr": 0.001, "policies.red.ppo.lr": 0.01, ...}`` for reloadable keys
+    that changed (a policy's own ``[policies.NAME.<section>]`` table compared as a restart
+    would build it: merged over the global section) and the names of changed keys that need
+    a restart (logged, not applied): ``ppo.gamma``, ``policies.red.ppo.hidden_sizes``,
+    ``policies.red.ppo`` (a table added or removed), ``policies.blue`` (a policy added or
+    removed), ``policy_mapping``.
     """
-    applied, ignored = {}, []
+    applied: dict[str, Any] = {}
+    ignored: list[str] = []
     for name in SECTIONS:
-        a, b = getattr(old, name), getattr(new, name)
-        for f in dataclasses.fields(a):
-            if getattr(a, f.name) != getattr(b, f.name):
-                key = f"{name}.{f.name}"
-                if f.metadata.get("reloadable"):
-                    applied[key] = getattr(b, f.name)
-                else:
-                    ignored.append(key)
-    ignored += [name for name in NAMED_SECTIONS if getattr(old, name) != getattr(new, name)]
+        _diff(name, getattr(old, name), getattr(new, name), applied, ignored)
+    for name in [*old.policies, *(n for n in new.policies if n not in old.policies)]:
+        a, b = old.policies.get(name), new.policies.get(name)
+        if a is None or b is None:
+            ignored.append(f"policies.{name}")
+        else:
+            _diff(f"policies.{name}", a, b, applied, ignored)
+    if old.policy_mapping != new.policy_mapping:
+        ignored.append("policy_mapping")
     return applied, ignored
 
 
+def _diff(prefix: str, a: Any, b: Any, applied: dict[str, Any], ignored: list[str]) -> None:
+    """Add the changed fields of sections ``a`` -> ``b`` to ``applied`` (reloadable) or
+    ``ignored``; a policy's sub-table present in both is compared key by key."""
+    for f in dataclasses.fields(a):
+        va, vb, key = getattr(a, f.name), getattr(b, f.name), f"{prefix}.{f.name}"
+        if va == vb:
+            continue
+        if f.name in POLICY_SUBSECTIONS and va is not None and vb is not None:
+            _diff(key, va, vb, applied, ignored)
+        elif f.metadata.get("reloadable"):
+            applied[key] = vb
+        else:
+            ignored.append(key)
+
+
 def reloadable_values(cfg: Config) -> dict[str, Any]:
-    """Current values of every reloadable key, by dotted name (shown in status)."""
-    return {f"{name}.{f.name}": getattr(getattr(cfg, name), f.name)
-            for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)
-            if f.metadata.get("reloadable")}
+    """Current values of every reloadable key, by dotted name (shown in status), a policy's
+    own sub-tables' too (``policies.red.ppo.lr``)."""
+    sections = {**{name: getattr(cfg, name) for name in SECTIONS}, **{
+        f"policies.{name}.{key}": getattr(policy, key) for name, policy in cfg.policies.items()
+        for key in POLICY_SUBSECTIONS if getattr(policy, key) is not None}}
+    return {f"{name}.{f.name}": getattr(section, f.name) for name, section in sections.items()
+            for f in dataclasses.fields(section) if f.metadata.get("reloadable")}
 
 
 def apply_changes(cfg: Config, changes: dict[str, Any]) -> Config:
-    """Return ``cfg`` with the dotted-key ``changes`` applied (used after a reload)."""
+    """Return ``cfg`` with the dotted-key ``changes`` applied (used after a reload):
+    ``section.key`` or ``policies.NAME.section.key`` (a sub-table the policy has)."""
     for dotted, value in changes.items():
-        section, key = dotted.split(".", 1)
-        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(
-            getattr(cfg, section), **{key: value})})
+        *path, key = dotted.split(".")
+        if path[0] == "policies":
+            policy = cfg.policies[path[1]]
+            policy = dataclasses.replace(policy, **{path[2]: dataclasses.replace(
+                getattr(policy, path[2]), **{key: value})})
+            cfg = dataclasses.replace(cfg, policies={**cfg.policies, path[1]: policy})
+        else:
+            cfg = dataclasses.replace(cfg, **{path[0]: dataclasses.replace(
+                getattr(cfg, path[0]), **{key: value})})
     return cfg
 
 
 ConfigValue = bool | int | float | str  # what a reloadable key holds (inbox message type)
 
 
+def reload_declaration(dotted: str) -> tuple[type, dataclasses.Field] | None:
+    """(section class, field) of a reloadable key, ``section.key`` or
+    ``policies.NAME.section.key`` with a section a policy may override
+    (``POLICY_SUBSECTIONS``); None for any other key or one not marked reloadable."""
+    parts = dotted.split(".")
+    if len(parts) == 4 and parts[0] == "policies" and POLICY_NAME.fullmatch(parts[1]):
+        cls = POLICY_SUBSECTIONS.get(parts[2])
+    else:
+        cls = SECTIONS.get(parts[0]) if len(parts) == 2 else None
+    if cls is None:
+        return None
+    f = next((f for f in dataclasses.fields(cls) if f.name == parts[-1]), None)
+    return (cls, f) if f is not None and f.metadata.get("reloadable") else None
+
+
 def check_reload_changes(changes: dict[str, Any]) -> None:
-    """ConfigError unless every key is a reloadable ``section.key`` and its value has the
-    declared type and limits (called when a ``Reload`` message is built or decoded)."""
+    """ConfigError unless every key is a reloadable key (``reload_declaration``) and its
+    value has the declared type and limits (called when a ``Reload`` message is built or
+    decoded)."""
     for dotted, value in changes.items():
-        section, _, key = dotted.partition(".")
-        cls = SECTIONS.get(section)
-        f = next((f for f in dataclasses.fields(cls) if f.name == key), None) if cls else None
-        if cls is None or f is None or not f.metadata.get("reloadable"):
+        declared = reload_declaration(dotted)
+        if declared is None:
             raise ConfigError(f"{dotted}: not a reloadable setting")
-        if _coerce(dotted, _hints(cls)[key], value) != value:
+        cls, f = declared
+        if _coerce(dotted, _hints(cls)[f.name], value) != value:
             raise ConfigError(f"{dotted}: {value!r} is not of the declared type")
         _check_limits(dotted, f, value)
 

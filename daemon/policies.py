@@ -67,14 +67,21 @@ RELOADED_SECTIONS = ("ppo", "dqn", "sac")  # the sections whose reloadable keys 
 
 def reloaded_sections(cfg: Config, name: str, changes: Mapping[str, ConfigValue]
                       ) -> dict[str, dict[str, ConfigValue]]:
-    """The reloaded keys that reach policy ``name``: {section: {key: value}} of the changed
-    ``ppo.*`` / ``dqn.*`` / ``sac.*`` keys, less each section the policy's own table replaces
-    (``[policies.NAME.<section>]``: its values stay that table's, as a restart would give)."""
+    """The reloaded keys that reach policy ``name``: {section: {key: value}}, as a restart
+    would give them. For a section the policy's own table replaces
+    (``[policies.NAME.<section>]``), that table's changed keys (``policies.NAME.ppo.lr``);
+    for the others, the changed global ``ppo.*`` / ``dqn.*`` / ``sac.*`` keys.
+    ``reloadable_changes`` reports a global change that a table without that key inherits
+    under the table's name too, so it arrives here."""
     table = cfg.policies.get(name, PolicyConfig())
-    parts = {section: {key.split(".", 1)[1]: value for key, value in changes.items()
-                       if key.startswith(f"{section}.")} for section in RELOADED_SECTIONS}
-    return {section: values for section, values in parts.items()
-            if values and getattr(table, section) is None}
+    parts: dict[str, dict[str, ConfigValue]] = {}
+    for key, value in changes.items():
+        *path, field_name = key.split(".")
+        own = path[:2] == ["policies", name] and len(path) == 3
+        section = path[2] if own else path[0]
+        if section in RELOADED_SECTIONS and own == (getattr(table, section) is not None):
+            parts.setdefault(section, {})[field_name] = value
+    return parts
 
 
 def policy_defs(cfg: Config) -> dict[str, PolicyDef]:

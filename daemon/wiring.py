@@ -243,9 +243,9 @@ def _policy_segments(cfg: Config, d: PolicyDef, path) -> PolicyTopology:
 
 def reconfigured(topo: Topology, cfg: Config, changes: dict) -> Topology:
     """The topology under a reloaded config (supervisor, after SIGHUP). Reloaded ``ppo.*``,
-    ``dqn.*`` and ``sac.*`` keys apply to every policy without its own table for that section
-    (``policies.reloaded_sections``), as the running learner applies them, so a learner
-    restarted later trains with them too."""
+    ``dqn.*`` and ``sac.*`` keys apply to every policy without its own table for that section,
+    ``policies.NAME.<section>.*`` keys to that policy only (``policies.reloaded_sections``),
+    as the running learner applies them, so a learner restarted later trains with them too."""
     def updated(name: str, p: PolicyTopology) -> PolicyTopology:
         parts = policies.reloaded_sections(cfg, name, changes)
         if not parts:

@@ -325,6 +325,67 @@ def test_a_reloaded_section_skips_the_policies_with_their_own_table(tmp_path):
     assert reloaded_sections(cfg, "red", changes) == {"dqn": {"lr": 0.1}}
 
 
+RED_BLUE = ("[ppo]\nlr = 0.001\n[policies.red]\ntrainable = true\n[policies.red.ppo]\n"
+            "lr = 0.01\n{red}[policies.blue]\ntrainable = true\n{blue}")
+
+
+def test_a_policys_own_reloadable_keys_apply_to_it_as_a_restart_would_give_them(tmp_path):
+    """policies.red.ppo.lr changed: applied under that name, to red only; the applied
+    config equals the file loaded afresh; a global key red's table does not set reaches
+    red under red's name too (a restart merges the table over [ppo])."""
+    from rlinkd.daemon.policies import reloaded_sections
+    old = load_text(tmp_path, RED_BLUE.format(red="", blue=""))
+    new = load_text(tmp_path, RED_BLUE.format(red="", blue="").replace("lr = 0.01", "lr = 0.02"))
+    applied, ignored = reloadable_changes(old, new)
+    assert (applied, ignored) == ({"policies.red.ppo.lr": 0.02}, [])
+    assert apply_changes(old, applied) == new
+    assert reloaded_sections(old, "red", applied) == {"ppo": {"lr": 0.02}}
+    assert reloaded_sections(old, "blue", applied) == reloaded_sections(old, "default", applied) == {}
+    inherited = load_text(tmp_path, "[ppo]\nlr = 0.001\nent_coef = 0.1\n" + RED_BLUE.format(
+        red="", blue="").split("\n", 2)[2])
+    applied, ignored = reloadable_changes(old, inherited)
+    assert applied == {"ppo.ent_coef": 0.1, "policies.red.ppo.ent_coef": 0.1} and ignored == []
+    assert apply_changes(old, applied) == inherited
+    assert reloaded_sections(old, "red", applied) == {"ppo": {"ent_coef": 0.1}}
+    assert reloaded_sections(old, "blue", applied) == {"ppo": {"ent_coef": 0.1}}
+
+
+@pytest.mark.parametrize("red, blue, needs_restart", [
+    ("hidden_sizes = [8]\n", "", ["policies.red.ppo.hidden_sizes"]),
+    ("gamma = 0.9\nent_coef = 0.5\n", "", ["policies.red.ppo.gamma"]),
+    ("", "[policies.blue.ppo]\nlr = 0.5\n", ["policies.blue.ppo"]),
+    ("", "[policies.green]\ntrainable = true\n", ["policies.green"]),
+    ("", 'algorithm = "appo"\n', ["policies.blue.algorithm"]),
+    ("", '[policy_mapping]\n"b_*" = "blue"\n', ["policy_mapping"]),
+])
+def test_a_policys_other_changes_are_named_as_needing_a_restart(tmp_path, red, blue, needs_restart):
+    """Reported like a non-reloadable global key (the reloadable ones beside them still apply)."""
+    old = load_text(tmp_path, RED_BLUE.format(red="", blue=""))
+    applied, ignored = reloadable_changes(old, load_text(tmp_path, RED_BLUE.format(red=red, blue=blue)))
+    assert ignored == needs_restart
+    assert applied == ({"policies.red.ppo.ent_coef": 0.5} if "ent_coef" in red else {})
+    removed = load_text(tmp_path, RED_BLUE.format(red="", blue="").split("[policies.blue]")[0])
+    assert reloadable_changes(old, removed) == ({}, ["policies.blue"])
+
+
+def test_policy_reload_keys_are_checked_against_the_declarations(tmp_path):
+    """A Reload carries policies.NAME.<section>.<key> when that key is reloadable there;
+    status shows the values of each policy's own tables."""
+    from rlinkd.daemon import messages as m
+    assert m.Reload({"policies.red.ppo.lr": 0.5, "policies.red.sac.lr": 0.1}).changes
+    for key, value, pattern in [("policies.red.ppo.gamma", 0.5, "not a reloadable"),
+                                ("policies.red.appo.max_lead_steps", 0, "not a reloadable"),
+                                ("policies.red.ppo", 0.5, "not a reloadable"),
+                                ("policies.a b.ppo.lr", 0.5, "not a reloadable"),
+                                ("policies.red.ppo.lr", -1.0, "must be >= 0"),
+                                ("policies.red.ppo.lr", "fast", "expected float")]:
+        with pytest.raises(ConfigError, match=rf"{key}: {pattern}"):
+            m.Reload({key: value})
+    values = C.reloadable_values(load_text(tmp_path, RED_BLUE.format(red="", blue="")))
+    assert values["policies.red.ppo.lr"] == 0.01 and values["ppo.lr"] == 0.001
+    assert not any(key.startswith("policies.blue.") for key in values)
+
+
 # ---------------------------------------------------------------- TOML output
 def _round_trip(tmp_path: Path, cfg: Config) -> Config:
     path = write(tmp_path, to_toml(cfg), "roundtrip.toml")

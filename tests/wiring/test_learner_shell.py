@@ -126,3 +126,34 @@ def test_a_dqn_learner_trains_from_the_replay_and_a_successor_keeps_its_buffer(t
         replay.close()
     finally:
         destroy_topology(topo)
+
+
+def test_a_reload_of_a_policys_own_table_reaches_that_policy_only(tmp_path):
+    """policies.red.ppo.lr: red's optimizer and red's definition in the supervisor's
+    topology (what a restarted learner trains with) change; default's do not, and a global
+    ppo.lr skips red (its own table holds lr)."""
+    from rlinkd.daemon.config import apply_changes
+    from rlinkd.daemon.wiring import reconfigured
+    cfg = load_config(None, [("daemon", "state_dir", str(tmp_path / "state")),
+                             ("sampling", "train_batch_size", ROWS), ("ppo", "minibatch_size", MINIBATCH),
+                             ("ppo", "lr", 0.01), ("policies", "red.trainable", True),
+                             ("policies", "red.ppo.lr", 0.03)])
+    topo = build_topology(cfg)
+    shell = LearnerShell(topo, RoleContext("learner", topo))
+    try:
+        shell.boot()
+        changes = {"policies.red.ppo.lr": 0.004}
+        shell.router()(m.Reload(changes))
+        lr = {name: p.learner.optimizer.param_groups[0]["lr"] for name, p in shell.policies.items()}
+        assert lr == {"default": 0.01, "red": 0.004}
+        reported = {msg.policy: msg.learner.lr for msg in collector_messages(shell)
+                    if isinstance(msg, m.WeightsPublished)}
+        assert reported["red"] == 0.004
+        after = reconfigured(topo, apply_changes(cfg, changes), changes)
+        assert (after.policies["red"].definition.ppo.lr, after.default.definition.ppo.lr) == (0.004, 0.01)
+        shell.router()(m.Reload({"ppo.lr": 0.002}))
+        lr = {name: p.learner.optimizer.param_groups[0]["lr"] for name, p in shell.policies.items()}
+        assert lr == {"default": 0.002, "red": 0.004}
+    finally:
+        shell.close()
+        destroy_topology(topo)
