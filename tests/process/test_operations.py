@@ -115,28 +115,42 @@ def test_sigkill_learner_is_restarted_and_clients_stay_connected(daemon):
     daemon.remember_children()
 
 
+RED = "[policies.red]\ntrainable = true\n[policies.red.ppo]\nent_coef = 0.0\nlr = "
+
+
 def test_sighup_applies_a_valid_file_and_ignores_an_invalid_one(daemon_factory, tmp_path):
+    """Global keys reach the policies without their own table; policies.red.ppo.lr reaches
+    red only; a non-reloadable key of red's table is named as needing a restart."""
     config = tmp_path / "rlinkd.toml"
-    config.write_text("[ppo]\nlr = 0.001\n")
+    config.write_text(f"[ppo]\nlr = 0.001\n{RED}0.003\n")
     d = daemon_factory("--config", str(config))
     assert d.status()["config"]["ppo.lr"] == 0.001
-    config.write_text("[ppo]\nlr = 0.0005\nent_coef = 0.01\n")
+    assert d.status()["config"]["policies.red.ppo.lr"] == 0.003
+    config.write_text(f"[ppo]\nlr = 0.0005\nent_coef = 0.01\n{RED}0.004\n")
     d.signal(signal.SIGHUP)
     status = wait_for(lambda: (s := d.status())["reload_generation"] == 1 and s, 30, what="reload")
     assert status["last_reload"]["ok"] is True
     assert status["last_reload"]["needs_restart"] == []  # port 0 (the picked port) is no change
+    assert status["last_reload"]["applied"] == {"ppo.lr": 0.0005, "ppo.ent_coef": 0.01,
+                                                "policies.red.ppo.lr": 0.004}
     assert status["config"]["ppo.lr"] == 0.0005 and status["config"]["ppo.ent_coef"] == 0.01
+    assert status["config"]["policies.red.ppo.lr"] == 0.004
     wait_for(lambda: d.status()["learner"].get("lr") == 0.0005, 30, what="learner applies lr")
+    red = wait_for(lambda: (r := d.status()["policies"]["red"]["learner"]).get("lr") == 0.004 and r,
+                   30, what="red's learner applies its own lr")
+    assert red["ent_coef"] == 0.0                        # [ppo]'s ent_coef skips red's table
     config.write_text("[ppo]\nlr = -1\n")
     d.signal(signal.SIGHUP)
     status = wait_for(lambda: (s := d.status())["reload_generation"] == 2 and s, 30, what="reload")
     assert status["last_reload"]["ok"] is False and "ppo.lr" in status["last_reload"]["error"]
     assert status["config"]["ppo.lr"] == 0.0005 and d.status()["learner"]["lr"] == 0.0005
-    config.write_text("[ppo]\nlr = 0.0005\nent_coef = 0.02\n")
+    config.write_text(f"[ppo]\nlr = 0.0005\nent_coef = 0.02\n{RED}0.004\nhidden_sizes = [8]\n")
     d.signal(signal.SIGHUP)
     status = wait_for(lambda: (s := d.status())["reload_generation"] == 3 and s, 30, what="reload")
-    assert status["last_reload"]["ok"] is True and status["last_reload"]["needs_restart"] == []
+    assert status["last_reload"]["ok"] is True
+    assert status["last_reload"]["needs_restart"] == ["policies.red.ppo.hidden_sizes"]
     assert status["last_reload"]["applied"] == {"ppo.ent_coef": 0.02}
+    assert d.status()["policies"]["red"]["learner"]["lr"] == 0.004
 
 
 def test_sighup_log_level_reaches_every_process(daemon_factory, tmp_path):
