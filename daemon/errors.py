@@ -42,6 +42,11 @@ class ExitCode(enum.IntEnum):
     offline commands (``rlinkd export``) use the sysexits.h codes for their input
     (``NO_INPUT``: no checkpoint, or one that does not verify) and output
     (``CANT_CREATE``); a bad request is ``USAGE``, as for argparse's own errors.
+
+    A graceful stop (SIGTERM, SIGINT) that could not finish cleanly says so:
+    ``DRAIN_NO_CHECKPOINT`` when the final checkpoint was not written (the state since the
+    last one is lost), else ``DRAIN_KILLED`` when a role had to be SIGKILLed at the
+    deadline. A stop that began for another reason (boot error, crash loop) keeps that code.
     """
 
     OK = 0
@@ -52,7 +57,9 @@ class ExitCode(enum.IntEnum):
     NOT_RUNNING = 5
     TIMEOUT = 6
     NO_INPUT = 66  # EX_NOINPUT from sysexits.h
+    DRAIN_KILLED = 70  # EX_SOFTWARE: a role did not stop within daemon.shutdown_timeout_s
     CANT_CREATE = 73  # EX_CANTCREAT
+    DRAIN_NO_CHECKPOINT = 74  # EX_IOERR: the final checkpoint of a stop was not written
     CONFIG = 78  # EX_CONFIG from sysexits.h
 
 

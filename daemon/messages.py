@@ -333,13 +333,16 @@ class CheckpointRequest:
 @dataclass(frozen=True)
 class SnapshotReady:
     """Learner → checkpointer: each trainable policy's snapshot area holds the generation
-    ``generations[policy]`` of its state, at weights version ``seq_nos[policy]``."""
+    ``generations[policy]`` of its state, at weights version ``seq_nos[policy]``.
+    ``counters`` are the collector's counters (``wiring.COUNTERS``) read when that state was
+    serialised: the checkpoint records these, not newer ones read when it is written."""
 
     request_id: int
     generations: dict[str, int]
     seq_nos: dict[str, int]
     ok: bool
     error: str
+    counters: dict[str, int]
 
     @property
     def seq_no(self) -> int:

@@ -17,8 +17,9 @@ shared memory.
 
 Shutdown (SIGTERM/SIGINT): drain the collector (stop accepting, ERROR to clients),
 let the learner finish the update in flight, write a final checkpoint, stop the
-other roles, unlink shared memory, exit 0 — all within ``shutdown_timeout_s``.
-A second SIGINT forces an immediate exit.
+other roles, unlink shared memory, exit 0 — all within ``shutdown_timeout_s``; a
+final checkpoint not written exits 74, roles killed at the deadline 70 (the core's
+``drain_exit_code``). A second SIGINT forces an immediate exit.
 """
 from __future__ import annotations
 
@@ -335,9 +336,9 @@ class Supervisor:
         if not self._deliver(action.target, action.msg) and isinstance(action.msg,
                                                                        m.CheckpointRequest):
             req = action.msg
-            self._checkpoint_failed(req.request_id, req.reason,
-                                    "checkpointer inbox full: request not delivered")
-            self.core.checkpoint_finished(req.request_id)
+            error = "checkpointer inbox full: request not delivered"
+            self._checkpoint_failed(req.request_id, req.reason, error)
+            self.core.checkpoint_finished(req.request_id, error)
 
     def _do_shutdown_begun(self, _action: core.ShutdownBegun) -> None:
         self.notifier.stopping()
@@ -436,7 +437,7 @@ class Supervisor:
             log.info("checkpoint_done", path=msg.path, reason=msg.reason, weights_seq_no=msg.seq_no)
         else:
             self._checkpoint_failed(msg.request_id, msg.reason, msg.error)
-        self.core.checkpoint_finished(msg.request_id)
+        self.core.checkpoint_finished(msg.request_id, None if msg.ok else msg.error)
 
     def _checkpoint_failed(self, request_id: int, reason: str, error: str) -> None:
         log.error("checkpoint_failed", reason=reason, request_id=request_id, error=error)

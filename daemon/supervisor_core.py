@@ -12,7 +12,9 @@ finished, time passed) with the current monotonic time and answers with actions
   (``CHECKPOINT``), send Stop to every role once that checkpoint is written, timed
   out (70 % of ``shutdown_timeout_s``) or cannot be written (``STOP``), exit once
   every child is gone or SIGKILL the rest at the deadline (``DONE``). A second
-  SIGINT exits at once with 130.
+  SIGINT exits at once with 130;
+- the exit code of a stop (``drain_exit_code``): 0 only for a complete drain, else
+  one code saying the final checkpoint was not written, or roles were killed.
 """
 from __future__ import annotations
 
@@ -101,7 +103,10 @@ class SupervisorCore:
         self.stopping: str | None = None
         self.pending_exit = int(ExitCode.OK)
         self.checkpoint_deadline = self.shutdown_deadline = 0.0
-        self.final_ckpt_id: int | None = None
+        self.final_ckpt_id: int | None = None   # the final checkpoint, while waited for
+        self.final_rid: int | None = None       # the final checkpoint's request, once asked
+        self.final_failure: str | None = None   # why it was not written (None: written or not due)
+        self.killed: list[str] = []             # roles SIGKILLed at the shutdown deadline
         self.next_request_id = 1
 
     # ------------------------------------------------------------ starting
@@ -113,7 +118,7 @@ class SupervisorCore:
 
     # ------------------------------------------------------------ signals
     def terminate(self, now: float) -> list[Action]:
-        """SIGTERM: the graceful stop, exit 0."""
+        """SIGTERM: the graceful stop (exit 0 when the drain completes, ``drain_exit_code``)."""
         return self.begin_shutdown("SIGTERM", ExitCode.OK, now)
 
     def interrupt(self, now: float) -> list[Action]:
@@ -142,11 +147,12 @@ class SupervisorCore:
         log.info("checkpoint_requested", reason=reason, request_id=rid)
         return rid, [Send("checkpointer", m.CheckpointRequest(rid, reason))]
 
-    def checkpoint_finished(self, request_id: int) -> None:
-        """A request ended, written or failed (CheckpointDone, or it could not be
-        delivered): the shutdown no longer waits for it."""
-        if request_id == self.final_ckpt_id:
-            self.final_ckpt_id = None
+    def checkpoint_finished(self, request_id: int, failure: str | None) -> None:
+        """A request ended, written (``failure`` None) or failed (CheckpointDone, or it
+        could not be delivered): the shutdown no longer waits for it. The final one's
+        outcome decides the exit code, even when it comes after its deadline."""
+        if request_id == self.final_rid:
+            self.final_ckpt_id, self.final_failure = None, failure
 
     # ------------------------------------------------------------ children
     def child_exited(self, role: str, code: int, now: float) -> list[Action]:
@@ -229,7 +235,10 @@ class SupervisorCore:
                      why="rank 0 writes the job's checkpoints")
         elif self._writers_running():
             self.final_ckpt_id, request = self._checkpoint("shutdown")
+            self.final_rid, self.final_failure = self.final_ckpt_id, "not answered"
             actions += request
+        else:
+            self.final_failure = "the learner or the checkpointer was not running"
         return actions
 
     def _writers_running(self) -> bool:
@@ -240,8 +249,11 @@ class SupervisorCore:
         if self.final_ckpt_id is not None and writers and not timed_out:
             return []
         if self.final_ckpt_id is not None:
-            log.error("final_checkpoint_not_written", timed_out=timed_out, writers_alive=writers)
+            log.warning("final_checkpoint_not_written", timed_out=timed_out, writers_alive=writers)
             self.final_ckpt_id = None
+            share_s = self.settings.shutdown_timeout_s * FINAL_CHECKPOINT_SHARE
+            self.final_failure = (f"not written within {share_s:g} s" if timed_out else
+                                  "the learner or the checkpointer exited before writing it")
         self.phase = Phase.STOP
         reason = self.stopping
         assert reason is not None, "the stop phases only follow begin_shutdown()"
@@ -249,18 +261,41 @@ class SupervisorCore:
 
     def _after_stop(self, now: float) -> list[Action]:
         running = [role for role, state in self.roles.items() if state.running]
-        if not running:
-            log.info("stopped", exit_code=self.pending_exit)
-            return self._exit(self.pending_exit)
-        if now < self.shutdown_deadline:
+        if running and now < self.shutdown_deadline:
             return []
         for role in running:
             log.error("child_killed_at_deadline", child=role)
-        return [Kill(role, signal.SIGKILL) for role in running] + self._exit(self.pending_exit)
+        self.killed = running
+        return [Kill(role, signal.SIGKILL) for role in running] + self._stopped()
+
+    def _stopped(self) -> list[Action]:
+        """The end of a graceful stop: its exit code, logged (at error level, with the
+        reason, when the drain was incomplete)."""
+        code = drain_exit_code(self.pending_exit, self.final_failure, self.killed)
+        if self.final_failure is None and not self.killed:
+            log.info("stopped", exit_code=code)
+        else:
+            lost = self.final_failure is not None
+            log.error("drain_incomplete", exit_code=code, final_checkpoint=self.final_failure or "written",
+                      killed=self.killed, message="stopped, but the final checkpoint was not written"
+                      if lost else "stopped, but roles had to be killed at the deadline")
+        return self._exit(code)
 
     def _exit(self, code: int) -> list[Action]:
         self.phase = Phase.DONE
         return [Exit(int(code))]
+
+
+def drain_exit_code(pending: int, final_failure: str | None, killed: list[str]) -> int:
+    """The exit code of a graceful stop begun with ``pending`` (0 for SIGTERM/SIGINT): a
+    stop begun for another reason (boot error, crash loop) keeps its code; else a final
+    checkpoint not written (``final_failure``: why) is ``DRAIN_NO_CHECKPOINT``, roles
+    SIGKILLed at the deadline ``DRAIN_KILLED``, and only a complete drain 0."""
+    if pending != ExitCode.OK:
+        return int(pending)
+    if final_failure is not None:
+        return int(ExitCode.DRAIN_NO_CHECKPOINT)
+    return int(ExitCode.DRAIN_KILLED if killed else ExitCode.OK)
 
 
 # ---------------------------------------------------------------- reload

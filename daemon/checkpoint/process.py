@@ -136,7 +136,7 @@ class Checkpointer:
             files.update(policy.files(snap.generations.get(name, -1), snap.seq_nos.get(name, -1)))
         meta = {"package_version": package_version(), "reason": reason,
                 "config_sha256": hashlib.sha256(config_text).hexdigest(),
-                "counters": self.topo.read_counters(), "weights_seq_no": snap.seq_no,
+                "counters": dict(snap.counters), "weights_seq_no": snap.seq_no,
                 "policies": dict(snap.seq_nos)}
         ckpt = store.write_checkpoint(self.root, files, meta)
         store.prune(self.root, self.cfg.checkpoint.keep_checkpoints)

@@ -100,13 +100,17 @@ class LearnerShell:
         return False
 
     def on_snapshot_request(self, msg: m.SnapshotRequest) -> None:
+        """Serialise every policy's state, and send it with the versions and the collector's
+        counters read together with it (no update runs in between): a resume continues
+        from the very counters its weights belong to."""
         generations, seq_nos = {}, {p.name: p.seq_no for p in self.policies.values()}
+        counters = self.topo.read_counters()
         try:
             for learner in self.policies.values():
                 generations[learner.name] = learner.write_snapshot()
-            reply = m.SnapshotReady(msg.request_id, generations, seq_nos, True, "")
+            reply = m.SnapshotReady(msg.request_id, generations, seq_nos, True, "", counters)
         except (ValueError, OSError) as exc:
-            reply = m.SnapshotReady(msg.request_id, {}, seq_nos, False, str(exc))
+            reply = m.SnapshotReady(msg.request_id, {}, seq_nos, False, str(exc), counters)
         self.ctx.send("checkpointer", reply)
 
     def on_reload(self, msg: m.Reload) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import sys
 import pytest
 
 from rlinkd.daemon.checkpoint import store
+from rlinkd.daemon.errors import ExitCode
 from tests.helpers import REPO, BackgroundClient, wait_for
 
 pytestmark = pytest.mark.process
@@ -48,6 +50,20 @@ def test_sigterm_under_load_exits_0_with_final_checkpoint(daemon):
     for c in clients:
         c.stop()
         assert isinstance(c.error, ConnectionError)  # told to go away, could not reconnect
+
+
+def test_sigterm_whose_final_checkpoint_fails_exits_74_and_says_why(daemon_factory):
+    """systemd (``systemctl stop``, then ``status``) must see that the final state was not
+    saved: the drain still stops every role and unlinks the segments (the pool checks),
+    but the exit code is DRAIN_NO_CHECKPOINT and one error line names the reason."""
+    d = daemon_factory(name="f", check_clean_exit=False)
+    root = store.checkpoints_dir(d.state_dir)  # a file where the checkpoints go: the write fails
+    shutil.rmtree(root, ignore_errors=True)
+    root.write_text("not a directory")
+    assert d.stop() == ExitCode.DRAIN_NO_CHECKPOINT == 74
+    [line] = [json.loads(x) for x in d.log().splitlines() if '"drain_incomplete"' in x]
+    assert line["level"] == "error" and line["exit_code"] == 74 and line["killed"] == []
+    assert str(root) in line["final_checkpoint"], line  # the checkpointer's own error
 
 
 def test_restart_resumes_counters_seq_no_and_policy(daemon_factory):

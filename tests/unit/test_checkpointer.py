@@ -28,13 +28,15 @@ class Ctx:
 
 def checkpointer(tmp_path) -> tuple[process.Checkpointer, Ctx]:
     cfg = load_config(overrides=[("daemon", "state_dir", str(tmp_path))])
-    topo = SimpleNamespace(cfg=cfg, trainable=lambda: [], read_counters=lambda: {"env_steps": 7})
+    # the collector's counters now: newer than any snapshot's (they must not be recorded)
+    topo = SimpleNamespace(cfg=cfg, trainable=lambda: [], read_counters=lambda: {"env_steps": 9999})
     ctx = Ctx()
     return process.Checkpointer(topo, ctx), ctx  # type: ignore[arg-type]
 
 
 def ready(request_id: int, ok: bool = True) -> m.SnapshotReady:
-    return m.SnapshotReady(request_id, {}, {"default": 5}, ok, "" if ok else "disk on fire")
+    return m.SnapshotReady(request_id, {}, {"default": 5}, ok, "" if ok else "disk on fire",
+                           {"env_steps": 7, "episodes": 2})
 
 
 def test_requests_while_a_snapshot_is_in_flight_wait_and_share_the_next_checkpoint(tmp_path):
@@ -73,3 +75,15 @@ def test_a_failed_or_unanswered_snapshot_fails_its_requests_and_the_next_go_on(t
     cp.expire()                                                           # the learner never answered 2
     assert [(d.request_id, d.ok) for d in ctx.take(m.CheckpointDone)] == [(2, False)]
     assert [r.request_id for r in ctx.take(m.SnapshotRequest)] == [3]
+
+
+def test_a_checkpoint_records_the_counters_of_its_snapshot_not_newer_ones(tmp_path):
+    """The collector goes on counting between the learner's snapshot and the write: the
+    manifest holds the counters taken with the weights, so a resume continues from them."""
+    cp, ctx = checkpointer(tmp_path)
+    cp.on_request(m.CheckpointRequest(1, "timer"))
+    cp.on_snapshot(ready(1))
+    done = ctx.take(m.CheckpointDone)
+    assert [d.ok for d in done] == [True]
+    ckpt = store.verify(store.checkpoints_dir(tmp_path) / "ckpt-000001")
+    assert ckpt.counters == {"env_steps": 7, "episodes": 2} and ckpt.weights_seq_no == 5

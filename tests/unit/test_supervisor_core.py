@@ -19,7 +19,7 @@ from rlinkd.daemon.config import (ClusterConfig, DaemonConfig, load_config, relo
 from rlinkd.daemon.errors import ExitCode
 from rlinkd.daemon.roster import ROLES, START_ORDER
 from rlinkd.daemon.supervisor_core import (INTERRUPTED, Exit, Kill, Phase, Send, ShutdownBegun,
-                                           Start, SupervisorCore, reload_target)
+                                           Start, SupervisorCore, drain_exit_code, reload_target)
 
 BUDGET_S = 10.0          # shutdown_timeout_s
 CKPT_DEADLINE_S = 7.0    # 70 % of it for the final checkpoint
@@ -59,6 +59,14 @@ def events(logs, name) -> list[dict]:
     return [e for e in logs if e["event"] == name]
 
 
+def finish_stop(core: SupervisorCore, now: float) -> list[int]:
+    """Past the final checkpoint's phase: Stop sent, every role exits 0; the exit codes."""
+    assert sent(core.tick(now, fresh()), m.Stop)
+    for role in ROLES:
+        core.child_exited(role, 0, now)
+    return exits(core.tick(now, fresh()))
+
+
 # ---------------------------------------------------------------- starting
 def test_start_all_in_start_order_learner_first():
     core = SupervisorCore(DaemonConfig())
@@ -80,7 +88,7 @@ def test_graceful_stop_drain_checkpoint_stop_exit_0(signal_name):
     rid = final_request_id(actions)
     assert core.phase is Phase.CHECKPOINT and core.stopping == reason
     assert core.tick(101.0, fresh()) == []                  # waiting for the final checkpoint
-    core.checkpoint_finished(rid)
+    core.checkpoint_finished(rid, None)
     actions = core.tick(101.5, fresh())
     assert sent(actions, m.Stop) == [(role, m.Stop(reason)) for role in START_ORDER]
     assert core.phase is Phase.STOP
@@ -107,9 +115,9 @@ def test_other_checkpoints_do_not_end_the_wait_for_the_final_one():
     [(_, periodic)] = sent(core.request_checkpoint("periodic"), m.CheckpointRequest)
     rid = final_request_id(core.terminate(0.0))
     assert rid != periodic.request_id
-    core.checkpoint_finished(periodic.request_id)
+    core.checkpoint_finished(periodic.request_id, None)
     assert core.tick(1.0, fresh()) == []
-    core.checkpoint_finished(rid)
+    core.checkpoint_finished(rid, None)
     assert sent(core.tick(1.1, fresh()), m.Stop)
 
 
@@ -162,29 +170,91 @@ def test_writers_already_dead_no_final_checkpoint_is_asked():
 def test_undeliverable_final_checkpoint_moves_on_at_once():
     core = make_core()
     rid = final_request_id(core.terminate(0.0))
-    core.checkpoint_finished(rid)                            # what the shell does on a full inbox
+    core.checkpoint_finished(rid, "checkpointer inbox full")  # what the shell does on a full inbox
     assert sent(core.tick(0.01, fresh()), m.Stop)
 
 
 def test_deadline_kills_only_the_roles_still_running_and_exits():
     core = make_core()
-    core.checkpoint_finished(final_request_id(core.terminate(100.0)))
+    core.checkpoint_finished(final_request_id(core.terminate(100.0)), None)
     core.tick(101.0, fresh())                                # Stop sent
     for role in ("learner", "connector", "checkpointer", "inference"):
         core.child_exited(role, 0, 102.0)
     assert core.tick(100.0 + BUDGET_S - 0.01, fresh()) == []
     with capture_logs() as logs:
         actions = core.tick(100.0 + BUDGET_S, fresh())
-    assert actions == [Kill("collector", signal.SIGKILL), Exit(0)]
+    assert actions == [Kill("collector", signal.SIGKILL), Exit(ExitCode.DRAIN_KILLED)]
     assert [e["child"] for e in events(logs, "child_killed_at_deadline")] == ["collector"]
+    [line] = events(logs, "drain_incomplete")
+    assert line["log_level"] == "error" and line["killed"] == ["collector"]
+    assert line["final_checkpoint"] == "written" and not events(logs, "stopped")
     assert core.tick(200.0, fresh()) == []
+
+
+# ---------------------------------------------------------------- the exit code of a stop
+@pytest.mark.parametrize("pending, failure, killed, code", [
+    (ExitCode.OK, None, [], ExitCode.OK),
+    (ExitCode.OK, "disk full", [], ExitCode.DRAIN_NO_CHECKPOINT),
+    (ExitCode.OK, None, ["collector"], ExitCode.DRAIN_KILLED),
+    (ExitCode.OK, "disk full", ["collector"], ExitCode.DRAIN_NO_CHECKPOINT),  # the state lost first
+    (ExitCode.CRASH_LOOP, "disk full", ["learner"], ExitCode.CRASH_LOOP),    # why it stopped wins
+    (ExitCode.BOOT_ERROR, None, [], ExitCode.BOOT_ERROR)])
+def test_drain_exit_code(pending, failure, killed, code):
+    assert drain_exit_code(pending, failure, killed) == code
+
+
+def test_the_exit_codes_of_an_incomplete_drain_are_distinct_and_not_success():
+    codes = {int(c) for c in ExitCode}
+    assert len(codes) == len(ExitCode) and ExitCode.DRAIN_NO_CHECKPOINT != ExitCode.DRAIN_KILLED
+    assert {ExitCode.DRAIN_NO_CHECKPOINT, ExitCode.DRAIN_KILLED}.isdisjoint({0, INTERRUPTED})
+
+
+def test_a_failed_final_checkpoint_exits_74_with_one_error_line_naming_why():
+    core = make_core()
+    rid = final_request_id(core.terminate(100.0))
+    core.checkpoint_finished(rid, "[Errno 20] Not a directory: 'checkpoints'")
+    with capture_logs() as logs:
+        assert finish_stop(core, 101.0) == [ExitCode.DRAIN_NO_CHECKPOINT]
+    [line] = [e for e in logs if e["log_level"] == "error"]
+    assert line["event"] == "drain_incomplete" and line["exit_code"] == 74 and line["killed"] == []
+    assert line["final_checkpoint"] == "[Errno 20] Not a directory: 'checkpoints'"
+
+
+def test_a_final_checkpoint_past_its_deadline_exits_74_unless_it_is_written_after_all():
+    core = make_core()
+    final_request_id(core.terminate(100.0))
+    assert sent(core.tick(100.0 + CKPT_DEADLINE_S, fresh()), m.Stop)  # timed out: Stop sent
+    assert core.final_failure == f"not written within {CKPT_DEADLINE_S:g} s"
+    late = make_core()
+    late_rid = final_request_id(late.terminate(100.0))
+    late.tick(100.0 + CKPT_DEADLINE_S, fresh())
+    late.checkpoint_finished(late_rid, None)                 # written while the roles stop
+    for c in (core, late):
+        for role in ROLES:
+            c.child_exited(role, 0, 108.0)
+    assert exits(core.tick(108.0, fresh())) == [ExitCode.DRAIN_NO_CHECKPOINT]
+    assert exits(late.tick(108.0, fresh())) == [0]
+
+
+@pytest.mark.parametrize("before_the_stop", [True, False])
+def test_writers_not_running_at_the_stop_exit_74(before_the_stop):
+    core = make_core()
+    if before_the_stop:
+        core.child_exited("learner", 1, 0.0)                 # crashed: restart scheduled
+    core.terminate(0.2)
+    if not before_the_stop:
+        core.child_exited("checkpointer", -9, 0.3)
+    with capture_logs() as logs:
+        assert finish_stop(core, 0.4) == [ExitCode.DRAIN_NO_CHECKPOINT]
+    [line] = events(logs, "drain_incomplete")
+    assert "learner or the checkpointer" in line["final_checkpoint"]
 
 
 def test_deadline_exit_keeps_the_pending_code():
     core = make_core(crash_loop_restarts=1)
     core.child_exited("connector", 1, 0.0)
     core.child_exited("connector", 1, 1.0)                   # crash loop: graceful stop, code 4
-    core.checkpoint_finished(core.final_ckpt_id)
+    core.checkpoint_finished(core.final_ckpt_id, None)
     core.tick(1.0, fresh())
     assert exits(core.tick(1.0 + BUDGET_S, fresh())) == [ExitCode.CRASH_LOOP]
 
@@ -195,7 +265,7 @@ def test_second_sigint_forces_exit_130_in_any_shutdown_phase(phase_steps):
     core = make_core()
     rid = final_request_id(core.interrupt(0.0))
     if phase_steps:
-        core.checkpoint_finished(rid)
+        core.checkpoint_finished(rid, None)
         core.tick(0.1, fresh())
         assert core.phase is Phase.STOP
     with capture_logs() as logs:
@@ -405,7 +475,17 @@ def test_a_full_checkpointer_inbox_fails_the_request_at_once(shell):
     assert time.monotonic() - t0 < 1.0                        # no 5-second blocking send
     assert shell.core.final_ckpt_id is None and shell.undelivered_messages == 1
     assert events(logs, "checkpoint_failed")[0]["reason"] == "shutdown"
+    assert "inbox full" in (shell.core.final_failure or "")  # the exit code will say so
     assert sent(shell.core.tick(t0 + 0.01, fresh()), m.Stop)
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_the_final_checkpoints_outcome_reaches_the_core(shell, ok):
+    with capture_logs():
+        rid = final_request_id(shell.core.terminate(time.monotonic()))
+        shell.on_checkpoint_done(m.CheckpointDone(rid, "shutdown", ok, "/c" if ok else "", 3,
+                                                  "" if ok else "No space left on device"))
+    assert shell.core.final_failure == (None if ok else "No space left on device")
 
 
 def test_a_full_inbox_is_counted_and_logged_not_waited_on(shell):
@@ -465,6 +545,9 @@ def test_a_rank_other_than_0_writes_no_checkpoint_periodic_usr1_or_final():
     assert sent(actions, m.CheckpointRequest) == [] and sent(actions, m.Drain)
     stop = core.tick(100.1, fresh())  # no final checkpoint to wait for: straight to Stop
     assert {target for target, _ in sent(stop, m.Stop)} == set(ROLES)
+    for role in ROLES:
+        core.child_exited(role, 0, 100.2)
+    assert exits(core.tick(100.2, fresh())) == [0]  # no checkpoint was due: a complete drain
 
 
 def test_a_signal_during_preparation_is_queued_and_the_handlers_restored(tmp_path, monkeypatch):

@@ -48,3 +48,14 @@ def test_unit_has_the_promised_settings():
                  "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6", "WatchdogSec=",
                  "DeviceAllow=char-nvidia-frontend rw", "ExecReload="):
         assert line in text, line
+
+
+def test_an_incomplete_drain_fails_the_unit_and_is_not_restarted():
+    """A stop whose final checkpoint was not written (or whose roles were killed) must show
+    as failed: neither code is a success, and a daemon told to stop is not restarted."""
+    from rlinkd.daemon.errors import ExitCode
+    lines = UNIT.read_text().splitlines()
+    assert not [line for line in lines if line.startswith("SuccessExitStatus")]
+    [prevent] = [line for line in lines if line.startswith("RestartPreventExitStatus=")]
+    codes = {int(c) for c in prevent.split("=", 1)[1].split()}
+    assert {ExitCode.DRAIN_NO_CHECKPOINT, ExitCode.DRAIN_KILLED, ExitCode.CONFIG, ExitCode.BOOT_ERROR} == codes

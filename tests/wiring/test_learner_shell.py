@@ -90,6 +90,19 @@ def test_reload_changes_what_the_next_batch_trains_with(shell):
     assert shell.default.learner.optimizer.param_groups[0]["lr"] == 0.005
 
 
+def test_a_snapshot_carries_the_counters_read_with_it(shell):
+    """The collector's counters travel with the snapshot, read when the state was serialised:
+    ones counted after it (before the checkpointer writes) belong to newer weights."""
+    shell.boot()
+    shell.topo.write_counters({"env_steps": 640, "episodes": 3})
+    shell.on_snapshot_request(m.SnapshotRequest(4))
+    shell.topo.write_counters({"env_steps": 704, "episodes": 4})  # the collector goes on
+    (ready,) = [msg for msg in shell.topo.inboxes["checkpointer"].drain()
+                if isinstance(msg, m.SnapshotReady)]
+    assert ready.ok and ready.request_id == 4 and ready.seq_nos == {"default": shell.seq_no}
+    assert ready.counters == {"env_steps": 640, "episodes": 3}
+
+
 def test_a_dqn_learner_trains_from_the_replay_and_a_successor_keeps_its_buffer(tmp_path):
     """The replay buffer lives outside the learner: a DQN shell trains from what the
     connector wrote, publishes, and a second shell on the same topology (a restarted
