@@ -227,8 +227,14 @@ def valid_fragment(rng: random.Random, steps: int = 8) -> codec.EpisodeFragment:
                                  rewards=np.ones(steps), is_terminated=True, is_truncated=False)
 
 
+ROUND_PAUSE_S = 0.05
+"""Between a valid client's round trips: ~20 a second show the daemon serving while it is
+fuzzed; back to back they would keep the learner training all the time, for nothing."""
+
+
 class ValidClient(threading.Thread):
-    """PING / GET_CONFIG / (EPISODES_AND_GET_STATE | GET_STATE) round trips until stopped."""
+    """PING / GET_CONFIG / (EPISODES_AND_GET_STATE | GET_STATE) round trips until stopped,
+    ``ROUND_PAUSE_S`` apart."""
 
     def __init__(self, address: str, episodes: bool = True, seed: int = 0) -> None:
         super().__init__(daemon=True)
@@ -253,6 +259,7 @@ class ValidClient(threading.Thread):
                     assert state.weights_seq_no >= 0 and state.onnx_file, state.weights_seq_no
                     self.max_round_s = max(self.max_round_s, time.monotonic() - start)
                     self.rounds += 1
+                    self.stop_event.wait(ROUND_PAUSE_S)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
 
