@@ -78,26 +78,26 @@ static rlk_status attach_case(rlk_local *l, const char *s, const rlk_jtok *t, ch
     return RLK_OK;
 }
 
-/* steps of the loop until `until` (rlk_now clock); obs cycles through the case's m observations. */
+/* Steps of the loop until the first sample after `until` (rlk_now clock); obs cycles through
+ * the case's m observations. Returns -1 on a refused call (none is expected). */
 static long run_loop(rlk_local *l, const float *obs, size_t m, long episode_steps, double until) {
     size_t os = l->sp.obs_size, at = 0;
     float action[8], reward = 1.0f;
     unsigned char term = 0, trunc = 0;
     long steps = 0;
     int due, ended;
-    rlk_local_act(l, 1, obs, action);
-    for (;;) {
+    for (;;) {  /* (rlk_client's rlk_act, then rlk_step: outcomes staged, sample, next actions) */
+        if (rlk_local_act(l, 1, obs + at * os, action) != RLK_OK) return -1;
         at = (at + 1) % m;
         trunc = (unsigned char)(++steps % episode_steps == 0);
-        if (!rlk_local_room(l, 1)) rlk_local_drop(l);  /* (not reached: a sample is far below the room) */
-        rlk_local_step(l, 1, &reward, obs + at * os, &term, &trunc, &due, &ended);
+        if (!rlk_local_room(l, 1)) return -1;  /* (a sample is far below the room) */
+        if (rlk_local_step(l, 1, &reward, obs + at * os, &term, &trunc, &due, &ended) != RLK_OK) return -1;
         if (due) {  /* rlk_client: cut, write into the ring, SAMPLE_READY / WEIGHTS_READY */
             rlk_local_cut(l);
             rlk_local_drop(l);
-            if (rlk_now() > until) return steps;
         }
         rlk_local_next(l, 1);
-        rlk_local_act(l, 1, obs + at * os, action);
+        if (due && rlk_now() > until) return steps;
     }
 }
 
@@ -123,10 +123,14 @@ int main(int argc, char **argv) {
         return 3;
     }
     long episode_steps = (long)num(s, t, "episode_steps");
-    run_loop(l, obs, no / sp.obs_size, episode_steps, 0.0);  /* (warm-up: one sample) */
+    long steps = run_loop(l, obs, no / sp.obs_size, episode_steps, 0.0);  /* (warm-up: one sample) */
     double t0 = rlk_now();
-    long steps = run_loop(l, obs, no / sp.obs_size, episode_steps, t0 + atof(argv[2]));
+    if (steps > 0) steps = run_loop(l, obs, no / sp.obs_size, episode_steps, t0 + atof(argv[2]));
     double elapsed = rlk_now() - t0;
+    if (steps <= 0) {
+        fprintf(stderr, "a call of the loop was refused\n");
+        return 4;
+    }
     printf("{\"steps_per_s\": %.1f, \"steps\": %ld, \"seconds\": %.4f}\n", (double)steps / elapsed, steps, elapsed);
     rlk_local_free(l);
     free(obs);
