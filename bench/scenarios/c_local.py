@@ -3,19 +3,20 @@ against GRU and LSTM, beside numpy's interpreter of the same network.
 
     python -m bench.scenarios.c_local [--runs 5] [--size 64] [--seconds 2] [--quick] [--out FILE]
 
-No daemon: bench/drivers/local_loop.c (built here against the C client's library, -O2) runs
-the client's rlk_local, what ``rlk_client`` runs with ``--inference client`` over shared memory
-(batched forward of client_lib/c/src/rlk_mlp.c, action draw, state carry, each step staged as
-a record), for one agent on a CartPole-sized policy (Box(4,) observation, Discrete(2) action,
-the default 64x64 trunk; for a recurrent policy an LSTM or GRU cell of hidden size ``--size``
-after it, ``max_seq_len`` 20), on a cycle of fixed observations, reward 1, episodes of 200
-steps, a sample every 256 steps whose records are dropped where the client writes them into
-its ring and waits for the daemon. The peer, in the same run: the Python client's client-side
-inference on the same network and weights (``client_lib.policy.BoardPolicy`` — NumpyNet, one
-BLAS thread — and ``ActionChooser``, the state carried from step to step), one agent, the same
-observations; it stages no records (its act alone). ``--runs`` runs of each (cell, arm) of
-about ``--seconds``, interleaved (cells in turn, the arms' order alternating per run).
-Per cell and arm the median steps/s and the spread (min - max), and C's ratio to numpy.
+No daemon: bench/drivers/local_loop.c (built here against the C client's library, -O2) runs the
+client's rlk_local, what ``rlk_client`` runs with ``--inference client`` over shared memory
+(batched forward of client_lib/c/src/rlk_mlp.c, action draw, state carry, each step staged as a
+record), for one agent on a CartPole-sized policy (Box(4,) observation, Discrete(2) action, the
+default 64x64 trunk; for a recurrent policy an LSTM or GRU cell of hidden size ``--size``
+between the normalised observation and the trunk, ``max_seq_len`` 20), on a cycle of fixed
+observations, reward 1, episodes of 200 steps, a sample every 256 steps whose records are
+dropped where the client writes them into its ring and waits for the daemon. The peer, in the
+same run: the Python client's client-side inference on the same network and weights
+(``client_lib.policy.BoardPolicy`` — NumpyNet, one BLAS thread — and ``ActionChooser``, the
+state carried from step to step), one agent, the same observations; it stages no records (its
+act alone). ``--runs`` runs of each (cell, arm) of about ``--seconds``, interleaved (cells in
+turn, the arms' order alternating per run). Per cell and arm the median steps/s and the spread
+(min - max), and C's ratio to numpy.
 Writes bench/results/c_local.json.
 """
 from __future__ import annotations
