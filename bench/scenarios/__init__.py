@@ -56,6 +56,8 @@ SUITE = {
                           ("--quick", "--out", "{results}/native_ab-quick.json")),
     "recurrent_step_ab": Scenario("bench.scenarios.recurrent_step_ab", "recurrent_step_ab.json", ("--runs", "7"),
                                   ("--quick", "--out", "{results}/recurrent_step_ab-quick.json")),
+    "c_local": Scenario("bench.scenarios.c_local", "c_local.json", ("--runs", "5"),
+                        ("--quick", "--out", "{results}/c_local-quick.json")),
     "c_client": Scenario("bench.scenarios.c_client", "c_client.json", ("--runs", "{runs}"),
                          ("--quick", "--out", "{results}/c_client-quick.json")),
     "lunar": Scenario("bench.scenarios.lunar", "lunar.json", ("--runs", "{runs}"),
