@@ -902,7 +902,9 @@ def reloadable_changes(old: Config, new: Config) -> tuple[dict[str, Any], list[s
     would build it: merged over the global section) and the names of changed keys that need
     a restart (logged, not applied): ``ppo.gamma``, ``policies.red.ppo.hidden_sizes``,
     ``policies.red.ppo`` (a table added or removed), ``policies.blue`` (a policy added or
-    removed), ``policy_mapping``.
+    removed), ``policy_mapping``. A policy that gains its own table for a section has run on
+    the global one: that section's global keys then need a restart too (applied, they would
+    reach it, a value the new file does not give it).
     """
     applied: dict[str, Any] = {}
     ignored: list[str] = []
@@ -916,7 +918,19 @@ def reloadable_changes(old: Config, new: Config) -> tuple[dict[str, Any], list[s
             _diff(f"policies.{name}", a, b, applied, ignored)
     if old.policy_mapping != new.policy_mapping:
         ignored.append("policy_mapping")
+    for section in _tables_gained(old, new):
+        for key in [k for k in applied if k.startswith(f"{section}.")]:
+            ignored.append(key)
+            del applied[key]
     return applied, ignored
+
+
+def _tables_gained(old: Config, new: Config) -> set[str]:
+    """The sections (``ppo``, ``dqn``, ``sac``) for which a policy present in both configs
+    has its own table in ``new`` and none in ``old``."""
+    return {section for name, b in new.policies.items() if (a := old.policies.get(name))
+            for section in POLICY_SUBSECTIONS
+            if getattr(a, section) is None and getattr(b, section) is not None}
 
 
 def _diff(prefix: str, a: Any, b: Any, applied: dict[str, Any], ignored: list[str]) -> None:
@@ -946,11 +960,14 @@ def reloadable_values(cfg: Config) -> dict[str, Any]:
 
 def apply_changes(cfg: Config, changes: dict[str, Any]) -> Config:
     """Return ``cfg`` with the dotted-key ``changes`` applied (used after a reload):
-    ``section.key`` or ``policies.NAME.section.key`` (a sub-table the policy has)."""
+    ``section.key`` or ``policies.NAME.section.key``; ConfigError for a policy ``cfg`` lacks
+    or a sub-table that policy does not have (a reload is computed against this config)."""
     for dotted, value in changes.items():
         *path, key = dotted.split(".")
         if path[0] == "policies":
-            policy = cfg.policies[path[1]]
+            policy = cfg.policies.get(path[1])
+            if policy is None or getattr(policy, path[2], None) is None:
+                raise ConfigError(f"{dotted}: no such policy table in the running config")
             policy = dataclasses.replace(policy, **{path[2]: dataclasses.replace(
                 getattr(policy, path[2]), **{key: value})})
             cfg = dataclasses.replace(cfg, policies={**cfg.policies, path[1]: policy})

@@ -276,7 +276,8 @@ class SupervisorCore:
             log.info("stopped", exit_code=code)
         else:
             lost = self.final_failure is not None
-            log.error("drain_incomplete", exit_code=code, final_checkpoint=self.final_failure or "written",
+            log.error("drain_incomplete", exit_code=code, final_checkpoint=self.final_failure or (
+                          "written" if self.writes_checkpoints else "not due"),
                       killed=self.killed, message="stopped, but the final checkpoint was not written"
                       if lost else "stopped, but roles had to be killed at the deadline")
         return self._exit(code)

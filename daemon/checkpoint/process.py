@@ -20,7 +20,7 @@ from rlinkd.client_lib.protocol.policy_spec import OnnxWeightWriter
 from rlinkd.daemon import messages as m
 from rlinkd.daemon.checkpoint import store
 from rlinkd.daemon.config import Config, apply_changes, to_toml
-from rlinkd.daemon.errors import CheckpointError, ExitCode
+from rlinkd.daemon.errors import CheckpointError, ConfigError, ExitCode
 from rlinkd.daemon.export import POLICY_FILE, policy_description
 from rlinkd.daemon.log import reload_level
 from rlinkd.daemon.roles import RoleContext
@@ -152,7 +152,10 @@ class Checkpointer:
 
     def on_reload(self, msg: m.Reload) -> None:
         reload_level(msg.changes, "checkpointer")
-        self.cfg = apply_changes(self.cfg, msg.changes)
+        try:
+            self.cfg = apply_changes(self.cfg, msg.changes)
+        except ConfigError as exc:  # (the supervisor computes reloads against this config)
+            log.error("reload_not_applied", error=str(exc))
 
     def router(self) -> m.Router:
         return m.Router("checkpointer", {m.CheckpointRequest: self.on_request,

@@ -368,6 +368,27 @@ def test_a_policys_other_changes_are_named_as_needing_a_restart(tmp_path, red, b
     assert reloadable_changes(old, removed) == ({}, ["policies.blue"])
 
 
+def test_a_table_gained_holds_back_its_sections_global_keys(tmp_path):
+    """blue gains [policies.blue.ppo] while [ppo] lr changes: blue ran on [ppo], so applying
+    ppo.lr would give it a value the new file does not (a restart gives it its table's): the
+    global ppo keys need a restart too; other sections' keys still apply."""
+    from rlinkd.daemon.policies import reloaded_sections
+    old = load_text(tmp_path, RED_BLUE.format(red="", blue="") + "[dqn]\nlr = 0.001\n")
+    new = load_text(tmp_path, RED_BLUE.format(red="", blue="[policies.blue.ppo]\nlr = 0.02\n")
+                    .replace("[ppo]\nlr = 0.001", "[ppo]\nlr = 0.005") + "[dqn]\nlr = 0.002\n")
+    applied, ignored = reloadable_changes(old, new)
+    assert applied == {"dqn.lr": 0.002}
+    assert sorted(ignored) == ["policies.blue.ppo", "ppo.lr"]
+    assert reloaded_sections(old, "blue", applied) == {"dqn": {"lr": 0.002}}
+
+
+def test_applying_a_policy_key_the_running_config_lacks_is_a_config_error(tmp_path):
+    cfg = load_text(tmp_path, RED_BLUE.format(red="", blue=""))
+    for key in ("policies.x.ppo.lr", "policies.blue.ppo.lr"):  # no policy x; blue has no table
+        with pytest.raises(ConfigError, match="no such policy table"):
+            apply_changes(cfg, {key: 0.5})
+
+
 def test_policy_reload_keys_are_checked_against_the_declarations(tmp_path):
     """A Reload carries policies.NAME.<section>.<key> when that key is reloadable there;
     status shows the values of each policy's own tables."""
