@@ -102,7 +102,7 @@ bench-report: $(STAMP)
 # the learner-device benchmark (SGD rows/s, CPU and CUDA rows in one run).
 gpu-check: $(STAMP)
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: torch sees no CUDA device')"
-	$(PY) -m pytest -m cuda -q -rs tests/unit/test_learner_graphs.py
+	$(PY) -m pytest -m cuda -q -rs tests/unit/test_learner_graphs.py tests/unit/test_inference_graphs.py
 	$(PY) -m bench.scenarios.learner_device
 
 clean:

@@ -5,7 +5,8 @@ same flat weights and returns dist inputs [N, D] float32; ``tests/unit/test_infe
 checks they agree. ``choose_backend`` times each available backend on batches of 1 and 64 at
 boot and keeps the fastest per batch size: the native interpreter (``netnative``, a compiled
 extension) for small MLP batches, numpy or onnxruntime for large ones and for convolutions,
-torch on CUDA timed beside them when a GPU is present (``inference.backend`` forces one).
+torch on CUDA timed beside them when a GPU is present (``torch_backend``: replayed from a
+captured graph per batch-size bucket; ``inference.backend`` forces one).
 
 ``PolicyRunner`` owns one policy's board: ``refresh`` loads a newer version between batches
 (never during one: a batch never mixes weight versions), ``act`` samples (or takes the mode)
@@ -36,6 +37,7 @@ from rlinkd.client_lib.protocol.policy_spec import ONNX_OUTPUT_NAME, PolicySpec
 from rlinkd.client_lib.protocol.records import obs_columns
 from rlinkd.client_lib.protocol.spaces import Box, Space, field_name
 from rlinkd.daemon.inference import netnative
+from rlinkd.daemon.inference.torch_backend import reloaded, torch_forward, torch_step
 from rlinkd.shm.board import WeightsBoard
 
 log = structlog.get_logger("inference")
@@ -57,23 +59,6 @@ def onnx_forward(spec: PolicySpec, flat: np.ndarray) -> Forward:
                                                      for n, k in names.items()})[0]
 
 
-def torch_forward(spec: PolicySpec, flat: np.ndarray) -> Forward:
-    """The learner's own module on CUDA when there is one, else on the CPU (imports torch)."""
-    import torch
-
-    from rlinkd.daemon.learner.model import ActorCritic
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = ActorCritic(spec).to(device)
-    model.load_flat(flat)
-    model.train(False)
-
-    def run(obs: Mapping[str, np.ndarray]) -> np.ndarray:
-        with torch.inference_mode():
-            x = {k: torch.as_tensor(np.ascontiguousarray(v), device=device) for k, v in obs.items()}
-            return model.dist_inputs(x).float().cpu().numpy()
-    return run
-
-
 def numpy_step(spec: PolicySpec, flat: np.ndarray) -> Step:
     net = NumpyNet(spec, flat, (DIST, STATE_OUT))
 
@@ -91,24 +76,6 @@ def onnx_step(spec: PolicySpec, flat: np.ndarray) -> Step:
         feed = {n: np.ascontiguousarray(obs[k]) for n, k in names.items()}
         dist, state_out = sess.run([ONNX_OUTPUT_NAME, STATE_OUT], {**feed, STATE_IN: state})
         return dist, state_out
-    return run
-
-
-def torch_step(spec: PolicySpec, flat: np.ndarray) -> Step:
-    """The learner's module (as ``torch_forward``) one step at a time (imports torch)."""
-    import torch
-
-    from rlinkd.daemon.learner.model import ActorCritic
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = ActorCritic(spec).to(device)
-    model.load_flat(flat)
-    model.train(False)
-
-    def run(obs: Mapping[str, np.ndarray], state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        with torch.inference_mode():
-            x = {k: torch.as_tensor(np.ascontiguousarray(v), device=device) for k, v in obs.items()}
-            dist, state_out = model.run(x, (DIST, STATE_OUT), torch.as_tensor(state, device=device))
-            return dist.float().cpu().numpy(), state_out.float().cpu().numpy()
     return run
 
 
@@ -181,8 +148,10 @@ def time_backend(forward: Forward, obs: Mapping[str, np.ndarray], repeats: int =
     """Median seconds of one call, each after a pass over 1 MB of other data: in the role a
     forward pass runs between lane scans and bookkeeping, not back to back, and timed back to
     back onnxruntime's batch-1 call looked 2 us faster than numpy's while a whole serving turn
-    was ~8 us slower with it (measured in-process: 50 against 41 us per lone request)."""
-    forward(obs)  # warm up
+    was ~8 us slower with it (measured in-process: 50 against 41 us per lone request).
+    The torch backend on CUDA captures the batch size's graph in the warm-up call, so the
+    calls timed are the graph replays it serves with (``cuda_graphs``)."""
+    forward(obs)  # warm up (and capture)
     runs = []
     for _ in range(repeats):
         _SCRATCH.sum()
@@ -317,10 +286,12 @@ class PolicyRunner:
                  timings_us={k: round(v * 1e6, 1) for k, v in self.timings.items()}, **recurrent)
 
     def _load_forwards(self) -> None:
-        small = MAKERS[self.backends[0]](self.spec, self.flat)
+        old = self.forwards or (None, None)
+        small = reloaded(old[0], MAKERS[self.backends[0]], self.spec, self.flat)
         if not self.batch1_s:  # (timed by choose_backend, unless the backend was forced)
             self.batch1_s = self.timings.get(f"{self.backends[0]}@1") or time_backend(small, self._sample_obs(1))
-        large = small if self.backends[1] == self.backends[0] else MAKERS[self.backends[1]](self.spec, self.flat)
+        large = small if self.backends[1] == self.backends[0] else \
+            reloaded(old[1], MAKERS[self.backends[1]], self.spec, self.flat)
         self.forwards = (small, large)
         # (the native net behind a batch-1 forward: a lone request's native step runs it)
         self.native_small = getattr(small, "__self__", None) if self.backends[0] == "native" else None
@@ -328,12 +299,14 @@ class PolicyRunner:
     def _load_steps(self) -> None:
         """A recurrent policy's steps (``native_small`` stays None: the native lone step
         keeps no state, lonestep.py)."""
-        small = STEP_MAKERS[self.backends[0]](self.spec, self.flat)
+        old = self.steps or (None, None)
+        small = reloaded(old[0], STEP_MAKERS[self.backends[0]], self.spec, self.flat)
         if not self.batch1_s:  # (the serving turn's gather wait is scaled by it)
             zeros = np.zeros((1, self.spec.state_size), np.float32)
             self.batch1_s = (self.timings.get(f"{self.backends[0]}@1")
                              or time_backend(lambda obs: small(obs, zeros)[0], self._sample_obs(1)))
-        large = small if self.backends[1] == self.backends[0] else STEP_MAKERS[self.backends[1]](self.spec, self.flat)
+        large = small if self.backends[1] == self.backends[0] else \
+            reloaded(old[1], STEP_MAKERS[self.backends[1]], self.spec, self.flat)
         self.steps = (small, large)
 
     def _sample_obs(self, rows: int) -> Mapping[str, np.ndarray]:

@@ -29,11 +29,18 @@ def minibatch_of(definition: PolicyDef) -> int:
     return definition.ppo.minibatch_size
 
 
+def steps_graphed(cfg: Config) -> bool:
+    """Whether the learners may capture their SGD step (on CUDA): not in a job ([cluster]
+    world_size > 1), whose learners step eagerly because a graph cannot hold the collective."""
+    return cfg.cluster.world_size == 1
+
+
 def place(definition: PolicyDef, cfg: Config, time_fn: TimeFn | None = None,
           cuda_count: int | None = None) -> DeviceChoice:
     """The device ``definition``'s policy trains on, logged (``learner_device``); BootError
     naming ``learner.device`` when a fixed device does not exist here. ``time_fn`` and
-    ``cuda_count`` default to the real step timing and torch's device count (tests inject)."""
+    ``cuda_count`` default to the real step timing and torch's device count (tests inject).
+    The step timed is the one the learner will run: captured alone, eager in a job."""
     count = torch.cuda.device_count() if cuda_count is None else cuda_count
     name, threads = cfg.learner.device, cfg.learner.torch_threads
     if name != "auto":
@@ -42,23 +49,26 @@ def place(definition: PolicyDef, cfg: Config, time_fn: TimeFn | None = None,
         except DeviceUnavailable as exc:
             raise BootError(str(exc)) from None
     else:
-        minibatch = minibatch_of(definition)
-        timer = time_fn or (lambda device: _timed(definition, minibatch, device, threads))
-        key = cache_key(definition.spec.to_json(), minibatch, host_signature(threads))
+        minibatch, graphs = minibatch_of(definition), steps_graphed(cfg)
+        timer = time_fn or (lambda device: _timed(definition, minibatch, device, threads, graphs))
+        network = definition.spec.to_json() if graphs else [definition.spec.to_json(), "eager"]
+        key = cache_key(network, minibatch, host_signature(threads))
         choice = choose(candidates(count), timer, ChoiceCache(cfg.state_dir / CACHE_FILE), key)
     log.info("learner_device", policy=definition.name, device=choice.device, how=choice.how,
              step_s=choice.step_s or None)
     return choice
 
 
-def _timed(definition: PolicyDef, minibatch: int, device: str, threads: int) -> float:
-    """Seconds per SGD step on ``device``; inf (logged) when a GPU fails to run it (out of
-    memory, a driver error): the policy then trains on the CPU rather than not at all. A
-    failure on the CPU is a BootError naming ``learner.device`` (a restart would fail alike)."""
+def _timed(definition: PolicyDef, minibatch: int, device: str, threads: int,
+           graphs: bool) -> float:
+    """Seconds per SGD step on ``device`` (captured on CUDA when ``graphs``); inf (logged)
+    when a GPU fails to run it (out of memory, a driver error): the policy then trains on the
+    CPU rather than not at all. A failure on the CPU is a BootError naming ``learner.device``
+    (a restart would fail alike)."""
     if threads > 0:
         torch.set_num_threads(threads)
     try:
-        return time_sgd_step(definition.spec, minibatch, device)
+        return time_sgd_step(definition.spec, minibatch, device, graphs=graphs)
     except Exception as exc:  # (the timing boundary: any failure decides, never crashes)
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if device == "cpu":

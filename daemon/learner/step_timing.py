@@ -31,10 +31,11 @@ TIMED_STEPS = 5
 
 
 def time_sgd_step(spec: PolicySpec, minibatch: int, device: str,
-                  steps: int = TIMED_STEPS) -> float:
+                  steps: int = TIMED_STEPS, graphs: bool = True) -> float:
     """Median seconds of ``steps`` SGD steps (after WARMUP_STEPS) on ``device``, run as the
     learner runs them there: on CUDA a captured graph (see ``graphed``), except for a
-    recurrent network, whose steps (truncated BPTT over chunks) the learner runs eagerly."""
+    recurrent network, whose steps (truncated BPTT over chunks) the learner runs eagerly,
+    and when ``graphs`` is False (a job's learner, whose step holds a collective)."""
     dev = torch.device(device)
     model = ActorCritic(spec).to(dev)
     opt = Adam(model.parameters(), lr=1e-4, eps=1e-5)
@@ -49,7 +50,7 @@ def time_sgd_step(spec: PolicySpec, minibatch: int, device: str,
         opt.step(gate)
         return gate
     run = make_stepper(dev, step, [opt.flat, opt.grad, opt.m, opt.v, opt.step_t],
-                       graphs=not spec.state_size, what="device timing").bind(data, minibatch)
+                       graphs=graphs and not spec.state_size, what="device timing").bind(data, minibatch)
     idx = torch.arange(minibatch, device=dev)
     times = []
     for i in range(WARMUP_STEPS + steps):

@@ -87,7 +87,7 @@ def test_a_device_that_could_not_be_timed_loses_and_is_not_cached(tmp_path):
 def test_a_gpu_failing_its_timing_places_the_policy_on_the_cpu(tmp_path, monkeypatch):
     from rlinkd.daemon.learner import placement
 
-    def failing(spec, minibatch, device):
+    def failing(spec, minibatch, device, graphs=True):
         if device != "cpu":
             raise RuntimeError("CUDA error: out of memory\ndetails")
         return 0.01
@@ -126,6 +126,28 @@ def test_each_policy_is_placed_by_its_own_timing(tmp_path):
                                      "device_step_s": {"cpu": 0.004, "cuda:0": 0.002}}
 
 
+def test_a_job_times_the_eager_step_its_learners_run(tmp_path, monkeypatch):
+    """A job's learners step eagerly (a graph cannot hold the collective): a GPU that is
+    faster only when its step is captured trains a daemon alone, not a job's rank; the two
+    timings are cached apart."""
+    from rlinkd.daemon.learner import placement
+    timed = []
+
+    def timing(spec, minibatch, device, graphs=True):
+        timed.append((device, graphs))
+        return {"cpu": 1.0, "cuda:0": 0.5 if graphs else 2.0}[device]
+    monkeypatch.setattr(placement, "time_sgd_step", timing)
+    monkeypatch.setattr(placement, "host_signature", lambda threads: "h")
+    state = tmp_path / "s"
+    state.mkdir()
+    alone = load_config(None, [("daemon", "state_dir", str(state))])
+    job = load_config(None, [("daemon", "state_dir", str(state)), ("cluster", "world_size", 2),
+                             ("cluster", "rank", 1)])
+    assert place(policy_defs(alone)["default"], alone, cuda_count=1).device == "cuda:0"
+    assert place(policy_defs(job)["default"], job, cuda_count=1).device == "cpu"
+    assert timed == [("cpu", True), ("cuda:0", True), ("cpu", False), ("cuda:0", False)]
+
+
 def test_a_fixed_device_the_host_lacks_is_a_boot_error(tmp_path):
     cfg, defs = two_policies(tmp_path, "cuda")
     with pytest.raises(BootError, match=r"^learner.device = 'cuda'"):
@@ -156,7 +178,7 @@ def test_a_recurrent_policy_is_timed_over_chunks_with_the_real_function(tmp_path
 def test_a_cpu_timing_that_fails_is_a_boot_error_not_a_crash(tmp_path, monkeypatch):
     from rlinkd.daemon.learner import placement
 
-    def broken(spec, minibatch, device):
+    def broken(spec, minibatch, device, graphs=True):
         raise ValueError("a network the timing cannot run")
     monkeypatch.setattr(placement, "time_sgd_step", broken)
     cfg, defs = two_policies(tmp_path)

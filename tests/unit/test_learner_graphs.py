@@ -5,7 +5,8 @@ with the reason), and a step copies no constant to the device (counted: such a c
 captured). With CUDA (marker ``cuda``, ``make gpu-check``): graphed and eager updates give the
 same weights within ATOL/RTOL, an MLP and a network with convolutions among them, DQN and SAC
 with a composite observation (a one-hot leaf); a checkpoint round trip; a reload mid-run
-copies into the graph's tensors without recapture; a new batch shape is captured anew.
+copies lr and ent_coef into the graph's tensors without recapture
+(compared with a learner built with that ent_coef); a new batch shape is captured anew.
 """
 from __future__ import annotations
 
@@ -205,19 +206,32 @@ def test_a_graphed_checkpoint_resumes_exactly_and_on_the_cpu():
 @pytest.mark.cuda
 @cuda
 def test_a_reload_mid_run_is_copied_in_without_recapture_and_a_new_shape_is_captured():
-    learner = Learner(CARTPOLE, HP(), device="cuda")
-    data = batches(CARTPOLE, learner, 3)
-    learner.update(data[0])
-    learner.set_hparams(lr=0.0, ent_coef=0.5)
-    frozen = learner.flat_weights()
-    learner.update(data[1])
+    """lr and ent_coef reloaded after the capture: the graph reads both (as a learner built
+    with that ent_coef, resumed from the same state), and a new batch shape is captured anew."""
+    learner = Learner(CARTPOLE, HP(lr=0.0, ent_coef=0.0), device="cuda")
+    data, frozen = batches(CARTPOLE, learner, 3), learner.flat_weights()
+    learner.update(data[0])                               # captured; lr 0: weights unchanged
     np.testing.assert_array_equal(learner.flat_weights(), frozen)
-    learner.set_hparams(lr=1e-3)
-    learner.update(data[2])
+    state = learner.state_dict()
+    learner.set_hparams(lr=1e-3, ent_coef=0.5)
+    for batch in data[1:]:
+        learner.update(batch)
     assert not np.array_equal(learner.flat_weights(), frozen)
+    np.testing.assert_allclose(learner.flat_weights(), built_with(0.5, state, data[1:]), atol=ATOL, rtol=RTOL)
+    assert not np.allclose(learner.flat_weights(), built_with(0.0, state, data[1:]), atol=ATOL, rtol=RTOL)
     assert learner.stepper.captures == 1
     learner.update(make_batch(CARTPOLE, learner, n=256))  # another batch shape: captured anew
     assert learner.stepper.captures == 2
+
+
+def built_with(ent_coef: float, state: dict, data: list[dict]) -> np.ndarray:
+    """The weights after `data` of a graphed learner built with lr 1e-3 and `ent_coef`,
+    resumed from `state`."""
+    learner = Learner(CARTPOLE, HP(lr=1e-3, ent_coef=ent_coef), device="cuda")
+    learner.load_state_dict(state)
+    for batch in data:
+        learner.update(batch)
+    return learner.flat_weights()
 
 
 def replay_weights(learner: DQNLearner | SACLearner) -> list[np.ndarray]:

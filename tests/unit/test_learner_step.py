@@ -101,6 +101,18 @@ def test_a_reload_copies_into_the_device_tensors_the_step_reads():
     learner.set_hparams(lr=1e-3)
     learner.update(make_batch(CARTPOLE, learner))
     assert not np.array_equal(learner.flat_weights(), weights)
+    # and the step read the reloaded ent_coef: as a learner that had it from the start
+    np.testing.assert_array_equal(learner.flat_weights(), reloaded_lr_run(0.25))
+    assert not np.array_equal(learner.flat_weights(), reloaded_lr_run(0.0))  # it matters
+
+
+def reloaded_lr_run(ent_coef: float) -> np.ndarray:
+    """The weights after an update at lr 0 and one at a reloaded lr 1e-3, ent_coef fixed."""
+    learner = Learner(CARTPOLE, HP(lr=0.0, ent_coef=ent_coef), device="cpu")
+    learner.update(make_batch(CARTPOLE, learner))
+    learner.set_hparams(lr=1e-3)
+    learner.update(make_batch(CARTPOLE, learner))
+    return learner.flat_weights()
 
 
 def test_a_non_finite_step_is_skipped_on_the_device():
