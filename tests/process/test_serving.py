@@ -247,7 +247,7 @@ def test_a_vector_client_learns_cartpole_and_survives_an_inference_restart(daemo
 
     def kill_the_role_mid_run() -> int:
         wait_for(lambda: min(len(r) for r in returns.values()) >= 30, LEARN_BUDGET_S,
-                 what=f"30 episodes of each client: {[len(r) for r in returns.values()]}")
+                 what="30 episodes of each client")
         pid = daemon.status()["children"]["inference"]["pid"]
         os.kill(pid, signal.SIGKILL)  # the role dies with every lane's episode
         killed.set()
@@ -459,26 +459,33 @@ def test_step_batch_replies_never_mix_versions_at_sample_boundaries(daemon_facto
 
 
 # ---------------------------------------------------------------- restarts
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
-def test_server_inference_survives_a_learner_and_a_daemon_restart(daemon_factory, transport):
+def test_server_inference_survives_a_learner_and_a_daemon_restart(daemon_factory):
+    """A TCP and a shared-memory server-inference client at once, through a learner SIGKILL
+    and a daemon restart (same port, same state dir): each keeps stepping after each."""
     port = free_port()
     d = daemon_factory("--port", str(port))
-    address = f"tcp://127.0.0.1:{port}" if transport == "tcp" else f"shm:{d.state_dir}"
-    client = BackgroundClient(address, inference="server").start()
-    wait_for(lambda: client.steps > 500 or client.error, 60, what="serving")
+    clients = [BackgroundClient(f"tcp://127.0.0.1:{port}", inference="server").start(),
+               BackgroundClient(f"shm:{d.state_dir}", seed=1, inference="server").start()]
+
+    def each_steps_on(what: str, timeout_s: float) -> None:
+        steps = [c.steps for c in clients]
+        wait_for(lambda: all(c.steps > s + 500 or c.error for c, s in zip(clients, steps)),
+                 timeout_s, what=f"500 more steps of each client {what} (from {steps})")
+
+    each_steps_on("at first", 60)
     learner = d.status()["children"]["learner"]["pid"]
     os.kill(learner, signal.SIGKILL)
     wait_for(lambda: (c := d.status()["children"]["learner"])["alive"] and c["pid"] != learner,
              60, what="learner restarted")
-    steps = client.steps
-    wait_for(lambda: client.steps > steps + 500 or client.error, 60, what="steps after the learner restart")
+    each_steps_on("after the learner restart", 60)
     assert d.stop() == 0
-    steps = client.steps
     d2 = daemon_factory("--port", str(port), name="state")  # same state dir, same port
-    wait_for(lambda: client.steps > steps + 500 or client.error, 90, what="steps after the daemon restart")
-    client.stop()
-    assert client.error is None, repr(client.error)
-    assert client.agent.lost_episodes >= 1
+    each_steps_on("after the daemon restart", 90)
+    for client in clients:
+        client.stop()
+    for client in clients:
+        assert client.error is None, (client.address, repr(client.error))
+        assert client.agent.lost_episodes >= 1, client.address
     assert d2.status()["inference"].get("actions", 0) > 0 or wait_for(
         lambda: d2.status()["inference"].get("actions", 0) > 0, 10, what="actions reported")
 
