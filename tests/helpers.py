@@ -323,3 +323,13 @@ def learn_with_clients(addresses: dict[str, str], target: float, budget_s: float
         for t in threads:
             t.join(30)
     return returns
+
+
+def concurrently(calls: dict[str, object]) -> dict[str, object]:
+    """Every callable of ``calls`` in its own thread at once (each bounded by its own
+    deadline); their results by name once all have returned. The first failure, by the
+    order of ``calls``, is raised again after every call has ended."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = {name: pool.submit(call) for name, call in calls.items()}
+        return {name: future.result() for name, future in futures.items()}

@@ -1,12 +1,14 @@
 """Composite spaces end to end (real daemon): a Dict observation (a small uint8 image + a
-distractor vector) and a MultiDiscrete action, learned over TCP with compact arrays, on a
-task whose right answer is visible only in the image (tests/tasks/spot.py)."""
+distractor vector) and a MultiDiscrete action, learned over TCP with compact arrays and over
+shared memory at once, on a task whose right answer is visible only in the image
+(tests/tasks/spot.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from rlinkd.client_lib import connect, run_env
+from tests.helpers import concurrently
 from tests.tasks.spot import ACTION_SPACE_TOML, OBSERVATION_SPACE_TOML, FindTheSpot
 
 pytestmark = pytest.mark.process
@@ -43,18 +45,10 @@ def greedy_reward(agent, episodes: int = 40) -> float:
     return total / steps
 
 
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
-def test_dict_image_observation_and_multidiscrete_action_learn(daemon_factory, tmp_path, transport):
-    """Over TCP the image travels as a compact array; over shared memory as uint8 record
-    bytes (the ring's layout keeps the leaf's dtype)."""
-    config = tmp_path / "spot.toml"
-    config.write_text(CONFIG)
-    d = daemon_factory("--config", str(config))
-    address = f"tcp://127.0.0.1:{d.port}" if transport == "tcp" else f"shm:{d.state_dir}"
-    agent = connect(address, seed=0)
-    assert agent.link.config.compact_arrays  # rlinkd announces the compact form
-    if transport == "shm":
-        assert agent.link.layout.obs_fields[0][:2] == ("image", "|u1")
+def learn_spot(agent) -> tuple[float, int, float]:
+    """``agent`` plays FindTheSpot until the mean reward of its last 2,000 steps reaches
+    TARGET_REWARD (checked every 2,000) or BUDGET_STEPS; (its greedy reward, the steps
+    played, that mean)."""
     env, recent = FindTheSpot(), []
     obs, _ = env.reset(seed=0)
     for step in range(BUDGET_STEPS):
@@ -66,12 +60,30 @@ def test_dict_image_observation_and_multidiscrete_action_learn(daemon_factory, t
         obs = next_obs if not (terminated or truncated) else env.reset()[0]
         if step % 2000 == 1999 and np.mean(recent) >= TARGET_REWARD:
             break
-    score = greedy_reward(agent)
+    return greedy_reward(agent), step + 1, float(np.mean(recent))
+
+
+def test_dict_image_observation_and_multidiscrete_action_learn(daemon_factory, tmp_path):
+    """One run, a TCP and a shared-memory client at once, each until its own greedy reward
+    reaches the target: over TCP the image travels as a compact array; over shared memory
+    as uint8 record bytes (the ring's layout keeps the leaf's dtype)."""
+    config = tmp_path / "spot.toml"
+    config.write_text(CONFIG)
+    d = daemon_factory("--config", str(config))
+    agents = {"tcp": connect(f"tcp://127.0.0.1:{d.port}", seed=0), "shm": connect(f"shm:{d.state_dir}", seed=1)}
+    assert all(agent.link.config.compact_arrays for agent in agents.values())  # rlinkd announces it
+    assert agents["shm"].link.layout.obs_fields[0][:2] == ("image", "|u1")
+    results = concurrently({t: lambda a=a: learn_spot(a) for t, a in agents.items()})
     status = d.status()
-    agent.close()
+    seqs = {t: a.weights_seq_no for t, a in agents.items()}
+    for agent in agents.values():
+        agent.close()
     assert status["protocol_errors"] == 0, status
-    print(f"greedy reward {score:.3f} after {step + 1} steps")
-    assert score >= TARGET_REWARD, (score, step, np.mean(recent), status["learner"])
+    print(", ".join(f"{t}: greedy reward {score:.3f} after {steps} steps, weights {seqs[t]}"
+                    for t, (score, steps, _mean) in results.items()))
+    for transport, (score, steps, _mean) in results.items():  # (both played and trained)
+        assert steps >= 2000 and seqs[transport] > 0, (transport, results, seqs)
+        assert score >= TARGET_REWARD, (transport, results, status["learner"])
 
 
 def test_run_env_drives_a_dict_observation_env(daemon_factory, tmp_path):

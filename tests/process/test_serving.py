@@ -6,8 +6,9 @@
   SERVE_DIRECT, one with STEP_BATCH without it (handed to the role at its first message).
 - Serving connections (the inference role's): their episodes survive a collector restart,
   and a client outlives its idle control connection.
-- client_lib ``inference="server"`` learns CartPole over TCP and over shared-memory lanes,
-  versions only go up per client, and status ``inference`` reports what the role did.
+- client_lib ``inference="server"`` learns CartPole over TCP and over shared-memory lanes
+  (one run, a client of each at once), versions only go up per client, and status
+  ``inference`` reports what the role did.
 - Every serving error reaches only the client that made it; another keeps getting actions.
 - Evaluation episodes (client_lib ``mode="evaluate"``, raw ``training_enabled: false``)
   add nothing to env_steps or episodes, and are counted under ``eval``.
@@ -28,7 +29,7 @@ import numpy as np
 import pytest
 
 from rlinkd.client_lib import connect
-from tests.helpers import BackgroundClient, free_port, peer_closed, raw_recv, raw_send, wait_for
+from tests.helpers import BackgroundClient, concurrently, free_port, peer_closed, raw_recv, raw_send, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(240)]
 
@@ -174,15 +175,12 @@ def test_a_raw_client_learns_cartpole_with_step_batch_without_mixed_versions(dae
 
 
 # ---------------------------------------------------------------- client_lib learns
-@pytest.mark.parametrize("transport", ["tcp", "unix"])
-def test_client_lib_server_inference_learns_cartpole(daemon, transport):
-    address = (f"tcp://127.0.0.1:{daemon.port}" if transport == "tcp"
-               else f"unix://{daemon.unix_socket}")
-    agent = connect(address, inference="server")
+def learn_served(agent, deadline: float) -> tuple[list[float], list[int]]:
+    """``agent`` (server-side actions) plays CartPole until its own returns are solved or
+    ``deadline``; (its episode returns, the weights_seq_no of every action)."""
     env = gym.make("CartPole-v1")
     obs, _ = env.reset(seed=0)
     returns, total, seqs = [], 0.0, []
-    deadline = time.monotonic() + LEARN_BUDGET_S
     while time.monotonic() < deadline and not solved(returns):
         action = agent.act(obs)
         seqs.append(agent.weights_seq_no)
@@ -193,50 +191,75 @@ def test_client_lib_server_inference_learns_cartpole(daemon, transport):
             returns.append(total)
             total, (obs, _) = 0.0, env.reset()
     agent.close()
-    assert solved(returns), (len(returns), returns[-20:])
-    assert seqs == sorted(seqs) and seqs[-1] > seqs[0] >= 0, "versions only go up"
-    assert agent.lost_episodes == 0
-    inference = wait_for(lambda: (i := daemon.status()["inference"]).get("actions", 0) >= len(seqs) and i,
+    return returns, seqs
+
+
+def test_client_lib_server_inference_learns_cartpole(daemon):
+    """One run, a TCP and a shared-memory-lanes (unix://) client at once, each until its
+    own mean return reaches the target; versions only go up per client."""
+    agents = {"tcp": connect(f"tcp://127.0.0.1:{daemon.port}", inference="server"),
+              "unix": connect(f"unix://{daemon.unix_socket}", inference="server")}
+    deadline = time.monotonic() + LEARN_BUDGET_S
+    runs = concurrently({t: lambda a=a: learn_served(a, deadline) for t, a in agents.items()})
+    for transport, (returns, seqs) in runs.items():
+        assert solved(returns), (transport, len(returns), returns[-20:])
+        assert seqs == sorted(seqs) and seqs[-1] > seqs[0] >= 0, (transport, "versions only go up")
+        assert agents[transport].lost_episodes == 0, transport
+    steps = sum(len(seqs) for _returns, seqs in runs.values())
+    episodes = sum(len(returns) for returns, _seqs in runs.values())
+    inference = wait_for(lambda: (i := daemon.status()["inference"]).get("actions", 0) >= steps and i,
                          20, what="the role's report")
-    assert inference["requests"] >= inference["actions"] >= len(seqs), inference
+    assert inference["requests"] >= inference["actions"] >= steps, inference
     assert inference["batches"] >= 1 and sum(inference["batch_sizes"].values()) == inference["batches"]
     assert set(inference["backends"]["default"].split("/")) <= {"native", "numpy", "onnxruntime", "torch"}, inference
-    assert inference["errors"] == 0 and inference["weights_seq_nos"]["default"] >= seqs[-1], inference
-    status = wait_for(lambda: (s := daemon.status())["episodes"] >= len(returns) and s, 20,
+    last_seq = max(seqs[-1] for _returns, seqs in runs.values())
+    assert inference["errors"] == 0 and inference["weights_seq_nos"]["default"] >= last_seq, inference
+    status = wait_for(lambda: (s := daemon.status())["episodes"] >= episodes and s, 20,
                       what="every episode counted")
-    assert status["env_steps"] == len(seqs) and status["episodes"] == len(returns), status
+    assert status["env_steps"] == steps and status["episodes"] == episodes, status
 
 
-@pytest.mark.parametrize("transport", ["tcp", "unix"])
-def test_a_vector_client_learns_cartpole_and_survives_an_inference_restart(daemon, transport):
-    """connect_vector(..., inference="server"): 8 CartPoles, one request group (shm) or one
-    STEP_BATCH (TCP) per act; SIGKILL of the inference role mid-run costs only the episodes
-    in progress, then it learns on to mean return 150."""
-    from rlinkd.client_lib.multi import connect_vector
+def learn_vector(client, deadline: float, returns: list[float], killed: threading.Event):
+    """``client`` (8 CartPoles, server-side actions) until ``killed`` is set, more than 60
+    of its episodes ended and the last 20 are solved, or ``deadline``; its run_env stats
+    (every episode's return into ``returns``)."""
     from rlinkd.client_lib.runner import run_env
-    address = (f"tcp://127.0.0.1:{daemon.port}" if transport == "tcp"
-               else f"unix://{daemon.unix_socket}")
-    client = connect_vector(address, 8, inference="server")
     env = gym.make_vec("CartPole-v1", num_envs=8, vectorization_mode="sync",
                        vector_kwargs={"autoreset_mode": "SameStep"})
-    returns: list[float] = []
-    killed: list[int] = []
+    stats = run_env(env, client, seed=0, on_episode=lambda _stats, r: returns.append(r),
+                    should_stop=lambda _s: time.monotonic() > deadline or (
+                        killed.is_set() and len(returns) > 60 and solved(returns)))
+    client.close()
+    return stats
+
+
+def test_a_vector_client_learns_cartpole_and_survives_an_inference_restart(daemon):
+    """connect_vector(..., inference="server") over TCP (one STEP_BATCH per act) and over
+    shared-memory lanes (unix://, one request group per act), both in one run: a SIGKILL of
+    the inference role once each has ended 30 episodes costs each only the episodes in
+    progress, then each learns on to mean return 150."""
+    from rlinkd.client_lib.multi import connect_vector
+    clients = {"tcp": connect_vector(f"tcp://127.0.0.1:{daemon.port}", 8, inference="server"),
+               "unix": connect_vector(f"unix://{daemon.unix_socket}", 8, inference="server")}
+    returns: dict[str, list[float]] = {t: [] for t in clients}
+    killed = threading.Event()
     deadline = time.monotonic() + LEARN_BUDGET_S
 
-    def on_episode(stats, episode_return: float) -> None:
-        returns.append(episode_return)
-        if len(returns) == 30:  # mid-run: the role dies with every lane's episode
-            killed.append(daemon.status()["children"]["inference"]["pid"])
-            os.kill(killed[0], signal.SIGKILL)
+    def kill_the_role_mid_run() -> int:
+        wait_for(lambda: min(len(r) for r in returns.values()) >= 30, LEARN_BUDGET_S,
+                 what="30 episodes of each client")
+        pid = daemon.status()["children"]["inference"]["pid"]
+        os.kill(pid, signal.SIGKILL)  # the role dies with every lane's episode
+        killed.set()
+        return pid
 
-    stats = run_env(env, client, seed=0, on_episode=on_episode,
-                    should_stop=lambda _s: time.monotonic() > deadline or (
-                        len(returns) > 60 and solved(returns)))
-    client.close()
-    assert killed and solved(returns), (len(returns), returns[-20:])
-    assert client.lost_episodes >= 1 and stats.steps > 0
+    runs = concurrently({"kill": kill_the_role_mid_run} | {
+        t: lambda t=t, c=c: learn_vector(c, deadline, returns[t], killed) for t, c in clients.items()})
+    for transport, client in clients.items():
+        assert solved(returns[transport]), (transport, len(returns[transport]), returns[transport][-20:])
+        assert client.lost_episodes >= 1 and runs[transport].steps > 0, transport
     status = daemon.status()
-    assert status["children"]["inference"]["pid"] != killed[0] and status["children"]["inference"]["alive"]
+    assert status["children"]["inference"]["pid"] != runs["kill"] and status["children"]["inference"]["alive"]
 
 
 # ---------------------------------------------------------------- errors
@@ -436,26 +459,33 @@ def test_step_batch_replies_never_mix_versions_at_sample_boundaries(daemon_facto
 
 
 # ---------------------------------------------------------------- restarts
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
-def test_server_inference_survives_a_learner_and_a_daemon_restart(daemon_factory, transport):
+def test_server_inference_survives_a_learner_and_a_daemon_restart(daemon_factory):
+    """A TCP and a shared-memory server-inference client at once, through a learner SIGKILL
+    and a daemon restart (same port, same state dir): each keeps stepping after each."""
     port = free_port()
     d = daemon_factory("--port", str(port))
-    address = f"tcp://127.0.0.1:{port}" if transport == "tcp" else f"shm:{d.state_dir}"
-    client = BackgroundClient(address, inference="server").start()
-    wait_for(lambda: client.steps > 500 or client.error, 60, what="serving")
+    clients = [BackgroundClient(f"tcp://127.0.0.1:{port}", inference="server").start(),
+               BackgroundClient(f"shm:{d.state_dir}", seed=1, inference="server").start()]
+
+    def each_steps_on(what: str, timeout_s: float) -> None:
+        steps = [c.steps for c in clients]
+        wait_for(lambda: all(c.steps > s + 500 or c.error for c, s in zip(clients, steps)),
+                 timeout_s, what=f"500 more steps of each client {what} (from {steps})")
+
+    each_steps_on("at first", 60)
     learner = d.status()["children"]["learner"]["pid"]
     os.kill(learner, signal.SIGKILL)
     wait_for(lambda: (c := d.status()["children"]["learner"])["alive"] and c["pid"] != learner,
              60, what="learner restarted")
-    steps = client.steps
-    wait_for(lambda: client.steps > steps + 500 or client.error, 60, what="steps after the learner restart")
+    each_steps_on("after the learner restart", 60)
     assert d.stop() == 0
-    steps = client.steps
     d2 = daemon_factory("--port", str(port), name="state")  # same state dir, same port
-    wait_for(lambda: client.steps > steps + 500 or client.error, 90, what="steps after the daemon restart")
-    client.stop()
-    assert client.error is None, repr(client.error)
-    assert client.agent.lost_episodes >= 1
+    each_steps_on("after the daemon restart", 90)
+    for client in clients:
+        client.stop()
+    for client in clients:
+        assert client.error is None, (client.address, repr(client.error))
+        assert client.agent.lost_episodes >= 1, client.address
     assert d2.status()["inference"].get("actions", 0) > 0 or wait_for(
         lambda: d2.status()["inference"].get("actions", 0) > 0, 10, what="actions reported")
 
