@@ -17,10 +17,12 @@ the ratio default / forced, checked against ``RATIO_BOUND`` (<= 1.05: the defaul
 slower). Each run also records what the defaults chose, read from the daemon's log
 (``learner_device`` and ``inference_backend`` events).
 
-Without a CUDA device the scenario still runs, but both sides of each pair are then the same
-configuration (``auto`` resolves to the CPU without timing, ``choice = only_cpu``, and torch
-on CUDA is no serving candidate): the ratios measure the host's noise, not a GPU; the output
-and the result say so. ``--quick``: one run to mean return 200, a plumbing check. Results go
+Without a CUDA device the scenario still runs, but no GPU is in play: ``auto`` resolves to
+the CPU without timing (``choice = only_cpu``), so the learner pair's sides are one
+configuration, and torch on CUDA is no serving candidate, so the serving pair's default picks
+among the CPU backends only (it may pair native with onnxruntime for large batches): the
+ratios are the host's noise and the CPU backends' choice, not a GPU figure; the output and
+the result say so. ``--quick``: one run to mean return 200, a plumbing check. Results go
 to ``bench/results/device_defaults.json``.
 """
 from __future__ import annotations
@@ -91,15 +93,22 @@ def pair_summary(default: list[dict], forced: list[dict]) -> dict:
                       f"{sum(r['solved'] for r in forced)}/{len(forced)}"}
 
 
+def check_cell(met: bool | None, cuda: bool) -> str:
+    """The table's check: met or MISSED; without CUDA no check (no GPU in play)."""
+    if not cuda:
+        return "not measured on a GPU (no CUDA)"
+    return {True: "met", False: "**MISSED**", None: "– (a side never solved)"}[met]
+
+
 def host_note(cuda: bool, gpu_device: bool) -> str:
     """What the defaults can choose on this host, in one sentence."""
     if cuda:
         return "torch sees a CUDA device: auto times the CPU against it; torch on CUDA is a serving candidate."
     serving = ("torch on CUDA is a serving candidate (/dev/nvidiactl exists)" if gpu_device else
                "torch on CUDA is no serving candidate")
-    return (f"torch sees no CUDA device: learner.device = auto resolves to cpu (only_cpu) and {serving}; "
-            "each pair compares the same configuration, so its ratio is this host's noise, not a GPU "
-            "figure (not measured on a GPU).")
+    return (f"torch sees no CUDA device: learner.device = auto resolves to cpu (only_cpu), so the learner "
+            f"pair's sides are one configuration, and {serving}, so the serving pair's default picks among "
+            "the CPU backends only; the ratios are this host's noise, not a GPU figure (not measured on a GPU).")
 
 
 def main() -> int:
@@ -129,8 +138,7 @@ def main() -> int:
     table = print_table(f"rlinkd demo --clients {args.clients} to mean return {target:g}, median of {runs}",
                         ("pair", "defaults", "forced", "ratio", f"<= {RATIO_BOUND}"),
                         [(p, f"{fmt_num(s['default_wall_s'], 1)} s", f"{fmt_num(s['forced_wall_s'], 1)} s",
-                          fmt_num(s["ratio"], 3), {True: "met", False: "**MISSED**", None: "–"}[s["met"]]
-                          + ("" if cuda else " (same configuration: no CUDA)"))
+                          fmt_num(s["ratio"], 3), check_cell(s["met"], cuda))
                          for p, s in summary.items()])
     write_result("device_defaults", {"runs": runs, "clients": args.clients, "target": target,
                                      "quick": args.quick, "cuda": cuda, "gpu_device_file": cuda_present(),

@@ -175,14 +175,18 @@ def targets(results: dict) -> list[dict]:
     return out
 
 
-def targets_markdown(checks: list[dict]) -> str:
-    """One line per check, "met" or "**MISSED**"; a line saying why there is none."""
-    if not checks:
-        return ("CUDA targets: not measured on a GPU (torch saw no CUDA device in this run; "
-                "`make gpu-check` measures and checks them on a GPU host).")
-    return "\n".join(f"- {c['case']}, {c['check']}: {fmt_num(c['value'], 3 if c['value'] < 10 else 0)} "
-                     f"against >= {fmt_num(c['bound'], 1 if c['bound'] < 10 else 0)}: "
-                     f"{'met' if c['met'] else '**MISSED**'}" for c in checks)
+def targets_markdown(results: dict) -> str:
+    """One line per check, "met" or "**MISSED**"; per case without CUDA rows, one line saying
+    its targets were not measured on a GPU."""
+    checks, lines = targets(results), []
+    for case in results:
+        mine = [c for c in checks if c["case"] == case]
+        lines += [f"- {case}, {c['check']}: {fmt_num(c['value'], 3 if c['value'] < 10 else 0)} against "
+                  f">= {fmt_num(c['bound'], 1 if c['bound'] < 10 else 0)}: {'met' if c['met'] else '**MISSED**'}"
+                  for c in mine] or [f"- {case}: learner / plain-graphed >= {RATIO_TARGET}, learner >= "
+                                     f"{H100_ROWS_PER_S[case]:,} SGD rows/s on an H100: not measured on a GPU "
+                                     "(torch saw no CUDA device in this run)"]
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -209,11 +213,11 @@ def main() -> int:
                         [(c, d, k, fmt_mr(v)) for c, by_d in results.items() for d, rs in by_d.items()
                          for k, v in rs.items()])
     checks = targets(results)
-    print(targets_markdown(checks), flush=True)
+    print(targets_markdown(results), flush=True)
     write_result("learner_device", {"rows": rows, "runs": runs, "clock": args.clock,
                                     "cuda": torch.cuda.is_available(), "sgd_rows_per_s": results,
                                     "targets": checks, "table_markdown": table,
-                                    "targets_markdown": targets_markdown(checks)}, args.out)
+                                    "targets_markdown": targets_markdown(results)}, args.out)
     return 0
 
 

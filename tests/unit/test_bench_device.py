@@ -17,14 +17,16 @@ def test_learner_device_checks_the_learner_against_0_8_of_the_graphed_reference(
     assert checks[("nature", "/")]["value"] == 0.75 and not checks[("nature", "/")]["met"]
     assert checks[("nature", "SGD")]["met"]  # 150,000 >= 140,000
     assert checks[("cartpole", "/")]["met"] and not checks[("cartpole", "SGD")]["met"]
-    text = learner_device.targets_markdown(learner_device.targets(results))
+    text = learner_device.targets_markdown(results)
     assert text.count("**MISSED**") == 2 and text.count(": met") == 2
 
 
 def test_without_cuda_rows_there_is_no_check_and_the_report_says_not_measured():
     results = {"nature": {"cpu": {"learner": rows(1_000), "plain": rows(1_100)}}}
     assert learner_device.targets(results) == []
-    assert "not measured on a GPU" in learner_device.targets_markdown([])
+    text = learner_device.targets_markdown(results)
+    assert text.startswith("- nature: ")
+    assert text.endswith("not measured on a GPU (torch saw no CUDA device in this run)")
 
 
 def test_device_defaults_ratio_is_defaults_over_forced_with_unsolved_runs_left_out():
@@ -39,6 +41,8 @@ def test_device_defaults_ratio_is_defaults_over_forced_with_unsolved_runs_left_o
 def test_device_defaults_says_when_no_gpu_was_measured():
     assert "not measured on a GPU" in device_defaults.host_note(cuda=False, gpu_device=False)
     assert "not measured" not in device_defaults.host_note(cuda=True, gpu_device=True)
+    assert device_defaults.check_cell(False, cuda=True) == "**MISSED**"
+    assert "not measured on a GPU" in device_defaults.check_cell(True, cuda=False)
 
 
 def test_minatar_comparison_puts_the_devices_side_by_side():
