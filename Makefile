@@ -98,12 +98,17 @@ bench: $(STAMP)
 bench-report: $(STAMP)
 	$(PY) -m bench.report
 
-# The CUDA tests (marker `cuda`; pytest skips them without a GPU, so this target stops first) and
-# the learner-device benchmark (SGD rows/s, CPU and CUDA rows in one run).
+# On a GPU host, issue 32's checks in one command (docs/gpu.md): the CUDA tests (marker `cuda`;
+# pytest skips them without a GPU, so this target stops first), then the three GPU benchmarks one
+# after another: SGD rows/s (CPU and CUDA rows and the 0.8 check in one run), `rlinkd demo` with
+# defaults against a forced CPU (median of 3 each), MinAtar with the learner on CUDA and on the CPU
+# (clients on all cores but two). Each writes its bench/results file; `make bench-report` after.
 gpu-check: $(STAMP)
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: torch sees no CUDA device')"
 	$(PY) -m pytest -m cuda -q -rs tests/unit/test_learner_graphs.py tests/unit/test_inference_graphs.py
 	$(PY) -m bench.scenarios.learner_device
+	$(PY) -m bench.scenarios.device_defaults
+	$(PY) -m bench.scenarios.minatar --learner-device cuda cpu --clients $$(( $$(nproc) > 4 ? $$(nproc) - 2 : 2 ))
 
 clean:
 	rm -rf $(VENV) build *.egg-info

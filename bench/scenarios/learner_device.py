@@ -13,11 +13,16 @@ same network, loss and Adam as a bare minibatch loop over tensors already on the
 CUDA ``plain-graphed`` (the graphed reference: that loop with each SGD step captured once by
 ``torch.cuda.graph`` and replayed, torch's own capturable Adam, written from torch's recipe and
 sharing nothing with rlinkd's capture; the issue's target for ``learner`` is 0.8 of it).
-SGD rows/s = rows x epochs run / wall seconds of the update; the median (min-max) of ``--runs`` updates after one
-warm-up update. ``learner.torch_threads`` is 1 on the CPU, as the daemon's default. On a
-loaded machine ``--clock process`` divides by this process's CPU seconds instead (with one
-thread on the CPU that is the work done, whatever else runs; meaningless for CUDA rows).
-Results go to ``bench/results/learner_device.json``.
+SGD rows/s = rows x epochs run / wall seconds of the update; the median (min-max) of
+``--runs`` updates after one warm-up update. When CUDA rows exist the run checks them against
+the issue's targets (``targets``): ``learner`` / ``plain-graphed`` >= 0.8 per case, and
+``learner`` against the H100 figures (140,000 SGD rows/s for the CNN, 250,000 for the MLP;
+those bounds are for an H100, the ratio holds on any GPU); each line says met or MISSED.
+``learner.torch_threads`` is 1 on the CPU, as the daemon's default. On a loaded machine
+``--clock process`` divides by this process's CPU seconds instead (with one thread on the CPU
+that is the work done, whatever else runs; meaningless for CUDA rows).
+Results go to ``bench/results/learner_device.json``: ``sgd_rows_per_s[case][device][row]``,
+``targets`` (empty without CUDA rows), and the two tables as markdown for the report.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ import time
 import numpy as np
 import torch
 
-from bench.harness.common import fmt_mr, median_range, print_table, write_result
+from bench.harness.common import fmt_mr, fmt_num, median_range, print_table, write_result
 from rlinkd.client_lib.protocol.spaces import Box, Discrete
 from rlinkd.daemon.config import PPOConfig
 from rlinkd.daemon.learner.adam import Adam
@@ -40,6 +45,10 @@ CASES = {  # name -> (observation space, actions, minibatch, epochs)
     "nature": (Box((84, 84, 3), "uint8", 0, 255), Discrete(6), 256, 4),
     "cartpole": (Box([4], low=-5.0, high=5.0), Discrete(2), 128, 10),
 }
+RATIO_TARGET = 0.8
+"""``learner`` SGD rows/s over ``plain-graphed``'s, same case, same run (issue 32)."""
+H100_ROWS_PER_S = {"nature": 140_000, "cartpole": 250_000}
+"""Issue 32's ``learner`` SGD rows/s on one H100."""
 
 
 def batch(obs_space, n_actions: int, rows: int) -> dict:
@@ -138,6 +147,48 @@ def time_plain(case: str, device: str, rows: int, runs: int, graphed: bool = Fal
     return out
 
 
+def time_rows(case: str, device: str, rows: int, runs: int) -> dict:
+    """{row: median_range of SGD rows/s} of one case on one device (CUDA: four rows)."""
+    out = {"learner": median_range(time_learner(case, device, rows, runs), 0)}
+    if device == "cuda":  # the same learner with its step not captured
+        out["learner-eager"] = median_range(time_learner(case, device, rows, runs, graphs=False), 0)
+    out["plain"] = median_range(time_plain(case, device, rows, runs), 0)
+    if device == "cuda":  # the graphed reference
+        out["plain-graphed"] = median_range(time_plain(case, device, rows, runs, graphed=True), 0)
+    return out
+
+
+def targets(results: dict) -> list[dict]:
+    """The issue's checks of each case that has CUDA rows (none without): ``learner`` over
+    ``plain-graphed`` against ``RATIO_TARGET``, and ``learner`` against the H100 figure."""
+    out = []
+    for case, by_device in results.items():
+        cuda = by_device.get("cuda") or {}
+        if "learner" not in cuda or "plain-graphed" not in cuda:
+            continue
+        mine, ref = cuda["learner"]["median"], cuda["plain-graphed"]["median"]
+        ratio = mine / ref
+        out.append({"case": case, "check": "learner / plain-graphed", "value": round(ratio, 3),
+                    "bound": RATIO_TARGET, "met": ratio >= RATIO_TARGET})
+        out.append({"case": case, "check": "learner SGD rows/s (bound for an H100)", "value": mine,
+                    "bound": H100_ROWS_PER_S[case], "met": mine >= H100_ROWS_PER_S[case]})
+    return out
+
+
+def targets_markdown(results: dict) -> str:
+    """One line per check, "met" or "**MISSED**"; per case without CUDA rows, one line saying
+    its targets were not measured on a GPU."""
+    checks, lines = targets(results), []
+    for case in results:
+        mine = [c for c in checks if c["case"] == case]
+        lines += [f"- {case}, {c['check']}: {fmt_num(c['value'], 3 if c['value'] < 10 else 0)} against "
+                  f">= {fmt_num(c['bound'], 1 if c['bound'] < 10 else 0)}: {'met' if c['met'] else '**MISSED**'}"
+                  for c in mine] or [f"- {case}: learner / plain-graphed >= {RATIO_TARGET}, learner >= "
+                                     f"{H100_ROWS_PER_S[case]:,} SGD rows/s on an H100: not measured on a GPU "
+                                     "(torch saw no CUDA device in this run)"]
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="timed updates per row (after a warm-up)")
@@ -156,22 +207,17 @@ def main() -> int:
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
     cases = list(CASES) if args.case == "all" else [args.case]
-    results = {}
-    for case in cases:
-        for device in devices:
-            results[f"{case}/{device}/learner"] = median_range(time_learner(case, device, rows, runs), 0)
-            if device == "cuda":  # the same learner with its step not captured
-                results[f"{case}/{device}/learner-eager"] = median_range(
-                    time_learner(case, device, rows, runs, graphs=False), 0)
-            results[f"{case}/{device}/plain"] = median_range(time_plain(case, device, rows, runs), 0)
-            if device == "cuda":  # the graphed reference
-                results[f"{case}/{device}/plain-graphed"] = median_range(
-                    time_plain(case, device, rows, runs, graphed=True), 0)
-    print_table("PPO update, SGD rows/s", ("row", "SGD rows/s"),
-                [(k, fmt_mr(v)) for k, v in results.items()])
+    results = {case: {device: time_rows(case, device, rows, runs) for device in devices} for case in cases}
+    table = print_table(f"PPO update, SGD rows/s ({rows:,} rows, {args.clock} clock), median (min – max) "
+                        f"of {runs}", ("case", "device", "row", "SGD rows/s"),
+                        [(c, d, k, fmt_mr(v)) for c, by_d in results.items() for d, rs in by_d.items()
+                         for k, v in rs.items()])
+    checks = targets(results)
+    print(targets_markdown(results), flush=True)
     write_result("learner_device", {"rows": rows, "runs": runs, "clock": args.clock,
-                                    "sgd_rows_per_s": results,
-                                    "cuda": torch.cuda.is_available()}, args.out)
+                                    "cuda": torch.cuda.is_available(), "sgd_rows_per_s": results,
+                                    "targets": checks, "table_markdown": table,
+                                    "targets_markdown": targets_markdown(results)}, args.out)
     return 0
 
 

@@ -2,7 +2,8 @@
 curve, env steps/s and the learner's time per update, for comparison with later GPU runs.
 
     .venv/bin/python -m bench.scenarios.minatar [--game Breakout] [--steps 500000] [--runs 3]
-        [--clients 2] [--transport shm|tcp] [--timeout-s 900] [--quick] [--out FILE]
+        [--clients 2] [--transport shm|tcp] [--learner-device auto|cpu|cuda ...] [--timeout-s 900]
+        [--quick] [--out FILE]
 
 One ``rlinkd serve`` with ``env.id = bench.harness.minatar_env:MinAtar/<game>-v1`` (the
 module prefix registers MinAtar's ids with gymnasium in the daemon and the clients) and the
@@ -24,8 +25,16 @@ Figures:
 - the learner's ``update_time_s`` (one PPO update: epochs x minibatches over a train batch),
   sampled from ``rlinkd status`` every 2 s, median (min-max) over the updates sampled, and
   ``updates``/``trained_steps`` at the end.
+- learner updates/s = the learner's ``updates`` at the end / the same wall time.
 Each run has its own daemon (``learner.seed`` = run index) and client seeds; the summary
-holds medians (min-max) over the runs. Writes ``bench/results/minatar.json``.
+holds medians (min-max) over the runs.
+
+``--learner-device`` sets ``learner.device`` (default ``auto``, the daemon's default); given
+several (``--learner-device cpu cuda``, the end-to-end GPU-against-CPU comparison) the runs
+alternate between them, run i of each device with the same seeds, and the result adds
+``by_device`` (each device's summary and runs) and ``comparison_markdown``; ``summary``,
+``runs`` and ``table_markdown`` are the first device's. ``cuda`` on a host without one is
+the daemon's boot error. Writes ``bench/results/minatar.json``.
 """
 from __future__ import annotations
 
@@ -39,7 +48,7 @@ from pathlib import Path
 
 from rlinkd.daemon.launch import stop_processes
 
-from bench.harness.common import REPO, fmt_num, median_range, print_table, write_result
+from bench.harness.common import REPO, fmt_mr, fmt_num, median_range, print_table, write_result
 from bench.harness.curves import make_curve
 from bench.harness.daemon import Daemon
 from bench.scenarios.rlinkd_solve import EpisodePool
@@ -116,12 +125,13 @@ def _sample_learner(daemon: Daemon, samples: list[dict]) -> None:
                         "n_rows": learner.get("n_rows"), "entropy": learner.get("entropy")})
 
 
-def run(game: str, n_clients: int, transport: str, budget_steps: int, timeout_s: float, seed: int = 0) -> dict:
-    """Daemon (``learner.seed`` = ``seed``), then the clients (seeds 1000 + 10 x seed + i);
-    until the budget (or timeout); the figures of one run."""
+def run(game: str, n_clients: int, transport: str, budget_steps: int, timeout_s: float, seed: int = 0,
+        device: str = "auto") -> dict:
+    """Daemon (``learner.seed`` = ``seed``, ``learner.device`` = ``device``), then the clients
+    (seeds 1000 + 10 x seed + i); until the budget (or timeout); the figures of one run."""
     env = {"PYTHONPATH": str(REPO)}  # the daemon imports bench.harness.minatar_env for env.id
     samples: list[dict] = []
-    with Daemon([*overrides(game), f"learner.seed={seed}"], env=env) as daemon:
+    with Daemon([*overrides(game), f"learner.seed={seed}", f"learner.device={device}"], env=env) as daemon:
         address = f"tcp://127.0.0.1:{daemon.port}" if transport == "tcp" else f"shm:{daemon.state_dir}"
         t0 = time.monotonic()
         clients = [_start_client(address, game, 1000 + 10 * seed + i, Path(daemon.state_dir))
@@ -158,6 +168,8 @@ def summarize(episodes: list, samples: list[dict], status: dict) -> dict:
     seen = {s["updates"]: s["update_time_s"] for s in samples}  # one value per update sampled
     return {"env_steps": steps, "wall_s": None if wall is None else round(wall, 1),
             "env_steps_per_s": round(steps / wall, 1) if wall else None,
+            "updates_per_s": round(learner["updates"] / wall, 3) if wall and learner.get("updates") else None,
+            "learner_device": learner.get("device"), "learner_device_choice": learner.get("device_choice"),
             "episodes": len(episodes), "return_mean_last_100": round(sum(last) / len(last), 3) if last else None,
             "windows": learning_curve(episodes, CURVE_WINDOW_STEPS),
             "curve": make_curve(running_means(episodes)),
@@ -187,36 +199,58 @@ def table(res: dict) -> str:
 
 def summary(runs: list[dict]) -> dict:
     """Medians (min-max) over the runs of the throughput, learner and final-return figures."""
-    keys = ("env_steps_per_s", "wall_s", "return_mean_last_100")
+    keys = ("env_steps_per_s", "updates_per_s", "wall_s", "return_mean_last_100")
     return {k: median_range([r[k] for r in runs], 3) for k in keys} | {
         "update_time_s_median": median_range([r["update_time_s"]["median"] for r in runs], 4)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--game", default="Breakout")
-    ap.add_argument("--steps", type=int, default=500_000)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--clients", type=int, default=2)
-    ap.add_argument("--transport", choices=("shm", "tcp"), default="shm")
-    ap.add_argument("--timeout-s", type=float, default=900.0)
+    ap.add_argument("--game", default="Breakout", help="MinAtar game")
+    ap.add_argument("--steps", type=int, default=500_000, help="pooled env steps per run")
+    ap.add_argument("--runs", type=int, default=3, help="runs per learner device")
+    ap.add_argument("--clients", type=int, default=2, help="client processes (all cores: nproc - 2)")
+    ap.add_argument("--transport", choices=("shm", "tcp"), default="shm", help="clients' transport")
+    ap.add_argument("--learner-device", nargs="+", default=["auto"], choices=("auto", "cpu", "cuda"),
+                    help="learner.device of the runs; several: runs alternate between them")
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="per run")
     ap.add_argument("--quick", action="store_true", help="1 run of 20,000 steps (plumbing check)")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="result file (default bench/results/minatar.json)")
     args = ap.parse_args()
     steps, n_runs = (20_000, 1) if args.quick else (args.steps, args.runs)
-    runs = []
+    by_device: dict[str, list[dict]] = {d: [] for d in args.learner_device}
     for i in range(n_runs):
-        runs.append(run(args.game, args.clients, args.transport, steps, args.timeout_s, seed=i))
-        r, u = runs[-1], runs[-1]["update_time_s"]
-        print(f"run {i + 1}: env steps/s {fmt_num(r['env_steps_per_s'])}; learner update_time_s median "
-              f"{u['median']} (min {u['min']}, max {u['max']}, {u['n']} updates sampled); last-100 mean "
-              f"return {r['return_mean_last_100']}", flush=True)
+        for device, runs in by_device.items():
+            runs.append(run(args.game, args.clients, args.transport, steps, args.timeout_s, i, device))
+            print(f"run {i + 1}, learner.device={device}: {run_line(runs[-1])}", flush=True)
+    first = by_device[args.learner_device[0]]
     res = {"game": args.game, "env_id": env_id(args.game), "ppo": PPO, "quick": args.quick,
            "clients": args.clients, "transport": args.transport, "budget_steps": steps,
-           "summary": summary(runs), "runs": runs}
+           "learner_device": args.learner_device, "summary": summary(first), "runs": first}
     res["table_markdown"] = table(res)
+    if len(by_device) > 1:
+        res["by_device"] = {d: {"summary": summary(runs), "runs": runs} for d, runs in by_device.items()}
+        res["comparison_markdown"] = comparison(res["by_device"], steps)
     write_result("minatar", res, args.out)
     return 0
+
+
+def run_line(r: dict) -> str:
+    """One run's figures in a line."""
+    u = r["update_time_s"]
+    return (f"trained on {r['learner_device']} ({r['learner_device_choice']}); env steps/s "
+            f"{fmt_num(r['env_steps_per_s'])}; learner updates/s {r['updates_per_s']}; update_time_s median "
+            f"{u['median']} (min {u['min']}, max {u['max']}, {u['n']} updates sampled); last-100 mean "
+            f"return {r['return_mean_last_100']}")
+
+
+def comparison(by_device: dict[str, dict], steps: int) -> str:
+    """The devices side by side: medians (min – max) over each device's runs."""
+    rows = [(d, fmt_mr(s["env_steps_per_s"]), fmt_mr(s["updates_per_s"], 2), fmt_mr(s["update_time_s_median"], 3),
+             fmt_mr(s["return_mean_last_100"], 2), ", ".join(sorted({str(r["learner_device"]) for r in v["runs"]})))
+            for d, v in by_device.items() for s in [v["summary"]]]
+    return print_table(f"learner.device compared at {steps:,} env steps", ("learner.device", "env steps/s",
+                       "learner updates/s", "update_time_s", "last-100 mean return", "trained on"), rows)
 
 
 if __name__ == "__main__":

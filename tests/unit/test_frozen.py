@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlinkd.client_lib.protocol.netonnx import ONNX_IR_VERSION, OnnxWeightWriter, _outputs
+from rlinkd.client_lib.protocol.netonnx import IR_VERSION_OF_OPSET, OnnxWeightWriter, _outputs
 from rlinkd.client_lib.protocol.spaces import Discrete
 from rlinkd.daemon.errors import ConfigError
 from rlinkd.daemon.frozen import check_frozen, load_frozen, onnx_flat_weights
@@ -41,6 +41,10 @@ def test_a_checkpoint_directory_gives_its_policy(tmp_path):
         check_frozen(frozen(ckpt.path, other))
 
 
+FOREIGN_OPSET = 17
+"""The opset of the foreign test model; its IR version comes from the table netonnx uses."""
+
+
 def foreign_model(width: int, input_name: str = "observations") -> bytes:
     from onnx import TensorProto, helper
     x = helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["batch", 4])
@@ -48,14 +52,14 @@ def foreign_model(width: int, input_name: str = "observations") -> bytes:
     w = helper.make_tensor("w", TensorProto.FLOAT, [4, width], np.ones(4 * width, np.float32))
     graph = helper.make_graph([helper.make_node("MatMul", [input_name, "w"], ["logits"])],
                               "foreign", [x], [y], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = ONNX_IR_VERSION  # pinned as netonnx does: the onnx package's default
-    return model.SerializeToString()    # may be newer than the installed onnxruntime reads
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", FOREIGN_OPSET)])
+    model.ir_version = IR_VERSION_OF_OPSET[FOREIGN_OPSET]  # pinned as netonnx does: the onnx
+    return model.SerializeToString()  # package's default may be newer than onnxruntime reads
 
 
 def test_the_foreign_model_has_the_pinned_ir_version():
     import onnx
-    assert onnx.load_from_string(foreign_model(2)).ir_version == ONNX_IR_VERSION
+    assert onnx.load_from_string(foreign_model(2)).ir_version == IR_VERSION_OF_OPSET[FOREIGN_OPSET]
 
 
 def test_a_foreign_model_that_fits_is_served_as_is(tmp_path):
