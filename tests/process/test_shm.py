@@ -197,14 +197,3 @@ def test_cli_client_over_shm_found_through_the_state_dir(shared_daemon):
     wait_for(lambda: daemon.status()["env_steps"] == before["env_steps"] + 600, 10,
              what="the daemon counted the client's steps")
     assert '"shm_client_attached"' in daemon.log_since(mark)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("transport", ["mixed"])  # (TCP and shm clients together; "shm" alone: bench)
-def test_demo_with_shm_transport_solves_cartpole(tmp_path, transport):
-    result = subprocess.run(
-        [sys.executable, "-m", "rlinkd.daemon.cli", "demo", "--clients", "2", "--transport", transport,
-         "--timeout-s", "300", "--state-dir", str(tmp_path / "demo")],
-        capture_output=True, text=True, timeout=400, cwd=REPO, stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.stdout.splitlines()[-1].startswith("SOLVED ")
