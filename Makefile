@@ -81,14 +81,16 @@ bytecode: $(STAMP)
 # takes a contiguous share of the files, an idle one takes tests from the end of another's
 # share: a module's shared daemon starts again only where its tests are split), then the
 # `serial` tests alone (their assertions bound latencies or heartbeats that a busy neighbour
-# would break; all of them are real-process tests, so only tests/process is collected for them).
+# would break; all of them are real-process tests, so only the tests/process files that mark
+# any are collected for them: a collection of all of tests/process costs ~4 s alone).
 TEST_JOBS ?= $(shell nproc)
+SERIAL_FILES = $(shell grep -l "mark\.serial" tests/process/*.py)
 checks: lint native-check c-client-check ort-old bytecode docs
 
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target checks
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "not serial"
-	$(PY) -m pytest -q -p no:xdist -m serial tests/process
+	$(PY) -m pytest -q -p no:xdist -m serial $(SERIAL_FILES)
 
 bench: $(STAMP)
 	$(PY) -m bench.run_all

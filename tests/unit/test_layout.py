@@ -103,7 +103,14 @@ def _marks_serial(path: Path) -> bool:
 
 
 def test_serial_tests_live_where_make_test_collects_them():
-    """`make test` runs the `serial` tests in a second pass that collects tests/process only."""
-    marked = [p.relative_to(REPO) for p in (REPO / "tests").rglob("test_*.py") if _marks_serial(p)]
+    """`make test` runs the `serial` tests in a second pass that collects only the
+    tests/process files whose text says ``mark.serial`` (SERIAL_FILES, a grep): every module
+    that marks a test serial is among them."""
+    marked = {p.relative_to(REPO) for p in (REPO / "tests").rglob("test_*.py") if _marks_serial(p)}
     assert marked and all(p.parts[:2] == ("tests", "process") for p in marked), marked
-    assert "-m serial tests/process" in (REPO / "Makefile").read_text()
+    grepped = {p.relative_to(REPO) for p in (REPO / "tests" / "process").glob("*.py")
+               if "mark.serial" in p.read_text(encoding="utf-8")}
+    assert marked <= grepped, marked - grepped
+    makefile = (REPO / "Makefile").read_text()
+    assert 'SERIAL_FILES = $(shell grep -l "mark\\.serial" tests/process/*.py)' in makefile
+    assert "-m serial $(SERIAL_FILES)" in makefile
