@@ -72,12 +72,15 @@ class GraphedNet:
 
     def _capture(self, inputs: Inputs, rows: int) -> Bucket | None:
         """The bucket of ``rows`` rows, its buffers filled with the batch's first row; None
-        (logged, and eager from then on) when the capture fails."""
+        (logged, and eager from then on) when the capture fails. The batch runs eagerly
+        first: an input the network itself refuses raises to the caller, as without graphs,
+        and does not turn the graphs off."""
+        self.fn(inputs)
         static = {k: v[:1].expand(rows, *v.shape[1:]).clone() for k, v in inputs.items()}
         try:
             graph, outputs = self._record(static)
         except RuntimeError as exc:  # an operation the graph cannot hold: eager from now on
-            self.failed = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.failed = _reason(exc)
             log.warning("inference_graph_capture_failed", what=self.what, rows=rows,
                         reason=self.failed, fallback="eager")
             return None
@@ -98,6 +101,14 @@ class GraphedNet:
             with torch.cuda.graph(graph, stream=side):
                 outputs = tuple(self.fn(static))
         return graph, outputs
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of why a capture failed: the error raised inside the capture where
+    ending the capture raised another (an invalidated capture) on top of it."""
+    cause = exc.__context__ if isinstance(exc.__context__, Exception) else exc
+    text = str(cause).strip()
+    return text.splitlines()[0] if text else type(cause).__name__
 
 
 def served(fn: NetFn, device: torch.device, what: str) -> NetFn:

@@ -91,8 +91,8 @@ def test_a_batch_runs_the_graph_of_its_bucket_through_the_static_buffers(monkeyp
 
 
 def test_the_capture_warms_up_on_a_side_stream_first(monkeypatch):
-    """The real ``_record`` with stand-ins for torch.cuda: WARMUP_CALLS calls on the side
-    stream, then one call captured, per bucket."""
+    """The real ``_record`` with stand-ins for torch.cuda: the batch run eagerly, then
+    WARMUP_CALLS calls on the side stream, then one call captured, per bucket."""
     calls = []
     stand_ins(monkeypatch, lambda stream: calls.append("warm-up") or nullcontext(),
               lambda graph, stream: calls.append("capture") or nullcontext())
@@ -100,7 +100,7 @@ def test_the_capture_warms_up_on_a_side_stream_first(monkeypatch):
     net(batch(3))
     net(batch(4))
     net(batch(5))
-    per_bucket = ["warm-up"] + ["call"] * cuda_graphs.WARMUP_CALLS + ["capture", "call"]
+    per_bucket = ["call", "warm-up"] + ["call"] * cuda_graphs.WARMUP_CALLS + ["capture", "call"]
     assert calls == per_bucket * 2 and net.captures == 2
 
 
@@ -135,7 +135,32 @@ def test_a_failed_capture_is_logged_once_and_every_batch_then_runs_eagerly(monke
     failed = [e for e in logs if e["event"] == "inference_graph_capture_failed"]
     assert len(failed) == 1 and failed[0]["reason"] == "operation not permitted when stream is capturing"
     assert failed[0]["what"] == "step" and net.captures == 0
-    assert len(calls) == cuda_graphs.WARMUP_CALLS + 3  # the warm-up once, then eager calls only
+    assert len(calls) == 1 + cuda_graphs.WARMUP_CALLS + 3  # the first batch, warm-up, then eager only
+
+
+def test_a_batch_the_network_refuses_raises_and_leaves_the_graphs_on(monkeypatch):
+    """An input error at a bucket's first batch is the caller's (as without graphs): it
+    raises, nothing is captured or turned off, and the next valid batch is captured."""
+    net = cuda_graphs.GraphedNet(rowwise, torch.device("cpu"), "forward")
+    on_the_cpu(net, monkeypatch)
+    bad = batch(3)
+    bad["kind"][1] = 0
+    with pytest.raises(AssertionError, match="an invalid row"):
+        net(bad)
+    assert net.captures == 0 and not net.failed
+    net(batch(3))
+    assert net.captures == 1 and not net.failed
+
+
+def test_the_reason_of_a_failed_capture_is_the_error_raised_inside_it():
+    try:
+        try:
+            raise RuntimeError("an op the graph cannot hold\ndetails")
+        except RuntimeError:
+            raise RuntimeError("operation failed due to a previous error during capture")  # noqa: B904 - as ending a capture raises
+    except RuntimeError as exc:
+        assert cuda_graphs._reason(exc) == "an op the graph cannot hold"
+    assert cuda_graphs._reason(RuntimeError("")) == "RuntimeError"
 
 
 def test_the_timing_of_a_batch_size_times_the_graph_replays(monkeypatch):
@@ -146,7 +171,7 @@ def test_the_timing_of_a_batch_size_times_the_graph_replays(monkeypatch):
     x = batch(64)
     seconds = time_backend(lambda obs: net(obs)[0].numpy(), x, repeats=5)
     assert seconds > 0 and net.captures == 1 and graphs[0].replays == 1 + 5
-    assert len(calls) == 1 + graphs[0].replays  # the capture's call, then replays only
+    assert len(calls) == 2 + graphs[0].replays  # the eager first run, the capture's, then replays
 
 
 def test_only_cuda_is_served_from_graphs():
@@ -164,8 +189,11 @@ def test_a_newer_version_is_loaded_into_the_torch_forward_in_place():
     obs = {"": np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)}
     forward = MAKERS["torch"](SPEC, weights(0))
     assert isinstance(forward, Reloadable)
+    model = forward.load.__self__  # (the torch model the forward serves)
+    pointers = [p.data_ptr() for p in model.parameters()]
     again = reloaded(forward, MAKERS["torch"], SPEC, weights(1))
     assert again is forward
+    assert [p.data_ptr() for p in model.parameters()] == pointers  # (what a graph reads)
     np.testing.assert_allclose(again(obs), MAKERS["numpy"](SPEC, weights(1))(obs), rtol=1e-5, atol=1e-5)
     numpy = MAKERS["numpy"](SPEC, weights(0))
     assert reloaded(numpy, MAKERS["numpy"], SPEC, weights(1)) is not numpy
